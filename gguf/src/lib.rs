@@ -1,0 +1,1 @@
+//! GGUF files (placeholder, filled in by the gguf module work).

@@ -1,0 +1,23 @@
+//! Generated gRPC types for the service's two protocols.
+//!
+//! - [`inference::v1`]: the public `TextGeneration` API the router serves.
+//! - [`inference::worker::v1`]: the bidirectional router<->worker protocol.
+
+#![allow(clippy::all, missing_docs)]
+
+pub mod inference {
+    pub mod v1 {
+        tonic::include_proto!("inference.v1");
+    }
+    pub mod worker {
+        pub mod v1 {
+            tonic::include_proto!("inference.worker.v1");
+        }
+    }
+}
+
+/// Encoded `FileDescriptorSet` of both protocols (for gRPC reflection).
+pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/descriptor.bin"));
+
+pub use inference::v1 as public;
+pub use inference::worker::v1 as worker;
