@@ -1,1 +1,24 @@
-//! GGUF files (placeholder, filled in by the gguf module work).
+//! GGUF model files: a memory-mapped reader, a writer (for test models),
+//! tokenizer metadata and the reference (scalar) quantization formats.
+//!
+//! Format reference: the GGUF specification (`docs/gguf.md` in the ggml
+//! repository) and llama.cpp's `ggml-quants.c` for block layouts.
+
+#![warn(missing_docs)]
+
+mod error;
+mod ggml_type;
+mod metadata;
+pub mod quant;
+mod reader;
+pub mod testing;
+mod tokenizer;
+mod writer;
+
+pub use error::{GgufError, Result};
+pub use ggml_type::GgmlType;
+pub use metadata::{MetadataArray, MetadataValue, ValueType};
+pub use quant::{dequantize, dequantize_to_vec, quantize_q4_1, quantize_q8_0};
+pub use reader::{GgufFile, TensorInfo, DEFAULT_ALIGNMENT, GGUF_MAGIC};
+pub use tokenizer::TokenizerMetadata;
+pub use writer::GgufWriter;

@@ -1,1 +1,296 @@
-//! Helpers for the end-to-end tests.
+//! Harness for the end-to-end tests: starts real `worker` and `router` processes on free 127.0.0.1
+//! ports and hands out gRPC clients.
+//!
+//! The binaries are the ones `cargo build --release --bins` put next to the test executable (the
+//! README's test command builds them first). Each process's output goes to
+//! `target/<profile>/it-logs/<name>-<port>.log`.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use inference_proto::public::text_generation_client::TextGenerationClient;
+use inference_proto::public::ModelInfoRequest;
+use inference_proto::worker::worker_client::WorkerClient;
+use inference_proto::worker::{EngineStats, InfoRequest};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tonic::transport::Channel;
+
+/// Client of the public API.
+pub type PublicClient = TextGenerationClient<Channel>;
+
+/// The folder holding the built binaries (`target/<profile>`).
+pub fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/<profile>/deps/<test> -> target/<profile>
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("target dir")
+        .to_path_buf()
+}
+
+/// Path of a workspace binary; panics with the command to run when it is missing.
+pub fn bin_path(name: &str) -> PathBuf {
+    let path = bin_dir().join(name);
+    assert!(
+        path.is_file(),
+        "{} is missing: run `cargo build --release --bins` first (scripts/test does)",
+        path.display()
+    );
+    path
+}
+
+/// A free TCP port on 127.0.0.1 (bound and released; good enough for tests).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("binding an ephemeral port")
+        .port()
+}
+
+/// The real default model; panics with the fix when it has not been fetched.
+pub fn real_model() -> PathBuf {
+    let path = gguf::testing::default_model_path();
+    assert!(
+        path.is_file(),
+        "the default model is missing at {}: run scripts/fetch-model",
+        path.display()
+    );
+    path
+}
+
+/// A tiny random-weight llama model written to a temporary folder (kept alive by the returned guard).
+pub fn tiny_model(seed: u64) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("tiny.gguf");
+    gguf::testing::write_tiny_llama(&path, seed).expect("writing the tiny model");
+    (dir, path)
+}
+
+/// The reference fixture (copied from the shared correctness reference).
+pub fn reference() -> serde_json::Value {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/reference.json");
+    serde_json::from_str(&std::fs::read_to_string(path).expect("fixtures/reference.json"))
+        .expect("valid reference json")
+}
+
+/// A running child process, killed when dropped.
+pub struct Process {
+    child: Child,
+    /// Its log file (stdout and stderr).
+    pub log: PathBuf,
+}
+
+impl Process {
+    /// Starts `bin args...` and waits until it prints a line containing `ready_marker`.
+    ///
+    /// Errors: the process exits first (the error holds its log) or `timeout` passes.
+    pub async fn start(
+        bin: &str,
+        args: &[&str],
+        ready_marker: &str,
+        timeout: Duration,
+    ) -> anyhow::Result<Process> {
+        let log_dir = bin_dir().join("it-logs");
+        std::fs::create_dir_all(&log_dir)?;
+        let log = log_dir.join(format!("{bin}-{}.log", free_port()));
+        let mut child = Command::new(bin_path(bin))
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log)?)
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("spawning {bin}"))?;
+        let stdout = child.stdout.take().expect("piped stdout");
+        let mut lines = BufReader::new(stdout).lines();
+        let deadline = Instant::now() + timeout;
+        loop {
+            let line = tokio::time::timeout_at(deadline.into(), lines.next_line()).await;
+            match line {
+                Ok(Ok(Some(line))) if line.contains(ready_marker) => break,
+                Ok(Ok(Some(_))) => continue,
+                Ok(_) => {
+                    let status = child.wait().await?;
+                    let text = std::fs::read_to_string(&log).unwrap_or_default();
+                    bail!("{bin} exited ({status}) before it was ready; its log:\n{text}");
+                }
+                Err(_) => bail!("{bin} not ready after {timeout:?}"),
+            }
+        }
+        // Keep draining stdout so the child never blocks on a full pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Ok(Process { child, log })
+    }
+
+    /// Kills the process (SIGKILL) and waits for it.
+    pub async fn kill(&mut self) {
+        let _ = self.child.kill().await;
+    }
+}
+
+/// Runs `bin args...` to completion; returns (exit success, stdout + stderr).
+pub async fn run_to_exit(bin: &str, args: &[&str], timeout: Duration) -> (bool, String) {
+    let output = tokio::time::timeout(
+        timeout,
+        Command::new(bin_path(bin))
+            .args(args)
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("{bin} did not exit within {timeout:?}"))
+    .expect("running the binary");
+    let mut text = String::from_utf8_lossy(&output.stdout).into_owned();
+    text.push_str(&String::from_utf8_lossy(&output.stderr));
+    (output.status.success(), text)
+}
+
+/// Starts a worker serving `model` on a free port.
+pub async fn start_worker(model: &Path) -> (Process, String) {
+    let addr = format!("127.0.0.1:{}", free_port());
+    let model = model.to_str().expect("utf-8 model path");
+    let process = Process::start(
+        "worker",
+        &["--model", model, "--listen", &addr],
+        "worker ready",
+        Duration::from_secs(120),
+    )
+    .await
+    .expect("worker starts");
+    (process, addr)
+}
+
+/// Starts a router over `workers` on a free port (does not wait for the workers).
+pub async fn start_router(workers: &[&str], extra_args: &[&str]) -> (Process, String) {
+    let addr = format!("127.0.0.1:{}", free_port());
+    let joined = workers.join(",");
+    let mut args = vec!["--workers", joined.as_str(), "--listen", addr.as_str()];
+    args.extend_from_slice(extra_args);
+    let process = Process::start("router", &args, "router ready", Duration::from_secs(30))
+        .await
+        .expect("router starts");
+    (process, addr)
+}
+
+/// Connects to the router and waits until it reports a ready worker.
+pub async fn connect_ready(router: &str, timeout: Duration) -> PublicClient {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Ok(mut client) = TextGenerationClient::connect(format!("http://{router}")).await {
+            if let Ok(info) = client.model_info(ModelInfoRequest {}).await {
+                if info.get_ref().ready_workers > 0 {
+                    return client;
+                }
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "router {router} had no ready worker after {timeout:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A worker and a router in front of it.
+pub struct Cluster {
+    /// The worker process.
+    pub worker: Process,
+    /// The worker's address.
+    pub worker_addr: String,
+    /// The router process.
+    pub router: Process,
+    /// The router's address.
+    pub router_addr: String,
+}
+
+impl Cluster {
+    /// Starts a worker on `model` and a router over it, and waits until the router is ready.
+    pub async fn start(model: &Path) -> Cluster {
+        let (worker, worker_addr) = start_worker(model).await;
+        let (router, router_addr) = start_router(&[&worker_addr], &[]).await;
+        connect_ready(&router_addr, Duration::from_secs(30)).await;
+        Cluster {
+            worker,
+            worker_addr,
+            router,
+            router_addr,
+        }
+    }
+
+    /// A client of the router's public API.
+    pub async fn client(&self) -> PublicClient {
+        connect_ready(&self.router_addr, Duration::from_secs(10)).await
+    }
+
+    /// The worker's engine counters.
+    pub async fn worker_stats(&self) -> EngineStats {
+        let mut client = WorkerClient::connect(format!("http://{}", self.worker_addr))
+            .await
+            .expect("connecting to the worker")
+            .max_decoding_message_size(64 << 20);
+        client
+            .info(InfoRequest {})
+            .await
+            .expect("worker Info")
+            .into_inner()
+            .stats
+            .expect("stats in Info")
+    }
+}
+
+/// A whole generation, gathered from the stream.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Generation {
+    /// All text deltas joined.
+    pub text: String,
+    /// Every token id, in order.
+    pub token_ids: Vec<u32>,
+    /// The last message's finish reason.
+    pub finish_reason: inference_proto::public::FinishReason,
+    /// The matched stop string, if any.
+    pub stop_sequence: String,
+    /// The last message's usage.
+    pub usage: Option<inference_proto::public::Usage>,
+    /// How many messages the stream carried.
+    pub messages: usize,
+}
+
+/// Runs `request` to the end of its stream.
+pub async fn generate(
+    client: &mut PublicClient,
+    request: inference_proto::public::GenerateRequest,
+) -> Result<Generation, tonic::Status> {
+    let mut stream = client.generate(request).await?.into_inner();
+    let mut g = Generation {
+        text: String::new(),
+        token_ids: Vec::new(),
+        finish_reason: inference_proto::public::FinishReason::Unspecified,
+        stop_sequence: String::new(),
+        usage: None,
+        messages: 0,
+    };
+    while let Some(m) = stream.message().await? {
+        g.messages += 1;
+        g.text.push_str(&m.text);
+        g.token_ids.extend(m.tokens.iter().map(|t| t.id));
+        if m.usage.is_some() {
+            g.finish_reason = m.finish_reason();
+            g.stop_sequence = m.stop_sequence.clone();
+            g.usage = m.usage;
+        }
+    }
+    Ok(g)
+}
+
+/// A greedy request for `prompt` with `max_new_tokens`, ignoring EOS.
+pub fn greedy(prompt: &str, max_new_tokens: u32) -> inference_proto::public::GenerateRequest {
+    inference_proto::public::GenerateRequest {
+        prompt: prompt.to_string(),
+        max_new_tokens: Some(max_new_tokens),
+        ignore_eos: true,
+        ..Default::default()
+    }
+}

@@ -1,1 +1,7 @@
 //! The worker library.
+pub mod config;
+pub mod describe;
+pub mod engine;
+pub mod model;
+pub mod sampler;
+pub mod service;

@@ -1,0 +1,536 @@
+//! Memory-mapped GGUF reader.
+//!
+//! File layout (GGUF v2/v3, `docs/gguf.md` in the ggml repository), all
+//! little-endian:
+//! `"GGUF"` magic (u32 0x46554747), version u32, tensor count u64,
+//! metadata count u64, metadata key/value pairs, tensor infos
+//! (name, n_dims u32, dims u64 × n_dims, ggml type u32, offset u64), padding
+//! to `general.alignment` (default 32), then the tensor data section.
+//! Tensor offsets are relative to the start of the data section.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+
+use crate::error::{GgufError, Result};
+use crate::metadata::{MetadataArray, MetadataValue, ValueType};
+use crate::GgmlType;
+
+/// The GGUF magic, `"GGUF"` read as a little-endian u32.
+pub const GGUF_MAGIC: u32 = 0x4655_4747;
+/// Default data alignment when `general.alignment` is absent.
+pub const DEFAULT_ALIGNMENT: u64 = 32;
+
+/// Description of one tensor stored in a GGUF file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TensorInfo {
+    /// Tensor name, e.g. `blk.0.attn_q.weight`.
+    pub name: String,
+    /// Dimensions in GGUF (ggml) order: `dims[0]` is the contiguous
+    /// (row) length. A PyTorch `[out, in]` weight is stored as `[in, out]`.
+    pub dims: Vec<u64>,
+    /// Element type.
+    pub dtype: GgmlType,
+    /// Byte offset of the data relative to the start of the data section.
+    pub offset: u64,
+}
+
+impl TensorInfo {
+    /// Total number of elements (product of `dims`; 1 for a scalar).
+    pub fn n_elements(&self) -> u64 {
+        self.dims.iter().product()
+    }
+
+    /// Bytes occupied by the data, or `None` for unsupported types or
+    /// element counts that are not a whole number of blocks.
+    pub fn byte_size(&self) -> Option<u64> {
+        self.dtype.byte_size(self.n_elements())
+    }
+}
+
+/// An opened, memory-mapped GGUF file with parsed metadata and tensor infos.
+pub struct GgufFile {
+    path: PathBuf,
+    mmap: Mmap,
+    version: u32,
+    alignment: u64,
+    data_offset: u64,
+    metadata: Vec<(String, MetadataValue)>,
+    metadata_index: HashMap<String, usize>,
+    tensors: Vec<TensorInfo>,
+    tensor_index: HashMap<String, usize>,
+}
+
+impl std::fmt::Debug for GgufFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GgufFile")
+            .field("path", &self.path)
+            .field("version", &self.version)
+            .field("n_metadata", &self.metadata.len())
+            .field("n_tensors", &self.tensors.len())
+            .finish()
+    }
+}
+
+/// Byte cursor over the mapped file that produces `Malformed` errors with offsets.
+struct Cursor<'a> {
+    buf: &'a [u8],
+    pos: usize,
+    path: &'a Path,
+}
+
+impl<'a> Cursor<'a> {
+    fn err(&self, message: String) -> GgufError {
+        GgufError::Malformed {
+            path: self.path.to_path_buf(),
+            message,
+        }
+    }
+
+    fn take(&mut self, n: u64, what: &str) -> Result<&'a [u8]> {
+        let remaining = (self.buf.len() - self.pos) as u64;
+        if n > remaining {
+            return Err(self.err(format!(
+                "truncated while reading {what} at offset {} (need {n} bytes, {remaining} left)",
+                self.pos
+            )));
+        }
+        let s = &self.buf[self.pos..self.pos + n as usize];
+        self.pos += n as usize;
+        Ok(s)
+    }
+
+    fn array<const N: usize>(&mut self, what: &str) -> Result<[u8; N]> {
+        Ok(self
+            .take(N as u64, what)?
+            .try_into()
+            .expect("length checked"))
+    }
+
+    fn u32(&mut self, what: &str) -> Result<u32> {
+        Ok(u32::from_le_bytes(self.array(what)?))
+    }
+
+    fn u64(&mut self, what: &str) -> Result<u64> {
+        Ok(u64::from_le_bytes(self.array(what)?))
+    }
+
+    fn string(&mut self, what: &str) -> Result<String> {
+        let len = self.u64(what)?;
+        let bytes = self.take(len, what)?;
+        Ok(String::from_utf8_lossy(bytes).into_owned())
+    }
+
+    /// Checks that `count` values of `ty` could possibly fit in the rest of the file.
+    fn check_count(&self, count: u64, ty: ValueType, what: &str) -> Result<usize> {
+        let remaining = (self.buf.len() - self.pos) as u64;
+        if count.saturating_mul(ty.min_encoded_size()) > remaining {
+            return Err(self.err(format!(
+                "{what}: array length {count} at offset {} exceeds the file size",
+                self.pos
+            )));
+        }
+        Ok(count as usize)
+    }
+
+    fn value_type(&mut self, what: &str) -> Result<ValueType> {
+        let id = self.u32(what)?;
+        ValueType::from_id(id)
+            .ok_or_else(|| self.err(format!("{what}: unknown metadata value type {id}")))
+    }
+
+    fn value(&mut self, ty: ValueType, what: &str) -> Result<MetadataValue> {
+        Ok(match ty {
+            ValueType::U8 => MetadataValue::U8(self.array::<1>(what)?[0]),
+            ValueType::I8 => MetadataValue::I8(self.array::<1>(what)?[0] as i8),
+            ValueType::U16 => MetadataValue::U16(u16::from_le_bytes(self.array(what)?)),
+            ValueType::I16 => MetadataValue::I16(i16::from_le_bytes(self.array(what)?)),
+            ValueType::U32 => MetadataValue::U32(self.u32(what)?),
+            ValueType::I32 => MetadataValue::I32(i32::from_le_bytes(self.array(what)?)),
+            ValueType::F32 => MetadataValue::F32(f32::from_le_bytes(self.array(what)?)),
+            ValueType::Bool => MetadataValue::Bool(self.array::<1>(what)?[0] != 0),
+            ValueType::String => MetadataValue::String(self.string(what)?),
+            ValueType::Array => MetadataValue::Array(self.array_value(what)?),
+            ValueType::U64 => MetadataValue::U64(self.u64(what)?),
+            ValueType::I64 => MetadataValue::I64(i64::from_le_bytes(self.array(what)?)),
+            ValueType::F64 => MetadataValue::F64(f64::from_le_bytes(self.array(what)?)),
+        })
+    }
+
+    fn array_value(&mut self, what: &str) -> Result<MetadataArray> {
+        let ty = self.value_type(what)?;
+        let count = self.u64(what)?;
+        let n = self.check_count(count, ty, what)?;
+        macro_rules! collect {
+            ($variant:ident, $conv:expr) => {{
+                let mut v = Vec::with_capacity(n);
+                for _ in 0..n {
+                    v.push($conv(self)?);
+                }
+                MetadataArray::$variant(v)
+            }};
+        }
+        Ok(match ty {
+            ValueType::U8 => MetadataArray::U8(self.take(count, what)?.to_vec()),
+            ValueType::I8 => {
+                MetadataArray::I8(self.take(count, what)?.iter().map(|&b| b as i8).collect())
+            }
+            ValueType::U16 => collect!(U16, |c: &mut Self| c.array(what).map(u16::from_le_bytes)),
+            ValueType::I16 => collect!(I16, |c: &mut Self| c.array(what).map(i16::from_le_bytes)),
+            ValueType::U32 => collect!(U32, |c: &mut Self| c.u32(what)),
+            ValueType::I32 => collect!(I32, |c: &mut Self| c.array(what).map(i32::from_le_bytes)),
+            ValueType::F32 => collect!(F32, |c: &mut Self| c.array(what).map(f32::from_le_bytes)),
+            ValueType::Bool => {
+                MetadataArray::Bool(self.take(count, what)?.iter().map(|&b| b != 0).collect())
+            }
+            ValueType::String => collect!(String, |c: &mut Self| c.string(what)),
+            ValueType::Array => collect!(Array, |c: &mut Self| c.array_value(what)),
+            ValueType::U64 => collect!(U64, |c: &mut Self| c.u64(what)),
+            ValueType::I64 => collect!(I64, |c: &mut Self| c.array(what).map(i64::from_le_bytes)),
+            ValueType::F64 => collect!(F64, |c: &mut Self| c.array(what).map(f64::from_le_bytes)),
+        })
+    }
+}
+
+impl GgufFile {
+    /// Opens and memory-maps `path`, parsing the header, metadata and tensor infos.
+    ///
+    /// Errors: [`GgufError::Io`] if the file cannot be opened or mapped,
+    /// [`GgufError::BadMagic`], [`GgufError::UnsupportedVersion`] (only v2 and
+    /// v3 are read), [`GgufError::Malformed`] for truncation, unknown value
+    /// types, duplicate names, misaligned tensor offsets or tensor data past the
+    /// end of the file. Every error names `path`.
+    pub fn open(path: &Path) -> Result<GgufFile> {
+        let io_err = |source| GgufError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let file = File::open(path).map_err(io_err)?;
+        // SAFETY: the mapping is read-only; like every mmap-based model loader we
+        // assume the file is not truncated or modified while it is mapped.
+        let mmap = unsafe { Mmap::map(&file) }.map_err(io_err)?;
+        Self::parse(path.to_path_buf(), mmap)
+    }
+
+    fn parse(path: PathBuf, mmap: Mmap) -> Result<GgufFile> {
+        let mut c = Cursor {
+            buf: &mmap[..],
+            pos: 0,
+            path: &path,
+        };
+        let magic = if mmap.len() >= 4 {
+            c.u32("magic")?
+        } else {
+            return Err(GgufError::BadMagic {
+                path: path.clone(),
+                found: 0,
+            });
+        };
+        if magic != GGUF_MAGIC {
+            return Err(GgufError::BadMagic {
+                path: path.clone(),
+                found: magic,
+            });
+        }
+        let version = c.u32("version")?;
+        if !(2..=3).contains(&version) {
+            return Err(GgufError::UnsupportedVersion {
+                path: path.clone(),
+                version,
+            });
+        }
+        let n_tensors = c.u64("tensor count")?;
+        let n_kv = c.u64("metadata count")?;
+
+        let n_kv = c.check_count(n_kv, ValueType::Array, "metadata count")?;
+        let mut metadata = Vec::with_capacity(n_kv);
+        let mut metadata_index = HashMap::with_capacity(n_kv);
+        for i in 0..n_kv {
+            let key = c.string(&format!("metadata key #{i}"))?;
+            let ty = c.value_type(&key)?;
+            let value = c.value(ty, &key)?;
+            if metadata_index.insert(key.clone(), metadata.len()).is_some() {
+                return Err(c.err(format!("duplicate metadata key `{key}`")));
+            }
+            metadata.push((key, value));
+        }
+
+        let n_tensors = c.check_count(n_tensors, ValueType::Array, "tensor count")?;
+        let mut tensors = Vec::with_capacity(n_tensors);
+        let mut tensor_index = HashMap::with_capacity(n_tensors);
+        for i in 0..n_tensors {
+            let name = c.string(&format!("tensor info #{i}"))?;
+            let n_dims = c.u32(&name)?;
+            if n_dims > 8 {
+                return Err(c.err(format!("tensor `{name}` has {n_dims} dimensions")));
+            }
+            let dims = (0..n_dims)
+                .map(|_| c.u64(&name))
+                .collect::<Result<Vec<_>>>()?;
+            let dtype = GgmlType::from_id(c.u32(&name)?);
+            let offset = c.u64(&name)?;
+            if tensor_index.insert(name.clone(), tensors.len()).is_some() {
+                return Err(c.err(format!("duplicate tensor name `{name}`")));
+            }
+            tensors.push(TensorInfo {
+                name,
+                dims,
+                dtype,
+                offset,
+            });
+        }
+
+        let alignment = match metadata_index.get("general.alignment") {
+            None => DEFAULT_ALIGNMENT,
+            Some(&i) => match metadata[i].1.as_integer() {
+                Some(a) if a > 0 && (a as u64).is_power_of_two() => a as u64,
+                _ => {
+                    return Err(c.err(format!(
+                        "general.alignment must be a power of two, found {}",
+                        metadata[i].1.describe()
+                    )))
+                }
+            },
+        };
+        let data_offset = (c.pos as u64).div_ceil(alignment) * alignment;
+
+        let file = GgufFile {
+            path,
+            mmap,
+            version,
+            alignment,
+            data_offset,
+            metadata,
+            metadata_index,
+            tensors,
+            tensor_index,
+        };
+        for t in &file.tensors {
+            if t.offset % alignment != 0 {
+                return Err(file.malformed(format!(
+                    "tensor `{}` offset {} is not a multiple of the alignment {alignment}",
+                    t.name, t.offset
+                )));
+            }
+            if t.byte_size().is_some() {
+                file.tensor_bytes(t)
+                    .map_err(|e| file.malformed(e.to_string()))?;
+            }
+        }
+        Ok(file)
+    }
+
+    fn malformed(&self, message: String) -> GgufError {
+        GgufError::Malformed {
+            path: self.path.clone(),
+            message,
+        }
+    }
+
+    /// The path the file was opened from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// GGUF format version (2 or 3).
+    pub fn version(&self) -> u32 {
+        self.version
+    }
+
+    /// Data alignment in bytes (`general.alignment`, default 32).
+    pub fn alignment(&self) -> u64 {
+        self.alignment
+    }
+
+    /// Absolute byte offset of the tensor data section.
+    pub fn data_offset(&self) -> u64 {
+        self.data_offset
+    }
+
+    /// All metadata key/value pairs in file order.
+    pub fn metadata_entries(&self) -> impl Iterator<Item = (&str, &MetadataValue)> {
+        self.metadata.iter().map(|(k, v)| (k.as_str(), v))
+    }
+
+    /// The raw metadata value for `key`, if present.
+    pub fn metadata(&self, key: &str) -> Option<&MetadataValue> {
+        self.metadata_index.get(key).map(|&i| &self.metadata[i].1)
+    }
+
+    fn required(&self, key: &str) -> Result<&MetadataValue> {
+        self.metadata(key).ok_or_else(|| GgufError::MissingKey {
+            key: key.to_string(),
+        })
+    }
+
+    fn mismatch(key: &str, expected: &'static str, v: &MetadataValue) -> GgufError {
+        GgufError::TypeMismatch {
+            key: key.to_string(),
+            expected,
+            found: v.describe(),
+        }
+    }
+
+    /// `key` as a u32. Accepts any integer type whose value fits in u32.
+    /// Errors: `MissingKey`, or `TypeMismatch` for non-integers / out of range.
+    pub fn get_u32(&self, key: &str) -> Result<u32> {
+        let v = self.required(key)?;
+        v.as_integer()
+            .and_then(|i| u32::try_from(i).ok())
+            .ok_or_else(|| Self::mismatch(key, "an integer fitting in u32", v))
+    }
+
+    /// `key` as a u64. Accepts any non-negative integer type.
+    /// Errors: `MissingKey`, `TypeMismatch`.
+    pub fn get_u64(&self, key: &str) -> Result<u64> {
+        let v = self.required(key)?;
+        v.as_integer()
+            .and_then(|i| u64::try_from(i).ok())
+            .ok_or_else(|| Self::mismatch(key, "an integer fitting in u64", v))
+    }
+
+    /// `key` as an f32. Accepts f32, f64 (rounded) and integers.
+    /// Errors: `MissingKey`, `TypeMismatch`.
+    pub fn get_f32(&self, key: &str) -> Result<f32> {
+        let v = self.required(key)?;
+        v.as_f64()
+            .map(|x| x as f32)
+            .ok_or_else(|| Self::mismatch(key, "a number", v))
+    }
+
+    /// `key` as a bool. Errors: `MissingKey`, `TypeMismatch`.
+    pub fn get_bool(&self, key: &str) -> Result<bool> {
+        match self.required(key)? {
+            MetadataValue::Bool(b) => Ok(*b),
+            v => Err(Self::mismatch(key, "a bool", v)),
+        }
+    }
+
+    /// `key` as a string. Errors: `MissingKey`, `TypeMismatch`.
+    pub fn get_str(&self, key: &str) -> Result<&str> {
+        match self.required(key)? {
+            MetadataValue::String(s) => Ok(s),
+            v => Err(Self::mismatch(key, "a string", v)),
+        }
+    }
+
+    /// `key` as an array of strings. Errors: `MissingKey`, `TypeMismatch`.
+    pub fn get_str_array(&self, key: &str) -> Result<&[String]> {
+        match self.required(key)? {
+            MetadataValue::Array(MetadataArray::String(s)) => Ok(s),
+            v => Err(Self::mismatch(key, "an array of strings", v)),
+        }
+    }
+
+    /// `key` as an array of i32. Accepts any integer array whose values fit.
+    /// Errors: `MissingKey`, `TypeMismatch`.
+    pub fn get_i32_array(&self, key: &str) -> Result<Vec<i32>> {
+        let v = self.required(key)?;
+        match v {
+            MetadataValue::Array(a) => a
+                .to_i64_vec()
+                .and_then(|xs| xs.into_iter().map(|x| i32::try_from(x).ok()).collect())
+                .ok_or_else(|| Self::mismatch(key, "an array of integers fitting in i32", v)),
+            _ => Err(Self::mismatch(key, "an array of integers", v)),
+        }
+    }
+
+    /// `key` as an array of f32 (f32 or f64 arrays).
+    /// Errors: `MissingKey`, `TypeMismatch`.
+    pub fn get_f32_array(&self, key: &str) -> Result<Vec<f32>> {
+        match self.required(key)? {
+            MetadataValue::Array(MetadataArray::F32(v)) => Ok(v.clone()),
+            MetadataValue::Array(MetadataArray::F64(v)) => {
+                Ok(v.iter().map(|&x| x as f32).collect())
+            }
+            v => Err(Self::mismatch(key, "an array of floats", v)),
+        }
+    }
+
+    /// Like [`Self::get_u32`] but `Ok(None)` when the key is absent.
+    pub fn get_opt_u32(&self, key: &str) -> Result<Option<u32>> {
+        optional(self.get_u32(key))
+    }
+
+    /// Like [`Self::get_f32`] but `Ok(None)` when the key is absent.
+    pub fn get_opt_f32(&self, key: &str) -> Result<Option<f32>> {
+        optional(self.get_f32(key))
+    }
+
+    /// Like [`Self::get_bool`] but `Ok(None)` when the key is absent.
+    pub fn get_opt_bool(&self, key: &str) -> Result<Option<bool>> {
+        optional(self.get_bool(key))
+    }
+
+    /// Like [`Self::get_str`] but `Ok(None)` when the key is absent.
+    pub fn get_opt_str(&self, key: &str) -> Result<Option<&str>> {
+        optional(self.get_str(key))
+    }
+
+    /// Like [`Self::get_str_array`] but `Ok(None)` when the key is absent.
+    pub fn get_opt_str_array(&self, key: &str) -> Result<Option<&[String]>> {
+        optional(self.get_str_array(key))
+    }
+
+    /// Like [`Self::get_i32_array`] but `Ok(None)` when the key is absent.
+    pub fn get_opt_i32_array(&self, key: &str) -> Result<Option<Vec<i32>>> {
+        optional(self.get_i32_array(key))
+    }
+
+    /// All tensor infos in file order.
+    pub fn tensors(&self) -> &[TensorInfo] {
+        &self.tensors
+    }
+
+    /// The tensor named `name`, if present.
+    pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
+        self.tensor_index.get(name).map(|&i| &self.tensors[i])
+    }
+
+    /// The raw (possibly quantized) bytes of `info`'s data, borrowed from the mapping.
+    ///
+    /// Errors: [`GgufError::UnsupportedType`] if the size of the type is
+    /// unknown, [`GgufError::SizeMismatch`] if the element count is not a whole
+    /// number of blocks, [`GgufError::TensorOutOfBounds`] if the data extends
+    /// past the end of the file.
+    pub fn tensor_bytes(&self, info: &TensorInfo) -> Result<&[u8]> {
+        let size = match info.byte_size() {
+            Some(s) => s,
+            None if info.dtype.block_size().is_none() => {
+                return Err(GgufError::UnsupportedType(info.dtype))
+            }
+            None => {
+                return Err(GgufError::SizeMismatch(format!(
+                    "tensor `{}`: {} elements is not a multiple of the {} block size",
+                    info.name,
+                    info.n_elements(),
+                    info.dtype
+                )))
+            }
+        };
+        let file_size = self.mmap.len() as u64;
+        let start = self.data_offset.checked_add(info.offset);
+        let end = start.and_then(|s| s.checked_add(size));
+        match (start, end) {
+            (Some(start), Some(end)) if end <= file_size => {
+                Ok(&self.mmap[start as usize..end as usize])
+            }
+            _ => Err(GgufError::TensorOutOfBounds {
+                name: info.name.clone(),
+                start: start.unwrap_or(u64::MAX),
+                end: end.unwrap_or(u64::MAX),
+                file_size,
+            }),
+        }
+    }
+}
+
+fn optional<T>(r: Result<T>) -> Result<Option<T>> {
+    match r {
+        Ok(v) => Ok(Some(v)),
+        Err(GgufError::MissingKey { .. }) => Ok(None),
+        Err(e) => Err(e),
+    }
+}

@@ -1,0 +1,144 @@
+//! `client --router 127.0.0.1:PORT "prompt"`: calls `Generate` and prints the text as it arrives,
+//! then the finish reason, token counts, time to first token and tokens/s on stderr.
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use inference_proto::public::{
+    text_generation_client::TextGenerationClient, ChatMessage, FinishReason, GenerateRequest,
+    ModelInfoRequest,
+};
+use tonic::transport::Channel;
+
+#[derive(Debug, Parser)]
+#[command(name = "client", about = "Streams one generation from the router")]
+struct Args {
+    /// Router address (HOST:PORT).
+    #[arg(long, default_value = "127.0.0.1:50051")]
+    router: String,
+    /// Send the prompt as one user chat message (rendered with the model's chat template).
+    #[arg(long)]
+    chat: bool,
+    /// Tokens to generate at most.
+    #[arg(long)]
+    max_new_tokens: Option<u32>,
+    /// Sampling temperature (0 = greedy).
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    /// Top-k (0 = off).
+    #[arg(long, default_value_t = 0)]
+    top_k: u32,
+    /// Top-p in (0, 1].
+    #[arg(long)]
+    top_p: Option<f32>,
+    /// Sampling seed.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Stop string (repeatable).
+    #[arg(long)]
+    stop: Vec<String>,
+    /// Keep going past EOS.
+    #[arg(long)]
+    ignore_eos: bool,
+    /// Wait up to this many seconds for the router to have a ready worker (polling `ModelInfo`).
+    #[arg(long, default_value_t = 0)]
+    wait_ready_secs: u64,
+    /// The prompt.
+    prompt: String,
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(args).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("client: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    let mut client = TextGenerationClient::connect(format!("http://{}", args.router)).await?;
+    wait_ready(&mut client, Duration::from_secs(args.wait_ready_secs)).await?;
+    let (prompt, messages) = if args.chat {
+        let user = ChatMessage {
+            role: "user".into(),
+            content: args.prompt,
+        };
+        (String::new(), vec![user])
+    } else {
+        (args.prompt, Vec::new())
+    };
+    let request = GenerateRequest {
+        prompt,
+        messages,
+        max_new_tokens: args.max_new_tokens,
+        temperature: args.temperature,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        seed: args.seed,
+        stop: args.stop,
+        ignore_eos: args.ignore_eos,
+        ..Default::default()
+    };
+    let started = Instant::now();
+    let mut stream = client.generate(request).await?.into_inner();
+    let mut stdout = std::io::stdout();
+    while let Some(message) = stream.message().await? {
+        print!("{}", message.text);
+        stdout.flush()?;
+        if let Some(usage) = message.usage {
+            let reason = FinishReason::try_from(message.finish_reason)
+                .map(|r| r.as_str_name())
+                .unwrap_or("UNKNOWN");
+            let decode_s = (usage.total_ms - usage.time_to_first_token_ms) / 1e3;
+            let rate = if usage.generated_tokens > 1 && decode_s > 0.0 {
+                (usage.generated_tokens - 1) as f64 / decode_s
+            } else {
+                0.0
+            };
+            println!();
+            eprintln!(
+                "finish_reason={reason}{} prompt_tokens={} generated_tokens={} ttft_ms={:.1} \
+                 total_ms={:.1} decode_tokens_per_s={rate:.1} (client wall {:.1} ms)",
+                if message.stop_sequence.is_empty() {
+                    String::new()
+                } else {
+                    format!(" stop_sequence={:?}", message.stop_sequence)
+                },
+                usage.prompt_tokens,
+                usage.generated_tokens,
+                usage.time_to_first_token_ms,
+                usage.total_ms,
+                started.elapsed().as_secs_f64() * 1e3,
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Polls `ModelInfo` until the router reports a ready worker or `budget` has passed.
+async fn wait_ready(
+    client: &mut TextGenerationClient<Channel>,
+    budget: Duration,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + budget;
+    loop {
+        let status = match client.model_info(ModelInfoRequest {}).await {
+            Ok(info) if info.get_ref().ready_workers > 0 => return Ok(()),
+            Ok(_) => "no ready worker".to_string(),
+            Err(status) => status.message().to_string(),
+        };
+        if Instant::now() >= deadline {
+            if budget.is_zero() {
+                return Ok(());
+            }
+            anyhow::bail!("router not ready after {budget:?}: {status}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

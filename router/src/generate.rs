@@ -1,0 +1,224 @@
+//! One `Generate` call from validation to the last streamed message: tokenize (or render the chat
+//! template), dispatch to a worker, then turn each token into text deltas through the incremental
+//! detokenizer and the stop-string matcher, and finish with the reason and usage.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use inference_proto::public::{FinishReason, GenerateRequest, GenerateResponse, Token, Usage};
+use inference_proto::worker::{AddRequest, SamplingParams, StopReason, TokenOutput};
+use tokio::sync::mpsc;
+use tonic::Status;
+
+use crate::config::Limits;
+use crate::detokenizer::IncrementalDetokenizer;
+use crate::model_context::ModelContext;
+use crate::pool::{no_worker_status, Dispatched, WorkerEvent, WorkerPool};
+use crate::stop::StopMatcher;
+use crate::validation::{check_prompt, check_request};
+
+/// Messages sent to the client of one `Generate` call.
+pub type ResponseSender = mpsc::Sender<Result<GenerateResponse, Status>>;
+
+/// Validates `req`, dispatches it and returns the channel its responses arrive on.
+///
+/// Errors (before any message is streamed): `INVALID_ARGUMENT` for bad input, `UNAVAILABLE` when no
+/// worker is ready.
+pub async fn start(
+    pool: &WorkerPool,
+    limits: &Limits,
+    req: GenerateRequest,
+) -> Result<mpsc::Receiver<Result<GenerateResponse, Status>>, Status> {
+    let arrival = Instant::now();
+    let sampling = check_request(&req, limits)?;
+    let model = pool
+        .model()
+        .ok_or_else(|| no_worker_status(pool.configured_workers()))?;
+    let prompt_ids = encode_prompt(&model, &req)?;
+    let max_new_tokens = check_prompt(
+        prompt_ids.len(),
+        req.max_new_tokens,
+        model.context_length,
+        limits,
+    )?;
+    let seed = req.seed.unwrap_or_else(rand::random);
+    let stop_token_ids = if req.ignore_eos {
+        Vec::new()
+    } else {
+        model.eos_token_ids.clone()
+    };
+    let prompt_tokens = prompt_ids.len() as u32;
+    let dispatched = pool.dispatch(AddRequest {
+        request_id: String::new(),
+        prompt_ids,
+        sampling: Some(SamplingParams {
+            temperature: sampling.temperature,
+            top_k: sampling.top_k,
+            top_p: sampling.top_p,
+            seed,
+        }),
+        max_new_tokens,
+        stop_token_ids,
+    })?;
+    let request_id = req
+        .request_id
+        .clone()
+        .filter(|id| !id.is_empty())
+        .unwrap_or_else(|| format!("{:016x}", rand::random::<u64>()));
+    tracing::debug!(%request_id, worker = dispatched.worker_address(), prompt_tokens, "dispatched");
+    let (tx, rx) = mpsc::channel(64);
+    let stream = TokenStream {
+        detokenizer: IncrementalDetokenizer::new(
+            model.tokenizer.clone(),
+            !req.include_special_tokens,
+        ),
+        stops: StopMatcher::new(req.stop.clone()),
+        model,
+        request_id,
+        seed,
+        prompt_tokens,
+        generated: 0,
+        arrival,
+        dispatched_at: Instant::now(),
+        first_token_at: None,
+    };
+    tokio::spawn(stream.run(dispatched, tx));
+    Ok(rx)
+}
+
+/// Renders the chat template for `messages`, or takes `prompt` as is, and tokenizes it.
+fn encode_prompt(model: &ModelContext, req: &GenerateRequest) -> Result<Vec<u32>, Status> {
+    if req.messages.is_empty() {
+        return model
+            .tokenizer
+            .encode(&req.prompt, true)
+            .map_err(|e| Status::invalid_argument(format!("cannot tokenize the prompt: {e}")));
+    }
+    let template = model.chat_template.as_ref().ok_or_else(|| {
+        Status::invalid_argument(
+            "this model has no chat template; send `prompt` instead of `messages`",
+        )
+    })?;
+    let text = template
+        .render(&req.messages, true)
+        .map_err(|e| Status::invalid_argument(format!("cannot render the chat template: {e}")))?;
+    // The template writes the special tokens itself.
+    model
+        .tokenizer
+        .encode(&text, false)
+        .map_err(|e| Status::invalid_argument(format!("cannot tokenize the chat prompt: {e}")))
+}
+
+/// State of one response stream.
+struct TokenStream {
+    model: Arc<ModelContext>,
+    detokenizer: IncrementalDetokenizer,
+    stops: StopMatcher,
+    request_id: String,
+    seed: u64,
+    prompt_tokens: u32,
+    generated: u32,
+    arrival: Instant,
+    dispatched_at: Instant,
+    first_token_at: Option<Instant>,
+}
+
+impl TokenStream {
+    /// Streams until the request finishes, fails or the client goes away. Returning drops
+    /// `dispatched`, which cancels the request on the worker if it is still running there.
+    async fn run(mut self, mut dispatched: Dispatched, tx: ResponseSender) {
+        loop {
+            let event = tokio::select! {
+                event = dispatched.events.recv() => event,
+                _ = tx.closed() => {
+                    tracing::debug!(request_id = %self.request_id, "client went away; cancelling");
+                    return;
+                }
+            };
+            let message = match event {
+                Some(WorkerEvent::Token(token)) => Ok(self.on_token(token)),
+                Some(WorkerEvent::Failed(status)) => Err(status),
+                None => Err(Status::internal("the worker link dropped the request")),
+            };
+            let last = message.as_ref().map_or(true, |m| {
+                m.finish_reason != FinishReason::Unspecified as i32
+            });
+            if tx.send(message).await.is_err() || last {
+                return;
+            }
+        }
+    }
+
+    /// Turns one worker token into the client message for this step.
+    fn on_token(&mut self, token: TokenOutput) -> GenerateResponse {
+        let now = Instant::now();
+        self.first_token_at.get_or_insert(now);
+        self.generated += 1;
+        let tokenizer = &self.model.tokenizer;
+        let id = token.token_id;
+        let ended_by_eos = token.finished && token.stop_reason() == StopReason::StopToken;
+        let mut text = String::new();
+        let mut finish = None;
+        let mut stop_sequence = String::new();
+        // The EOS token's text is never emitted.
+        if !ended_by_eos {
+            let outcome = self.stops.push(&self.detokenizer.push(id));
+            text = outcome.emit;
+            if let Some(stop) = outcome.matched {
+                finish = Some(FinishReason::StopSequence);
+                stop_sequence = stop;
+            }
+        }
+        if finish.is_none() && token.finished {
+            let outcome = self.stops.push(&self.detokenizer.finish());
+            text.push_str(&outcome.emit);
+            if let Some(stop) = outcome.matched {
+                finish = Some(FinishReason::StopSequence);
+                stop_sequence = stop;
+            } else {
+                text.push_str(&self.stops.finish());
+                finish = Some(self.worker_finish_reason(token.stop_reason()));
+            }
+        }
+        let mut response = GenerateResponse {
+            text,
+            tokens: vec![Token {
+                id,
+                text: tokenizer.token_text(id).unwrap_or_default(),
+                logprob: token.logprob,
+                special: tokenizer.is_special(id),
+            }],
+            request_id: self.request_id.clone(),
+            ..Default::default()
+        };
+        if let Some(reason) = finish {
+            response.finish_reason = reason as i32;
+            response.stop_sequence = stop_sequence;
+            response.seed = self.seed;
+            response.usage = Some(self.usage(now));
+        }
+        response
+    }
+
+    fn worker_finish_reason(&self, reason: StopReason) -> FinishReason {
+        let total = self.prompt_tokens + self.generated;
+        match reason {
+            StopReason::StopToken => FinishReason::EosToken,
+            StopReason::ContextFull => FinishReason::ContextLength,
+            // The default budget is capped by the context; when that cap is what bound, say so.
+            StopReason::Length if total >= self.model.context_length => FinishReason::ContextLength,
+            StopReason::Length | StopReason::Unspecified => FinishReason::MaxNewTokens,
+        }
+    }
+
+    fn usage(&self, now: Instant) -> Usage {
+        let ms = |from: Instant, to: Instant| to.duration_since(from).as_secs_f64() * 1e3;
+        Usage {
+            prompt_tokens: self.prompt_tokens,
+            generated_tokens: self.generated,
+            queue_ms: ms(self.arrival, self.dispatched_at),
+            time_to_first_token_ms: ms(self.arrival, self.first_token_at.unwrap_or(now)),
+            total_ms: ms(self.arrival, now),
+        }
+    }
+}

@@ -1,0 +1,79 @@
+//! What the router knows about the served model, built from a worker's `Info`: the tokenizer, the chat
+//! template, the EOS ids and the context length.
+
+use std::sync::Arc;
+
+use inference_proto::worker::InfoResponse;
+
+use crate::chat_template::ChatTemplate;
+use crate::tokenizer::TextTokenizer;
+
+/// The served model as the router sees it. Shared (read-only) by every request.
+pub struct ModelContext {
+    /// Model name as the worker reports it.
+    pub model_name: String,
+    /// Architecture (`general.architecture`), e.g. "llama".
+    pub architecture: String,
+    /// Context length, in tokens.
+    pub context_length: u32,
+    /// Vocabulary size.
+    pub vocab_size: u32,
+    /// Ids that end generation unless the request sets `ignore_eos`.
+    pub eos_token_ids: Vec<u32>,
+    /// BOS id, when the model has one.
+    pub bos_token_id: Option<u32>,
+    /// Whether the tokenizer prepends BOS to prompts.
+    pub add_bos_token: bool,
+    /// The template's Jinja source (empty when the model has none).
+    pub chat_template_source: String,
+    /// The compiled chat template, when the model has one.
+    pub chat_template: Option<ChatTemplate>,
+    /// The tokenizer.
+    pub tokenizer: Arc<TextTokenizer>,
+}
+
+impl ModelContext {
+    /// Builds the tokenizer and chat template from a worker's `Info`.
+    ///
+    /// Errors: no tokenizer in `Info`, a tokenizer that cannot be built, or a template that does not
+    /// compile.
+    pub fn from_info(info: &InfoResponse) -> anyhow::Result<Self> {
+        let spec = info
+            .tokenizer
+            .as_ref()
+            .ok_or_else(|| anyhow::anyhow!("the worker's Info has no tokenizer"))?;
+        let tokenizer = Arc::new(TextTokenizer::from_spec(spec)?);
+        let token_string =
+            |id: Option<u32>| id.and_then(|id| spec.tokens.get(id as usize).cloned());
+        let eos = info.eos_token_ids.first().copied();
+        let chat_template = if info.chat_template.is_empty() {
+            None
+        } else {
+            Some(ChatTemplate::new(
+                &info.chat_template,
+                token_string(info.bos_token_id),
+                token_string(eos),
+            )?)
+        };
+        Ok(Self {
+            model_name: info.model_name.clone(),
+            architecture: info.architecture.clone(),
+            context_length: info.context_length,
+            vocab_size: info.vocab_size,
+            eos_token_ids: info.eos_token_ids.clone(),
+            bos_token_id: info.bos_token_id,
+            add_bos_token: spec.add_bos_token,
+            chat_template_source: info.chat_template.clone(),
+            chat_template,
+            tokenizer,
+        })
+    }
+
+    /// Whether another worker's `Info` describes the same model (so it can share this tokenizer).
+    pub fn same_model(&self, info: &InfoResponse) -> bool {
+        self.model_name == info.model_name
+            && self.vocab_size == info.vocab_size
+            && self.context_length == info.context_length
+            && self.eos_token_ids == info.eos_token_ids
+    }
+}

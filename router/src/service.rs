@@ -1,0 +1,103 @@
+//! The public gRPC service (`inference.v1.TextGeneration`).
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use futures::Stream;
+use inference_proto::public::{
+    text_generation_server::TextGeneration, GenerateRequest, GenerateResponse, ModelInfoRequest,
+    ModelInfoResponse, TokenizeRequest, TokenizeResponse, ValidationLimits,
+};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+
+use crate::config::Limits;
+use crate::generate;
+use crate::model_context::ModelContext;
+use crate::pool::{no_worker_status, WorkerPool};
+
+/// The router's public service.
+pub struct TextGenerationService {
+    pool: Arc<WorkerPool>,
+    limits: Limits,
+}
+
+impl TextGenerationService {
+    /// Serves requests over `pool`, validated against `limits`.
+    pub fn new(pool: Arc<WorkerPool>, limits: Limits) -> Self {
+        Self { pool, limits }
+    }
+
+    fn model(&self) -> Result<Arc<ModelContext>, Status> {
+        self.pool
+            .model()
+            .ok_or_else(|| no_worker_status(self.pool.configured_workers()))
+    }
+}
+
+type ResponseStream = Pin<Box<dyn Stream<Item = Result<GenerateResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl TextGeneration for TextGenerationService {
+    type GenerateStream = ResponseStream;
+
+    async fn generate(
+        &self,
+        request: Request<GenerateRequest>,
+    ) -> Result<Response<Self::GenerateStream>, Status> {
+        let rx = generate::start(&self.pool, &self.limits, request.into_inner()).await?;
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn tokenize(
+        &self,
+        request: Request<TokenizeRequest>,
+    ) -> Result<Response<TokenizeResponse>, Status> {
+        let model = self.model()?;
+        let req = request.into_inner();
+        if req.text.len() > self.limits.max_request_bytes as usize {
+            return Err(Status::invalid_argument(format!(
+                "text is {} bytes; the limit is {} bytes",
+                req.text.len(),
+                self.limits.max_request_bytes
+            )));
+        }
+        let (ids, pieces) = model
+            .tokenizer
+            .encode_with_pieces(&req.text, req.add_special_tokens)
+            .map_err(|e| Status::invalid_argument(format!("cannot tokenize: {e}")))?;
+        Ok(Response::new(TokenizeResponse { ids, pieces }))
+    }
+
+    async fn model_info(
+        &self,
+        _request: Request<ModelInfoRequest>,
+    ) -> Result<Response<ModelInfoResponse>, Status> {
+        let model = self.model()?;
+        let l = &self.limits;
+        let max_input_tokens = if l.max_input_tokens == 0 {
+            model.context_length.saturating_sub(1)
+        } else {
+            l.max_input_tokens
+        };
+        Ok(Response::new(ModelInfoResponse {
+            model_name: model.model_name.clone(),
+            max_context_tokens: model.context_length,
+            vocab_size: model.vocab_size,
+            eos_token_ids: model.eos_token_ids.clone(),
+            limits: Some(ValidationLimits {
+                max_stop_sequences: l.max_stop_sequences,
+                max_stop_sequence_chars: l.max_stop_sequence_chars,
+                max_new_tokens: l.max_new_tokens,
+                default_max_new_tokens: l.default_max_new_tokens,
+                max_input_tokens,
+                max_request_bytes: l.max_request_bytes,
+            }),
+            bos_token_id: model.bos_token_id,
+            add_bos_token: model.add_bos_token,
+            chat_template: model.chat_template_source.clone(),
+            architecture: model.architecture.clone(),
+            ready_workers: self.pool.ready_workers() as u32,
+        }))
+    }
+}

@@ -1,0 +1,421 @@
+//! The router's text tokenizer: [`TextTokenizer`], built from the
+//! [`TokenizerSpec`] a worker reports (GGUF `tokenizer.ggml.*` metadata, or
+//! a `tokenizer.json`).
+//!
+//! For GGUF model `"gpt2"` the tokenizer is a byte-level BPE (Radford et al.
+//! 2019, <https://github.com/openai/gpt-2/blob/master/src/encoder.py>)
+//! assembled with the `tokenizers` crate so that it reproduces the original
+//! Hugging Face `tokenizer.json` of the model family named by
+//! `tokenizer.ggml.pre`:
+//!
+//! - `smollm`, `starcoder`, `refact`: `Digits(individual_digits)` then
+//!   `ByteLevel` with the GPT-2 regex (SmolLM2 / StarCoder; llama.cpp's
+//!   `\p{N}` split then the GPT-2 regex);
+//! - `gpt-2`, `gpt2`: `ByteLevel` with the GPT-2 regex;
+//! - `llama-bpe`, `llama3`: the Llama 3 `Split` regex then `ByteLevel`
+//!   without regex, and a BPE with `ignore_merges`.
+//!
+//! Control (GGUF token type 3) and user-defined (type 4) tokens become
+//! *special added tokens*: they are matched verbatim in input text before
+//! pre-tokenization (`"<|im_start|>"` encodes to one id, `"<|im_start|"` does
+//! not) and are dropped by [`TextTokenizer::decode`] with `skip_special`.
+//! Byte symbols missing from the vocabulary are dropped while encoding (no
+//! unknown token), exactly as the Hugging Face BPE model does when
+//! `unk_token` is null.
+
+use std::collections::{HashMap, HashSet};
+
+use inference_proto::worker::TokenizerSpec;
+use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
+use tokenizers::models::bpe::{Vocab, BPE};
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::digits::Digits;
+use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+use tokenizers::{
+    AddedToken, DecoderWrapper, PreTokenizerWrapper, SplitDelimiterBehavior, Tokenizer,
+};
+
+/// GGUF token type of control tokens (`<|im_start|>` …).
+const TOKEN_TYPE_CONTROL: i32 = 3;
+/// GGUF token type of user-defined tokens.
+const TOKEN_TYPE_USER_DEFINED: i32 = 4;
+
+/// The Llama 3 pre-tokenization regex (from Meta-Llama-3 `tokenizer.json`,
+/// identical to llama.cpp's `LLAMA_VOCAB_PRE_TYPE_LLAMA3`).
+const LLAMA3_SPLIT_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// Why a tokenizer could not be built or could not encode.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenizerError {
+    /// `tokenizer.ggml.model` names a tokenizer this router cannot build.
+    #[error("unsupported tokenizer model {0:?} (supported: \"gpt2\" byte-level BPE, or a tokenizer.json)")]
+    UnsupportedModel(String),
+    /// `tokenizer.ggml.pre` names a pre-tokenizer this router does not know.
+    #[error(
+        "unsupported pre-tokenizer {0:?} for byte-level BPE (supported: smollm, starcoder, refact, \
+         gpt-2, llama-bpe; or ship a tokenizer.json beside the model)"
+    )]
+    UnsupportedPreTokenizer(String),
+    /// The spec is inconsistent (empty vocabulary, malformed merge, …).
+    #[error("invalid tokenizer spec: {0}")]
+    InvalidSpec(String),
+    /// The `tokenizer_json` could not be parsed.
+    #[error("invalid tokenizer.json: {0}")]
+    InvalidJson(String),
+    /// Encoding the text failed inside the `tokenizers` library.
+    #[error("encoding failed: {0}")]
+    Encode(String),
+}
+
+/// A text tokenizer shared by all request tasks (it is `Send + Sync`; wrap it
+/// in an `Arc`).
+///
+/// Besides the `tokenizers::Tokenizer`, it keeps the set of special ids and,
+/// when decoding is pure byte-level (each token maps to a fixed byte string
+/// and decoding is their UTF-8-lossy concatenation), a table of each token's
+/// bytes, which the streaming detokenizer uses.
+pub struct TextTokenizer {
+    inner: Tokenizer,
+    /// Prepended by `encode(.., add_special_tokens = true)` (GGUF specs only;
+    /// a `tokenizer.json` brings its own post-processor).
+    bos_to_prepend: Option<u32>,
+    special_ids: HashSet<u32>,
+    vocab_size: usize,
+    byte_table: Option<ByteTable>,
+}
+
+impl std::fmt::Debug for TextTokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TextTokenizer")
+            .field("vocab_size", &self.vocab_size)
+            .field("special_ids", &self.special_ids.len())
+            .field("bos_to_prepend", &self.bos_to_prepend)
+            .field("byte_level", &self.byte_table.is_some())
+            .finish()
+    }
+}
+
+impl TextTokenizer {
+    /// Builds the tokenizer a worker described.
+    ///
+    /// A non-empty `tokenizer_json` takes precedence (its own normalizer,
+    /// pre-tokenizer, post-processor and decoder are used; `add_bos_token`
+    /// is then ignored). Otherwise `model` must be `"gpt2"` and `pre` one of
+    /// the pre-tokenizers listed in the [module docs](self).
+    ///
+    /// # Errors
+    /// [`TokenizerError::UnsupportedModel`] / [`TokenizerError::UnsupportedPreTokenizer`]
+    /// for tokenizers this router cannot reproduce, [`TokenizerError::InvalidSpec`]
+    /// for an inconsistent vocabulary/merge list, [`TokenizerError::InvalidJson`]
+    /// for an unparsable `tokenizer_json`.
+    pub fn from_spec(spec: &TokenizerSpec) -> Result<Self, TokenizerError> {
+        if !spec.tokenizer_json.is_empty() {
+            return Self::from_tokenizer_json(&spec.tokenizer_json);
+        }
+        match spec.model.as_str() {
+            "gpt2" => Self::from_gguf_bpe(spec),
+            other => Err(TokenizerError::UnsupportedModel(other.to_string())),
+        }
+    }
+
+    fn from_tokenizer_json(json: &str) -> Result<Self, TokenizerError> {
+        let inner = Tokenizer::from_bytes(json.as_bytes())
+            .map_err(|e| TokenizerError::InvalidJson(e.to_string()))?;
+        let special_ids: HashSet<u32> = inner
+            .get_added_tokens_decoder()
+            .into_iter()
+            .filter(|(_, t)| t.special)
+            .map(|(id, _)| id)
+            .collect();
+        let vocab_size = inner
+            .get_vocab(true)
+            .values()
+            .map(|&id| id as usize + 1)
+            .max()
+            .unwrap_or(0);
+        let byte_table = matches!(inner.get_decoder(), Some(DecoderWrapper::ByteLevel(_)))
+            .then(|| ByteTable::build(&inner, vocab_size));
+        Ok(Self {
+            inner,
+            bos_to_prepend: None,
+            special_ids,
+            vocab_size,
+            byte_table,
+        })
+    }
+
+    fn from_gguf_bpe(spec: &TokenizerSpec) -> Result<Self, TokenizerError> {
+        if spec.tokens.is_empty() {
+            return Err(TokenizerError::InvalidSpec("empty token list".into()));
+        }
+        if !spec.token_types.is_empty() && spec.token_types.len() != spec.tokens.len() {
+            return Err(TokenizerError::InvalidSpec(format!(
+                "{} token types for {} tokens",
+                spec.token_types.len(),
+                spec.tokens.len()
+            )));
+        }
+        let (pre_tokenizer, ignore_merges) = pre_tokenizer_for(&spec.pre)?;
+
+        // Vocabulary: token string -> index. On duplicate strings the first id wins.
+        let mut vocab = Vocab::with_capacity(spec.tokens.len());
+        for (id, token) in spec.tokens.iter().enumerate() {
+            vocab.entry(token.clone()).or_insert(id as u32);
+        }
+        let merges = spec
+            .merges
+            .iter()
+            .map(|m| {
+                m.split_once(' ')
+                    .map(|(a, b)| (a.to_string(), b.to_string()))
+                    .ok_or_else(|| {
+                        TokenizerError::InvalidSpec(format!("merge {m:?} has no space separator"))
+                    })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let bpe = BPE::builder()
+            .vocab_and_merges(vocab, merges)
+            .ignore_merges(ignore_merges)
+            .build()
+            .map_err(|e| TokenizerError::InvalidSpec(e.to_string()))?;
+
+        let mut inner = Tokenizer::new(bpe);
+        inner.with_pre_tokenizer(Some(pre_tokenizer));
+        inner.with_decoder(Some(ByteLevelDecoder::new(false, true, true)));
+
+        let mut special_ids = HashSet::new();
+        let mut added = Vec::new();
+        for (id, ty) in spec.token_types.iter().enumerate() {
+            if matches!(*ty, TOKEN_TYPE_CONTROL | TOKEN_TYPE_USER_DEFINED)
+                && !spec.tokens[id].is_empty()
+            {
+                special_ids.insert(id as u32);
+                added.push(AddedToken::from(spec.tokens[id].clone(), true));
+            }
+        }
+        inner.add_special_tokens(&added);
+
+        let vocab_size = spec.tokens.len();
+        let bos_to_prepend = match (spec.add_bos_token, spec.bos_token_id) {
+            (true, Some(bos)) if (bos as usize) < vocab_size => Some(bos),
+            (true, Some(bos)) => {
+                return Err(TokenizerError::InvalidSpec(format!(
+                    "bos_token_id {bos} outside the vocabulary of {vocab_size}"
+                )))
+            }
+            (true, None) => {
+                return Err(TokenizerError::InvalidSpec(
+                    "add_bos_token set without bos_token_id".into(),
+                ))
+            }
+            (false, _) => None,
+        };
+        let byte_table = Some(ByteTable::build(&inner, vocab_size));
+        Ok(Self {
+            inner,
+            bos_to_prepend,
+            special_ids,
+            vocab_size,
+            byte_table,
+        })
+    }
+
+    /// Encodes `text` into token ids. With `add_special_tokens`, the BOS token
+    /// is prepended when the model asks for it (`add_bos_token`), or the
+    /// `tokenizer.json` post-processor runs. Special tokens written in the
+    /// text (`"<|im_start|>"`) are always recognised.
+    ///
+    /// # Errors
+    /// [`TokenizerError::Encode`] if the `tokenizers` library fails.
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizerError> {
+        let enc = self
+            .inner
+            .encode_fast(text, add_special_tokens)
+            .map_err(|e| TokenizerError::Encode(e.to_string()))?;
+        Ok(self.with_bos(enc.get_ids().to_vec(), add_special_tokens))
+    }
+
+    /// Like [`encode`](Self::encode), also returning each id's vocabulary
+    /// string (byte-level form, e.g. `"Ġworld"`).
+    ///
+    /// # Errors
+    /// [`TokenizerError::Encode`] if the `tokenizers` library fails.
+    pub fn encode_with_pieces(
+        &self,
+        text: &str,
+        add_special_tokens: bool,
+    ) -> Result<(Vec<u32>, Vec<String>), TokenizerError> {
+        let enc = self
+            .inner
+            .encode(text, add_special_tokens)
+            .map_err(|e| TokenizerError::Encode(e.to_string()))?;
+        let ids = self.with_bos(enc.get_ids().to_vec(), add_special_tokens);
+        let mut pieces = enc.get_tokens().to_vec();
+        if ids.len() > pieces.len() {
+            // The BOS this type prepended itself.
+            pieces.insert(0, self.inner.id_to_token(ids[0]).unwrap_or_default());
+        }
+        Ok((ids, pieces))
+    }
+
+    fn with_bos(&self, mut ids: Vec<u32>, add_special_tokens: bool) -> Vec<u32> {
+        if let (true, Some(bos)) = (add_special_tokens, self.bos_to_prepend) {
+            ids.insert(0, bos);
+        }
+        ids
+    }
+
+    /// Decodes ids to text (invalid UTF-8 is replaced by U+FFFD; ids outside
+    /// the vocabulary are ignored). With `skip_special`, special tokens are
+    /// left out.
+    pub fn decode(&self, ids: &[u32], skip_special: bool) -> String {
+        match &self.byte_table {
+            Some(table) => {
+                let mut bytes = Vec::with_capacity(ids.len() * 4);
+                for &id in ids {
+                    if !(skip_special && self.is_special(id)) {
+                        bytes.extend_from_slice(table.get(id).unwrap_or_default());
+                    }
+                }
+                String::from_utf8_lossy(&bytes).into_owned()
+            }
+            // Decoders in the supported tokenizer.json files do not fail.
+            None => self.inner.decode(ids, skip_special).unwrap_or_default(),
+        }
+    }
+
+    /// Whether `id` is a special (control / user-defined) token.
+    pub fn is_special(&self, id: u32) -> bool {
+        self.special_ids.contains(&id)
+    }
+
+    /// What the token alone decodes to (lossy: a partial UTF-8 character
+    /// becomes U+FFFD), or `None` for an id outside the vocabulary.
+    pub fn token_text(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)?;
+        Some(self.decode(&[id], false))
+    }
+
+    /// The raw bytes token `id` contributes to decoded text, when decoding is
+    /// pure byte-level (always for GGUF `"gpt2"` specs); `None` otherwise or
+    /// for an id outside the vocabulary. Decoding a sequence is then the
+    /// UTF-8-lossy conversion of the concatenated bytes.
+    pub fn token_bytes(&self, id: u32) -> Option<&[u8]> {
+        self.byte_table.as_ref()?.get(id)
+    }
+
+    /// Whether [`token_bytes`](Self::token_bytes) is available.
+    pub fn is_byte_level(&self) -> bool {
+        self.byte_table.is_some()
+    }
+
+    /// Number of ids: one more than the largest token id (49152 for SmolLM2).
+    pub fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+
+    /// The id of vocabulary string `token` (byte-level form, e.g. `"Ġthe"`,
+    /// or a special token's text such as `"<|im_end|>"`).
+    pub fn token_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    /// The vocabulary string of `id` (the inverse of [`token_id`](Self::token_id)).
+    pub fn id_to_piece(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+}
+
+/// Returns the pre-tokenizer for `tokenizer.ggml.pre`, and whether the BPE
+/// model must take whole pre-tokens found in the vocabulary as-is
+/// (`ignore_merges`, Llama 3).
+fn pre_tokenizer_for(pre: &str) -> Result<(PreTokenizerWrapper, bool), TokenizerError> {
+    let byte_level = |use_regex| ByteLevel::new(false, true, use_regex);
+    match pre {
+        // llama.cpp: `\p{N}` then the GPT-2 regex; HF: Digits(individual) + ByteLevel.
+        "smollm" | "starcoder" | "refact" => Ok((
+            Sequence::new(vec![Digits::new(true).into(), byte_level(true).into()]).into(),
+            false,
+        )),
+        "gpt-2" | "gpt2" => Ok((byte_level(true).into(), false)),
+        "llama-bpe" | "llama3" => {
+            let split = Split::new(
+                SplitPattern::Regex(LLAMA3_SPLIT_REGEX.to_string()),
+                SplitDelimiterBehavior::Isolated,
+                false,
+            )
+            .map_err(|e| TokenizerError::InvalidSpec(e.to_string()))?;
+            Ok((
+                Sequence::new(vec![split.into(), byte_level(false).into()]).into(),
+                true,
+            ))
+        }
+        other => Err(TokenizerError::UnsupportedPreTokenizer(other.to_string())),
+    }
+}
+
+/// Each token's decoded bytes, flattened: token `i` is
+/// `bytes[offsets[i]..offsets[i + 1]]`.
+struct ByteTable {
+    offsets: Vec<u32>,
+    bytes: Vec<u8>,
+    present: Vec<bool>,
+}
+
+impl ByteTable {
+    /// Maps every vocabulary string through the GPT-2 byte-to-unicode table
+    /// in reverse, as the `ByteLevel` decoder does (a string with a character
+    /// outside the table contributes its own UTF-8 bytes).
+    fn build(tok: &Tokenizer, vocab_size: usize) -> Self {
+        let char_to_byte = gpt2_unicode_to_byte();
+        let mut offsets = Vec::with_capacity(vocab_size + 1);
+        let mut bytes = Vec::new();
+        let mut present = Vec::with_capacity(vocab_size);
+        offsets.push(0);
+        for id in 0..vocab_size as u32 {
+            let piece = tok.id_to_token(id);
+            present.push(piece.is_some());
+            if let Some(piece) = piece {
+                let mapped: Option<Vec<u8>> = piece
+                    .chars()
+                    .map(|c| char_to_byte.get(&c).copied())
+                    .collect();
+                bytes.extend_from_slice(&mapped.unwrap_or_else(|| piece.as_bytes().to_vec()));
+            }
+            offsets.push(bytes.len() as u32);
+        }
+        Self {
+            offsets,
+            bytes,
+            present,
+        }
+    }
+
+    fn get(&self, id: u32) -> Option<&[u8]> {
+        let i = id as usize;
+        if !*self.present.get(i)? {
+            return None;
+        }
+        Some(&self.bytes[self.offsets[i] as usize..self.offsets[i + 1] as usize])
+    }
+}
+
+/// The inverse of GPT-2's `bytes_to_unicode`
+/// (<https://github.com/openai/gpt-2/blob/master/src/encoder.py>): printable
+/// bytes map to themselves, the other 68 to U+0100 onwards in byte order.
+fn gpt2_unicode_to_byte() -> HashMap<char, u8> {
+    let printable = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+    let mut map = HashMap::with_capacity(256);
+    let mut next = 256u32;
+    for b in 0..=255u8 {
+        let c = if printable(b) {
+            char::from(b)
+        } else {
+            next += 1;
+            char::from_u32(next - 1).expect("U+0100..U+0143 are valid chars")
+        };
+        map.insert(c, b);
+    }
+    map
+}

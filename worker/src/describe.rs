@@ -1,0 +1,75 @@
+//! The model's description sent to routers in `Info`: architecture, limits, EOS ids, chat template and
+//! the tokenizer spec (the router builds its tokenizer from it; the worker never handles text).
+
+use std::path::Path;
+
+use gguf::{GgufFile, TokenizerMetadata};
+use inference_proto::worker::{InfoResponse, TokenizerSpec};
+
+/// Builds the static part of `Info` from the model file.
+///
+/// `eos_token_ids` holds every end-of-sequence id the model declares (`eos`, `eot`) plus
+/// `<|endoftext|>` / `<|im_end|>` when the vocabulary has them, since chat models end turns with either.
+/// A `tokenizer.json` beside the model file is passed along verbatim and takes precedence.
+///
+/// Errors: missing or malformed `tokenizer.ggml.*` metadata.
+pub fn describe_model(
+    path: &Path,
+    file: &GgufFile,
+    context_length: usize,
+    vocab_size: usize,
+) -> anyhow::Result<InfoResponse> {
+    let tok = TokenizerMetadata::from_gguf(file)?;
+    let mut eos: Vec<u32> = [tok.eos_token_id, tok.eot_token_id]
+        .into_iter()
+        .flatten()
+        .collect();
+    for name in [
+        "<|im_end|>",
+        "<|endoftext|>",
+        "<|eot_id|>",
+        "<|end_of_text|>",
+    ] {
+        if let Some(id) = tok.tokens.iter().position(|t| t == name) {
+            eos.push(id as u32);
+        }
+    }
+    eos.sort_unstable();
+    eos.dedup();
+    let tokenizer_json = path
+        .parent()
+        .map(|dir| dir.join("tokenizer.json"))
+        .and_then(|p| std::fs::read_to_string(p).ok())
+        .unwrap_or_default();
+    let model_name = file
+        .get_str("general.name")
+        .ok()
+        .map(str::to_string)
+        .unwrap_or_else(|| {
+            path.file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        });
+    Ok(InfoResponse {
+        model_name,
+        architecture: file.get_str("general.architecture")?.to_string(),
+        context_length: context_length as u32,
+        vocab_size: vocab_size as u32,
+        eos_token_ids: eos,
+        chat_template: tok.chat_template.clone().unwrap_or_default(),
+        bos_token_id: tok.bos_token_id,
+        eot_token_id: tok.eot_token_id,
+        backend: "cpu".into(),
+        stats: None,
+        tokenizer: Some(TokenizerSpec {
+            model: tok.model,
+            pre: tok.pre,
+            tokens: tok.tokens,
+            merges: tok.merges,
+            token_types: tok.token_types,
+            bos_token_id: tok.bos_token_id,
+            add_bos_token: tok.add_bos_token,
+            tokenizer_json,
+        }),
+    })
+}

@@ -1,0 +1,88 @@
+//! The engine: owns the model and every live sequence on one dedicated thread, and runs the
+//! iteration-level loop (admit, step every sequence once, stream tokens, drop finished ones).
+//!
+//! RPC handlers talk to it only through [`EngineHandle`] (commands over a channel), so the hot path has
+//! no locks and cancelling is just a message.
+
+mod core;
+mod sequence;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use inference_proto::worker::{AddRequest, EngineStats, StepOutput};
+use tokio::sync::{mpsc, oneshot};
+
+pub use self::core::spawn_engine;
+pub use sequence::{Sequence, StopReason};
+
+/// A model the engine can run one sequence at a time.
+///
+/// Implemented by the CPU [`crate::model::LlamaModel`]; tests use a fake.
+pub trait SequenceModel: Send + 'static {
+    /// Per-sequence KV cache.
+    type Cache: Send;
+    /// A new empty cache.
+    fn new_cache(&self) -> Self::Cache;
+    /// Tokens held by `cache`.
+    fn cache_len(cache: &Self::Cache) -> usize;
+    /// Runs `tokens` at positions `cache_len(cache)..`, appends their K/V to `cache` and returns the
+    /// logits (`[vocab_size]`, f32) of the last token.
+    ///
+    /// Errors: out-of-vocabulary ids, a cache that would pass the context length, empty `tokens`.
+    fn forward(&self, tokens: &[u32], cache: &mut Self::Cache) -> anyhow::Result<Vec<f32>>;
+    /// The model's context length, in tokens.
+    fn context_length(&self) -> usize;
+    /// Vocabulary size (length of the logits).
+    fn vocab_size(&self) -> usize;
+}
+
+/// Identifies one router connection (one bidirectional stream).
+pub type ConnId = u64;
+
+/// Messages from RPC handlers to the engine thread.
+pub enum Command {
+    /// Admit a request; its outputs go to `out`.
+    Add {
+        conn: ConnId,
+        request: AddRequest,
+        out: mpsc::UnboundedSender<StepOutput>,
+    },
+    /// Drop one request (no further output is sent for it).
+    Cancel { conn: ConnId, request_id: String },
+    /// Drop every request of a connection (the stream closed).
+    CloseConnection { conn: ConnId },
+    /// Report the engine's counters.
+    Stats(oneshot::Sender<EngineStats>),
+}
+
+/// Cloneable handle to the engine thread.
+#[derive(Clone)]
+pub struct EngineHandle {
+    tx: mpsc::UnboundedSender<Command>,
+}
+
+static NEXT_CONN: AtomicU64 = AtomicU64::new(1);
+
+impl EngineHandle {
+    /// A fresh connection id.
+    pub fn new_connection(&self) -> ConnId {
+        NEXT_CONN.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Sends a command; returns false when the engine thread is gone.
+    pub fn send(&self, command: Command) -> bool {
+        self.tx.send(command).is_ok()
+    }
+
+    /// The engine's live counters; `None` when the engine thread is gone.
+    pub async fn stats(&self) -> Option<EngineStats> {
+        let (tx, rx) = oneshot::channel();
+        if !self.send(Command::Stats(tx)) {
+            return None;
+        }
+        rx.await.ok()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,138 @@
+//! Elementwise and per-row building blocks of the llama forward pass (all f32).
+
+/// RMSNorm (Zhang & Sennrich 2019, as in Hugging Face `LlamaRMSNorm`) of every
+/// row of `x` (`[n, dim]` row-major, `dim = weight.len()`):
+/// `out = (x / sqrt(mean(x²) + eps)) * weight`. The mean of squares is
+/// accumulated sequentially in f64 per row (deterministic, batch-independent).
+pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32) -> Vec<f32> {
+    let dim = weight.len();
+    let mut out = vec![0.0f32; x.len()];
+    for (row, o) in x.chunks_exact(dim).zip(out.chunks_exact_mut(dim)) {
+        let ms = row.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / dim as f64;
+        let scale = (1.0 / (ms + eps as f64).sqrt()) as f32;
+        for ((o, &v), &w) in o.iter_mut().zip(row).zip(weight) {
+            *o = (v * scale) * w;
+        }
+    }
+    out
+}
+
+/// Rotary position embedding tables for a run of consecutive positions.
+///
+/// For position `p` and pair `i < head_dim / 2` the angle is
+/// `p * base^(-2i / head_dim)` (Su et al. 2021, RoFormer), computed in f64
+/// and rounded to f32 cos/sin.
+#[derive(Debug, Clone)]
+pub struct RopeTable {
+    half: usize,
+    /// `cos[t * half + i]` for the `t`-th position of the run.
+    cos: Vec<f32>,
+    /// `sin[t * half + i]`.
+    sin: Vec<f32>,
+}
+
+impl RopeTable {
+    /// Tables for positions `start..start + n` with the given head width
+    /// (even) and base θ.
+    pub fn new(start: usize, n: usize, head_dim: usize, base: f32) -> RopeTable {
+        let half = head_dim / 2;
+        let inv_freq: Vec<f64> = (0..half)
+            .map(|i| (base as f64).powf(-2.0 * i as f64 / head_dim as f64))
+            .collect();
+        let mut cos = Vec::with_capacity(n * half);
+        let mut sin = Vec::with_capacity(n * half);
+        for p in start..start + n {
+            for &f in &inv_freq {
+                let a = p as f64 * f;
+                cos.push(a.cos() as f32);
+                sin.push(a.sin() as f32);
+            }
+        }
+        RopeTable { half, cos, sin }
+    }
+
+    /// Rotates every head in `x` (`n_heads * head_dim` values, one token) in
+    /// place for the `t`-th position of the run, in the *adjacent-pair* form
+    /// used by llama.cpp for GGUF llama weights: pair `(x[2i], x[2i+1])` of
+    /// each head is rotated by angle `i`.
+    pub fn apply(&self, x: &mut [f32], t: usize) {
+        let cos = &self.cos[t * self.half..(t + 1) * self.half];
+        let sin = &self.sin[t * self.half..(t + 1) * self.half];
+        for head in x.chunks_exact_mut(2 * self.half) {
+            for (i, pair) in head.chunks_exact_mut(2).enumerate() {
+                let (a, b) = (pair[0], pair[1]);
+                pair[0] = a * cos[i] - b * sin[i];
+                pair[1] = a * sin[i] + b * cos[i];
+            }
+        }
+    }
+}
+
+/// In-place softmax of `x` in f32: subtracts the max, exponentiates, divides by the
+/// sequentially accumulated sum. Empty input is left unchanged.
+pub fn softmax_in_place(x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0f32;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    let inv = 1.0 / sum;
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+
+/// SwiGLU activation (Shazeer 2020) for each row of `gate_up`
+/// (`[n, 2 * ffn]`, gate half first): returns `[n, ffn]` with
+/// `silu(g) * u`, `silu(g) = g / (1 + e^-g)`.
+pub fn swiglu(gate_up: &[f32], ffn: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(gate_up.len() / 2);
+    for row in gate_up.chunks_exact(2 * ffn) {
+        let (g, u) = row.split_at(ffn);
+        out.extend(g.iter().zip(u).map(|(&g, &u)| g / (1.0 + (-g).exp()) * u));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rms_norm_unit_rows() {
+        let x = [3.0, 4.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0];
+        let y = rms_norm(&x, &[1.0, 2.0, 1.0, 1.0], 0.0);
+        let s = 1.0 / (25.0f32 / 4.0).sqrt();
+        assert!((y[0] - 3.0 * s).abs() < 1e-6 && (y[1] - 8.0 * s).abs() < 1e-6);
+        assert_eq!(&y[4..], &[1.0, 2.0, 1.0, 1.0]);
+    }
+
+    #[test]
+    fn rope_rotates_pairs_and_keeps_norm() {
+        let table = RopeTable::new(3, 2, 4, 10000.0);
+        let mut x = [1.0, 0.0, 0.0, 1.0];
+        table.apply(&mut x, 0); // position 3
+        assert!((x[0] - 3.0f32.cos()).abs() < 1e-6 && (x[1] - 3.0f32.sin()).abs() < 1e-6);
+        let a = 3.0f64 * 0.01; // 10000^(-2/4) = 0.01
+        assert!((x[2] + a.sin() as f32).abs() < 1e-6 && (x[3] - a.cos() as f32).abs() < 1e-6);
+        let mut y = [1.0, 2.0, 3.0, 4.0];
+        RopeTable::new(0, 1, 4, 10000.0).apply(&mut y, 0);
+        assert_eq!(y, [1.0, 2.0, 3.0, 4.0]);
+    }
+
+    #[test]
+    fn softmax_sums_to_one() {
+        let mut x = [1.0, 2.0, 3.0, 1000.0, -1000.0];
+        softmax_in_place(&mut x);
+        assert!((x.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+        assert!(x[3] > 0.99 && x[4] == 0.0);
+    }
+
+    #[test]
+    fn swiglu_values() {
+        let y = swiglu(&[0.0, 1.0, 2.0, 3.0], 2);
+        assert_eq!(y[0], 0.0);
+        assert!((y[1] - 3.0 / (1.0 + (-1.0f32).exp())).abs() < 1e-6);
+    }
+}
