@@ -80,6 +80,7 @@ mod tests {
     use super::*;
 
     #[test]
+    #[allow(clippy::result_large_err)] // figment::Jail's closure signature
     fn precedence_file_env_flags() {
         figment::Jail::expect_with(|jail| {
             jail.create_file(

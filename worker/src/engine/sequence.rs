@@ -88,7 +88,7 @@ impl<C> Sequence<C> {
         self.len() == 0
     }
 
-    /// Samples the next token from `logits` ([vocab] f32) and applies the stop policy.
+    /// Samples the next token from `logits` (`[vocab]` f32) and applies the stop policy.
     ///
     /// Returns the token and, when the sequence is finished, why. Order of checks: a stop token wins
     /// over the length limit, which wins over the context limit.

@@ -1,0 +1,212 @@
+//! The `bench` load tool (`router/src/bin/bench.rs`): drives the public `Generate` stream of a
+//! router with synthetic prompts of exact token counts and reports throughput, latency percentiles
+//! and errors, as text and as JSON.
+//!
+//! - [`BenchArgs`]: the command line;
+//! - [`prompt`]: prompts fitted to an exact token count with the router's `Tokenize`;
+//! - [`run`]: the load generator (closed loop at a fixed concurrency, or Poisson arrivals);
+//! - [`report`]: per-request records, the summary and the JSON layout;
+//! - [`stats`]: percentiles; [`rng`]: the seeded random stream.
+
+pub mod prompt;
+pub mod report;
+pub mod rng;
+pub mod run;
+pub mod stats;
+
+use clap::{ArgAction, Parser};
+use serde::Serialize;
+
+/// `bench` command line. Every length is in tokens, every rate per second of wall time.
+#[derive(Debug, Clone, Parser, Serialize)]
+#[command(
+    name = "bench",
+    about = "Load-tests a router's Generate stream and reports throughput and latency percentiles",
+    after_help = "Exit status: 0 when every measured request succeeded, 1 when any failed (the \
+                  summary is still printed and written), 2 when the run could not start or the \
+                  JSON could not be written."
+)]
+pub struct BenchArgs {
+    /// Router address (HOST:PORT); the only address the tool talks to.
+    #[arg(long, default_value = "127.0.0.1:50051")]
+    pub router: String,
+    /// Measured requests (exactly this many are sent).
+    #[arg(long, default_value_t = 64)]
+    pub requests: usize,
+    /// Most requests in flight at once. Default: 16 without `--request-rate`, unlimited with it.
+    #[arg(long)]
+    pub concurrency: Option<usize>,
+    /// Open loop: send requests at this mean rate (requests/s, Poisson arrivals, i.e. exponential
+    /// gaps); `--concurrency` then caps the requests in flight. Without it: closed loop, each of
+    /// `--concurrency` slots sends its next request when the previous one ends.
+    #[arg(long)]
+    pub request_rate: Option<f64>,
+    /// Prompt length in tokens (exact, BOS included when the model adds one).
+    #[arg(long, default_value_t = 128)]
+    pub prompt_tokens: usize,
+    /// When given, each prompt length is drawn uniformly from [--prompt-tokens, this].
+    #[arg(long)]
+    pub prompt_tokens_max: Option<usize>,
+    /// The first K prompt tokens are the same in every request (0: prompts differ from the start).
+    #[arg(long, default_value_t = 0)]
+    pub shared_prefix_tokens: usize,
+    /// Tokens to generate per request (`max_new_tokens`).
+    #[arg(long, default_value_t = 128)]
+    pub max_new_tokens: u32,
+    /// When given, each request's `max_new_tokens` is drawn uniformly from [--max-new-tokens, this].
+    #[arg(long)]
+    pub max_new_tokens_max: Option<u32>,
+    /// Keep generating past end-of-sequence tokens, so that every request generates exactly its
+    /// `max_new_tokens` (`--ignore-eos false` to stop at EOS).
+    #[arg(long, default_value_t = true, action = ArgAction::Set, value_name = "BOOL")]
+    pub ignore_eos: bool,
+    /// Sampling temperature (0 = greedy).
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    /// Nucleus sampling mass in (0, 1] (unset: disabled).
+    #[arg(long)]
+    pub top_p: Option<f32>,
+    /// Top-k sampling (0 = disabled).
+    #[arg(long, default_value_t = 0)]
+    pub top_k: u32,
+    /// Seed of the prompts, the drawn lengths, the arrival times and each request's sampling seed.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Requests run first (same settings, closed loop) and not counted.
+    #[arg(long, default_value_t = 0)]
+    pub warmup: usize,
+    /// Per-request limit in seconds (sent -> end of stream); a request past it fails with
+    /// DEADLINE_EXCEEDED.
+    #[arg(long, default_value_t = 600)]
+    pub timeout_secs: u64,
+    /// Wait up to this many seconds for the router to report a ready worker before starting.
+    #[arg(long, default_value_t = 30)]
+    pub wait_ready_secs: u64,
+    /// Also write the results as JSON to this file.
+    #[arg(long, value_name = "PATH")]
+    pub json: Option<std::path::PathBuf>,
+    /// Free text stored in the JSON (and printed), e.g. what this run measures.
+    #[arg(long, default_value = "")]
+    pub label: String,
+}
+
+impl BenchArgs {
+    /// The cap on requests in flight: `--concurrency`, or 16 in closed loop and `--requests`
+    /// (unlimited) in open loop.
+    pub fn effective_concurrency(&self) -> usize {
+        match (self.concurrency, self.request_rate) {
+            (Some(c), _) => c,
+            (None, None) => 16,
+            (None, Some(_)) => self.requests.max(1),
+        }
+    }
+
+    /// The largest prompt length that can be drawn.
+    pub fn prompt_tokens_upper(&self) -> usize {
+        self.prompt_tokens_max.unwrap_or(self.prompt_tokens)
+    }
+
+    /// The largest `max_new_tokens` that can be drawn.
+    pub fn max_new_tokens_upper(&self) -> u32 {
+        self.max_new_tokens_max.unwrap_or(self.max_new_tokens)
+    }
+
+    /// Checks the settings that do not need the router.
+    ///
+    /// Errors: a message naming the offending flag.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        use anyhow::ensure;
+        ensure!(self.requests >= 1, "--requests must be at least 1");
+        ensure!(
+            self.effective_concurrency() >= 1,
+            "--concurrency must be at least 1"
+        );
+        if let Some(rate) = self.request_rate {
+            ensure!(
+                rate.is_finite() && rate > 0.0,
+                "--request-rate must be a positive number of requests/s, got {rate}"
+            );
+        }
+        ensure!(self.prompt_tokens >= 1, "--prompt-tokens must be at least 1");
+        ensure!(
+            self.prompt_tokens_upper() >= self.prompt_tokens,
+            "--prompt-tokens-max ({}) is below --prompt-tokens ({})",
+            self.prompt_tokens_upper(),
+            self.prompt_tokens
+        );
+        ensure!(
+            self.shared_prefix_tokens < self.prompt_tokens,
+            "--shared-prefix-tokens ({}) must be below --prompt-tokens ({})",
+            self.shared_prefix_tokens,
+            self.prompt_tokens
+        );
+        ensure!(self.max_new_tokens >= 1, "--max-new-tokens must be at least 1");
+        ensure!(
+            self.max_new_tokens_upper() >= self.max_new_tokens,
+            "--max-new-tokens-max ({}) is below --max-new-tokens ({})",
+            self.max_new_tokens_upper(),
+            self.max_new_tokens
+        );
+        ensure!(
+            self.temperature.is_finite() && self.temperature >= 0.0,
+            "--temperature must be >= 0"
+        );
+        if let Some(p) = self.top_p {
+            ensure!(p > 0.0 && p <= 1.0, "--top-p must be in (0, 1], got {p}");
+        }
+        ensure!(self.timeout_secs >= 1, "--timeout-secs must be at least 1");
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> BenchArgs {
+        BenchArgs::try_parse_from(std::iter::once("bench").chain(args.iter().copied())).unwrap()
+    }
+
+    #[test]
+    fn defaults() {
+        let a = parse(&[]);
+        assert_eq!(a.router, "127.0.0.1:50051");
+        assert_eq!((a.requests, a.prompt_tokens, a.max_new_tokens), (64, 128, 128));
+        assert_eq!(a.effective_concurrency(), 16);
+        assert!(a.ignore_eos);
+        assert_eq!(a.timeout_secs, 600);
+        a.validate().unwrap();
+    }
+
+    #[test]
+    fn rate_mode_is_uncapped_unless_asked() {
+        let a = parse(&["--request-rate", "2.5", "--requests", "10"]);
+        assert_eq!(a.effective_concurrency(), 10);
+        let a = parse(&["--request-rate", "2.5", "--concurrency", "3"]);
+        assert_eq!(a.effective_concurrency(), 3);
+    }
+
+    #[test]
+    fn ignore_eos_takes_a_value() {
+        assert!(!parse(&["--ignore-eos", "false"]).ignore_eos);
+        assert!(parse(&["--ignore-eos", "true"]).ignore_eos);
+    }
+
+    #[test]
+    fn bad_settings_are_rejected() {
+        for args in [
+            &["--requests", "0"][..],
+            &["--concurrency", "0"],
+            &["--request-rate", "0"],
+            &["--prompt-tokens", "0"],
+            &["--prompt-tokens", "10", "--prompt-tokens-max", "5"],
+            &["--prompt-tokens", "10", "--shared-prefix-tokens", "10"],
+            &["--max-new-tokens", "0"],
+            &["--max-new-tokens", "4", "--max-new-tokens-max", "3"],
+            &["--top-p", "0"],
+            &["--temperature=-1"],
+        ] {
+            assert!(parse(args).validate().is_err(), "{args:?}");
+        }
+    }
+}
