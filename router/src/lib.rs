@@ -1,5 +1,6 @@
 //! The router library.
 
+pub mod bench;
 pub mod chat_template;
 pub mod config;
 pub mod detokenizer;

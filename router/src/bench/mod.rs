@@ -127,7 +127,10 @@ impl BenchArgs {
                 "--request-rate must be a positive number of requests/s, got {rate}"
             );
         }
-        ensure!(self.prompt_tokens >= 1, "--prompt-tokens must be at least 1");
+        ensure!(
+            self.prompt_tokens >= 1,
+            "--prompt-tokens must be at least 1"
+        );
         ensure!(
             self.prompt_tokens_upper() >= self.prompt_tokens,
             "--prompt-tokens-max ({}) is below --prompt-tokens ({})",
@@ -140,7 +143,10 @@ impl BenchArgs {
             self.shared_prefix_tokens,
             self.prompt_tokens
         );
-        ensure!(self.max_new_tokens >= 1, "--max-new-tokens must be at least 1");
+        ensure!(
+            self.max_new_tokens >= 1,
+            "--max-new-tokens must be at least 1"
+        );
         ensure!(
             self.max_new_tokens_upper() >= self.max_new_tokens,
             "--max-new-tokens-max ({}) is below --max-new-tokens ({})",
@@ -171,7 +177,10 @@ mod tests {
     fn defaults() {
         let a = parse(&[]);
         assert_eq!(a.router, "127.0.0.1:50051");
-        assert_eq!((a.requests, a.prompt_tokens, a.max_new_tokens), (64, 128, 128));
+        assert_eq!(
+            (a.requests, a.prompt_tokens, a.max_new_tokens),
+            (64, 128, 128)
+        );
         assert_eq!(a.effective_concurrency(), 16);
         assert!(a.ignore_eos);
         assert_eq!(a.timeout_secs, 600);

@@ -34,6 +34,7 @@ pub struct FittedPrompt {
 }
 
 /// Common English words the sentences are drawn from.
+#[rustfmt::skip]
 const WORDS: &[&str] = &[
     "time", "year", "people", "way", "day", "man", "thing", "woman", "life", "child", "world",
     "school", "state", "family", "student", "group", "country", "problem", "hand", "part", "place",
@@ -55,6 +56,7 @@ const WORDS: &[&str] = &[
 ];
 
 /// Strings tried, in order, to add exactly one token at the end of a prompt.
+#[rustfmt::skip]
 const PADS: &[&str] = &[
     " a", ".", " the", " and", ",", " I", " of", " to", " x", "!", "?", ";",
 ];
@@ -209,7 +211,10 @@ pub async fn build_prompts<T: PromptTokenizer>(
             Some(p) => (p.text.as_str(), " "),
             None => ("", ""),
         };
-        let heads = [format!("{prefix_text}{sep}Request {i}:"), prefix_text.to_string()];
+        let heads = [
+            format!("{prefix_text}{sep}Request {i}:"),
+            prefix_text.to_string(),
+        ];
         let request_seed = derive_seed(seed, i as u64);
         let mut fitted = None;
         for head in &heads {
@@ -335,7 +340,10 @@ mod tests {
     fn short_targets_drop_the_head_and_impossible_ones_fail() {
         let mut tok = Tiny::new(false);
         let prompts = block_on(build_prompts(&mut tok, &[1, 2, 3], 0, 1)).unwrap();
-        assert_eq!(prompts.iter().map(|p| p.ids.len()).collect::<Vec<_>>(), [1, 2, 3]);
+        assert_eq!(
+            prompts.iter().map(|p| p.ids.len()).collect::<Vec<_>>(),
+            [1, 2, 3]
+        );
         assert!(block_on(build_prompts(&mut tok, &[0], 0, 1)).is_err());
         assert!(block_on(build_prompts(&mut tok, &[10], 10, 1)).is_err());
         assert!(block_on(fit_prompt(&mut tok, "a long head of many words", 1, 3)).is_err());

@@ -162,7 +162,13 @@ impl Summary {
             .map(|r| r.server_prompt_tokens.unwrap_or(r.prompt_tokens) as u64)
             .sum();
         let generated_tokens: u64 = ok.iter().map(|r| r.generated_tokens as u64).sum();
-        let per_s = |x: f64| if duration_s > 0.0 { x / duration_s } else { 0.0 };
+        let per_s = |x: f64| {
+            if duration_s > 0.0 {
+                x / duration_s
+            } else {
+                0.0
+            }
+        };
         let collect = |f: &dyn Fn(&RequestRecord) -> Option<f64>| -> Vec<f64> {
             ok.iter().filter_map(|r| f(r)).collect()
         };
@@ -385,7 +391,10 @@ mod tests {
         assert!(text.contains("UNAVAILABLE x2: worker went away"), "{text}");
         let json = serde_json::to_value(&s).unwrap();
         assert_eq!(json["errors"]["UNAVAILABLE"]["count"], 2);
-        assert_eq!(json["ttft_ms"]["p99"], serde_json::json!(s.ttft_ms.p99.unwrap()));
+        assert_eq!(
+            json["ttft_ms"]["p99"],
+            serde_json::json!(s.ttft_ms.p99.unwrap())
+        );
     }
 
     #[test]

@@ -81,7 +81,9 @@ mod tests {
 
     #[test]
     fn percentiles_are_ordered() {
-        let samples: Vec<f64> = (0..1000).map(|i| ((i * 7919) % 1000) as f64 * 0.37).collect();
+        let samples: Vec<f64> = (0..1000)
+            .map(|i| ((i * 7919) % 1000) as f64 * 0.37)
+            .collect();
         let d = Distribution::from_samples(&samples);
         let (min, p50, p90, p95, p99, max) = (
             d.min.unwrap(),

@@ -1,0 +1,552 @@
+//! The load generator: connects to the router, builds the prompts, runs the warmup and the measured
+//! phase, and gathers one [`RequestRecord`] per measured request.
+//!
+//! Closed loop (no `--request-rate`): `--concurrency` requests are in flight at all times until
+//! all are sent. Open loop: request i is due at the i-th arrival of a Poisson process (exponential
+//! gaps with mean 1 / rate, the first at 0 s) and is sent at that time or, when the concurrency
+//! cap is reached, as soon as a slot frees up (late requests are then sent back to back).
+//!
+//! Every loop is bounded: exactly `--requests` (+ `--warmup`) requests, each under
+//! `--timeout-secs`; every setup call (ModelInfo, Tokenize) has its own 30 s limit.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context};
+use inference_proto::public::{
+    text_generation_client::TextGenerationClient, FinishReason, GenerateRequest, ModelInfoRequest,
+    ModelInfoResponse, TokenizeRequest,
+};
+use serde::Serialize;
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+use tonic::transport::{Channel, Endpoint};
+
+use super::prompt::{build_prompts, PromptTokenizer};
+use super::report::{inter_token_gaps, Report, RequestError, RequestRecord, Summary, SCHEMA};
+use super::rng::{derive_seed, SplitMix64};
+use super::BenchArgs;
+
+/// A client of the router's public API.
+type Client = TextGenerationClient<Channel>;
+
+/// Limit on each setup RPC (ModelInfo, Tokenize).
+const SETUP_RPC_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Requests in flight per HTTP/2 connection at most (servers commonly cap streams per
+/// connection at 100-200); more concurrency opens more connections.
+const STREAMS_PER_CONNECTION: usize = 100;
+
+/// Random stream numbers (with `--seed`) of the drawn lengths and the arrival times; prompts and
+/// sampling seeds use the request index.
+const LENGTHS_STREAM: u64 = 1 << 40;
+const ARRIVALS_STREAM: u64 = (1 << 40) + 1;
+const SAMPLING_STREAM: u64 = (1 << 40) + 2;
+
+/// The settings stored in the report: the command line plus what was derived from it.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunConfig {
+    /// The command-line flags.
+    #[serde(flatten)]
+    pub args: BenchArgs,
+    /// The cap on requests in flight actually used.
+    pub effective_concurrency: usize,
+    /// HTTP/2 connections to the router.
+    pub connections: usize,
+}
+
+/// Everything a run produced.
+#[derive(Debug, Clone, Serialize)]
+pub struct Outcome {
+    /// The report (`--json` writes it).
+    pub report: Report<RunConfig>,
+    /// Warmup requests that failed (not part of the summary).
+    pub warmup_failed: usize,
+}
+
+impl Outcome {
+    /// Whether every measured request succeeded.
+    pub fn all_ok(&self) -> bool {
+        self.report.summary.failed == 0
+    }
+}
+
+/// One planned request.
+#[derive(Debug, Clone)]
+struct Planned {
+    prompt: String,
+    prompt_tokens: u32,
+    max_new_tokens: u32,
+    seed: u64,
+}
+
+/// `Tokenize` through the router, with special tokens as `Generate` adds them.
+struct RpcTokenizer {
+    client: Client,
+    calls: usize,
+}
+
+impl PromptTokenizer for RpcTokenizer {
+    async fn tokenize(&mut self, text: &str) -> anyhow::Result<Vec<u32>> {
+        self.calls += 1;
+        let request = TokenizeRequest {
+            text: text.to_string(),
+            add_special_tokens: true,
+        };
+        let response = tokio::time::timeout(SETUP_RPC_TIMEOUT, self.client.tokenize(request))
+            .await
+            .context("Tokenize timed out")?
+            .context("Tokenize failed")?;
+        Ok(response.into_inner().ids)
+    }
+}
+
+/// Counters the progress line reads.
+#[derive(Debug, Default)]
+struct Progress {
+    sent: AtomicUsize,
+    done: AtomicUsize,
+    failed: AtomicUsize,
+    tokens: AtomicU64,
+}
+
+/// Runs the benchmark `args` describe (validated by the caller) and returns its report.
+/// Progress goes to stderr, about once a second.
+///
+/// Errors: the router cannot be reached or has no ready worker within `--wait-ready-secs`, the
+/// settings do not fit the model's context, or the prompts cannot be built. Failed requests are not
+/// errors: they are counted in the report.
+pub async fn run(args: &BenchArgs) -> anyhow::Result<Outcome> {
+    let concurrency = args.effective_concurrency();
+    let connections = concurrency.div_ceil(STREAMS_PER_CONNECTION).clamp(1, 16);
+    let endpoint = Endpoint::from_shared(format!("http://{}", args.router))
+        .with_context(|| format!("bad router address {:?}", args.router))?
+        .connect_timeout(Duration::from_secs(10));
+    let mut clients = Vec::with_capacity(connections);
+    for _ in 0..connections {
+        let channel = endpoint
+            .connect()
+            .await
+            .with_context(|| format!("connecting to the router at {}", args.router))?;
+        clients.push(TextGenerationClient::new(channel));
+    }
+    let info = wait_ready(&mut clients[0], Duration::from_secs(args.wait_ready_secs)).await?;
+    check_fits(args, &info)?;
+
+    let plans = plan(args, clients[0].clone()).await?;
+    let (warmup, measured) = plans.split_at(args.warmup);
+
+    let mut warmup_failed = 0;
+    if !warmup.is_empty() {
+        eprintln!("bench: warmup, {} requests", warmup.len());
+        let records = run_phase(&clients, warmup, None, concurrency, args, "warmup").await;
+        let failures: Vec<&RequestError> =
+            records.iter().filter_map(|r| r.error.as_ref()).collect();
+        warmup_failed = failures.len();
+        if let Some(first) = failures.first() {
+            eprintln!(
+                "bench: warning: {warmup_failed} of {} warmup requests failed (first: {} {})",
+                warmup.len(),
+                first.code,
+                first.message
+            );
+        }
+    }
+
+    let arrivals = args.request_rate.map(|rate| {
+        let mut rng = SplitMix64::new(derive_seed(args.seed, ARRIVALS_STREAM));
+        let mut t = 0.0;
+        (0..measured.len())
+            .map(|i| {
+                if i > 0 {
+                    t += rng.exponential(rate);
+                }
+                Duration::from_secs_f64(t)
+            })
+            .collect::<Vec<_>>()
+    });
+    eprintln!(
+        "bench: {} requests, {}",
+        measured.len(),
+        match args.request_rate {
+            Some(rate) => format!("{rate} req/s Poisson arrivals, at most {concurrency} in flight"),
+            None => format!("concurrency {concurrency}"),
+        }
+    );
+    let started_unix_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let phase_start = Instant::now();
+    let records = run_phase(
+        &clients,
+        measured,
+        arrivals.as_deref(),
+        concurrency,
+        args,
+        "measured",
+    )
+    .await;
+    let duration_s = phase_start.elapsed().as_secs_f64();
+    let summary = Summary::from_records(&records, duration_s);
+    let report = Report {
+        schema: SCHEMA,
+        label: args.label.clone(),
+        router: args.router.clone(),
+        model: info.model_name.clone(),
+        max_context_tokens: info.max_context_tokens,
+        started_unix_ms,
+        config: RunConfig {
+            args: args.clone(),
+            effective_concurrency: concurrency,
+            connections,
+        },
+        summary,
+        requests: records,
+    };
+    Ok(Outcome {
+        report,
+        warmup_failed,
+    })
+}
+
+/// Polls `ModelInfo` until the router reports a ready worker or `budget` has passed.
+async fn wait_ready(client: &mut Client, budget: Duration) -> anyhow::Result<ModelInfoResponse> {
+    let deadline = Instant::now() + budget;
+    loop {
+        let answer =
+            tokio::time::timeout(SETUP_RPC_TIMEOUT, client.model_info(ModelInfoRequest {})).await;
+        let why = match answer {
+            Ok(Ok(info)) if info.get_ref().ready_workers > 0 => return Ok(info.into_inner()),
+            Ok(Ok(_)) => "no ready worker".to_string(),
+            Ok(Err(status)) => format!("{}: {}", code_name(status.code()), status.message()),
+            Err(_) => "ModelInfo timed out".to_string(),
+        };
+        if Instant::now() >= deadline {
+            bail!("the router has no ready worker after {budget:?}: {why}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Fails early when a request could not fit the model's context or input limit.
+fn check_fits(args: &BenchArgs, info: &ModelInfoResponse) -> anyhow::Result<()> {
+    let prompt = args.prompt_tokens_upper();
+    let new = args.max_new_tokens_upper() as usize;
+    let ctx = info.max_context_tokens as usize;
+    if prompt + new > ctx {
+        bail!(
+            "prompts of up to {prompt} tokens + up to {new} new tokens exceed the model's context \
+             of {ctx} tokens"
+        );
+    }
+    if let Some(limits) = &info.limits {
+        let max_input = limits.max_input_tokens as usize;
+        if max_input > 0 && prompt > max_input {
+            bail!(
+                "prompts of up to {prompt} tokens exceed the router's input limit of {max_input}"
+            );
+        }
+        if limits.max_new_tokens > 0 && new > limits.max_new_tokens as usize {
+            bail!(
+                "up to {new} new tokens exceed the router's max_new_tokens limit of {}",
+                limits.max_new_tokens
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Draws the lengths and seeds of the warmup and measured requests and builds their prompts.
+async fn plan(args: &BenchArgs, client: Client) -> anyhow::Result<Vec<Planned>> {
+    let total = args.warmup + args.requests;
+    let mut rng = SplitMix64::new(derive_seed(args.seed, LENGTHS_STREAM));
+    let lengths: Vec<(usize, u32)> = (0..total)
+        .map(|_| {
+            let p = rng.between(args.prompt_tokens as u64, args.prompt_tokens_upper() as u64);
+            let m = rng.between(
+                args.max_new_tokens as u64,
+                args.max_new_tokens_upper() as u64,
+            );
+            (p as usize, m as u32)
+        })
+        .collect();
+    let targets: Vec<usize> = lengths.iter().map(|&(p, _)| p).collect();
+    let started = Instant::now();
+    let mut tokenizer = RpcTokenizer { client, calls: 0 };
+    let prompts = build_prompts(
+        &mut tokenizer,
+        &targets,
+        args.shared_prefix_tokens,
+        args.seed,
+    )
+    .await
+    .context("building the prompts")?;
+    eprintln!(
+        "bench: built {total} prompts of {} tokens in {:.2} s ({} Tokenize calls)",
+        if args.prompt_tokens_upper() > args.prompt_tokens {
+            format!("{}..={}", args.prompt_tokens, args.prompt_tokens_upper())
+        } else {
+            args.prompt_tokens.to_string()
+        },
+        started.elapsed().as_secs_f64(),
+        tokenizer.calls
+    );
+    let sampling_seed = derive_seed(args.seed, SAMPLING_STREAM);
+    Ok(prompts
+        .into_iter()
+        .zip(lengths)
+        .enumerate()
+        .map(|(i, (p, (_, m)))| Planned {
+            prompt_tokens: p.ids.len() as u32,
+            prompt: p.text,
+            max_new_tokens: m,
+            seed: derive_seed(sampling_seed, i as u64),
+        })
+        .collect())
+}
+
+/// Sends `plans` (at `arrivals` offsets from the phase start when given) with at most
+/// `concurrency` in flight, and returns their records in index order.
+async fn run_phase(
+    clients: &[Client],
+    plans: &[Planned],
+    arrivals: Option<&[Duration]>,
+    concurrency: usize,
+    args: &BenchArgs,
+    phase: &'static str,
+) -> Vec<RequestRecord> {
+    let progress = Arc::new(Progress::default());
+    let phase_start = Instant::now();
+    let ticker = tokio::spawn(report_progress(
+        progress.clone(),
+        plans.len(),
+        phase,
+        phase_start,
+    ));
+    let slots = Arc::new(Semaphore::new(concurrency));
+    let timeout = Duration::from_secs(args.timeout_secs);
+    let mut tasks = JoinSet::new();
+    for (index, plan) in plans.iter().enumerate() {
+        if let Some(at) = arrivals.and_then(|a| a.get(index)) {
+            tokio::time::sleep_until((phase_start + *at).into()).await;
+        }
+        let permit = slots
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the semaphore is never closed");
+        let client = clients[index % clients.len()].clone();
+        let request = GenerateRequest {
+            prompt: plan.prompt.clone(),
+            max_new_tokens: Some(plan.max_new_tokens),
+            temperature: args.temperature,
+            top_k: args.top_k,
+            top_p: args.top_p,
+            seed: Some(plan.seed),
+            ignore_eos: args.ignore_eos,
+            request_id: Some(format!("bench-{phase}-{index}")),
+            ..Default::default()
+        };
+        let plan = plan.clone();
+        let progress = progress.clone();
+        tasks.spawn(async move {
+            let record = run_one(
+                client,
+                request,
+                &plan,
+                index,
+                timeout,
+                phase_start,
+                &progress,
+            )
+            .await;
+            drop(permit);
+            record
+        });
+    }
+    let mut records = Vec::with_capacity(plans.len());
+    while let Some(joined) = tasks.join_next().await {
+        records.push(joined.expect("request tasks do not panic"));
+    }
+    ticker.abort();
+    records.sort_by_key(|r| r.index);
+    records
+}
+
+/// Prints a progress line to stderr every second until aborted.
+async fn report_progress(progress: Arc<Progress>, total: usize, phase: &str, start: Instant) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        let elapsed = start.elapsed().as_secs_f64();
+        let done = progress.done.load(Ordering::Relaxed);
+        let tokens = progress.tokens.load(Ordering::Relaxed);
+        eprintln!(
+            "bench: {phase} {done}/{total} done, {} failed, {} in flight, {elapsed:.1} s, \
+             {:.1} tokens/s",
+            progress.failed.load(Ordering::Relaxed),
+            progress.sent.load(Ordering::Relaxed) - done,
+            tokens as f64 / elapsed.max(1e-9),
+        );
+    }
+}
+
+/// Milliseconds in `d`.
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// What one stream delivered before it ended or failed.
+#[derive(Default)]
+struct Received {
+    messages: u32,
+    streamed_tokens: u32,
+    first_token_ms: Option<f64>,
+    arrivals: Vec<(f64, usize)>,
+    finish_reason: Option<String>,
+    usage: Option<inference_proto::public::Usage>,
+}
+
+/// Sends one request and follows its stream to the end.
+async fn run_one(
+    mut client: Client,
+    request: GenerateRequest,
+    plan: &Planned,
+    index: usize,
+    timeout: Duration,
+    phase_start: Instant,
+    progress: &Progress,
+) -> RequestRecord {
+    progress.sent.fetch_add(1, Ordering::Relaxed);
+    let sent = Instant::now();
+    let mut got = Received::default();
+    let follow = async {
+        let mut stream = client.generate(request).await?.into_inner();
+        while let Some(message) = stream.message().await? {
+            let at = ms(sent.elapsed());
+            got.messages += 1;
+            let k = message.tokens.len();
+            if k > 0 {
+                got.first_token_ms.get_or_insert(at);
+                got.arrivals.push((at, k));
+                got.streamed_tokens += k as u32;
+                progress.tokens.fetch_add(k as u64, Ordering::Relaxed);
+            }
+            if message.usage.is_some() {
+                got.finish_reason = Some(
+                    FinishReason::try_from(message.finish_reason)
+                        .map_or("UNKNOWN", |r| r.as_str_name())
+                        .to_string(),
+                );
+                got.usage = message.usage;
+            }
+        }
+        Ok::<(), tonic::Status>(())
+    };
+    let outcome = tokio::time::timeout(timeout, follow).await;
+    let e2e = ms(sent.elapsed());
+    let error = match outcome {
+        Err(_) => Some(RequestError {
+            code: "DEADLINE_EXCEEDED".into(),
+            message: format!(
+                "no end of stream within {} s (--timeout-secs)",
+                timeout.as_secs()
+            ),
+        }),
+        Ok(Err(status)) => Some(RequestError {
+            code: code_name(status.code()).into(),
+            message: status.message().to_string(),
+        }),
+        Ok(Ok(())) if got.usage.is_none() => Some(RequestError {
+            code: "INTERNAL".into(),
+            message: "the stream ended without its final message (no usage)".into(),
+        }),
+        Ok(Ok(())) => None,
+    };
+    progress.done.fetch_add(1, Ordering::Relaxed);
+    if error.is_some() {
+        progress.failed.fetch_add(1, Ordering::Relaxed);
+    }
+    let usage = got.usage.filter(|_| error.is_none());
+    RequestRecord {
+        index,
+        prompt_tokens: plan.prompt_tokens,
+        max_new_tokens: plan.max_new_tokens,
+        seed: plan.seed,
+        sent_at_ms: ms(sent - phase_start),
+        ttft_ms: got.first_token_ms,
+        e2e_ms: error.is_none().then_some(e2e),
+        generated_tokens: usage.map_or(got.streamed_tokens, |u| u.generated_tokens),
+        streamed_tokens: got.streamed_tokens,
+        messages: got.messages,
+        finish_reason: got.finish_reason.filter(|_| error.is_none()),
+        server_prompt_tokens: usage.map(|u| u.prompt_tokens),
+        server_queue_ms: usage.map(|u| u.queue_ms),
+        server_ttft_ms: usage.map(|u| u.time_to_first_token_ms),
+        server_total_ms: usage.map(|u| u.total_ms),
+        error,
+        itl_ms: inter_token_gaps(&got.arrivals),
+    }
+}
+
+/// The canonical name of a gRPC status code (`"UNAVAILABLE"`, ...).
+pub fn code_name(code: tonic::Code) -> &'static str {
+    use tonic::Code::*;
+    match code {
+        Ok => "OK",
+        Cancelled => "CANCELLED",
+        Unknown => "UNKNOWN",
+        InvalidArgument => "INVALID_ARGUMENT",
+        DeadlineExceeded => "DEADLINE_EXCEEDED",
+        NotFound => "NOT_FOUND",
+        AlreadyExists => "ALREADY_EXISTS",
+        PermissionDenied => "PERMISSION_DENIED",
+        ResourceExhausted => "RESOURCE_EXHAUSTED",
+        FailedPrecondition => "FAILED_PRECONDITION",
+        Aborted => "ABORTED",
+        OutOfRange => "OUT_OF_RANGE",
+        Unimplemented => "UNIMPLEMENTED",
+        Internal => "INTERNAL",
+        Unavailable => "UNAVAILABLE",
+        DataLoss => "DATA_LOSS",
+        Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[test]
+    fn code_names_are_canonical() {
+        assert_eq!(code_name(tonic::Code::Unavailable), "UNAVAILABLE");
+        assert_eq!(code_name(tonic::Code::InvalidArgument), "INVALID_ARGUMENT");
+        assert_eq!(
+            code_name(tonic::Code::ResourceExhausted),
+            "RESOURCE_EXHAUSTED"
+        );
+    }
+
+    #[test]
+    fn context_check() {
+        let args = BenchArgs::try_parse_from([
+            "bench",
+            "--prompt-tokens",
+            "100",
+            "--prompt-tokens-max",
+            "200",
+            "--max-new-tokens",
+            "50",
+        ])
+        .unwrap();
+        let info = |ctx| ModelInfoResponse {
+            max_context_tokens: ctx,
+            ..Default::default()
+        };
+        assert!(check_fits(&args, &info(250)).is_ok());
+        assert!(check_fits(&args, &info(249)).is_err());
+    }
+}

@@ -1,0 +1,50 @@
+//! `bench --router 127.0.0.1:PORT [--requests N] [--concurrency C | --request-rate R] ...`: the
+//! project's load tool. Drives the router's public `Generate` stream with synthetic prompts of an
+//! exact token count, shows progress on stderr, prints requests/s, prompt and generated tokens/s,
+//! TTFT / ITL / TPOT / end-to-end latency percentiles (ms) and errors by gRPC status code, and
+//! optionally writes it all as JSON (`--json PATH`). See `router::bench` for the definitions.
+//!
+//! Exit status: 0 when every measured request succeeded, 1 when any failed (the summary is still
+//! printed and written), 2 when the run could not start or the JSON could not be written.
+
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Parser;
+use router::bench::{run::run, BenchArgs};
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let args = BenchArgs::parse();
+    if let Err(e) = args.validate() {
+        eprintln!("bench: {e:#}");
+        return ExitCode::from(2);
+    }
+    let outcome = match run(&args).await {
+        Ok(outcome) => outcome,
+        Err(e) => {
+            eprintln!("bench: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    println!("{}", outcome.report.summary.render(&args.label));
+    if let Some(path) = &args.json {
+        let written = serde_json::to_vec_pretty(&outcome.report)
+            .context("encoding the report")
+            .and_then(|bytes| {
+                std::fs::write(path, bytes).with_context(|| format!("writing {}", path.display()))
+            });
+        match written {
+            Ok(()) => eprintln!("bench: wrote {}", path.display()),
+            Err(e) => {
+                eprintln!("bench: {e:#}");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    if outcome.all_ok() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
