@@ -5,6 +5,8 @@
 //! README's test command builds them first). Each process's output goes to
 //! `target/<profile>/it-logs/<name>-<port>.log`.
 
+pub mod ops;
+
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -93,12 +95,24 @@ impl Process {
         ready_marker: &str,
         timeout: Duration,
     ) -> anyhow::Result<Process> {
+        Self::start_with_env(bin, args, &[], ready_marker, timeout).await
+    }
+
+    /// Like [`Process::start`], with extra environment variables (e.g. `ROUTER_*` settings).
+    pub async fn start_with_env(
+        bin: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+        ready_marker: &str,
+        timeout: Duration,
+    ) -> anyhow::Result<Process> {
         let log_dir = bin_dir().join("it-logs");
         std::fs::create_dir_all(&log_dir)?;
         let log = log_dir.join(format!("{bin}-{}.log", free_port()));
         let mut child = Command::new(bin_path(bin))
             .args(args)
             .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(&log)?)
             .kill_on_drop(true)
@@ -129,6 +143,34 @@ impl Process {
     pub async fn kill(&mut self) {
         let _ = self.child.kill().await;
     }
+
+    /// The process id (`None` once it has been waited for).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
+    /// Sends SIGTERM (graceful shutdown) without waiting.
+    pub fn terminate(&self) {
+        let pid = self.pid().expect("the process is still running");
+        let status = std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .expect("running kill");
+        assert!(status.success(), "kill -TERM {pid} failed");
+    }
+
+    /// Waits for the process to exit; `None` when it is still running after `timeout`.
+    pub async fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        tokio::time::timeout(timeout, self.child.wait())
+            .await
+            .ok()
+            .map(|status| status.expect("waiting for the process"))
+    }
+
+    /// The process's log so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
 }
 
 /// Runs `bin args...` to completion; returns (exit success, stdout + stderr).
@@ -150,29 +192,66 @@ pub async fn run_to_exit(bin: &str, args: &[&str], timeout: Duration) -> (bool, 
 
 /// Starts a worker serving `model` on a free port.
 pub async fn start_worker(model: &Path) -> (Process, String) {
+    start_worker_with(model, &[]).await
+}
+
+/// Starts a worker serving `model` on a free port with extra command-line flags.
+pub async fn start_worker_with(model: &Path, extra_args: &[&str]) -> (Process, String) {
     let addr = format!("127.0.0.1:{}", free_port());
     let model = model.to_str().expect("utf-8 model path");
-    let process = Process::start(
-        "worker",
-        &["--model", model, "--listen", &addr],
-        "worker ready",
-        Duration::from_secs(120),
-    )
-    .await
-    .expect("worker starts");
+    let mut args = vec!["--model", model, "--listen", addr.as_str()];
+    args.extend_from_slice(extra_args);
+    let process = Process::start("worker", &args, "worker ready", Duration::from_secs(120))
+        .await
+        .expect("worker starts");
     (process, addr)
 }
 
 /// Starts a router over `workers` on a free port (does not wait for the workers).
 pub async fn start_router(workers: &[&str], extra_args: &[&str]) -> (Process, String) {
+    start_router_with_env(workers, extra_args, &[]).await
+}
+
+/// Like [`start_router`], with extra environment variables (`ROUTER_*` settings, e.g.
+/// `("ROUTER_MAX_WAITING_REQUESTS", "4")`). With no `workers`, pass `--discovery-dns` in
+/// `extra_args`.
+pub async fn start_router_with_env(
+    workers: &[&str],
+    extra_args: &[&str],
+    env: &[(&str, &str)],
+) -> (Process, String) {
     let addr = format!("127.0.0.1:{}", free_port());
     let joined = workers.join(",");
-    let mut args = vec!["--workers", joined.as_str(), "--listen", addr.as_str()];
+    let mut args = vec!["--listen", addr.as_str()];
+    if !workers.is_empty() {
+        args.extend_from_slice(&["--workers", joined.as_str()]);
+    }
     args.extend_from_slice(extra_args);
-    let process = Process::start("router", &args, "router ready", Duration::from_secs(30))
-        .await
-        .expect("router starts");
+    let process = Process::start_with_env(
+        "router",
+        &args,
+        env,
+        "router ready",
+        Duration::from_secs(30),
+    )
+    .await
+    .expect("router starts");
     (process, addr)
+}
+
+/// The engine counters of the worker at `addr`.
+pub async fn worker_stats(addr: &str) -> EngineStats {
+    let mut client = WorkerClient::connect(format!("http://{addr}"))
+        .await
+        .expect("connecting to the worker")
+        .max_decoding_message_size(64 << 20);
+    client
+        .info(InfoRequest {})
+        .await
+        .expect("worker Info")
+        .into_inner()
+        .stats
+        .expect("stats in Info")
 }
 
 /// Connects to the router and waits until it reports a ready worker.
@@ -209,7 +288,12 @@ pub struct Cluster {
 impl Cluster {
     /// Starts a worker on `model` and a router over it, and waits until the router is ready.
     pub async fn start(model: &Path) -> Cluster {
-        let (worker, worker_addr) = start_worker(model).await;
+        Self::start_with(model, &[]).await
+    }
+
+    /// Like [`Cluster::start`], with extra worker command-line flags.
+    pub async fn start_with(model: &Path, worker_args: &[&str]) -> Cluster {
+        let (worker, worker_addr) = start_worker_with(model, worker_args).await;
         let (router, router_addr) = start_router(&[&worker_addr], &[]).await;
         connect_ready(&router_addr, Duration::from_secs(30)).await;
         Cluster {
@@ -227,17 +311,7 @@ impl Cluster {
 
     /// The worker's engine counters.
     pub async fn worker_stats(&self) -> EngineStats {
-        let mut client = WorkerClient::connect(format!("http://{}", self.worker_addr))
-            .await
-            .expect("connecting to the worker")
-            .max_decoding_message_size(64 << 20);
-        client
-            .info(InfoRequest {})
-            .await
-            .expect("worker Info")
-            .into_inner()
-            .stats
-            .expect("stats in Info")
+        worker_stats(&self.worker_addr).await
     }
 }
 

@@ -9,6 +9,10 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
 use serde::{Deserialize, Deserializer, Serialize};
 
+use crate::admission::AdmissionLimits;
+use crate::affinity::AffinityPolicy;
+use crate::pool::PoolSettings;
+
 /// Command-line flags. Every flag is optional here so that the file and environment can supply it.
 #[derive(Debug, Parser, Serialize)]
 #[command(
@@ -28,6 +32,19 @@ pub struct Cli {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub listen: Option<SocketAddr>,
+    /// Discover workers by DNS: NAME:PORT re-resolved periodically (e.g. a Kubernetes headless
+    /// service).
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub discovery_dns: Option<String>,
+    /// Address of the Prometheus endpoint (`GET /metrics`), e.g. 127.0.0.1:9090; empty = off.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metrics_listen: Option<String>,
+    /// OTLP gRPC endpoint that receives the router's spans, e.g. http://127.0.0.1:4317; empty = off.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub otlp_endpoint: Option<String>,
 }
 
 /// Validation limits applied to every request (all reported by `ModelInfo`).
@@ -73,10 +90,44 @@ pub struct RouterSettings {
     pub reconnect_initial_ms: u64,
     /// Longest reconnect delay, in ms.
     pub reconnect_max_ms: u64,
+    /// DNS name and port (`NAME:PORT`) whose addresses are workers, re-resolved every
+    /// `discovery_interval_ms`; empty = off. Works beside `workers`.
+    pub discovery_dns: String,
+    /// Period of the DNS re-resolution, in ms.
+    pub discovery_interval_ms: u64,
+    /// Period of each worker's `Health` probe, in ms (also its timeout); a worker that is not ready
+    /// takes no new requests.
+    pub health_interval_ms: u64,
+    /// Leading prompt tokens that define a request's prefix-affinity key (0 = no affinity; 64 = the
+    /// first four 16-token KV blocks).
+    pub affinity_prefix_tokens: u32,
+    /// A request goes to its prefix's preferred worker while that worker's load is at most
+    /// `(1 + affinity_load_factor) * average load + 1`; otherwise to the least loaded worker.
+    pub affinity_load_factor: f64,
+    /// Most requests this router has in flight on one worker; more wait in the router's queue.
+    pub max_inflight_per_worker: u32,
+    /// Most requests waiting in the router's queue (accepted, not yet sent to a worker); beyond it
+    /// new requests get `RESOURCE_EXHAUSTED`.
+    pub max_waiting_requests: u32,
+    /// Most tokens (prompt plus already generated) over the waiting requests; beyond it new requests
+    /// get `RESOURCE_EXHAUSTED`.
+    pub max_waiting_tokens: u64,
+    /// How long a request whose worker was lost (or a queued request) waits for a ready worker when
+    /// none is left before it fails with `UNAVAILABLE`, in ms.
+    pub failover_timeout_ms: u64,
+    /// Most times one request may move to another worker.
+    pub max_failovers: u32,
+    /// On SIGTERM, how long running requests may take to finish before the router exits, in ms.
+    pub drain_timeout_ms: u64,
     /// Request validation limits.
     pub limits: Limits,
     /// Log filter in `tracing_subscriber::EnvFilter` syntax (also `RUST_LOG`).
     pub log: String,
+    /// Address (`IP:PORT`) of the Prometheus text endpoint (`GET /metrics`); empty = off.
+    pub metrics_listen: String,
+    /// OTLP gRPC endpoint (e.g. `http://otel-collector:4317`) that receives the router's spans;
+    /// empty = no trace export.
+    pub otlp_endpoint: String,
 }
 
 impl Default for RouterSettings {
@@ -86,8 +137,21 @@ impl Default for RouterSettings {
             workers: Vec::new(),
             reconnect_initial_ms: 100,
             reconnect_max_ms: 5_000,
+            discovery_dns: String::new(),
+            discovery_interval_ms: 5_000,
+            health_interval_ms: 2_000,
+            affinity_prefix_tokens: 64,
+            affinity_load_factor: 0.5,
+            max_inflight_per_worker: 64,
+            max_waiting_requests: 256,
+            max_waiting_tokens: 262_144,
+            failover_timeout_ms: 10_000,
+            max_failovers: 3,
+            drain_timeout_ms: 30_000,
             limits: Limits::default(),
             log: "info".into(),
+            metrics_listen: String::new(),
+            otlp_endpoint: String::new(),
         }
     }
 }
@@ -115,6 +179,41 @@ impl RouterSettings {
             Duration::from_millis(self.reconnect_initial_ms.max(1)),
             Duration::from_millis(self.reconnect_max_ms.max(self.reconnect_initial_ms.max(1))),
         )
+    }
+
+    /// The worker pool's settings.
+    pub fn pool_settings(&self) -> PoolSettings {
+        PoolSettings {
+            backoff: self.backoff(),
+            health_interval: Duration::from_millis(self.health_interval_ms.max(10)),
+            max_inflight_per_worker: self.max_inflight_per_worker.max(1) as usize,
+            admission: AdmissionLimits {
+                max_waiting_requests: self.max_waiting_requests as usize,
+                max_waiting_tokens: self.max_waiting_tokens,
+            },
+            affinity: AffinityPolicy {
+                prefix_tokens: self.affinity_prefix_tokens as usize,
+                load_factor: self.affinity_load_factor.max(0.0),
+            },
+            failover_timeout: Duration::from_millis(self.failover_timeout_ms),
+            max_failovers: self.max_failovers,
+        }
+    }
+
+    /// The DNS discovery target and period, when discovery is on.
+    pub fn discovery(&self) -> Option<(String, Duration)> {
+        let target = self.discovery_dns.trim();
+        (!target.is_empty()).then(|| {
+            (
+                target.to_string(),
+                Duration::from_millis(self.discovery_interval_ms.max(100)),
+            )
+        })
+    }
+
+    /// How long a drain may take.
+    pub fn drain_timeout(&self) -> Duration {
+        Duration::from_millis(self.drain_timeout_ms)
     }
 }
 
@@ -158,6 +257,16 @@ mod tests {
             let cli = Cli::parse_from(["router", "--workers", "x:1, y:2"]);
             let s = RouterSettings::load(&cli).map_err(|e| e.to_string())?;
             assert_eq!(s.workers, vec!["x:1", "y:2"]);
+            assert_eq!(s.discovery(), None);
+            jail.set_env("ROUTER_MAX_WAITING_REQUESTS", "7");
+            jail.set_env("ROUTER_AFFINITY_PREFIX_TOKENS", "0");
+            let cli = Cli::parse_from(["router", "--discovery-dns", "w.ns.svc:50061"]);
+            let s = RouterSettings::load(&cli).map_err(|e| e.to_string())?;
+            let p = s.pool_settings();
+            assert_eq!(p.admission.max_waiting_requests, 7);
+            assert_eq!(p.affinity.prefix_tokens, 0);
+            assert_eq!(p.max_inflight_per_worker, 64);
+            assert_eq!(s.discovery().unwrap().0, "w.ns.svc:50061");
             Ok(())
         });
     }

@@ -1,46 +1,58 @@
 //! One `Generate` call from validation to the last streamed message: tokenize (or render the chat
-//! template), dispatch to a worker, then turn each token into text deltas through the incremental
-//! detokenizer and the stop-string matcher, and finish with the reason and usage.
+//! template), admit (send to a worker or queue, [`crate::pool`]), then turn each token into text
+//! deltas through the incremental detokenizer and the stop-string matcher, and finish with the reason
+//! and usage.
+//!
+//! The detokenizer and stop-string state live here, in the request's task, while the tokens come
+//! from a [`Session`] that fails over between workers: a lost worker costs the client nothing.
+//! The call's gRPC deadline is enforced here too: when it passes, the request is cancelled on its
+//! worker (or leaves the queue) and the stream ends with `DEADLINE_EXCEEDED`.
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use inference_proto::public::{FinishReason, GenerateRequest, GenerateResponse, Token, Usage};
-use inference_proto::worker::{AddRequest, SamplingParams, StopReason, TokenOutput};
+use inference_proto::public::{
+    FinishReason, GenerateRequest, GenerateResponse, Token, TopLogprob, Usage,
+};
+use inference_proto::worker::{AddRequest, StopReason, TokenOutput};
 use tokio::sync::mpsc;
 use tonic::Status;
+use tracing::Instrument as _;
 
 use crate::config::Limits;
 use crate::detokenizer::IncrementalDetokenizer;
 use crate::model_context::ModelContext;
-use crate::pool::{no_worker_status, Dispatched, WorkerEvent, WorkerPool};
+use crate::pool::{no_worker_status, Session, WorkerPool};
 use crate::stop::StopMatcher;
-use crate::validation::{check_prompt, check_request};
+use crate::validation::{check_prompt, check_request, check_vocab};
 
 /// Messages sent to the client of one `Generate` call.
 pub type ResponseSender = mpsc::Sender<Result<GenerateResponse, Status>>;
 
-/// Validates `req`, dispatches it and returns the channel its responses arrive on.
+/// Validates `req`, admits it and returns the channel its responses arrive on. `deadline` is when
+/// the call's gRPC deadline passes.
 ///
 /// Errors (before any message is streamed): `INVALID_ARGUMENT` for bad input, `UNAVAILABLE` when no
-/// worker is ready.
+/// worker is ready, `RESOURCE_EXHAUSTED` when the admission queue is full.
 pub async fn start(
-    pool: &WorkerPool,
+    pool: &Arc<WorkerPool>,
     limits: &Limits,
     req: GenerateRequest,
+    deadline: Option<Instant>,
 ) -> Result<mpsc::Receiver<Result<GenerateResponse, Status>>, Status> {
     let arrival = Instant::now();
     let sampling = check_request(&req, limits)?;
     let model = pool
         .model()
         .ok_or_else(|| no_worker_status(pool.configured_workers()))?;
-    let prompt_ids = encode_prompt(&model, &req)?;
+    let prompt_ids = tracing::info_span!("tokenize").in_scope(|| encode_prompt(&model, &req))?;
     let max_new_tokens = check_prompt(
         prompt_ids.len(),
         req.max_new_tokens,
         model.context_length,
         limits,
     )?;
+    check_vocab(&sampling, model.vocab_size)?;
     let seed = req.seed.unwrap_or_else(rand::random);
     let stop_token_ids = if req.ignore_eos {
         Vec::new()
@@ -48,24 +60,23 @@ pub async fn start(
         model.eos_token_ids.clone()
     };
     let prompt_tokens = prompt_ids.len() as u32;
-    let dispatched = pool.dispatch(AddRequest {
+    let request = AddRequest {
         request_id: String::new(),
         prompt_ids,
-        sampling: Some(SamplingParams {
-            temperature: sampling.temperature,
-            top_k: sampling.top_k,
-            top_p: sampling.top_p,
-            seed,
-        }),
+        sampling: Some(sampling.to_wire(seed)),
         max_new_tokens,
         stop_token_ids,
-    })?;
+        generated_ids: Vec::new(),
+        trace_context: observability::propagation::current_context(),
+    };
+    let ticket = pool.admit(request.clone())?;
+    let session = Session::new(pool.clone(), request, ticket);
     let request_id = req
         .request_id
         .clone()
         .filter(|id| !id.is_empty())
         .unwrap_or_else(|| format!("{:016x}", rand::random::<u64>()));
-    tracing::debug!(%request_id, worker = dispatched.worker_address(), prompt_tokens, "dispatched");
+    tracing::debug!(%request_id, prompt_tokens, "admitted");
     let (tx, rx) = mpsc::channel(64);
     let stream = TokenStream {
         detokenizer: IncrementalDetokenizer::new(
@@ -79,10 +90,11 @@ pub async fn start(
         prompt_tokens,
         generated: 0,
         arrival,
-        dispatched_at: Instant::now(),
+        dispatched_at: None,
+        failovers: 0,
         first_token_at: None,
     };
-    tokio::spawn(stream.run(dispatched, tx));
+    tokio::spawn(stream.run(session, tx, deadline).in_current_span());
     Ok(rx)
 }
 
@@ -119,27 +131,46 @@ struct TokenStream {
     prompt_tokens: u32,
     generated: u32,
     arrival: Instant,
-    dispatched_at: Instant,
+    /// When the request first reached a worker.
+    dispatched_at: Option<Instant>,
+    /// Times the request moved to another worker.
+    failovers: u32,
     first_token_at: Option<Instant>,
 }
 
 impl TokenStream {
-    /// Streams until the request finishes, fails or the client goes away. Returning drops
-    /// `dispatched`, which cancels the request on the worker if it is still running there.
-    async fn run(mut self, mut dispatched: Dispatched, tx: ResponseSender) {
+    /// Streams until the request finishes, fails, passes its deadline or the client goes away.
+    /// Returning drops `session`, which cancels the request on its worker if it is still running
+    /// there (or takes it out of the queue).
+    async fn run(mut self, mut session: Session, tx: ResponseSender, deadline: Option<Instant>) {
+        let expired = async {
+            match deadline {
+                Some(at) => tokio::time::sleep_until(at.into()).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(expired);
         loop {
             let event = tokio::select! {
-                event = dispatched.events.recv() => event,
+                event = session.next() => event,
                 _ = tx.closed() => {
                     tracing::debug!(request_id = %self.request_id, "client went away; cancelling");
                     return;
                 }
+                () = &mut expired => {
+                    tracing::debug!(request_id = %self.request_id, "deadline passed; cancelling");
+                    let _ = tx.send(Err(Status::deadline_exceeded(format!(
+                        "the call's deadline passed after {} ms and {} generated tokens; the \
+                         request was cancelled",
+                        self.arrival.elapsed().as_millis(),
+                        self.generated
+                    )))).await;
+                    return;
+                }
             };
-            let message = match event {
-                Some(WorkerEvent::Token(token)) => Ok(self.on_token(token)),
-                Some(WorkerEvent::Failed(status)) => Err(status),
-                None => Err(Status::internal("the worker link dropped the request")),
-            };
+            self.dispatched_at = session.first_dispatch();
+            self.failovers = session.failovers();
+            let message = event.map(|token| self.on_token(token));
             let last = message.as_ref().map_or(true, |m| {
                 m.finish_reason != FinishReason::Unspecified as i32
             });
@@ -187,6 +218,15 @@ impl TokenStream {
                 text: tokenizer.token_text(id).unwrap_or_default(),
                 logprob: token.logprob,
                 special: tokenizer.is_special(id),
+                top_logprobs: token
+                    .top_logprobs
+                    .iter()
+                    .map(|alt| TopLogprob {
+                        id: alt.token_id,
+                        text: tokenizer.token_text(alt.token_id).unwrap_or_default(),
+                        logprob: alt.logprob,
+                    })
+                    .collect(),
             }],
             request_id: self.request_id.clone(),
             ..Default::default()
@@ -216,9 +256,10 @@ impl TokenStream {
         Usage {
             prompt_tokens: self.prompt_tokens,
             generated_tokens: self.generated,
-            queue_ms: ms(self.arrival, self.dispatched_at),
+            queue_ms: ms(self.arrival, self.dispatched_at.unwrap_or(now)),
             time_to_first_token_ms: ms(self.arrival, self.first_token_at.unwrap_or(now)),
             total_ms: ms(self.arrival, now),
+            failovers: self.failovers,
         }
     }
 }

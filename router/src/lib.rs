@@ -1,13 +1,21 @@
 //! The router library.
 
+pub mod admission;
+pub mod affinity;
 pub mod bench;
 pub mod chat_template;
 pub mod config;
+pub mod deadline;
 pub mod detokenizer;
+pub mod discovery;
+pub mod drain;
 pub mod generate;
+pub mod health;
+pub mod metrics;
 pub mod model_context;
 pub mod pool;
 pub mod service;
 pub mod stop;
+pub mod telemetry;
 pub mod tokenizer;
 pub mod validation;

@@ -1,13 +1,19 @@
 //! `router --workers HOST:PORT[,HOST:PORT...] --listen 127.0.0.1:PORT`: serves the public API.
+//!
+//! On SIGTERM (or Ctrl-C) the router drains: new `Generate` calls get `UNAVAILABLE`, running ones
+//! finish (up to `drain_timeout_ms`), then it exits 0.
 
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::Parser;
 use inference_proto::public::text_generation_server::TextGenerationServer;
 use router::config::{Cli, RouterSettings};
+use router::drain::Drain;
+use router::metrics::RouterMetrics;
 use router::pool::WorkerPool;
 use router::service::TextGenerationService;
-use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::server::TcpIncoming;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -18,14 +24,30 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&settings.log));
-    tracing_subscriber::fmt().with_env_filter(filter).init();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("building the tokio runtime");
-    match runtime.block_on(run(settings)) {
+    // Logs (stderr) and, when `otlp_endpoint` is set, span export; the exporter lives on `runtime`.
+    let telemetry = {
+        let _runtime = runtime.enter();
+        observability::telemetry::init(&observability::telemetry::TelemetrySettings {
+            service_name: "router",
+            log_filter: settings.log.clone(),
+            otlp_endpoint: settings.otlp_endpoint.clone(),
+        })
+    };
+    let telemetry = match telemetry {
+        Ok(guard) => guard,
+        Err(e) => {
+            eprintln!("router: invalid settings: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    let result = runtime.block_on(run(settings));
+    // Flushes the last spans while the runtime still runs.
+    drop(telemetry);
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("router: {e:#}");
@@ -35,25 +57,90 @@ fn main() -> ExitCode {
 }
 
 async fn run(settings: RouterSettings) -> anyhow::Result<()> {
-    if settings.workers.is_empty() {
+    let discovery = settings.discovery();
+    if settings.workers.is_empty() && discovery.is_none() {
         anyhow::bail!(
-            "no workers given: pass --workers HOST:PORT[,HOST:PORT...] (or set ROUTER_WORKERS)"
+            "no workers given: pass --workers HOST:PORT[,HOST:PORT...] (or set ROUTER_WORKERS), \
+             or --discovery-dns NAME:PORT"
         );
     }
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", settings.listen))?;
-    let pool = WorkerPool::start(&settings.workers, settings.backoff());
-    let service = TextGenerationService::new(pool, settings.limits.clone());
+    let pool = WorkerPool::start(settings.pool_settings(), &settings.workers);
+    if let Some((target, interval)) = discovery.clone() {
+        tokio::spawn(router::discovery::run(pool.clone(), target, interval));
+    }
+    let drain = Drain::new();
+    // Readiness (grpc.health.v1): NOT_SERVING until a worker is ready, and from SIGTERM on.
+    let (health, health_service) = tonic_health::server::health_reporter();
+    router::health::set_all(&health, tonic_health::ServingStatus::NotServing).await;
+    tokio::spawn(router::health::maintain(
+        health,
+        pool.clone(),
+        drain.clone(),
+    ));
+    let metrics = RouterMetrics::new(pool.clone(), drain.clone());
+    if let Some(addr) = observability::metrics_http::parse_listen(&settings.metrics_listen)? {
+        let m = metrics.clone();
+        let bound =
+            observability::metrics_http::serve(addr, move || std::future::ready(m.render()))
+                .await?;
+        tracing::info!(%bound, "serving Prometheus metrics at /metrics");
+    }
+    let service = TextGenerationService::new(pool, settings.limits.clone(), drain.clone())
+        .with_metrics(metrics);
+    let mut sources = settings.workers.clone();
+    if let Some((target, _)) = &discovery {
+        sources.push(format!("dns:{target}"));
+    }
     println!(
         "router ready: serving inference.v1.TextGeneration on {} (workers: {})",
         settings.listen,
-        settings.workers.join(", ")
+        sources.join(", ")
     );
-    tonic::transport::Server::builder()
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tonic::transport::Server::builder()
         .add_service(TextGenerationServer::new(service))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown_signal())
-        .await?;
+        .add_service(health_service)
+        .add_service(observability::grpc::reflection_service(&[
+            "inference.v1.TextGeneration",
+        ]))
+        .serve_with_incoming_shutdown(
+            TcpIncoming::from(listener).with_nodelay(Some(true)),
+            async {
+                let _ = stop_rx.await;
+            },
+        );
+    tokio::pin!(server);
+    tokio::select! {
+        result = &mut server => return Ok(result?),
+        () = shutdown_signal() => {}
+    }
+    // Drain: refuse new calls, let running ones finish (up to the timeout), then stop serving.
+    drain.start();
+    let timeout = settings.drain_timeout();
+    tracing::info!(
+        running = drain.active(),
+        timeout_ms = timeout.as_millis() as u64,
+        "draining"
+    );
+    tokio::select! {
+        result = &mut server => return Ok(result?),
+        finished = drain.wait_idle(timeout) => {
+            if finished {
+                tracing::info!("drained; shutting down");
+            } else {
+                tracing::warn!(running = drain.active(), "drain timeout passed; shutting down with calls still running");
+            }
+        }
+    }
+    let _ = stop_tx.send(());
+    // Graceful close of the connections; cut them if a client lingers.
+    match tokio::time::timeout(Duration::from_secs(2), server).await {
+        Ok(result) => result?,
+        Err(_) => tracing::warn!("connections still open after shutdown; closing them"),
+    }
     Ok(())
 }
 
@@ -64,5 +151,5 @@ async fn shutdown_signal() {
         _ = tokio::signal::ctrl_c() => {},
         _ = term.recv() => {},
     }
-    tracing::info!("shutting down");
+    tracing::info!("shutdown signal received");
 }

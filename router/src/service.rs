@@ -1,7 +1,13 @@
 //! The public gRPC service (`inference.v1.TextGeneration`).
+//!
+//! `Generate` is refused with `UNAVAILABLE` while the router drains ([`Drain`]); each running call is
+//! counted until its response stream ends, so a drain can wait for it. The call's `grpc-timeout`
+//! becomes the request's deadline ([`crate::deadline`]).
 
 use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
 
 use futures::Stream;
 use inference_proto::public::{
@@ -10,9 +16,13 @@ use inference_proto::public::{
 };
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
+use tracing::Instrument as _;
 
 use crate::config::Limits;
+use crate::deadline::grpc_timeout;
+use crate::drain::{ActiveCall, Drain};
 use crate::generate;
+use crate::metrics::{RequestObserver, RouterMetrics};
 use crate::model_context::ModelContext;
 use crate::pool::{no_worker_status, WorkerPool};
 
@@ -20,12 +30,26 @@ use crate::pool::{no_worker_status, WorkerPool};
 pub struct TextGenerationService {
     pool: Arc<WorkerPool>,
     limits: Limits,
+    drain: Arc<Drain>,
+    metrics: Option<Arc<RouterMetrics>>,
 }
 
 impl TextGenerationService {
-    /// Serves requests over `pool`, validated against `limits`.
-    pub fn new(pool: Arc<WorkerPool>, limits: Limits) -> Self {
-        Self { pool, limits }
+    /// Serves requests over `pool`, validated against `limits`; refuses new calls once `drain` has
+    /// started.
+    pub fn new(pool: Arc<WorkerPool>, limits: Limits, drain: Arc<Drain>) -> Self {
+        Self {
+            pool,
+            limits,
+            drain,
+            metrics: None,
+        }
+    }
+
+    /// Records every `Generate` call in `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<RouterMetrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     fn model(&self) -> Result<Arc<ModelContext>, Status> {
@@ -37,6 +61,26 @@ impl TextGenerationService {
 
 type ResponseStream = Pin<Box<dyn Stream<Item = Result<GenerateResponse, Status>> + Send>>;
 
+/// A response stream that counts as a running call until it is dropped, and shows each message to
+/// the call's metrics observer.
+struct CountedStream {
+    inner: ReceiverStream<Result<GenerateResponse, Status>>,
+    _call: ActiveCall,
+    observer: Option<RequestObserver>,
+}
+
+impl Stream for CountedStream {
+    type Item = Result<GenerateResponse, Status>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let item = std::task::ready!(Pin::new(&mut self.inner).poll_next(cx));
+        if let (Some(observer), Some(item)) = (self.observer.as_mut(), item.as_ref()) {
+            observer.on_item(item);
+        }
+        Poll::Ready(item)
+    }
+}
+
 #[tonic::async_trait]
 impl TextGeneration for TextGenerationService {
     type GenerateStream = ResponseStream;
@@ -45,8 +89,32 @@ impl TextGeneration for TextGenerationService {
         &self,
         request: Request<GenerateRequest>,
     ) -> Result<Response<Self::GenerateStream>, Status> {
-        let rx = generate::start(&self.pool, &self.limits, request.into_inner()).await?;
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        let span = crate::telemetry::request_span(request.metadata());
+        let observer = self.metrics.as_ref().map(|m| m.request(span.clone()));
+        let started = async {
+            let call = self.drain.admit()?;
+            let deadline = grpc_timeout(request.metadata()).map(|t| Instant::now() + t);
+            let rx =
+                generate::start(&self.pool, &self.limits, request.into_inner(), deadline).await?;
+            Ok::<_, Status>((call, rx))
+        }
+        .instrument(span.clone())
+        .await;
+        let (call, rx) = match started {
+            Ok(started) => started,
+            Err(status) => {
+                match observer {
+                    Some(observer) => observer.refused(&status),
+                    None => crate::telemetry::record_error(&span, &status),
+                }
+                return Err(status);
+            }
+        };
+        Ok(Response::new(Box::pin(CountedStream {
+            inner: ReceiverStream::new(rx),
+            _call: call,
+            observer,
+        })))
     }
 
     async fn tokenize(

@@ -8,6 +8,8 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
 use serde::{Deserialize, Serialize};
 
+use crate::engine::{EngineConfig, SchedulerConfig};
+
 /// Command-line flags. Every flag is optional here so that the file and environment can supply it.
 #[derive(Debug, Parser, Serialize)]
 #[command(
@@ -31,6 +33,38 @@ pub struct Cli {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub threads: Option<usize>,
+    /// KV cache memory budget, in MiB.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv_cache_mib: Option<usize>,
+    /// KV blocks in the pool; overrides `kv_cache_mib` when non-zero.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv_cache_blocks: Option<usize>,
+    /// Most tokens in one engine step (decodes plus prefill chunks).
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_batch_tokens: Option<usize>,
+    /// Most sequences running at once.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_num_seqs: Option<usize>,
+    /// Reuse cached prompt-prefix KV blocks (true/false).
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefix_caching: Option<bool>,
+    /// Address of the Prometheus endpoint (`GET /metrics`), e.g. 127.0.0.1:9091; empty = off.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metrics_listen: Option<String>,
+    /// OTLP gRPC endpoint that receives the worker's spans, e.g. http://127.0.0.1:4317; empty = off.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub otlp_endpoint: Option<String>,
+    /// On SIGTERM, how long running sequences may take to finish before the worker exits, in ms.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub drain_timeout_ms: Option<u64>,
 }
 
 /// The worker's effective settings.
@@ -44,6 +78,29 @@ pub struct WorkerSettings {
     pub threads: usize,
     /// Log filter in `tracing_subscriber::EnvFilter` syntax (also `RUST_LOG`).
     pub log: String,
+    /// KV cache memory budget, in MiB (sizes the block pool).
+    pub kv_cache_mib: usize,
+    /// KV blocks in the pool; when non-zero it overrides `kv_cache_mib`.
+    pub kv_cache_blocks: usize,
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// Most tokens in one engine step (decodes plus prefill chunks).
+    pub max_batch_tokens: usize,
+    /// Most sequences running at once.
+    pub max_num_seqs: usize,
+    /// Reuse cached prompt-prefix KV blocks.
+    pub prefix_caching: bool,
+    /// Fraction of the KV blocks kept free at admission (headroom for running decodes).
+    pub kv_watermark: f64,
+    /// Address (`IP:PORT`) of the Prometheus text endpoint (`GET /metrics`); empty = off.
+    pub metrics_listen: String,
+    /// OTLP gRPC endpoint (e.g. `http://otel-collector:4317`) that receives the worker's spans;
+    /// empty = no trace export.
+    pub otlp_endpoint: String,
+    /// On SIGTERM the worker reports NOT_SERVING, refuses new requests with `UNAVAILABLE` (the
+    /// router sends them elsewhere) and lets running sequences finish for up to this many ms before
+    /// it exits (those still running then are failed over by the router).
+    pub drain_timeout_ms: u64,
 }
 
 impl Default for WorkerSettings {
@@ -53,6 +110,16 @@ impl Default for WorkerSettings {
             listen: "127.0.0.1:50061".parse().expect("valid default address"),
             threads: 0,
             log: "info".into(),
+            kv_cache_mib: 1024,
+            kv_cache_blocks: 0,
+            block_size: 16,
+            max_batch_tokens: 512,
+            max_num_seqs: 128,
+            prefix_caching: true,
+            kv_watermark: 0.01,
+            metrics_listen: String::new(),
+            otlp_endpoint: String::new(),
+            drain_timeout_ms: 30_000,
         }
     }
 }
@@ -72,6 +139,37 @@ impl WorkerSettings {
             .merge(Serialized::defaults(cli))
             .extract()
             .map_err(Box::new)
+    }
+
+    /// The engine settings for a model with `kv_bytes_per_token` bytes of K/V per token.
+    ///
+    /// Errors: a zero block size, or a KV budget smaller than one block.
+    pub fn engine_config(&self, kv_bytes_per_token: usize) -> Result<EngineConfig, String> {
+        if self.block_size == 0 {
+            return Err("block_size must be at least 1".into());
+        }
+        let block_bytes = kv_bytes_per_token * self.block_size;
+        let num_blocks = if self.kv_cache_blocks > 0 {
+            self.kv_cache_blocks
+        } else {
+            self.kv_cache_mib * (1 << 20) / block_bytes.max(1)
+        };
+        if num_blocks == 0 {
+            return Err(format!(
+                "kv_cache_mib = {} MiB holds no block of {} tokens ({block_bytes} bytes)",
+                self.kv_cache_mib, self.block_size
+            ));
+        }
+        Ok(EngineConfig {
+            block_size: self.block_size,
+            num_blocks,
+            prefix_caching: self.prefix_caching,
+            scheduler: SchedulerConfig {
+                max_batch_tokens: self.max_batch_tokens,
+                max_num_seqs: self.max_num_seqs,
+                watermark_blocks: (num_blocks as f64 * self.kv_watermark.clamp(0.0, 0.5)) as usize,
+            },
+        })
     }
 }
 

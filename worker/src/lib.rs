@@ -2,6 +2,10 @@
 pub mod config;
 pub mod describe;
 pub mod engine;
+pub mod health;
+pub mod kv;
+pub mod metrics;
 pub mod model;
 pub mod sampler;
 pub mod service;
+pub mod telemetry;

@@ -1,13 +1,22 @@
 //! `worker --model PATH.gguf --listen 127.0.0.1:PORT`: loads the model and serves it over gRPC.
+//!
+//! Besides the `Worker` service it serves `grpc.health.v1` (SERVING once the model is loaded and
+//! the engine runs) and gRPC reflection, and optionally Prometheus metrics (`metrics_listen`) and
+//! OTLP spans (`otlp_endpoint`). On SIGTERM (or Ctrl-C) it drains: NOT_SERVING, new requests are
+//! refused with `UNAVAILABLE` (the router fails them over), running sequences finish (up to
+//! `drain_timeout_ms`), then it exits 0.
 
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::Parser;
 use inference_proto::worker::worker_server::WorkerServer;
-use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::server::TcpIncoming;
 use worker::config::{Cli, WorkerSettings};
 use worker::describe::describe_model;
-use worker::engine::{spawn_engine, SequenceModel};
+use worker::engine::{spawn_engine, BatchModel};
+use worker::health::Lifecycle;
+use worker::metrics::WorkerMetrics;
 use worker::model::LlamaModel;
 use worker::service::WorkerService;
 
@@ -20,15 +29,31 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&settings.log));
-    tracing_subscriber::fmt().with_env_filter(filter).init();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .expect("building the tokio runtime");
-    match runtime.block_on(run(settings)) {
+    // Logs (stderr) and, when `otlp_endpoint` is set, span export; the exporter lives on `runtime`.
+    let telemetry = {
+        let _runtime = runtime.enter();
+        observability::telemetry::init(&observability::telemetry::TelemetrySettings {
+            service_name: "worker",
+            log_filter: settings.log.clone(),
+            otlp_endpoint: settings.otlp_endpoint.clone(),
+        })
+    };
+    let telemetry = match telemetry {
+        Ok(guard) => guard,
+        Err(e) => {
+            eprintln!("worker: invalid settings: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    let result = runtime.block_on(run(settings));
+    // Flushes the last spans while the runtime still runs.
+    drop(telemetry);
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("worker: {e:#}");
@@ -50,45 +75,109 @@ async fn run(settings: WorkerSettings) -> anyhow::Result<()> {
             .build_global()
             .ok();
     }
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| anyhow::anyhow!("installing the SIGTERM handler: {e}"))?;
     // Bind first so a port in use fails fast, before a long model load.
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", settings.listen))?;
+    let metrics_listener =
+        match observability::metrics_http::parse_listen(&settings.metrics_listen)? {
+            Some(addr) => Some(observability::metrics_http::bind(addr).await?),
+            None => None,
+        };
+    let (health, health_service) = tonic_health::server::health_reporter();
+    let lifecycle = Lifecycle::new(health).await;
     let started = std::time::Instant::now();
     let path = model_path.clone();
-    let (model, description) = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
+    let load = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
         let model = LlamaModel::load(&path)?;
         let file = gguf::GgufFile::open(&path)?;
         let description = describe_model(&path, &file, model.context_length(), model.vocab_size())?;
         Ok((model, description))
-    })
-    .await??;
+    });
+    let (model, description) = tokio::select! {
+        loaded = load => loaded??,
+        () = shutdown_signal(&mut term) => {
+            tracing::info!("shutdown requested while the model was loading");
+            return Ok(());
+        }
+    };
     tracing::info!(
         model = %model_path.display(),
         load_ms = started.elapsed().as_millis() as u64,
         "model loaded"
     );
-    let engine = spawn_engine(model);
-    let service = WorkerService::new(engine, description);
+    let engine_config = settings
+        .engine_config(model.kv_bytes_per_token())
+        .map_err(|e| anyhow::anyhow!("invalid engine settings: {e}"))?;
+    tracing::info!(?engine_config, "engine settings");
+    let engine = spawn_engine(model, engine_config);
+    if let Some(listener) = metrics_listener {
+        let metrics = WorkerMetrics::new(engine.clone(), lifecycle.clone());
+        tokio::spawn(metrics.clone().sample_steps());
+        let bound = observability::metrics_http::serve_on(listener, move || {
+            let metrics = metrics.clone();
+            async move { metrics.render().await }
+        })?;
+        tracing::info!(%bound, "serving Prometheus metrics at /metrics");
+    }
+    let service = WorkerService::new(engine.clone(), description).with_lifecycle(lifecycle.clone());
+    lifecycle.set_serving().await;
+    tokio::spawn(worker::health::watch_engine(
+        lifecycle.clone(),
+        engine.clone(),
+    ));
     println!(
         "worker ready: serving {} on {}",
         model_path.display(),
         settings.listen
     );
-    tonic::transport::Server::builder()
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tonic::transport::Server::builder()
         .add_service(WorkerServer::new(service))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown_signal())
-        .await?;
+        .add_service(health_service)
+        .add_service(observability::grpc::reflection_service(&[
+            "inference.worker.v1.Worker",
+        ]))
+        .serve_with_incoming_shutdown(
+            TcpIncoming::from(listener).with_nodelay(Some(true)),
+            async {
+                let _ = stop_rx.await;
+            },
+        );
+    tokio::pin!(server);
+    tokio::select! {
+        result = &mut server => return Ok(result?),
+        () = shutdown_signal(&mut term) => {}
+    }
+    // Drain: NOT_SERVING, refuse new requests, let running sequences finish (up to the timeout).
+    lifecycle.start_drain().await;
+    let timeout = Duration::from_millis(settings.drain_timeout_ms);
+    tracing::info!(timeout_ms = settings.drain_timeout_ms, "draining");
+    tokio::select! {
+        result = &mut server => return Ok(result?),
+        idle = worker::health::wait_idle(&engine, timeout) => {
+            if idle {
+                tracing::info!("drained; shutting down");
+            }
+        }
+    }
+    // End the router streams (what still runs is failed over by the router), then stop serving.
+    lifecycle.stop();
+    let _ = stop_tx.send(());
+    match tokio::time::timeout(Duration::from_secs(2), server).await {
+        Ok(result) => result?,
+        Err(_) => tracing::warn!("connections still open after shutdown; closing them"),
+    }
     Ok(())
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .expect("installing the SIGTERM handler");
+/// Resolves on SIGTERM (`term`) or Ctrl-C.
+async fn shutdown_signal(term: &mut tokio::signal::unix::Signal) {
     tokio::select! {
-        _ = ctrl_c => {},
+        _ = tokio::signal::ctrl_c() => {},
         _ = term.recv() => {},
     }
-    tracing::info!("shutting down");
+    tracing::info!("shutdown signal received");
 }

@@ -1,25 +1,35 @@
 //! The worker's gRPC service (`inference.worker.v1.Worker`): turns each router stream into engine
 //! commands and engine outputs back into stream messages.
+//!
+//! While the worker drains ([`Lifecycle`]) new `Add`s are refused with `UNAVAILABLE` (the router
+//! fails them over) and `Health` says not ready; once the drain ends every stream is closed.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
 use futures::Stream;
 use inference_proto::worker::{
     router_message, worker_message, worker_server::Worker, HealthRequest, HealthResponse,
-    InfoRequest, InfoResponse, RouterMessage, WorkerMessage,
+    InfoRequest, InfoResponse, RequestError, RouterMessage, StepOutput, WorkerMessage,
 };
-use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::engine::{Command, EngineHandle};
+use crate::health::Lifecycle;
+use crate::telemetry::ConnectionSpans;
+
+/// `google.rpc.Code` UNAVAILABLE, for requests refused while draining.
+const CODE_UNAVAILABLE: i32 = 14;
 
 /// The worker gRPC service.
 pub struct WorkerService {
     engine: EngineHandle,
     /// The static part of `Info` (model and tokenizer description); stats are filled per call.
     description: Arc<InfoResponse>,
+    /// Health and drain state; `None` = always serving.
+    lifecycle: Option<Arc<Lifecycle>>,
 }
 
 impl WorkerService {
@@ -28,7 +38,50 @@ impl WorkerService {
         Self {
             engine,
             description: Arc::new(description),
+            lifecycle: None,
         }
+    }
+
+    /// Follows `lifecycle`: refuses new requests while it drains and closes the streams when it
+    /// stops.
+    pub fn with_lifecycle(mut self, lifecycle: Arc<Lifecycle>) -> Self {
+        self.lifecycle = Some(lifecycle);
+        self
+    }
+}
+
+/// The messages of `rx` until `stopped` resolves; then those already queued, and the end (once the
+/// drain is over: the router fails over whatever is left, but gets every token already produced).
+fn until_stopped<T: Send + 'static>(
+    rx: tokio::sync::mpsc::UnboundedReceiver<T>,
+    stopped: impl Future<Output = ()> + Send + 'static,
+) -> impl Stream<Item = T> + Send + 'static {
+    let stopped: Pin<Box<dyn Future<Output = ()> + Send>> = Box::pin(stopped);
+    futures::stream::unfold(
+        (rx, stopped, false),
+        |(mut rx, mut stopped, mut flushing)| async move {
+            if !flushing {
+                tokio::select! {
+                    biased;
+                    message = rx.recv() => return message.map(|m| (m, (rx, stopped, false))),
+                    () = &mut stopped => flushing = true,
+                }
+            }
+            let message = rx.try_recv().ok()?;
+            Some((message, (rx, stopped, flushing)))
+        },
+    )
+}
+
+/// The step message that refuses `request_id` because the worker is shutting down.
+fn refusal(request_id: String) -> StepOutput {
+    StepOutput {
+        errors: vec![RequestError {
+            request_id,
+            code: CODE_UNAVAILABLE,
+            message: "the worker is shutting down and takes no new requests".into(),
+        }],
+        ..Default::default()
     }
 }
 
@@ -47,6 +100,13 @@ impl Worker for WorkerService {
         let conn = engine.new_connection();
         let (out_tx, out_rx) = tokio::sync::mpsc::unbounded_channel();
         tracing::info!(conn, "router stream opened");
+        let spans = ConnectionSpans::new_if_enabled().map(Arc::new);
+        let inbound_spans = spans.clone();
+        let lifecycle = self.lifecycle.clone();
+        let draining = {
+            let lifecycle = lifecycle.clone();
+            move || lifecycle.as_ref().is_some_and(|l| l.is_draining())
+        };
         tokio::spawn(async move {
             loop {
                 let message = match inbound.next().await {
@@ -58,15 +118,29 @@ impl Worker for WorkerService {
                     None => break,
                 };
                 let command = match message.kind {
-                    Some(router_message::Kind::Add(request)) => Command::Add {
-                        conn,
-                        request,
-                        out: out_tx.clone(),
-                    },
-                    Some(router_message::Kind::Cancel(cancel)) => Command::Cancel {
-                        conn,
-                        request_id: cancel.request_id,
-                    },
+                    Some(router_message::Kind::Add(request)) => {
+                        if draining() {
+                            let _ = out_tx.send(refusal(request.request_id));
+                            continue;
+                        }
+                        if let Some(spans) = &inbound_spans {
+                            spans.on_add(&request);
+                        }
+                        Command::Add {
+                            conn,
+                            request: Box::new(request),
+                            out: out_tx.clone(),
+                        }
+                    }
+                    Some(router_message::Kind::Cancel(cancel)) => {
+                        if let Some(spans) = &inbound_spans {
+                            spans.on_cancel(&cancel.request_id);
+                        }
+                        Command::Cancel {
+                            conn,
+                            request_id: cancel.request_id,
+                        }
+                    }
                     None => continue,
                 };
                 if !engine.send(command) {
@@ -76,7 +150,14 @@ impl Worker for WorkerService {
             tracing::info!(conn, "router stream closed; cancelling its requests");
             engine.send(Command::CloseConnection { conn });
         });
-        let outbound = UnboundedReceiverStream::new(out_rx).map(|step| {
+        let stopped = match &lifecycle {
+            Some(lifecycle) => futures::future::Either::Left(lifecycle.stopped()),
+            None => futures::future::Either::Right(std::future::pending()),
+        };
+        let outbound = until_stopped(out_rx, stopped).map(move |step| {
+            if let Some(spans) = &spans {
+                spans.on_step(&step);
+            }
             Ok(WorkerMessage {
                 kind: Some(worker_message::Kind::Step(step)),
             })
@@ -99,10 +180,40 @@ impl Worker for WorkerService {
         &self,
         _request: Request<HealthRequest>,
     ) -> Result<Response<HealthResponse>, Status> {
+        if self.lifecycle.as_ref().is_some_and(|l| l.is_draining()) {
+            return Ok(Response::new(HealthResponse {
+                ready: false,
+                status: "draining".into(),
+            }));
+        }
         let ready = self.engine.stats().await.is_some();
         Ok(Response::new(HealthResponse {
             ready,
             status: if ready { "serving" } else { "engine stopped" }.into(),
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_stopped_stream_still_delivers_what_was_queued_then_ends() {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let mut stream = Box::pin(until_stopped(rx, async {
+            let _ = stop_rx.await;
+        }));
+        tx.send(1).unwrap();
+        assert_eq!(stream.next().await, Some(1));
+        tx.send(2).unwrap();
+        tx.send(3).unwrap();
+        stop_tx.send(()).unwrap();
+        // The sender is still open: only the stop ends the stream, after the queued messages.
+        assert_eq!(stream.next().await, Some(2));
+        assert_eq!(stream.next().await, Some(3));
+        assert_eq!(stream.next().await, None);
+        drop(tx);
     }
 }

@@ -1,16 +1,25 @@
-//! End-to-end checks of the f32 llama forward pass.
+//! End-to-end checks of the f32 llama forward pass through
+//! [`LlamaModel::forward_batch`] over a paged KV cache (block size 16).
 //!
 //! - Against `fixtures/reference.json` (an independent float32 numpy
 //!   implementation of SmolLM2-135M-Instruct with exactly dequantized weights):
-//!   20 greedy steps (prefill, then one token at a time, no EOS stop) and the
-//!   top-5 logits at the first generated position.
-//! - On a tiny random model: prefill-then-decode equals token-by-token.
+//!   20 greedy steps (prefill in one entry, then one token per call, no EOS
+//!   stop) and the top-5 logits at the first generated position; then the same
+//!   8 prompts run together (one batch of 8 prefills, then batches of 8 decode
+//!   steps) must give the same ids.
+//! - On a tiny random model: prefill-then-decode equals token-by-token, bitwise.
+//! - `throughput_report` (ignored; run with `--ignored --nocapture`) prints
+//!   prefill and decode speeds of the real model.
 
 use std::path::PathBuf;
+use std::time::Instant;
 
 use serde_json::Value;
-use worker::model::LlamaModel;
+use worker::engine::BatchEntry;
+use worker::model::{LlamaModel, PagedKvCache};
 use worker::sampler::argmax;
+
+const BLOCK: usize = 16;
 
 fn real_model_path() -> PathBuf {
     let path = gguf::testing::default_model_path();
@@ -30,29 +39,76 @@ fn ids(v: &Value) -> Vec<u32> {
         .collect()
 }
 
-#[test]
-fn matches_numpy_reference() {
+/// A reference prompt: name, prompt ids, expected greedy ids, top-5 `(id, logit)` at the first
+/// generated position.
+struct Case {
+    name: String,
+    prompt: Vec<u32>,
+    greedy: Vec<u32>,
+    top5: Vec<(usize, f32)>,
+}
+
+fn cases() -> Vec<Case> {
     let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/reference.json");
     let json: Value =
         serde_json::from_str(&std::fs::read_to_string(fixture).expect("reading reference.json"))
             .expect("parsing reference.json");
-    let model = LlamaModel::load(&real_model_path()).expect("loading the model");
     let prompts = json["prompts"].as_array().expect("prompts");
     assert_eq!(prompts.len(), 8);
+    prompts
+        .iter()
+        .map(|p| Case {
+            name: p["name"].as_str().unwrap_or("?").to_string(),
+            prompt: ids(&p["prompt_ids"]),
+            greedy: ids(&p["greedy_ids"]),
+            top5: p["top5_first"]
+                .as_array()
+                .expect("top5")
+                .iter()
+                .map(|e| {
+                    (
+                        e[0].as_u64().unwrap() as usize,
+                        e[1].as_f64().unwrap() as f32,
+                    )
+                })
+                .collect(),
+        })
+        .collect()
+}
+
+/// Block table `first .. first + blocks` and its length for `tokens` positions.
+fn table(first: usize, tokens: usize) -> Vec<u32> {
+    (first..first + tokens.div_ceil(BLOCK))
+        .map(|b| b as u32)
+        .collect()
+}
+
+#[test]
+fn matches_numpy_reference() {
+    let model = LlamaModel::load(&real_model_path()).expect("loading the model");
+    let cases = cases();
     let mut max_err = 0.0f32;
-    for p in prompts {
-        let name = p["name"].as_str().unwrap_or("?");
-        let prompt = ids(&p["prompt_ids"]);
-        let want = ids(&p["greedy_ids"]);
-        let mut cache = model.new_cache();
-        let mut logits = model.forward(&prompt, &mut cache).expect("prefill");
+    let mut greedy_alone = Vec::new();
+    for case in &cases {
+        let name = &case.name;
+        let total = case.prompt.len() + case.greedy.len();
+        let blocks = table(0, total);
+        let mut kv = model.new_kv(blocks.len(), BLOCK);
+        let entry = BatchEntry {
+            tokens: &case.prompt,
+            start_pos: 0,
+            block_table: &blocks,
+            want_logits: true,
+        };
+        let mut logits = model
+            .forward_batch(&[entry], &mut kv)
+            .expect("prefill")
+            .remove(0);
 
         // top-5 at the first generated position
         let mut order: Vec<usize> = (0..logits.len()).collect();
         order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
-        for (rank, entry) in p["top5_first"].as_array().expect("top5").iter().enumerate() {
-            let id = entry[0].as_u64().unwrap() as usize;
-            let value = entry[1].as_f64().unwrap() as f32;
+        for (rank, &(id, value)) in case.top5.iter().enumerate() {
             assert_eq!(order[rank], id, "{name}: top-5 rank {rank}");
             let err = (logits[id] - value).abs();
             max_err = max_err.max(err);
@@ -63,18 +119,104 @@ fn matches_numpy_reference() {
             );
         }
 
-        let mut got = Vec::with_capacity(want.len());
-        for step in 0..want.len() {
+        let mut got = Vec::with_capacity(case.greedy.len());
+        for step in 0..case.greedy.len() {
             let next = argmax(&logits) as u32;
             got.push(next);
-            if step + 1 < want.len() {
-                logits = model.forward(&[next], &mut cache).expect("decode");
+            if step + 1 < case.greedy.len() {
+                let entry = BatchEntry {
+                    tokens: std::slice::from_ref(&next),
+                    start_pos: case.prompt.len() + step,
+                    block_table: &blocks,
+                    want_logits: true,
+                };
+                logits = model
+                    .forward_batch(&[entry], &mut kv)
+                    .expect("decode")
+                    .remove(0);
             }
         }
-        assert_eq!(got, want, "{name}: greedy ids");
-        assert_eq!(cache.len(), prompt.len() + want.len() - 1);
+        assert_eq!(got, case.greedy, "{name}: greedy ids");
+        greedy_alone.push(got);
     }
     eprintln!("max |logit - reference| over top-5 entries: {max_err:e}");
+
+    // All 8 prompts together: one batch of prefills, then batches of 8 decode steps.
+    let tables: Vec<Vec<u32>> = cases
+        .iter()
+        .scan(0, |first, c| {
+            let t = table(*first, c.prompt.len() + c.greedy.len());
+            *first += t.len();
+            Some(t)
+        })
+        .collect();
+    let num_blocks = tables.iter().map(Vec::len).sum();
+    let mut kv = model.new_kv(num_blocks, BLOCK);
+    let prefill: Vec<BatchEntry<'_>> = cases
+        .iter()
+        .zip(&tables)
+        .map(|(c, t)| BatchEntry {
+            tokens: &c.prompt,
+            start_pos: 0,
+            block_table: t,
+            want_logits: true,
+        })
+        .collect();
+    let mut logits = model
+        .forward_batch(&prefill, &mut kv)
+        .expect("batched prefill");
+    let mut got: Vec<Vec<u32>> = vec![Vec::new(); cases.len()];
+    let steps = cases[0].greedy.len();
+    assert!(cases.iter().all(|c| c.greedy.len() == steps));
+    for step in 0..steps {
+        let next: Vec<u32> = logits.iter().map(|l| argmax(l) as u32).collect();
+        for (g, &n) in got.iter_mut().zip(&next) {
+            g.push(n);
+        }
+        if step + 1 == steps {
+            break;
+        }
+        let decode: Vec<BatchEntry<'_>> = cases
+            .iter()
+            .zip(&tables)
+            .zip(&next)
+            .map(|((c, t), n)| BatchEntry {
+                tokens: std::slice::from_ref(n),
+                start_pos: c.prompt.len() + step,
+                block_table: t,
+                want_logits: true,
+            })
+            .collect();
+        logits = model
+            .forward_batch(&decode, &mut kv)
+            .expect("batched decode");
+    }
+    for ((c, g), alone) in cases.iter().zip(&got).zip(&greedy_alone) {
+        assert_eq!(g, &c.greedy, "{}: greedy ids in a batch of 8", c.name);
+        assert_eq!(g, alone);
+    }
+}
+
+/// Runs `tokens` at positions `first..` as one entry and returns the last token's logits.
+fn run(
+    model: &LlamaModel,
+    kv: &mut PagedKvCache,
+    tokens: &[u32],
+    first: usize,
+    blocks: &[u32],
+) -> Vec<f32> {
+    model
+        .forward_batch(
+            &[BatchEntry {
+                tokens,
+                start_pos: first,
+                block_table: blocks,
+                want_logits: true,
+            }],
+            kv,
+        )
+        .expect("forward")
+        .remove(0)
 }
 
 #[test]
@@ -87,31 +229,103 @@ fn tiny_prefill_then_decode_equals_one_by_one() {
     let tokens: Vec<u32> = (0..40u32)
         .map(|i| (i * 37 + 11) % info.vocab_size() as u32)
         .collect();
+    let blocks = table(0, tokens.len());
 
-    let mut one = model.new_cache();
+    let mut one = model.new_kv(blocks.len(), BLOCK);
     let mut stepwise = Vec::new();
-    for &t in &tokens {
-        stepwise.push(model.forward(&[t], &mut one).unwrap());
+    for (i, &t) in tokens.iter().enumerate() {
+        stepwise.push(run(&model, &mut one, &[t], i, &blocks));
     }
 
     for split in [1usize, 10, 39] {
-        let mut cache = model.new_cache();
-        let mut logits = model.forward(&tokens[..split], &mut cache).unwrap();
-        assert_close(&logits, &stepwise[split - 1], split);
+        let mut kv = model.new_kv(blocks.len(), BLOCK);
+        let logits = run(&model, &mut kv, &tokens[..split], 0, &blocks);
+        assert_eq!(logits, stepwise[split - 1], "prefill of {split}");
         for (i, &t) in tokens.iter().enumerate().skip(split) {
-            logits = model.forward(&[t], &mut cache).unwrap();
-            assert_close(&logits, &stepwise[i], i);
+            let logits = run(&model, &mut kv, &[t], i, &blocks);
+            assert_eq!(
+                logits, stepwise[i],
+                "position {i} after a prefill of {split}"
+            );
         }
-        assert_eq!(cache.len(), tokens.len());
     }
 }
 
-fn assert_close(a: &[f32], b: &[f32], at: usize) {
-    assert_eq!(a.len(), b.len());
-    let err = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0f32, f32::max);
-    assert!(err <= 1e-5, "position {at}: max difference {err}");
+/// Median and minimum of `times` (seconds).
+fn median_min(mut times: Vec<f64>) -> (f64, f64) {
+    times.sort_by(f64::total_cmp);
+    (times[times.len() / 2], times[0])
+}
+
+/// Prints prefill and decode throughput of the real model (no assertions).
+///
+/// Each figure is given as median and best over repeated runs, since a shared machine makes
+/// single timings noisy.
+#[test]
+#[ignore = "timing report; run with --ignored --nocapture"]
+fn throughput_report() {
+    let model = LlamaModel::load(&real_model_path()).expect("loading the model");
+    let vocab = model.config().vocab_size as u32;
+    let prompt: Vec<u32> = (0..300u32).map(|i| (i * 7919 + 13) % vocab).collect();
+
+    // 300-token prefill, one entry.
+    let blocks = table(0, 512);
+    let mut kv = model.new_kv(blocks.len(), BLOCK);
+    run(&model, &mut kv, &prompt[..16], 0, &blocks); // warm-up
+    let times = (0..5)
+        .map(|_| {
+            let t = Instant::now();
+            run(&model, &mut kv, &prompt, 0, &blocks);
+            t.elapsed().as_secs_f64()
+        })
+        .collect();
+    let (med, best) = median_min(times);
+    eprintln!(
+        "prefill 300 tokens: median {:.1} tok/s, best {:.1} tok/s",
+        300.0 / med,
+        300.0 / best
+    );
+
+    // Decode: `n` sequences, each with a 32-token context, one token each per step.
+    for n in [1usize, 8, 32] {
+        let ctx: usize = 32;
+        let steps = 30;
+        let per = (ctx + steps).div_ceil(BLOCK);
+        let tables: Vec<Vec<u32>> = (0..n).map(|i| table(i * per, ctx + steps)).collect();
+        let mut kv = model.new_kv(n * per, BLOCK);
+        let prefill: Vec<BatchEntry<'_>> = tables
+            .iter()
+            .map(|t| BatchEntry {
+                tokens: &prompt[..ctx],
+                start_pos: 0,
+                block_table: t,
+                want_logits: true,
+            })
+            .collect();
+        model.forward_batch(&prefill, &mut kv).unwrap();
+        let times = (0..steps)
+            .map(|step| {
+                let tok = [prompt[ctx + step]];
+                let batch: Vec<BatchEntry<'_>> = tables
+                    .iter()
+                    .map(|t| BatchEntry {
+                        tokens: &tok,
+                        start_pos: ctx + step,
+                        block_table: t,
+                        want_logits: true,
+                    })
+                    .collect();
+                let t = Instant::now();
+                model.forward_batch(&batch, &mut kv).unwrap();
+                t.elapsed().as_secs_f64()
+            })
+            .collect();
+        let (med, best) = median_min(times);
+        eprintln!(
+            "decode, batch of {n}: median {:.1} ms/step = {:.1} tok/s, best {:.1} tok/s",
+            med * 1e3,
+            n as f64 / med,
+            n as f64 / best
+        );
+    }
 }

@@ -15,6 +15,7 @@
 use std::future::Future;
 
 use anyhow::{bail, ensure, Context};
+use futures::{StreamExt, TryStreamExt};
 
 use super::rng::{derive_seed, SplitMix64};
 
@@ -93,6 +94,17 @@ pub async fn fit_prompt<T: PromptTokenizer>(
     target: usize,
 ) -> anyhow::Result<FittedPrompt> {
     let head_ids = tok.tokenize(head).await?;
+    fit_after(tok, head, head_ids, seed, target).await
+}
+
+/// [`fit_prompt`] given `head`'s tokenization.
+async fn fit_after<T: PromptTokenizer>(
+    tok: &mut T,
+    head: &str,
+    head_ids: Vec<u32>,
+    seed: u64,
+    target: usize,
+) -> anyhow::Result<FittedPrompt> {
     ensure!(
         head_ids.len() <= target,
         "the prompt head {head:?} alone is {} tokens, more than the {target} asked for",
@@ -107,26 +119,29 @@ pub async fn fit_prompt<T: PromptTokenizer>(
     };
     // Grow until the count reaches the target (every piece adds >= 1 token, so one round usually
     // suffices).
-    let mut full_count = head_ids.len();
+    let mut full_ids = head_ids.clone();
     for round in 0.. {
-        if full_count >= target {
+        if full_ids.len() >= target {
             break;
         }
         ensure!(
             round < 32,
-            "the prompt does not grow: {full_count} tokens after {} pieces",
+            "the prompt does not grow: {} tokens after {} pieces",
+            full_ids.len(),
             parts.len()
         );
-        parts.extend(pieces(&mut rng, target - full_count));
-        full_count = tok.tokenize(&text_of(&parts)).await?.len();
+        parts.extend(pieces(&mut rng, target - full_ids.len()));
+        full_ids = tok.tokenize(&text_of(&parts)).await?;
+    }
+    if full_ids.len() == target {
+        return Ok(FittedPrompt {
+            text: text_of(&parts),
+            ids: full_ids,
+        });
     }
     // The longest piece prefix with at most `target` tokens: count(lo) <= target < count(hi).
     let (mut lo, mut hi) = (0usize, parts.len());
     let mut lo_ids = head_ids;
-    if full_count <= target {
-        lo = parts.len();
-        lo_ids = tok.tokenize(&text_of(&parts)).await?;
-    }
     while hi - lo > 1 {
         let mid = (lo + hi) / 2;
         let ids = tok.tokenize(&text_of(&parts[..mid])).await?;
@@ -176,7 +191,8 @@ async fn pad<T: PromptTokenizer>(
 }
 
 /// Builds one prompt per entry of `targets` (the token count of prompt `i`, `i` being the global
-/// request index, warmup included), seeded by `seed`.
+/// request index, warmup included), seeded by `seed`, fitting up to `parallel` prompts at once
+/// (each with its own clone of `tok`).
 ///
 /// With `shared_prefix_tokens` K > 0, every prompt starts with the same K tokens (a seeded
 /// pseudo-English text fitted to K tokens) followed by `" Request <i>:"` and per-request text;
@@ -185,59 +201,77 @@ async fn pad<T: PromptTokenizer>(
 /// and, with a shared prefix, starts with the prefix's ids.
 ///
 /// Errors: a target is 0 or not above K, a tokenize call fails, or a prompt cannot be fitted.
-pub async fn build_prompts<T: PromptTokenizer>(
-    tok: &mut T,
+pub async fn build_prompts<T: PromptTokenizer + Clone>(
+    tok: &T,
     targets: &[usize],
     shared_prefix_tokens: usize,
     seed: u64,
+    parallel: usize,
 ) -> anyhow::Result<Vec<FittedPrompt>> {
     let prefix = if shared_prefix_tokens > 0 {
-        Some(
-            fit_prompt(tok, "", derive_seed(seed, u64::MAX), shared_prefix_tokens)
-                .await
-                .context("building the shared prefix")?,
+        let fitted = fit_prompt(
+            &mut tok.clone(),
+            "",
+            derive_seed(seed, u64::MAX),
+            shared_prefix_tokens,
         )
+        .await
+        .context("building the shared prefix")?;
+        Some(fitted)
     } else {
         None
     };
-    let mut prompts = Vec::with_capacity(targets.len());
-    for (i, &target) in targets.iter().enumerate() {
-        ensure!(target > 0, "prompt {i}: 0 tokens asked for");
-        ensure!(
-            target > shared_prefix_tokens,
-            "prompt {i}: {target} tokens is not more than the {shared_prefix_tokens}-token shared prefix"
-        );
-        let (prefix_text, sep) = match &prefix {
-            Some(p) => (p.text.as_str(), " "),
-            None => ("", ""),
-        };
-        let heads = [
-            format!("{prefix_text}{sep}Request {i}:"),
-            prefix_text.to_string(),
-        ];
-        let request_seed = derive_seed(seed, i as u64);
-        let mut fitted = None;
-        for head in &heads {
-            if tok.tokenize(head).await?.len() <= target {
-                fitted = Some(fit_prompt(tok, head, request_seed, target).await?);
-                break;
-            }
+    let prefix = prefix.as_ref();
+    futures::stream::iter(targets.iter().copied().enumerate())
+        .map(|(i, target)| {
+            let mut tok = tok.clone();
+            async move { build_one(&mut tok, prefix, i, target, derive_seed(seed, i as u64)).await }
+        })
+        .buffered(parallel.max(1))
+        .try_collect()
+        .await
+}
+
+/// Fits prompt `i` to `target` tokens after the shared `prefix`, and verifies it.
+async fn build_one<T: PromptTokenizer>(
+    tok: &mut T,
+    prefix: Option<&FittedPrompt>,
+    i: usize,
+    target: usize,
+    seed: u64,
+) -> anyhow::Result<FittedPrompt> {
+    let shared = prefix.map_or(0, |p| p.ids.len());
+    ensure!(target > 0, "prompt {i}: 0 tokens asked for");
+    ensure!(
+        target > shared,
+        "prompt {i}: {target} tokens is not more than the {shared}-token shared prefix"
+    );
+    let (prefix_text, sep) = prefix.map_or(("", ""), |p| (p.text.as_str(), " "));
+    let heads = [
+        format!("{prefix_text}{sep}Request {i}:"),
+        prefix_text.to_string(),
+    ];
+    let mut fitted = None;
+    for head in heads {
+        let head_ids = tok.tokenize(&head).await?;
+        if head_ids.len() <= target {
+            fitted = Some(fit_after(tok, &head, head_ids, seed, target).await?);
+            break;
         }
-        let fitted = fitted.with_context(|| format!("prompt {i}: nothing fits {target} tokens"))?;
-        ensure!(
-            fitted.ids.len() == target,
-            "prompt {i}: fitted to {} tokens instead of {target}",
-            fitted.ids.len()
-        );
-        if let Some(p) = &prefix {
-            ensure!(
-                fitted.ids.starts_with(&p.ids),
-                "prompt {i}: the shared prefix's tokens change when text follows it"
-            );
-        }
-        prompts.push(fitted);
     }
-    Ok(prompts)
+    let fitted = fitted.with_context(|| format!("prompt {i}: nothing fits {target} tokens"))?;
+    ensure!(
+        fitted.ids.len() == target,
+        "prompt {i}: fitted to {} tokens instead of {target}",
+        fitted.ids.len()
+    );
+    if let Some(p) = prefix {
+        ensure!(
+            fitted.ids.starts_with(&p.ids),
+            "prompt {i}: the shared prefix's tokens change when text follows it"
+        );
+    }
+    Ok(fitted)
 }
 
 #[cfg(test)]
@@ -245,9 +279,11 @@ mod tests {
     use super::*;
     use crate::tokenizer::TextTokenizer;
     use inference_proto::worker::TokenizerSpec;
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
     /// The tiny test model's tokenizer (byte-level BPE with 20 merges, SmolLM2 pre-tokenizer).
-    struct Tiny(TextTokenizer, usize);
+    #[derive(Clone)]
+    struct Tiny(std::sync::Arc<TextTokenizer>, std::sync::Arc<AtomicUsize>);
 
     impl Tiny {
         fn new(add_bos: bool) -> Tiny {
@@ -272,13 +308,16 @@ mod tests {
                 add_bos_token: add_bos,
                 tokenizer_json: String::new(),
             };
-            Tiny(TextTokenizer::from_spec(&spec).unwrap(), 0)
+            Tiny(
+                std::sync::Arc::new(TextTokenizer::from_spec(&spec).unwrap()),
+                Default::default(),
+            )
         }
     }
 
     impl PromptTokenizer for Tiny {
         async fn tokenize(&mut self, text: &str) -> anyhow::Result<Vec<u32>> {
-            self.1 += 1;
+            self.1.fetch_add(1, Ordering::Relaxed);
             Ok(self.0.encode(text, true)?)
         }
     }
@@ -305,9 +344,9 @@ mod tests {
 
     #[test]
     fn prompts_differ_per_request_and_are_exact() {
-        let mut tok = Tiny::new(false);
+        let tok = Tiny::new(false);
         let targets: Vec<usize> = (0..12).map(|i| 20 + 7 * i).collect();
-        let prompts = block_on(build_prompts(&mut tok, &targets, 0, 9)).unwrap();
+        let prompts = block_on(build_prompts(&tok, &targets, 0, 9, 4)).unwrap();
         for (i, (p, &t)) in prompts.iter().zip(&targets).enumerate() {
             assert_eq!(p.ids.len(), t);
             assert!(p.text.starts_with(&format!("Request {i}:")), "{}", p.text);
@@ -316,19 +355,20 @@ mod tests {
             prompts.iter().map(|p| p.text.as_str()).collect();
         assert_eq!(texts.len(), prompts.len());
         // A few dozen tokenize calls per prompt at most.
-        assert!(tok.1 < 40 * prompts.len(), "{} calls", tok.1);
+        let calls = tok.1.load(Ordering::Relaxed);
+        assert!(calls < 40 * prompts.len(), "{calls} calls");
         // Same seed, same prompts; another seed, other prompts.
-        let again = block_on(build_prompts(&mut tok, &targets, 0, 9)).unwrap();
+        let again = block_on(build_prompts(&tok, &targets, 0, 9, 4)).unwrap();
         assert_eq!(again, prompts);
-        let other = block_on(build_prompts(&mut tok, &targets, 0, 10)).unwrap();
+        let other = block_on(build_prompts(&tok, &targets, 0, 10, 4)).unwrap();
         assert_ne!(other[3].text, prompts[3].text);
     }
 
     #[test]
     fn shared_prefix_is_common_and_the_rest_differs() {
-        let mut tok = Tiny::new(true);
+        let tok = Tiny::new(true);
         let targets = [60usize, 61, 75, 90, 60];
-        let prompts = block_on(build_prompts(&mut tok, &targets, 40, 3)).unwrap();
+        let prompts = block_on(build_prompts(&tok, &targets, 40, 3, 4)).unwrap();
         for (p, &t) in prompts.iter().zip(&targets) {
             assert_eq!(p.ids.len(), t);
             assert_eq!(p.ids[..40], prompts[0].ids[..40]);
@@ -339,13 +379,13 @@ mod tests {
     #[test]
     fn short_targets_drop_the_head_and_impossible_ones_fail() {
         let mut tok = Tiny::new(false);
-        let prompts = block_on(build_prompts(&mut tok, &[1, 2, 3], 0, 1)).unwrap();
+        let prompts = block_on(build_prompts(&tok, &[1, 2, 3], 0, 1, 4)).unwrap();
         assert_eq!(
             prompts.iter().map(|p| p.ids.len()).collect::<Vec<_>>(),
             [1, 2, 3]
         );
-        assert!(block_on(build_prompts(&mut tok, &[0], 0, 1)).is_err());
-        assert!(block_on(build_prompts(&mut tok, &[10], 10, 1)).is_err());
+        assert!(block_on(build_prompts(&tok, &[0], 0, 1, 4)).is_err());
+        assert!(block_on(build_prompts(&tok, &[10], 10, 1, 4)).is_err());
         assert!(block_on(fit_prompt(&mut tok, "a long head of many words", 1, 3)).is_err());
     }
 }

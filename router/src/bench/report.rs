@@ -259,7 +259,12 @@ impl Summary {
             .iter()
             .map(|(k, v)| format!("{k}={v}"))
             .collect();
-        let _ = writeln!(s, "finish reasons:      {}", reasons.join(" "));
+        let reasons = if reasons.is_empty() {
+            "-".to_string()
+        } else {
+            reasons.join(" ")
+        };
+        let _ = writeln!(s, "finish reasons:      {reasons}");
         if self.errors.is_empty() {
             let _ = writeln!(s, "errors:              none");
         } else {

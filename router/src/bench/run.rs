@@ -38,6 +38,9 @@ const SETUP_RPC_TIMEOUT: Duration = Duration::from_secs(30);
 /// connection at 100-200); more concurrency opens more connections.
 const STREAMS_PER_CONNECTION: usize = 100;
 
+/// Prompts fitted at once (each fit is a sequence of `Tokenize` calls).
+const PROMPT_BUILD_PARALLELISM: usize = 8;
+
 /// Random stream numbers (with `--seed`) of the drawn lengths and the arrival times; prompts and
 /// sampling seeds use the request index.
 const LENGTHS_STREAM: u64 = 1 << 40;
@@ -82,14 +85,16 @@ struct Planned {
 }
 
 /// `Tokenize` through the router, with special tokens as `Generate` adds them.
+#[derive(Clone)]
 struct RpcTokenizer {
     client: Client,
-    calls: usize,
+    /// Calls made by this tokenizer and its clones.
+    calls: Arc<AtomicUsize>,
 }
 
 impl PromptTokenizer for RpcTokenizer {
     async fn tokenize(&mut self, text: &str) -> anyhow::Result<Vec<u32>> {
-        self.calls += 1;
+        self.calls.fetch_add(1, Ordering::Relaxed);
         let request = TokenizeRequest {
             text: text.to_string(),
             add_special_tokens: true,
@@ -273,12 +278,16 @@ async fn plan(args: &BenchArgs, client: Client) -> anyhow::Result<Vec<Planned>> 
         .collect();
     let targets: Vec<usize> = lengths.iter().map(|&(p, _)| p).collect();
     let started = Instant::now();
-    let mut tokenizer = RpcTokenizer { client, calls: 0 };
+    let tokenizer = RpcTokenizer {
+        client,
+        calls: Arc::default(),
+    };
     let prompts = build_prompts(
-        &mut tokenizer,
+        &tokenizer,
         &targets,
         args.shared_prefix_tokens,
         args.seed,
+        PROMPT_BUILD_PARALLELISM,
     )
     .await
     .context("building the prompts")?;
@@ -290,7 +299,7 @@ async fn plan(args: &BenchArgs, client: Client) -> anyhow::Result<Vec<Planned>> 
             args.prompt_tokens.to_string()
         },
         started.elapsed().as_secs_f64(),
-        tokenizer.calls
+        tokenizer.calls.load(Ordering::Relaxed)
     );
     let sampling_seed = derive_seed(args.seed, SAMPLING_STREAM);
     Ok(prompts

@@ -1,56 +1,90 @@
-//! The engine loop: each iteration drains commands, runs every live sequence one step (prefill for new
-//! ones, one decode token for the others), streams the sampled tokens per connection and drops finished
-//! sequences, freeing their KV cache.
-//!
-//! Sequences run one after another inside a step here; batching all of them into one forward is the
-//! scheduler's job in a later change. The loop shape (schedule, execute, update) stays the same.
+//! The engine loop. Each iteration is one step in three verbs (the shape of vLLM's V1 engine core):
+//! **schedule** (the [`Scheduler`] picks decodes, prefill chunks and admissions under the token
+//! budget and allocates KV blocks), **execute** (one `forward_batch` over the whole flattened batch),
+//! **update** (sample for sequences whose known tokens are all computed, apply stop rules, stream the
+//! tokens per connection, free what finished). Commands (add, cancel, stats) are drained between steps.
 
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use inference_proto::worker::{
     AddRequest, EngineStats, LoadReport, RequestError, StepOutput, StopReason as WireStopReason,
-    TokenOutput,
+    TokenLogprob, TokenOutput,
 };
 use tokio::sync::mpsc;
 
-use super::{Command, ConnId, EngineHandle, Sequence, SequenceModel, StopReason};
+use super::batch::{BatchEntry, BatchModel};
+use super::scheduler::{Chunk, Scheduler, SchedulerConfig, SeqId};
+use super::sequence::{Sequence, StopReason};
+use super::{Command, ConnId, EngineHandle};
+use crate::kv::BlockPool;
 use crate::sampler::{Sampler, SamplingConfig};
 
 /// gRPC status codes used in [`RequestError::code`].
 const CODE_INVALID_ARGUMENT: i32 = 3;
+const CODE_RESOURCE_EXHAUSTED: i32 = 8;
 const CODE_INTERNAL: i32 = 13;
 
+/// Engine settings.
+#[derive(Debug, Clone, Copy)]
+pub struct EngineConfig {
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// KV blocks in the pool.
+    pub num_blocks: usize,
+    /// Reuse cached prompt-prefix blocks.
+    pub prefix_caching: bool,
+    /// Batch limits.
+    pub scheduler: SchedulerConfig,
+}
+
 /// Starts the engine on its own thread and returns a handle to it.
-pub fn spawn_engine<M: SequenceModel>(model: M) -> EngineHandle {
+pub fn spawn_engine<M: BatchModel>(model: M, config: EngineConfig) -> EngineHandle {
     let (tx, rx) = mpsc::unbounded_channel();
     std::thread::Builder::new()
         .name("engine".into())
-        .spawn(move || Engine::new(model).run(rx))
+        .spawn(move || Engine::new(model, config).run(rx))
         .expect("spawning the engine thread");
     EngineHandle { tx }
 }
 
-struct Engine<M: SequenceModel> {
+struct Engine<M: BatchModel> {
     model: M,
-    running: Vec<Sequence<M::Cache>>,
+    kv: M::Kv,
+    pool: BlockPool,
+    scheduler: Scheduler,
+    seqs: HashMap<SeqId, Sequence>,
+    /// (connection, request id) -> sequence.
+    ids: HashMap<(ConnId, String), SeqId>,
+    next_seq: SeqId,
     outputs: HashMap<ConnId, mpsc::UnboundedSender<StepOutput>>,
     stats: EngineStats,
 }
 
-impl<M: SequenceModel> Engine<M> {
-    fn new(model: M) -> Self {
+impl<M: BatchModel> Engine<M> {
+    fn new(model: M, config: EngineConfig) -> Self {
+        let kv = model.new_kv(config.num_blocks, config.block_size);
+        let stats = EngineStats {
+            kv_block_size: config.block_size as u32,
+            kv_tokens_capacity: (config.num_blocks * config.block_size) as u64,
+            ..Default::default()
+        };
         Self {
             model,
-            running: Vec::new(),
+            kv,
+            pool: BlockPool::new(config.num_blocks, config.block_size, config.prefix_caching),
+            scheduler: Scheduler::new(config.scheduler),
+            seqs: HashMap::new(),
+            ids: HashMap::new(),
+            next_seq: 1,
             outputs: HashMap::new(),
-            stats: EngineStats::default(),
+            stats,
         }
     }
 
     fn run(mut self, mut rx: mpsc::UnboundedReceiver<Command>) {
         loop {
-            if self.running.is_empty() {
+            if self.seqs.is_empty() {
                 // Idle: block until something arrives.
                 match rx.blocking_recv() {
                     Some(cmd) => self.handle(cmd),
@@ -64,7 +98,7 @@ impl<M: SequenceModel> Engine<M> {
                     Err(mpsc::error::TryRecvError::Disconnected) => return,
                 }
             }
-            if !self.running.is_empty() {
+            if !self.seqs.is_empty() {
                 self.step();
             }
         }
@@ -74,15 +108,23 @@ impl<M: SequenceModel> Engine<M> {
         match cmd {
             Command::Add { conn, request, out } => {
                 self.outputs.insert(conn, out);
-                if let Err(message) = self.admit(conn, request.clone()) {
-                    self.send_error(conn, &request.request_id, CODE_INVALID_ARGUMENT, message);
+                let request_id = request.request_id.clone();
+                if let Err((code, message)) = self.admit(conn, *request) {
+                    self.stats.failed_requests += 1;
+                    let mut step = StepOutput::default();
+                    step.errors.push(RequestError {
+                        request_id,
+                        code,
+                        message,
+                    });
+                    self.deliver(conn, step);
                 }
             }
             Command::Cancel { conn, request_id } => {
-                let before = self.running.len();
-                self.running
-                    .retain(|s| !(s.conn == conn && s.request_id == request_id));
-                self.stats.cancelled_requests += (before - self.running.len()) as u64;
+                if let Some(id) = self.ids.get(&(conn, request_id)).copied() {
+                    self.finish(id);
+                    self.stats.cancelled_requests += 1;
+                }
             }
             Command::CloseConnection { conn } => self.close_connection(conn),
             Command::Stats(reply) => {
@@ -92,112 +134,193 @@ impl<M: SequenceModel> Engine<M> {
     }
 
     fn close_connection(&mut self, conn: ConnId) {
-        let before = self.running.len();
-        self.running.retain(|s| s.conn != conn);
-        self.stats.cancelled_requests += (before - self.running.len()) as u64;
+        let ids: Vec<SeqId> = self
+            .ids
+            .iter()
+            .filter(|((c, _), _)| *c == conn)
+            .map(|(_, &id)| id)
+            .collect();
+        self.stats.cancelled_requests += ids.len() as u64;
+        for id in ids {
+            self.finish(id);
+        }
         self.outputs.remove(&conn);
     }
 
-    fn admit(&mut self, conn: ConnId, req: AddRequest) -> Result<(), String> {
+    /// Validates a request and queues it.
+    fn admit(&mut self, conn: ConnId, req: AddRequest) -> Result<(), (i32, String)> {
+        let invalid = |m: String| (CODE_INVALID_ARGUMENT, m);
         let ctx = self.model.context_length();
         let vocab = self.model.vocab_size();
         if req.request_id.is_empty() {
-            return Err("request_id is empty".into());
+            return Err(invalid("request_id is empty".into()));
         }
-        if self
-            .running
-            .iter()
-            .any(|s| s.conn == conn && s.request_id == req.request_id)
-        {
-            return Err(format!(
+        if self.ids.contains_key(&(conn, req.request_id.clone())) {
+            return Err(invalid(format!(
                 "request_id {:?} is already running",
                 req.request_id
-            ));
+            )));
         }
         if req.prompt_ids.is_empty() {
-            return Err("prompt has no tokens".into());
+            return Err(invalid("prompt has no tokens".into()));
         }
         if req.prompt_ids.len() >= ctx {
-            return Err(format!(
+            return Err(invalid(format!(
                 "prompt is {} tokens; this model's context is {ctx} tokens",
                 req.prompt_ids.len()
-            ));
+            )));
         }
         if let Some(bad) = req.prompt_ids.iter().find(|&&id| id as usize >= vocab) {
-            return Err(format!(
+            return Err(invalid(format!(
                 "prompt token id {bad} is outside the vocabulary (size {vocab})"
+            )));
+        }
+        if req.max_new_tokens as usize <= req.generated_ids.len() {
+            return Err(invalid(format!(
+                "max_new_tokens ({}) must exceed the {} tokens already generated",
+                req.max_new_tokens,
+                req.generated_ids.len()
+            )));
+        }
+        let total = req.prompt_ids.len() + req.generated_ids.len();
+        if total >= ctx {
+            return Err(invalid(format!(
+                "prompt plus generated tokens is {total} tokens; this model's context is {ctx} tokens"
+            )));
+        }
+        if let Some(bad) = req.generated_ids.iter().find(|&&id| id as usize >= vocab) {
+            return Err(invalid(format!(
+                "generated token id {bad} is outside the vocabulary (size {vocab})"
+            )));
+        }
+        // The whole sequence must fit in the pool at once, or it could never finish.
+        let longest = (req.prompt_ids.len() + req.max_new_tokens as usize).min(ctx);
+        let blocks = self.pool.blocks_for(longest);
+        if blocks > self.pool.num_blocks() {
+            return Err((
+                CODE_RESOURCE_EXHAUSTED,
+                format!(
+                    "prompt ({} tokens) + max_new_tokens ({}) needs {blocks} KV blocks; this \
+                     worker's KV cache has {} blocks of {} tokens",
+                    req.prompt_ids.len(),
+                    req.max_new_tokens,
+                    self.pool.num_blocks(),
+                    self.pool.block_size()
+                ),
             ));
         }
-        if req.max_new_tokens == 0 {
-            return Err("max_new_tokens must be at least 1".into());
-        }
-        let sampling = req.sampling.unwrap_or_default();
-        if sampling.temperature.is_nan() || sampling.temperature < 0.0 {
-            return Err(format!("temperature {} is negative", sampling.temperature));
-        }
-        if sampling.top_p.is_nan() || sampling.top_p <= 0.0 || sampling.top_p > 1.0 {
-            return Err(format!("top_p {} is outside (0, 1]", sampling.top_p));
-        }
-        let sampler = Sampler::new(
-            SamplingConfig {
-                temperature: sampling.temperature,
-                top_k: sampling.top_k,
-                top_p: sampling.top_p,
-            },
-            sampling.seed,
-        );
+        let wire = req.sampling.unwrap_or_default();
+        let config = SamplingConfig::from_wire(&wire).map_err(invalid)?;
+        config.check_vocab(vocab).map_err(invalid)?;
+        let sampler = Sampler::new(config, wire.seed);
+        let id = self.next_seq;
+        self.next_seq += 1;
         self.stats.prompt_tokens += req.prompt_ids.len() as u64;
-        self.running.push(Sequence::new(
+        self.ids.insert((conn, req.request_id.clone()), id);
+        let mut seq = Sequence::new(
             conn,
             req.request_id,
             req.prompt_ids,
-            self.model.new_cache(),
             sampler,
             req.max_new_tokens as usize,
             req.stop_token_ids,
             ctx,
-        ));
+        );
+        seq.tokens.extend_from_slice(&req.generated_ids);
+        self.seqs.insert(id, seq);
+        self.scheduler.enqueue(id);
         Ok(())
     }
 
-    /// Runs every live sequence one step and streams the results.
+    /// Drops a sequence and returns its KV blocks to the pool.
+    fn finish(&mut self, id: SeqId) {
+        self.scheduler.remove(id);
+        if let Some(mut seq) = self.seqs.remove(&id) {
+            self.ids
+                .remove(&(seq.conn, std::mem::take(&mut seq.request_id)));
+            if let Some(blocks) = seq.blocks.take() {
+                self.pool.release(blocks);
+            }
+        }
+    }
+
+    /// One step: schedule, execute, update.
     fn step(&mut self) {
+        let schedule = self.scheduler.schedule(&mut self.seqs, &mut self.pool);
+        self.stats.preemptions += schedule.preempted.len() as u64;
+        if schedule.chunks.is_empty() {
+            // Nothing fits although nothing else runs: the head of the queue cannot be served.
+            self.fail_unschedulable();
+            return;
+        }
+        let logits = self.execute(&schedule.chunks);
         let mut per_conn: HashMap<ConnId, StepOutput> = HashMap::new();
-        let mut keep = Vec::with_capacity(self.running.len());
-        for mut seq in std::mem::take(&mut self.running) {
-            let model = &self.model;
-            let result = catch_unwind(AssertUnwindSafe(|| {
-                let tokens = seq.pending_tokens().to_vec();
-                model.forward(&tokens, &mut seq.cache)
-            }));
-            let logits = match result {
-                Ok(Ok(logits)) => logits,
-                Ok(Err(e)) => {
-                    per_conn
-                        .entry(seq.conn)
-                        .or_default()
-                        .errors
-                        .push(RequestError {
-                            request_id: seq.request_id.clone(),
-                            code: CODE_INTERNAL,
-                            message: format!("model forward failed: {e:#}"),
-                        });
-                    continue;
+        match logits {
+            Ok(logits) => self.update(&schedule.chunks, logits, &mut per_conn),
+            Err(message) => {
+                for chunk in &schedule.chunks {
+                    self.fail(chunk.seq, CODE_INTERNAL, message.clone(), &mut per_conn);
                 }
-                Err(_) => {
-                    per_conn
-                        .entry(seq.conn)
-                        .or_default()
-                        .errors
-                        .push(RequestError {
-                            request_id: seq.request_id.clone(),
-                            code: CODE_INTERNAL,
-                            message: "model forward panicked".into(),
-                        });
-                    continue;
+            }
+        }
+        self.stats.steps += 1;
+        self.stats.last_batch_sequences = schedule.chunks.len() as u32;
+        self.stats.last_batch_tokens = schedule.chunks.iter().map(|c| c.num_tokens as u32).sum();
+        let load = self.load();
+        for (conn, mut out) in per_conn {
+            out.load = Some(load);
+            out.step = self.stats.steps;
+            self.deliver(conn, out);
+        }
+    }
+
+    /// Runs the batch; returns the logits of every chunk that ends its sequence's known tokens.
+    fn execute(&mut self, chunks: &[Chunk]) -> Result<Vec<Vec<f32>>, String> {
+        let entries: Vec<BatchEntry<'_>> = chunks
+            .iter()
+            .map(|c| {
+                let seq = &self.seqs[&c.seq];
+                let end = seq.computed + c.num_tokens;
+                BatchEntry {
+                    tokens: &seq.tokens[seq.computed..end],
+                    start_pos: seq.computed,
+                    block_table: seq.blocks.as_ref().expect("scheduled").table(),
+                    want_logits: end == seq.tokens.len(),
                 }
+            })
+            .collect();
+        let model = &self.model;
+        let kv = &mut self.kv;
+        match catch_unwind(AssertUnwindSafe(|| model.forward_batch(&entries, kv))) {
+            Ok(Ok(logits)) => Ok(logits),
+            Ok(Err(e)) => Err(format!("model forward failed: {e:#}")),
+            Err(_) => Err("model forward panicked".into()),
+        }
+    }
+
+    fn update(
+        &mut self,
+        chunks: &[Chunk],
+        logits: Vec<Vec<f32>>,
+        per_conn: &mut HashMap<ConnId, StepOutput>,
+    ) {
+        let mut logits = logits.into_iter();
+        for chunk in chunks {
+            let seq = self.seqs.get_mut(&chunk.seq).expect("scheduled sequence");
+            seq.computed += chunk.num_tokens;
+            if let Some(blocks) = seq.blocks.as_mut() {
+                self.pool
+                    .register_full_blocks(blocks, &seq.tokens, seq.computed);
+            }
+            if seq.computed < seq.tokens.len() {
+                continue; // a prefill chunk that does not reach the end yet
+            }
+            let Some(row) = logits.next() else {
+                let message = "the model returned too few logits".to_string();
+                self.fail(chunk.seq, CODE_INTERNAL, message, per_conn);
+                continue;
             };
-            let (sampled, stop) = seq.accept_logits(&logits);
+            let (sampled, stop) = seq.accept_logits(&row);
             self.stats.generated_tokens += 1;
             per_conn
                 .entry(seq.conn)
@@ -209,65 +332,98 @@ impl<M: SequenceModel> Engine<M> {
                     logprob: sampled.logprob,
                     finished: stop.is_some(),
                     stop_reason: wire_reason(stop) as i32,
-                    index: (seq.generated.len() - 1) as u32,
+                    index: (seq.generated().len() - 1) as u32,
+                    top_logprobs: sampled
+                        .top_logprobs
+                        .iter()
+                        .map(|&(token_id, logprob)| TokenLogprob { token_id, logprob })
+                        .collect(),
                 });
             if stop.is_some() {
                 self.stats.finished_requests += 1;
-            } else {
-                keep.push(seq);
-            }
-        }
-        self.running = keep;
-        self.stats.steps += 1;
-        let load = self.load();
-        for (conn, mut out) in per_conn {
-            out.load = Some(load);
-            out.step = self.stats.steps;
-            let delivered = self
-                .outputs
-                .get(&conn)
-                .is_some_and(|tx| tx.send(out).is_ok());
-            if !delivered {
-                // The connection is gone: nobody will read its tokens, free its sequences now.
-                self.close_connection(conn);
+                self.finish(chunk.seq);
             }
         }
     }
 
-    fn send_error(&mut self, conn: ConnId, request_id: &str, code: i32, message: String) {
-        let out = StepOutput {
-            errors: vec![RequestError {
-                request_id: request_id.to_string(),
-                code,
-                message,
-            }],
-            load: Some(self.load()),
-            ..Default::default()
+    fn fail(
+        &mut self,
+        id: SeqId,
+        code: i32,
+        message: String,
+        per_conn: &mut HashMap<ConnId, StepOutput>,
+    ) {
+        if let Some(seq) = self.seqs.get(&id) {
+            per_conn
+                .entry(seq.conn)
+                .or_default()
+                .errors
+                .push(RequestError {
+                    request_id: seq.request_id.clone(),
+                    code,
+                    message,
+                });
+            self.stats.failed_requests += 1;
+        }
+        self.finish(id);
+    }
+
+    /// Fails the head of the queue when it cannot be admitted even with every block free.
+    fn fail_unschedulable(&mut self) {
+        let Some(id) = self.scheduler.first_waiting() else {
+            return;
         };
-        if let Some(tx) = self.outputs.get(&conn) {
-            let _ = tx.send(out);
+        let seq = &self.seqs[&id];
+        let message = format!(
+            "sequence of {} tokens does not fit in this worker's KV cache ({} blocks of {} tokens)",
+            seq.tokens.len(),
+            self.pool.num_blocks(),
+            self.pool.block_size()
+        );
+        let mut per_conn = HashMap::new();
+        self.fail(id, CODE_RESOURCE_EXHAUSTED, message, &mut per_conn);
+        for (conn, out) in per_conn {
+            self.deliver(conn, out);
         }
     }
 
-    /// The load report sent with every step. Each sequence owns a contiguous cache that grows on
-    /// demand, so there is no fixed KV capacity yet: `free_kv_tokens` stays 0 (unknown).
+    /// Sends `out` to its connection; a connection that is gone has its sequences dropped.
+    fn deliver(&mut self, conn: ConnId, out: StepOutput) {
+        let delivered = self
+            .outputs
+            .get(&conn)
+            .is_some_and(|tx| tx.send(out).is_ok());
+        if !delivered {
+            self.close_connection(conn);
+        }
+    }
+
+    /// The load report sent with every step.
     fn load(&self) -> LoadReport {
         LoadReport {
-            running_sequences: self.running.len() as u32,
-            waiting_sequences: 0,
-            free_kv_tokens: 0,
+            running_sequences: self.scheduler.num_running() as u32,
+            waiting_sequences: self.scheduler.num_waiting() as u32,
+            free_kv_tokens: (self.pool.num_available() * self.pool.block_size()) as u64,
         }
     }
 
     fn current_stats(&self) -> EngineStats {
+        let pool = self.pool.stats();
         let mut stats = self.stats;
-        stats.running_sequences = self.running.len() as u32;
-        stats.waiting_sequences = 0;
-        stats.kv_tokens_used = self
-            .running
-            .iter()
-            .map(|s| M::cache_len(&s.cache) as u64)
-            .sum();
+        stats.running_sequences = self.scheduler.num_running() as u32;
+        stats.waiting_sequences = self.scheduler.num_waiting() as u32;
+        stats.kv_tokens_used = self.seqs.values().map(|s| s.computed as u64).sum();
+        stats.kv_blocks_total = pool.total as u64;
+        stats.kv_blocks_used = pool.used as u64;
+        stats.kv_blocks_free = pool.free as u64;
+        stats.prefix_cache_query_tokens = pool.query_tokens;
+        stats.prefix_cache_hit_tokens = pool.hit_tokens;
+        stats.prefix_cache_hit_rate = if pool.query_tokens == 0 {
+            0.0
+        } else {
+            pool.hit_tokens as f64 / pool.query_tokens as f64
+        };
+        stats.prefix_cache_blocks = pool.cached as u64;
         stats
     }
 }

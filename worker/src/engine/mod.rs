@@ -1,10 +1,12 @@
-//! The engine: owns the model and every live sequence on one dedicated thread, and runs the
-//! iteration-level loop (admit, step every sequence once, stream tokens, drop finished ones).
+//! The engine: owns the model, the KV cache and every live sequence on one dedicated thread, and runs
+//! the continuously batched loop (schedule, execute one batched forward, update).
 //!
 //! RPC handlers talk to it only through [`EngineHandle`] (commands over a channel), so the hot path has
 //! no locks and cancelling is just a message.
 
+mod batch;
 mod core;
+mod scheduler;
 mod sequence;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,29 +14,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use inference_proto::worker::{AddRequest, EngineStats, StepOutput};
 use tokio::sync::{mpsc, oneshot};
 
-pub use self::core::spawn_engine;
+pub use self::core::{spawn_engine, EngineConfig};
+pub use batch::{BatchEntry, BatchModel};
+pub use scheduler::{Chunk, Schedule, Scheduler, SchedulerConfig, SeqId};
 pub use sequence::{Sequence, StopReason};
-
-/// A model the engine can run one sequence at a time.
-///
-/// Implemented by the CPU [`crate::model::LlamaModel`]; tests use a fake.
-pub trait SequenceModel: Send + 'static {
-    /// Per-sequence KV cache.
-    type Cache: Send;
-    /// A new empty cache.
-    fn new_cache(&self) -> Self::Cache;
-    /// Tokens held by `cache`.
-    fn cache_len(cache: &Self::Cache) -> usize;
-    /// Runs `tokens` at positions `cache_len(cache)..`, appends their K/V to `cache` and returns the
-    /// logits (`[vocab_size]`, f32) of the last token.
-    ///
-    /// Errors: out-of-vocabulary ids, a cache that would pass the context length, empty `tokens`.
-    fn forward(&self, tokens: &[u32], cache: &mut Self::Cache) -> anyhow::Result<Vec<f32>>;
-    /// The model's context length, in tokens.
-    fn context_length(&self) -> usize;
-    /// Vocabulary size (length of the logits).
-    fn vocab_size(&self) -> usize;
-}
 
 /// Identifies one router connection (one bidirectional stream).
 pub type ConnId = u64;
@@ -44,7 +27,7 @@ pub enum Command {
     /// Admit a request; its outputs go to `out`.
     Add {
         conn: ConnId,
-        request: AddRequest,
+        request: Box<AddRequest>,
         out: mpsc::UnboundedSender<StepOutput>,
     },
     /// Drop one request (no further output is sent for it).

@@ -1,8 +1,12 @@
-//! One request's state inside the engine: its tokens, KV cache, sampler and stop policy.
+//! One request's state inside the engine: its tokens, how many are in the KV cache, its block table,
+//! its sampler and its stop policy.
 
 use std::collections::HashSet;
 
+use crate::kv::SequenceBlocks;
 use crate::sampler::{SampledToken, Sampler};
+
+use super::ConnId;
 
 /// Why the worker ended a sequence by itself (the router may also end it, by cancelling).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -17,37 +21,36 @@ pub enum StopReason {
 
 /// A request being generated.
 ///
-/// Invariant: `cache` holds K/V for exactly `computed` tokens of `prompt_ids ++ generated`.
-pub struct Sequence<C> {
+/// Invariant: the KV cache holds exactly `tokens[..computed]`, in the blocks of `blocks` (`None`
+/// while the sequence waits for admission, including after a preemption).
+pub struct Sequence {
     /// Which router connection owns it.
-    pub conn: u64,
+    pub conn: ConnId,
     /// The router's id for the request (unique per connection).
     pub request_id: String,
-    /// Prompt token ids (never empty).
-    pub prompt_ids: Vec<u32>,
-    /// Tokens generated so far.
-    pub generated: Vec<u32>,
-    /// The sequence's KV cache.
-    pub cache: C,
-    /// Tokens whose K/V are in `cache`.
+    /// Prompt tokens followed by the generated ones.
+    pub tokens: Vec<u32>,
+    /// Length of the prompt within `tokens`.
+    pub prompt_len: usize,
+    /// Tokens whose K/V are in the cache.
     pub computed: usize,
+    /// The block table, while admitted.
+    pub blocks: Option<SequenceBlocks>,
     sampler: Sampler,
     max_new_tokens: usize,
     stop_token_ids: HashSet<u32>,
     context_length: usize,
 }
 
-impl<C> Sequence<C> {
-    /// Creates a sequence that has computed nothing yet.
+impl Sequence {
+    /// A waiting sequence that has computed nothing yet.
     ///
-    /// The caller has validated: `prompt_ids` non-empty and shorter than `context_length`,
+    /// The caller has validated: `prompt` non-empty and shorter than `context_length`,
     /// `max_new_tokens >= 1`.
-    #[allow(clippy::too_many_arguments)]
     pub fn new(
-        conn: u64,
+        conn: ConnId,
         request_id: String,
-        prompt_ids: Vec<u32>,
-        cache: C,
+        prompt: Vec<u32>,
         sampler: Sampler,
         max_new_tokens: usize,
         stop_token_ids: impl IntoIterator<Item = u32>,
@@ -56,10 +59,10 @@ impl<C> Sequence<C> {
         Self {
             conn,
             request_id,
-            prompt_ids,
-            generated: Vec::new(),
-            cache,
+            prompt_len: prompt.len(),
+            tokens: prompt,
             computed: 0,
+            blocks: None,
             sampler,
             max_new_tokens,
             stop_token_ids: stop_token_ids.into_iter().collect(),
@@ -67,40 +70,38 @@ impl<C> Sequence<C> {
         }
     }
 
-    /// Tokens this step must feed the model: the whole prompt on the first step (prefill), then the
-    /// last generated token (decode).
-    pub fn pending_tokens(&self) -> &[u32] {
-        if self.computed < self.prompt_ids.len() {
-            &self.prompt_ids[self.computed..]
-        } else {
-            let start = self.computed - self.prompt_ids.len();
-            &self.generated[start..]
-        }
+    /// Tokens generated so far.
+    pub fn generated(&self) -> &[u32] {
+        &self.tokens[self.prompt_len..]
     }
 
-    /// Total tokens in the sequence (prompt + generated).
-    pub fn len(&self) -> usize {
-        self.prompt_ids.len() + self.generated.len()
+    /// Known tokens not yet in the KV cache.
+    pub fn remaining(&self) -> usize {
+        self.tokens.len() - self.computed
     }
 
-    /// True when the sequence has no tokens (never the case for a valid request).
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
+    /// True while more than one known token is uncomputed (a prompt, or a recompute after
+    /// preemption); false when only the last sampled token is pending (decode).
+    pub fn in_prefill(&self) -> bool {
+        self.remaining() > 1
     }
 
-    /// Samples the next token from `logits` (`[vocab]` f32) and applies the stop policy.
+    /// Samples the next token from `logits` (`[vocab]` f32, of the last known token) and applies the
+    /// stop policy. Returns the token and, when the sequence is finished, why.
     ///
-    /// Returns the token and, when the sequence is finished, why. Order of checks: a stop token wins
-    /// over the length limit, which wins over the context limit.
+    /// Order of checks: a stop token wins over the length limit, which wins over the context limit.
+    /// The draw depends only on (seed, number of generated tokens), so a recomputed sequence draws
+    /// exactly what it would have drawn.
     pub fn accept_logits(&mut self, logits: &[f32]) -> (SampledToken, Option<StopReason>) {
-        self.computed = self.len();
-        let sampled = self.sampler.sample(logits);
-        self.generated.push(sampled.token_id);
+        let (prompt, generated) = self.tokens.split_at(self.prompt_len);
+        let sampled = self.sampler.sample(logits, prompt, generated);
+        self.tokens.push(sampled.token_id);
+        let generated = self.tokens.len() - self.prompt_len;
         let reason = if self.stop_token_ids.contains(&sampled.token_id) {
             Some(StopReason::StopToken)
-        } else if self.generated.len() >= self.max_new_tokens {
+        } else if generated >= self.max_new_tokens {
             Some(StopReason::Length)
-        } else if self.len() >= self.context_length {
+        } else if self.tokens.len() >= self.context_length {
             Some(StopReason::ContextFull)
         } else {
             None
@@ -114,22 +115,9 @@ mod tests {
     use super::*;
     use crate::sampler::SamplingConfig;
 
-    fn seq(max_new: usize, ctx: usize) -> Sequence<()> {
-        let greedy = SamplingConfig {
-            temperature: 0.0,
-            top_k: 0,
-            top_p: 1.0,
-        };
-        Sequence::new(
-            1,
-            "r".into(),
-            vec![5, 6, 7],
-            (),
-            Sampler::new(greedy, 0),
-            max_new,
-            [2],
-            ctx,
-        )
+    fn seq(max_new: usize, ctx: usize) -> Sequence {
+        let sampler = Sampler::new(SamplingConfig::default(), 0);
+        Sequence::new(1, "r".into(), vec![5, 6, 7], sampler, max_new, [2], ctx)
     }
 
     fn logits_for(id: usize) -> Vec<f32> {
@@ -139,21 +127,23 @@ mod tests {
     }
 
     #[test]
-    fn prefill_then_decode_pending_tokens() {
+    fn phases() {
         let mut s = seq(5, 100);
-        assert_eq!(s.pending_tokens(), &[5, 6, 7]);
+        assert!(s.in_prefill());
+        s.computed = 3;
         let (t, r) = s.accept_logits(&logits_for(4));
         assert_eq!((t.token_id, r), (4, None));
-        assert_eq!(s.pending_tokens(), &[4]);
-        s.accept_logits(&logits_for(3));
-        assert_eq!(s.pending_tokens(), &[3]);
+        assert!(!s.in_prefill());
+        assert_eq!(s.generated(), &[4]);
     }
 
     #[test]
     fn stop_token_wins_over_length() {
         let mut s = seq(1, 100);
-        let (_, r) = s.accept_logits(&logits_for(2));
-        assert_eq!(r, Some(StopReason::StopToken));
+        assert_eq!(
+            s.accept_logits(&logits_for(2)).1,
+            Some(StopReason::StopToken)
+        );
     }
 
     #[test]

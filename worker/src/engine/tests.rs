@@ -1,4 +1,6 @@
-//! Engine loop tests with a fake model whose next token is a fixed function of the last one.
+//! Engine loop tests with a fake model whose next token depends on the whole sequence as read back
+//! through its block table, so wrong block tables, bad prefix sharing or a broken recompute after
+//! preemption all change the output.
 
 use std::time::Duration;
 
@@ -7,32 +9,83 @@ use tokio::sync::mpsc;
 
 use super::*;
 
-/// Fake model: vocabulary 50, context 32; the next token after `t` is `(t + 1) % 50`; 2 ms a forward.
-struct CountingModel;
+const VOCAB: u32 = 50;
+const CONTEXT: usize = 64;
 
-impl SequenceModel for CountingModel {
-    type Cache = Vec<u32>;
-    fn new_cache(&self) -> Vec<u32> {
-        Vec::new()
+/// Fake model: its KV "cache" stores each position's token in its slot; the next token after a
+/// sequence is `(sum of all its tokens + position) % 50`. 2 ms per forward.
+struct SumModel;
+
+struct SlotKv {
+    slots: Vec<Option<u32>>,
+    block_size: usize,
+}
+
+impl BatchModel for SumModel {
+    type Kv = SlotKv;
+    fn kv_bytes_per_token(&self) -> usize {
+        4
     }
-    fn cache_len(cache: &Vec<u32>) -> usize {
-        cache.len()
+    fn new_kv(&self, num_blocks: usize, block_size: usize) -> SlotKv {
+        SlotKv {
+            slots: vec![None; num_blocks * block_size],
+            block_size,
+        }
     }
-    fn forward(&self, tokens: &[u32], cache: &mut Vec<u32>) -> anyhow::Result<Vec<f32>> {
-        anyhow::ensure!(!tokens.is_empty(), "no tokens");
-        anyhow::ensure!(cache.len() + tokens.len() <= 32, "context full");
-        cache.extend_from_slice(tokens);
-        // Slow enough that a test can act between steps.
+    fn forward_batch(
+        &self,
+        batch: &[BatchEntry<'_>],
+        kv: &mut SlotKv,
+    ) -> anyhow::Result<Vec<Vec<f32>>> {
         std::thread::sleep(Duration::from_millis(2));
-        let mut logits = vec![0.0; 50];
-        logits[((tokens[tokens.len() - 1] + 1) % 50) as usize] = 10.0;
-        Ok(logits)
+        let bs = kv.block_size;
+        let slot = |table: &[u32], pos: usize| table[pos / bs] as usize * bs + pos % bs;
+        let mut out = Vec::new();
+        for e in batch {
+            anyhow::ensure!(!e.tokens.is_empty(), "empty entry");
+            for (i, &t) in e.tokens.iter().enumerate() {
+                kv.slots[slot(e.block_table, e.start_pos + i)] = Some(t);
+            }
+            if e.want_logits {
+                let end = e.start_pos + e.tokens.len();
+                let sum: u32 = (0..end)
+                    .map(|p| kv.slots[slot(e.block_table, p)].expect("position computed"))
+                    .sum();
+                let mut logits = vec![0.0; VOCAB as usize];
+                logits[((sum + end as u32) % VOCAB) as usize] = 10.0;
+                out.push(logits);
+            }
+        }
+        Ok(out)
     }
     fn context_length(&self) -> usize {
-        32
+        CONTEXT
     }
     fn vocab_size(&self) -> usize {
-        50
+        VOCAB as usize
+    }
+}
+
+/// What [`SumModel`] generates greedily after `prompt`.
+fn expected(prompt: &[u32], n: usize) -> Vec<u32> {
+    let mut tokens = prompt.to_vec();
+    for _ in 0..n {
+        let sum: u32 = tokens.iter().sum();
+        tokens.push((sum + tokens.len() as u32) % VOCAB);
+    }
+    tokens[prompt.len()..].to_vec()
+}
+
+fn config(num_blocks: usize, max_batch_tokens: usize, prefix_caching: bool) -> EngineConfig {
+    EngineConfig {
+        block_size: 4,
+        num_blocks,
+        prefix_caching,
+        scheduler: SchedulerConfig {
+            max_batch_tokens,
+            max_num_seqs: max_batch_tokens.min(16),
+            watermark_blocks: 0,
+        },
     }
 }
 
@@ -41,173 +94,245 @@ fn add(id: &str, prompt: Vec<u32>, max_new: u32, stops: Vec<u32>) -> AddRequest 
         request_id: id.into(),
         prompt_ids: prompt,
         sampling: Some(SamplingParams {
-            temperature: 0.0,
-            top_k: 0,
             top_p: 1.0,
             seed: 1,
+            ..Default::default()
         }),
         max_new_tokens: max_new,
         stop_token_ids: stops,
+        ..Default::default()
     }
 }
 
-/// Collects outputs until `id` finishes or fails; returns its token ids and stop reason (or error).
-async fn collect(
-    rx: &mut mpsc::UnboundedReceiver<StepOutput>,
-    id: &str,
-) -> Result<(Vec<u32>, StopReason), String> {
-    let mut ids = Vec::new();
-    loop {
-        let step = tokio::time::timeout(Duration::from_secs(5), rx.recv())
-            .await
-            .expect("engine output within 5 s")
-            .expect("engine alive");
-        if let Some(e) = step.errors.iter().find(|e| e.request_id == id) {
-            return Err(e.message.clone());
-        }
-        for t in step.tokens.iter().filter(|t| t.request_id == id) {
-            ids.push(t.token_id);
-            if t.finished {
-                return Ok((ids, t.stop_reason()));
-            }
+/// A request's tokens and stop reason, or its error message.
+type Outcome = Result<(Vec<u32>, StopReason), String>;
+
+struct Client {
+    engine: EngineHandle,
+    conn: ConnId,
+    tx: mpsc::UnboundedSender<StepOutput>,
+    rx: mpsc::UnboundedReceiver<StepOutput>,
+}
+
+impl Client {
+    fn new(config: EngineConfig) -> Self {
+        let engine = spawn_engine(SumModel, config);
+        let conn = engine.new_connection();
+        let (tx, rx) = mpsc::unbounded_channel();
+        Self {
+            engine,
+            conn,
+            tx,
+            rx,
         }
     }
+
+    fn add(&self, request: AddRequest) {
+        let out = self.tx.clone();
+        assert!(self.engine.send(Command::Add {
+            conn: self.conn,
+            request: Box::new(request),
+            out
+        }));
+    }
+
+    /// Collects outputs until every id in `ids` finished or failed.
+    async fn collect(&mut self, ids: &[&str]) -> Vec<Outcome> {
+        let mut results: Vec<Option<Outcome>> = vec![None; ids.len()];
+        let mut tokens: Vec<Vec<u32>> = vec![Vec::new(); ids.len()];
+        while results.iter().any(Option::is_none) {
+            let step = tokio::time::timeout(Duration::from_secs(10), self.rx.recv())
+                .await
+                .expect("engine output within 10 s")
+                .expect("engine alive");
+            for e in &step.errors {
+                if let Some(i) = ids.iter().position(|id| *id == e.request_id) {
+                    results[i] = Some(Err(e.message.clone()));
+                }
+            }
+            for t in &step.tokens {
+                if let Some(i) = ids.iter().position(|id| *id == t.request_id) {
+                    tokens[i].push(t.token_id);
+                    if t.finished {
+                        results[i] = Some(Ok((tokens[i].clone(), t.stop_reason())));
+                    }
+                }
+            }
+        }
+        results.into_iter().map(Option::unwrap).collect()
+    }
+
+    async fn stats(&self) -> EngineStats {
+        self.engine.stats().await.expect("engine alive")
+    }
+}
+
+fn prompt(len: usize, salt: u32) -> Vec<u32> {
+    (0..len as u32).map(|i| (i * 3 + salt) % VOCAB).collect()
 }
 
 #[tokio::test]
 async fn generates_until_each_stop_condition() {
-    let engine = spawn_engine(CountingModel);
-    let conn = engine.new_connection();
-    let (tx, mut rx) = mpsc::unbounded_channel();
-    engine.send(Command::Add {
-        conn,
-        request: add("len", vec![3], 4, vec![]),
-        out: tx.clone(),
-    });
+    let mut c = Client::new(config(64, 64, true));
+    let p = prompt(5, 1);
+    c.add(add("len", p.clone(), 4, vec![]));
     assert_eq!(
-        collect(&mut rx, "len").await,
-        Ok((vec![4, 5, 6, 7], StopReason::Length))
+        c.collect(&["len"]).await[0],
+        Ok((expected(&p, 4), StopReason::Length))
     );
-    engine.send(Command::Add {
-        conn,
-        request: add("eos", vec![3], 10, vec![6]),
-        out: tx.clone(),
-    });
+    let want = expected(&p, 10);
+    c.add(add("eos", p.clone(), 10, vec![want[2]]));
     assert_eq!(
-        collect(&mut rx, "eos").await,
-        Ok((vec![4, 5, 6], StopReason::StopToken))
+        c.collect(&["eos"]).await[0],
+        Ok((want[..3].to_vec(), StopReason::StopToken))
     );
-    // Prompt of 30 in a context of 32: tokens at positions 30 and 31, then the context is full.
-    engine.send(Command::Add {
-        conn,
-        request: add("ctx", vec![1; 30], 10, vec![]),
-        out: tx,
-    });
+    // Prompt of 62 in a context of 64: tokens at positions 62 and 63, then the context is full.
+    let long = prompt(62, 2);
+    c.add(add("ctx", long.clone(), 10, vec![]));
     assert_eq!(
-        collect(&mut rx, "ctx").await,
-        Ok((vec![2, 3], StopReason::ContextFull))
+        c.collect(&["ctx"]).await[0],
+        Ok((expected(&long, 2), StopReason::ContextFull))
     );
-    let stats = engine.stats().await.unwrap();
+    let stats = c.stats().await;
     assert_eq!((stats.running_sequences, stats.finished_requests), (0, 3));
+    assert_eq!(stats.kv_blocks_used, 0);
 }
 
 #[tokio::test]
 async fn rejects_bad_requests_and_keeps_serving() {
-    let engine = spawn_engine(CountingModel);
-    let conn = engine.new_connection();
-    let (tx, mut rx) = mpsc::unbounded_channel();
+    let mut c = Client::new(config(8, 64, true));
     let cases = [
         (add("empty", vec![], 4, vec![]), "no tokens"),
-        (add("long", vec![1; 32], 4, vec![]), "context is 32"),
+        (add("long", vec![1; CONTEXT], 4, vec![]), "context is 64"),
         (add("oov", vec![99], 4, vec![]), "outside the vocabulary"),
         (add("zero", vec![1], 0, vec![]), "max_new_tokens"),
+        (add("huge", vec![1; 30], 20, vec![]), "needs 13 KV blocks"),
     ];
     for (request, needle) in cases {
         let id = request.request_id.clone();
-        engine.send(Command::Add {
-            conn,
-            request,
-            out: tx.clone(),
-        });
-        let err = collect(&mut rx, &id).await.unwrap_err();
+        c.add(request);
+        let err = c.collect(&[&id]).await.remove(0).unwrap_err();
         assert!(err.contains(needle), "{id}: {err}");
     }
-    engine.send(Command::Add {
-        conn,
-        request: add("ok", vec![1], 2, vec![]),
-        out: tx,
-    });
+    let mut bad_sampling = add("temp", vec![1], 2, vec![]);
+    bad_sampling.sampling.as_mut().unwrap().temperature = -1.0;
+    c.add(bad_sampling);
+    assert!(c.collect(&["temp"]).await[0].is_err());
+    c.add(add("ok", vec![1], 2, vec![]));
     assert_eq!(
-        collect(&mut rx, "ok").await,
-        Ok((vec![2, 3], StopReason::Length))
+        c.collect(&["ok"]).await[0],
+        Ok((expected(&[1], 2), StopReason::Length))
     );
+    assert_eq!(c.stats().await.kv_blocks_used, 0);
 }
 
 #[tokio::test]
-async fn cancel_and_closed_connections_free_sequences() {
-    let engine = spawn_engine(CountingModel);
-    let conn = engine.new_connection();
-    let (tx, mut rx) = mpsc::unbounded_channel();
-    engine.send(Command::Add {
-        conn,
-        request: add("a", vec![1], 30, vec![]),
-        out: tx.clone(),
-    });
-    engine.send(Command::Add {
-        conn,
-        request: add("b", vec![1], 30, vec![]),
-        out: tx.clone(),
-    });
-    rx.recv().await.unwrap();
-    engine.send(Command::Cancel {
-        conn,
+async fn cancel_and_closed_connections_free_every_block() {
+    let mut c = Client::new(config(64, 64, true));
+    c.add(add("a", prompt(3, 0), 50, vec![]));
+    c.add(add("b", prompt(3, 1), 50, vec![]));
+    c.rx.recv().await.unwrap();
+    c.engine.send(Command::Cancel {
+        conn: c.conn,
         request_id: "a".into(),
     });
-    engine.send(Command::CloseConnection { conn });
-    let stats = engine.stats().await.unwrap();
-    assert_eq!(stats.running_sequences, 0);
+    c.engine.send(Command::CloseConnection { conn: c.conn });
+    let stats = c.stats().await;
+    assert_eq!(stats.running_sequences + stats.waiting_sequences, 0);
     assert_eq!(stats.cancelled_requests, 2);
+    assert_eq!(stats.kv_blocks_used, 0);
+    assert_eq!(stats.kv_blocks_free, 64);
 
     // A connection whose receiver is dropped is cleaned up by the engine on its next send.
-    let conn2 = engine.new_connection();
+    let conn2 = c.engine.new_connection();
     let (tx2, rx2) = mpsc::unbounded_channel();
-    engine.send(Command::Add {
+    c.engine.send(Command::Add {
         conn: conn2,
-        request: add("c", vec![1], 30, vec![]),
+        request: Box::new(add("c", vec![1], 50, vec![])),
         out: tx2,
     });
     drop(rx2);
     tokio::time::sleep(Duration::from_millis(50)).await;
-    assert_eq!(engine.stats().await.unwrap().running_sequences, 0);
+    let stats = c.stats().await;
+    assert_eq!(stats.running_sequences, 0);
+    assert_eq!(stats.kv_blocks_used, 0);
 }
 
 #[tokio::test]
-async fn interleaves_concurrent_requests() {
-    let engine = spawn_engine(CountingModel);
-    let conn = engine.new_connection();
-    let (tx, mut rx) = mpsc::unbounded_channel();
-    engine.send(Command::Add {
-        conn,
-        request: add("x", vec![10], 5, vec![]),
-        out: tx.clone(),
+async fn cancel_in_the_middle_of_a_chunked_prefill_frees_everything() {
+    // Budget 4 tokens a step: a 40-token prompt takes 10 steps to prefill.
+    let c = Client::new(config(64, 4, true));
+    c.add(add("long", prompt(40, 3), 5, vec![]));
+    tokio::time::sleep(Duration::from_millis(8)).await;
+    let stats = c.stats().await;
+    assert_eq!(stats.running_sequences, 1);
+    assert!(stats.kv_blocks_used >= 10, "{stats:?}");
+    c.engine.send(Command::Cancel {
+        conn: c.conn,
+        request_id: "long".into(),
     });
-    engine.send(Command::Add {
-        conn,
-        request: add("y", vec![20], 5, vec![]),
-        out: tx,
-    });
-    let mut x = Vec::new();
-    let mut y = Vec::new();
-    while x.len() < 5 || y.len() < 5 {
-        let step = rx.recv().await.unwrap();
-        for t in step.tokens {
-            if t.request_id == "x" {
-                x.push(t.token_id)
-            } else {
-                y.push(t.token_id)
-            }
+    let stats = c.stats().await;
+    assert_eq!(
+        stats.generated_tokens, 0,
+        "cancelled before its prefill ended"
+    );
+    assert_eq!((stats.running_sequences, stats.kv_blocks_used), (0, 0));
+}
+
+#[tokio::test]
+async fn batched_chunked_preempted_and_cached_runs_equal_solo_runs() {
+    let prompts: Vec<Vec<u32>> = (0..6).map(|i| prompt(5 + 3 * i, i as u32)).collect();
+    let ids = ["p0", "p1", "p2", "p3", "p4", "p5"];
+    let want: Vec<_> = prompts.iter().map(|p| expected(p, 20)).collect();
+    // Plenty of blocks; tiny blocks budget (chunked prefill); a pool too small for all (preemption).
+    for (blocks, budget, caching) in [
+        (128, 64, false),
+        (128, 6, true),
+        (12, 64, true),
+        (12, 7, false),
+    ] {
+        let mut c = Client::new(config(blocks, budget, caching));
+        for (id, p) in ids.iter().zip(&prompts) {
+            c.add(add(id, p.clone(), 20, vec![]));
         }
+        let got = c.collect(&ids).await;
+        for (i, g) in got.iter().enumerate() {
+            assert_eq!(
+                g,
+                &Ok((want[i].clone(), StopReason::Length)),
+                "{blocks} {budget} {i}"
+            );
+        }
+        let stats = c.stats().await;
+        if blocks == 12 {
+            assert!(stats.preemptions > 0, "expected preemptions: {stats:?}");
+        }
+        assert_eq!(stats.kv_blocks_used, 0, "{stats:?}");
+        assert_eq!(stats.kv_blocks_free, blocks as u64);
     }
-    assert_eq!(x, vec![11, 12, 13, 14, 15]);
-    assert_eq!(y, vec![21, 22, 23, 24, 25]);
+}
+
+#[tokio::test]
+async fn prefix_cache_reuses_shared_blocks() {
+    let shared = prompt(12, 7);
+    let mut a = shared.clone();
+    a.extend([1, 2, 3]);
+    let mut b = shared.clone();
+    b.extend([4, 5]);
+    let mut c = Client::new(config(64, 64, true));
+    c.add(add("a", a.clone(), 3, vec![]));
+    assert_eq!(
+        c.collect(&["a"]).await[0],
+        Ok((expected(&a, 3), StopReason::Length))
+    );
+    c.add(add("b", b.clone(), 3, vec![]));
+    assert_eq!(
+        c.collect(&["b"]).await[0],
+        Ok((expected(&b, 3), StopReason::Length))
+    );
+    let stats = c.stats().await;
+    assert_eq!(stats.prefix_cache_hit_tokens, 12, "{stats:?}");
+    assert_eq!(stats.prefix_cache_query_tokens, (a.len() + b.len()) as u64);
+    assert!(stats.prefix_cache_hit_rate > 0.4);
+    assert_eq!(stats.kv_blocks_used, 0);
 }

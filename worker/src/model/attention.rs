@@ -1,9 +1,10 @@
-//! Causal grouped-query attention over the KV cache (Ainslie et al. 2023,
-//! "GQA"; scaled dot-product attention from Vaswani et al. 2017).
+//! Causal grouped-query attention over the paged KV cache (Ainslie et al. 2023, "GQA"; scaled
+//! dot-product attention from Vaswani et al. 2017; paged K/V layout from Kwon et al. 2023,
+//! "PagedAttention").
 
 use rayon::prelude::*;
 
-use super::kv_cache::LayerCache;
+use super::kv_cache::PagedLayer;
 use super::matmul::dot;
 use super::ops::softmax_in_place;
 
@@ -19,38 +20,65 @@ pub struct HeadShape {
     pub head_dim: usize,
 }
 
-/// Attention for `n` new tokens whose keys/values are already appended to
-/// `cache` (which then holds `start + n` tokens).
+/// Where one query token sits: its position in its sequence and the sequence's block table.
+#[derive(Debug, Clone, Copy)]
+pub struct QueryPos<'a> {
+    /// Position of the token in its sequence (0-based); it attends to positions `0..=pos`.
+    pub pos: usize,
+    /// The sequence's physical block ids (block `i` holds positions `i * block_size ..`); covers
+    /// at least `pos + 1` positions.
+    pub block_table: &'a [u32],
+}
+
+/// Attention for `queries.len()` tokens (of any number of sequences) whose keys/values, and those
+/// of all earlier positions of their sequences, are already in `layer`.
 ///
-/// `q` is `[n, n_heads * head_dim]` (RoPE applied). Token `t` (at position
-/// `start + t`) attends to cache positions `0..=start + t`. Scores are
-/// `q·k / sqrt(head_dim)`, softmax in f32, output `Σ p_j v_j` accumulated in
-/// increasing `j`. Returns `[n, n_heads * head_dim]`. Each (token, head) is
-/// computed independently in parallel, so results do not depend on `n`.
-pub fn attention(q: &[f32], n: usize, start: usize, cache: &LayerCache, s: HeadShape) -> Vec<f32> {
+/// `q` is `[n, n_heads * head_dim]` (RoPE applied), row `t` belonging to `queries[t]`. Query `t`
+/// attends to its sequence's positions `0..=pos`, read through its block table from `layer`
+/// (`[num_slots, n_kv_heads * head_dim]`, slots of `block_size` tokens per block). Scores are
+/// `q·k / sqrt(head_dim)` (with [`dot`]), softmax in f32 over all `pos + 1` scores at once, output
+/// `Σ p_j v_j` accumulated in increasing `j`. Returns `[n, n_heads * head_dim]`.
+///
+/// Batch invariance: each (token, head) output is computed by one rayon task in one full pass over
+/// keys `0..=pos` in increasing order, so it depends only on the query row, the position and the
+/// K/V values, never on the other queries, their number, or how the work is split between threads.
+pub fn attention(
+    q: &[f32],
+    queries: &[QueryPos<'_>],
+    layer: &PagedLayer,
+    block_size: usize,
+    s: HeadShape,
+) -> Vec<f32> {
+    let n = queries.len();
     let hd = s.head_dim;
     let q_dim = s.n_heads * hd;
     let kv_dim = s.n_kv_heads * hd;
     let group = s.n_heads / s.n_kv_heads;
     let scale = 1.0 / (hd as f32).sqrt();
+    let (keys, values) = (layer.keys(), layer.values());
     debug_assert_eq!(q.len(), n * q_dim);
-    debug_assert!(cache.k.len() >= (start + n) * kv_dim);
     let mut out = vec![0.0f32; n * q_dim];
     out.par_chunks_mut(hd).enumerate().for_each(|(idx, o)| {
         let (t, h) = (idx / s.n_heads, idx % s.n_heads);
+        let QueryPos { pos, block_table } = queries[t];
         let kv_off = (h / group) * hd;
         let qv = &q[t * q_dim + h * hd..t * q_dim + (h + 1) * hd];
-        let n_keys = start + t + 1;
+        let n_keys = pos + 1;
+        // Offsets of this head's K/V row for positions 0..=pos, in order.
+        let row = |j: usize| {
+            let slot = block_table[j / block_size] as usize * block_size + j % block_size;
+            slot * kv_dim + kv_off
+        };
         let mut p: Vec<f32> = (0..n_keys)
             .map(|j| {
-                let k = &cache.k[j * kv_dim + kv_off..j * kv_dim + kv_off + hd];
-                dot(qv, k) * scale
+                let r = row(j);
+                dot(qv, &keys[r..r + hd]) * scale
             })
             .collect();
         softmax_in_place(&mut p);
         for (j, &pj) in p.iter().enumerate() {
-            let v = &cache.v[j * kv_dim + kv_off..j * kv_dim + kv_off + hd];
-            for (od, &vd) in o.iter_mut().zip(v) {
+            let r = row(j);
+            for (od, &vd) in o.iter_mut().zip(&values[r..r + hd]) {
                 *od += pj * vd;
             }
         }
@@ -60,6 +88,7 @@ pub fn attention(q: &[f32], n: usize, start: usize, cache: &LayerCache, s: HeadS
 
 #[cfg(test)]
 mod tests {
+    use super::super::kv_cache::PagedKvCache;
     use super::*;
 
     #[test]
@@ -69,27 +98,40 @@ mod tests {
             n_kv_heads: 1,
             head_dim: 2,
         };
-        let cache = LayerCache {
-            k: vec![1.0, 0.0],
-            v: vec![3.0, -4.0],
-        };
-        let out = attention(&[0.5, 0.5, -1.0, 2.0], 1, 0, &cache, s);
+        let mut cache = PagedKvCache::new(1, 2, 2, 4);
+        cache.write(0, 4, &[1.0, 0.0], &[3.0, -4.0]);
+        let queries = [QueryPos {
+            pos: 0,
+            block_table: &[1],
+        }];
+        let out = attention(&[0.5, 0.5, -1.0, 2.0], &queries, cache.layer(0), 4, s);
         assert_eq!(out, [3.0, -4.0, 3.0, -4.0]);
     }
 
     #[test]
-    fn causal_and_weighted() {
+    fn causal_and_weighted_across_blocks() {
         let s = HeadShape {
             n_heads: 1,
             n_kv_heads: 1,
             head_dim: 2,
         };
-        // two keys; query 0 may only see key 0, query 1 sees both equally (q = 0).
-        let cache = LayerCache {
-            k: vec![1.0, 0.0, 0.0, 1.0],
-            v: vec![1.0, 0.0, 0.0, 1.0],
-        };
-        let out = attention(&[5.0, 5.0, 0.0, 0.0], 2, 0, &cache, s);
+        // Block size 1, table [2, 0]: position 0 in slot 2, position 1 in slot 0.
+        let mut cache = PagedKvCache::new(1, 2, 3, 1);
+        cache.write(0, 2, &[1.0, 0.0], &[1.0, 0.0]);
+        cache.write(0, 0, &[0.0, 1.0], &[0.0, 1.0]);
+        let table = [2u32, 0];
+        let queries = [
+            QueryPos {
+                pos: 0,
+                block_table: &table,
+            },
+            QueryPos {
+                pos: 1,
+                block_table: &table,
+            },
+        ];
+        // Query 0 may only see position 0; query 1 (q = 0) sees both equally.
+        let out = attention(&[5.0, 5.0, 0.0, 0.0], &queries, cache.layer(0), 1, s);
         assert_eq!(&out[..2], &[1.0, 0.0]);
         assert!((out[2] - 0.5).abs() < 1e-6 && (out[3] - 0.5).abs() < 1e-6);
     }

@@ -27,24 +27,65 @@ pub enum ModelError {
         /// Dims found in the file.
         found: Vec<u64>,
     },
-    /// `forward` was called with no tokens.
-    #[error("forward called with no tokens")]
-    EmptyInput,
+    /// A batch entry has no tokens.
+    #[error("batch entry {entry} has no tokens")]
+    EmptyInput {
+        /// Index of the entry in the batch.
+        entry: usize,
+    },
     /// A token id is not below the vocabulary size.
-    #[error("token id {token} is out of range (vocabulary size {vocab_size})")]
+    #[error(
+        "batch entry {entry}: token id {token} is out of range (vocabulary size {vocab_size})"
+    )]
     TokenOutOfRange {
+        /// Index of the entry in the batch.
+        entry: usize,
         /// The offending id.
         token: u32,
         /// Vocabulary size.
         vocab_size: usize,
     },
     /// The sequence would exceed the model's context length.
-    #[error("sequence of {needed} tokens exceeds the context length {context_length}")]
+    #[error(
+        "batch entry {entry}: sequence of {needed} tokens exceeds the context length {context_length}"
+    )]
     ContextOverflow {
-        /// Cached tokens plus new tokens.
+        /// Index of the entry in the batch.
+        entry: usize,
+        /// `start_pos` plus the entry's tokens.
         needed: usize,
         /// The model's maximum.
         context_length: usize,
+    },
+    /// A block table does not cover all positions of its entry.
+    #[error("batch entry {entry}: block table has {have} blocks, {needed} needed")]
+    BlockTableTooShort {
+        /// Index of the entry in the batch.
+        entry: usize,
+        /// Blocks needed for positions `0..start_pos + tokens.len()`.
+        needed: usize,
+        /// Length of the block table.
+        have: usize,
+    },
+    /// A block id is not below the number of blocks in the KV cache.
+    #[error("batch entry {entry}: block id {block} is out of range ({num_blocks} blocks)")]
+    BlockOutOfRange {
+        /// Index of the entry in the batch.
+        entry: usize,
+        /// The offending id.
+        block: u32,
+        /// Blocks in the cache.
+        num_blocks: usize,
+    },
+    /// Two tokens of one batch would write the same KV slot.
+    #[error("KV slot {slot} is written twice in one batch (entries {first} and {second})")]
+    SlotConflict {
+        /// The slot (`block * block_size + offset`).
+        slot: usize,
+        /// Index of the first entry writing it.
+        first: usize,
+        /// Index of the other entry writing it (may equal `first`).
+        second: usize,
     },
     /// The cache was created for a model with a different shape.
     #[error("KV cache does not match the model ({0})")]

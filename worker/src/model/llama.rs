@@ -1,21 +1,37 @@
 //! The llama forward pass (Touvron et al. 2023; pre-norm RMSNorm, RoPE,
-//! grouped-query attention, SwiGLU FFN), f32 throughout.
+//! grouped-query attention, SwiGLU FFN), f32 throughout, over a flattened
+//! batch of sequences and a paged KV cache (Kwon et al. 2023, PagedAttention).
+//!
+//! Batch invariant: see the [`crate::model`] module docs.
 
 use std::path::Path;
 
 use gguf::GgufFile;
 
-use super::attention::{attention, HeadShape};
+use super::attention::{attention, HeadShape, QueryPos};
 use super::matmul::matmul;
 use super::ops::{rms_norm, swiglu, RopeTable};
 use super::weights::ModelWeights;
-use super::{KvCache, LlamaConfig, ModelError};
+use super::{LlamaConfig, ModelError, PagedKvCache};
+use crate::engine::BatchEntry;
 
 /// A llama model with f32 weights in memory, run on the CPU.
 #[derive(Debug)]
 pub struct LlamaModel {
     config: LlamaConfig,
     weights: ModelWeights,
+}
+
+/// Per-token bookkeeping of a flattened batch (validated).
+struct Plan<'a> {
+    /// Token ids, `[num_tokens]`.
+    tokens: Vec<u32>,
+    /// Position and block table of each token, `[num_tokens]`.
+    queries: Vec<QueryPos<'a>>,
+    /// KV slot each token writes, `[num_tokens]`.
+    slots: Vec<usize>,
+    /// Row (flattened token index) of the last token of each entry that wants logits, in batch order.
+    logit_rows: Vec<usize>,
 }
 
 impl LlamaModel {
@@ -42,177 +58,231 @@ impl LlamaModel {
         &self.config
     }
 
-    /// A new, empty KV cache for one sequence.
-    pub fn new_cache(&self) -> KvCache {
-        KvCache::new(self.config.n_layers, self.config.kv_dim())
+    /// A zeroed paged KV cache of `num_blocks` blocks of `block_size` tokens
+    /// for this model (`n_layers` layers of width `kv_dim`); it takes
+    /// `num_blocks * block_size *` [`Self::kv_bytes_per_token`] bytes.
+    ///
+    /// Panics if `block_size` is 0.
+    pub fn new_kv(&self, num_blocks: usize, block_size: usize) -> PagedKvCache {
+        PagedKvCache::new(
+            self.config.n_layers,
+            self.config.kv_dim(),
+            num_blocks,
+            block_size,
+        )
     }
 
-    fn check(&self, tokens: &[u32], cache: &KvCache) -> Result<(), ModelError> {
+    /// KV cache bytes per token: `2 * n_layers * kv_dim * 4` (K and V, f32).
+    pub fn kv_bytes_per_token(&self) -> usize {
+        2 * self.config.n_layers * self.config.kv_dim() * std::mem::size_of::<f32>()
+    }
+
+    /// Checks `batch` against the model and `kv` and lays out its tokens.
+    fn plan<'a>(
+        &self,
+        batch: &[BatchEntry<'a>],
+        kv: &PagedKvCache,
+    ) -> Result<Plan<'a>, ModelError> {
         let c = &self.config;
-        if tokens.is_empty() {
-            return Err(ModelError::EmptyInput);
-        }
-        if let Some(&token) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
-            return Err(ModelError::TokenOutOfRange {
-                token,
-                vocab_size: c.vocab_size,
-            });
-        }
-        let needed = cache.len() + tokens.len();
-        if needed > c.context_length {
-            return Err(ModelError::ContextOverflow {
-                needed,
-                context_length: c.context_length,
-            });
-        }
-        if cache.layers.len() != c.n_layers || cache.kv_dim != c.kv_dim() {
+        if kv.n_layers() != c.n_layers || kv.kv_dim() != c.kv_dim() {
             return Err(ModelError::CacheMismatch(format!(
                 "cache has {} layers of width {}, model {} of width {}",
-                cache.layers.len(),
-                cache.kv_dim,
+                kv.n_layers(),
+                kv.kv_dim(),
                 c.n_layers,
                 c.kv_dim()
             )));
         }
-        Ok(())
+        let bs = kv.block_size();
+        let n: usize = batch.iter().map(|e| e.tokens.len()).sum();
+        let mut plan = Plan {
+            tokens: Vec::with_capacity(n),
+            queries: Vec::with_capacity(n),
+            slots: Vec::with_capacity(n),
+            logit_rows: Vec::new(),
+        };
+        // (slot, entry) of every write, to detect two writes of one slot.
+        let mut writes = Vec::with_capacity(n);
+        for (entry, e) in batch.iter().enumerate() {
+            if e.tokens.is_empty() {
+                return Err(ModelError::EmptyInput { entry });
+            }
+            if let Some(&token) = e.tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
+                return Err(ModelError::TokenOutOfRange {
+                    entry,
+                    token,
+                    vocab_size: c.vocab_size,
+                });
+            }
+            let end = e.start_pos.saturating_add(e.tokens.len());
+            if end > c.context_length {
+                return Err(ModelError::ContextOverflow {
+                    entry,
+                    needed: end,
+                    context_length: c.context_length,
+                });
+            }
+            let needed = end.div_ceil(bs);
+            if e.block_table.len() < needed {
+                return Err(ModelError::BlockTableTooShort {
+                    entry,
+                    needed,
+                    have: e.block_table.len(),
+                });
+            }
+            if let Some(&block) = e.block_table[..needed]
+                .iter()
+                .find(|&&b| b as usize >= kv.num_blocks())
+            {
+                return Err(ModelError::BlockOutOfRange {
+                    entry,
+                    block,
+                    num_blocks: kv.num_blocks(),
+                });
+            }
+            for (i, &t) in e.tokens.iter().enumerate() {
+                let pos = e.start_pos + i;
+                let slot = kv.slot(e.block_table, pos);
+                plan.tokens.push(t);
+                plan.queries.push(QueryPos {
+                    pos,
+                    block_table: e.block_table,
+                });
+                plan.slots.push(slot);
+                writes.push((slot, entry));
+            }
+            if e.want_logits {
+                plan.logit_rows.push(plan.tokens.len() - 1);
+            }
+        }
+        writes.sort_unstable();
+        if let Some(w) = writes.windows(2).find(|w| w[0].0 == w[1].0) {
+            return Err(ModelError::SlotConflict {
+                slot: w[0].0,
+                first: w[0].1,
+                second: w[1].1,
+            });
+        }
+        Ok(plan)
     }
 
-    /// Runs `tokens` at positions `cache.len()..cache.len() + tokens.len()`,
-    /// appends their keys/values to `cache`, and returns the logits
-    /// (`[vocab_size]`, f32, unnormalised) of the last token.
+    /// Runs a flattened batch of sequences in one step.
     ///
-    /// All tokens go through each linear layer as one `[n, hidden]` matrix
-    /// multiply (prefill); pass one token for a decode step. A token's logits
-    /// are bit-identical whether it is processed alone or in a batch.
+    /// Entry `e` runs its `tokens` at positions `start_pos..start_pos + tokens.len()`
+    /// of its sequence, attending to positions `0..start_pos` already in `kv`
+    /// (read through its block table) and causally to its own tokens. The
+    /// keys (RoPE applied) and values of every token are written to slot
+    /// `block_table[pos / block_size] * block_size + pos % block_size` of
+    /// each layer. Returns, in batch order, the logits (`[vocab_size]`, f32,
+    /// unnormalised) of the last token of every entry with `want_logits`.
     ///
-    /// Errors (the cache is left unchanged): [`ModelError::EmptyInput`],
-    /// [`ModelError::TokenOutOfRange`], [`ModelError::ContextOverflow`],
-    /// [`ModelError::CacheMismatch`].
-    pub fn forward(&self, tokens: &[u32], cache: &mut KvCache) -> Result<Vec<f32>, ModelError> {
-        self.check(tokens, cache)?;
-        // Drop K/V left behind by an earlier forward that panicked midway.
-        cache.rollback();
+    /// All tokens of all entries form one `[num_tokens, hidden]` activation,
+    /// so every linear layer is a single matrix multiply; only the rows that
+    /// need logits go through the last layer's attention output and FFN, the
+    /// final norm and the LM head. Batch invariant (see the [`crate::model`]
+    /// module docs).
+    ///
+    /// Errors, checked before anything is written (`kv` is left unchanged):
+    /// [`ModelError::EmptyInput`], [`ModelError::TokenOutOfRange`],
+    /// [`ModelError::ContextOverflow`], [`ModelError::BlockTableTooShort`],
+    /// [`ModelError::BlockOutOfRange`] (block ids covering positions
+    /// `0..start_pos + tokens.len()`), [`ModelError::SlotConflict`] (two
+    /// tokens of the batch would write one slot),
+    /// [`ModelError::CacheMismatch`]. An empty batch returns no logits. If
+    /// the computation panics midway, only slots of the batch's own positions
+    /// may have been written.
+    pub fn forward_batch(
+        &self,
+        batch: &[BatchEntry<'_>],
+        kv: &mut PagedKvCache,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        let plan = self.plan(batch, kv)?;
+        let n = plan.tokens.len();
+        if n == 0 {
+            return Ok(Vec::new());
+        }
         let c = &self.config;
-        let (n, hidden, start) = (tokens.len(), c.hidden, cache.len());
-        let (q_dim, kv_dim) = (c.q_dim(), c.kv_dim());
+        let (hidden, q_dim, kv_dim) = (c.hidden, c.q_dim(), c.kv_dim());
         let heads = HeadShape {
             n_heads: c.n_heads,
             n_kv_heads: c.n_kv_heads,
             head_dim: c.head_dim,
         };
-        let rope = RopeTable::new(start, n, c.head_dim, c.rope_base);
+        let rope =
+            RopeTable::at_positions(plan.queries.iter().map(|q| q.pos), c.head_dim, c.rope_base);
+        let bs = kv.block_size();
+        let n_layers = self.weights.layers.len();
 
         let mut x = Vec::with_capacity(n * hidden);
-        for &t in tokens {
+        for &t in &plan.tokens {
             x.extend_from_slice(self.weights.token_embd.row(t as usize));
         }
+        // Rows still being computed: all tokens, except in the last layer, where
+        // only the rows that need logits go on past the K/V writes.
+        let mut queries = plan.queries.clone();
 
-        for (layer, lc) in self.weights.layers.iter().zip(&mut cache.layers) {
+        for (l, layer) in self.weights.layers.iter().enumerate() {
+            let rows = queries.len();
             // Attention block.
             let xn = rms_norm(&x, &layer.attn_norm, c.rms_eps);
-            let mut qkv = matmul(&xn, n, hidden, &layer.wqkv.data);
-            let row = q_dim + 2 * kv_dim;
-            let mut q = Vec::with_capacity(n * q_dim);
-            for (t, r) in qkv.chunks_exact_mut(row).enumerate() {
-                let (qt, kv) = r.split_at_mut(q_dim);
-                let (k, v) = kv.split_at_mut(kv_dim);
+            let mut qkv = matmul(&xn, rows, hidden, &layer.wqkv.data);
+            let width = q_dim + 2 * kv_dim;
+            let mut q = Vec::with_capacity(rows * q_dim);
+            for (t, r) in qkv.chunks_exact_mut(width).enumerate() {
+                let (qt, kvt) = r.split_at_mut(q_dim);
+                let (k, v) = kvt.split_at_mut(kv_dim);
                 rope.apply(qt, t);
                 rope.apply(k, t);
                 q.extend_from_slice(qt);
-                lc.k.extend_from_slice(k);
-                lc.v.extend_from_slice(v);
+                kv.write(l, plan.slots[t], k, v);
             }
-            let att = attention(&q, n, start, lc, heads);
-            let o = matmul(&att, n, q_dim, &layer.wo.data);
+            if l + 1 == n_layers && plan.logit_rows.len() < rows {
+                q = gather_rows(&q, q_dim, &plan.logit_rows);
+                x = gather_rows(&x, hidden, &plan.logit_rows);
+                queries = plan.logit_rows.iter().map(|&r| plan.queries[r]).collect();
+                if queries.is_empty() {
+                    return Ok(Vec::new());
+                }
+            }
+            let rows = queries.len();
+            let att = attention(&q, &queries, kv.layer(l), bs, heads);
+            let o = matmul(&att, rows, q_dim, &layer.wo.data);
             add_in_place(&mut x, &o);
 
             // Feed-forward block.
             let xn = rms_norm(&x, &layer.ffn_norm, c.rms_eps);
-            let gu = matmul(&xn, n, hidden, &layer.w_gate_up.data);
+            let gu = matmul(&xn, rows, hidden, &layer.w_gate_up.data);
             let h = swiglu(&gu, c.ffn_dim);
-            let d = matmul(&h, n, c.ffn_dim, &layer.w_down.data);
+            let d = matmul(&h, rows, c.ffn_dim, &layer.w_down.data);
             add_in_place(&mut x, &d);
         }
-        cache.commit(n);
 
-        let last = &x[(n - 1) * hidden..];
-        let xn = rms_norm(last, &self.weights.output_norm, c.rms_eps);
-        Ok(matmul(&xn, 1, hidden, &self.weights.lm_head().data))
+        // After the last layer `x` holds exactly the logit rows, in batch order.
+        let m = plan.logit_rows.len();
+        if m == 0 {
+            return Ok(Vec::new());
+        }
+        debug_assert_eq!(x.len(), m * hidden);
+        let xn = rms_norm(&x, &self.weights.output_norm, c.rms_eps);
+        let logits = matmul(&xn, m, hidden, &self.weights.lm_head().data);
+        Ok(logits
+            .chunks_exact(c.vocab_size)
+            .map(<[f32]>::to_vec)
+            .collect())
     }
+}
+
+/// Rows `rows` (in that order) of the row-major `[_, width]` matrix `src`.
+fn gather_rows(src: &[f32], width: usize, rows: &[usize]) -> Vec<f32> {
+    let mut out = Vec::with_capacity(rows.len() * width);
+    for &r in rows {
+        out.extend_from_slice(&src[r * width..(r + 1) * width]);
+    }
+    out
 }
 
 fn add_in_place(x: &mut [f32], y: &[f32]) {
     for (a, &b) in x.iter_mut().zip(y) {
         *a += b;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn tiny() -> (tempfile::TempDir, LlamaModel) {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("tiny.gguf");
-        gguf::testing::write_tiny_llama(&path, 42).unwrap();
-        let model = LlamaModel::load(&path).unwrap();
-        (dir, model)
-    }
-
-    #[test]
-    fn batch_and_single_are_bit_identical() {
-        let (_dir, model) = tiny();
-        let prompt = [1u32, 40, 77, 100, 200, 5, 9, 260, 270, 33, 2];
-        // The same token at the same position: once inside a prefill batch, once alone.
-        for split in [1usize, 4, 7, 10] {
-            let mut a = model.new_cache();
-            let batched = model.forward(&prompt[..split + 1], &mut a).unwrap();
-            let mut b = model.new_cache();
-            model.forward(&prompt[..split], &mut b).unwrap();
-            let single = model.forward(&prompt[split..split + 1], &mut b).unwrap();
-            assert_eq!(batched, single, "split {split}");
-            assert_eq!(a.layers[0].k, b.layers[0].k);
-        }
-    }
-
-    #[test]
-    fn errors_leave_cache_untouched() {
-        let (_dir, model) = tiny();
-        let mut cache = model.new_cache();
-        model.forward(&[1, 2, 3], &mut cache).unwrap();
-        let vocab = model.config().vocab_size as u32;
-        assert!(matches!(
-            model.forward(&[], &mut cache),
-            Err(ModelError::EmptyInput)
-        ));
-        assert!(matches!(
-            model.forward(&[5, vocab], &mut cache),
-            Err(ModelError::TokenOutOfRange { token, .. }) if token == vocab
-        ));
-        let long = vec![3u32; model.config().context_length - 2];
-        assert!(matches!(
-            model.forward(&long, &mut cache),
-            Err(ModelError::ContextOverflow { needed, .. }) if needed == model.config().context_length + 1
-        ));
-        assert_eq!(cache.len(), 3);
-        assert_eq!(cache.layers[1].k.len(), 3 * model.config().kv_dim());
-        // Exactly filling the context is allowed.
-        let fill = vec![3u32; model.config().context_length - 3];
-        model.forward(&fill, &mut cache).unwrap();
-        assert_eq!(cache.len(), model.config().context_length);
-        cache.clear();
-        assert!(cache.is_empty());
-    }
-
-    #[test]
-    fn logits_are_finite_and_vary() {
-        let (_dir, model) = tiny();
-        let mut cache = model.new_cache();
-        let logits = model.forward(&[1, 72, 105], &mut cache).unwrap();
-        assert_eq!(logits.len(), model.config().vocab_size);
-        assert!(logits.iter().all(|v| v.is_finite()));
-        let spread = logits.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b))
-            - logits.iter().fold(f32::INFINITY, |a, &b| a.min(b));
-        assert!(spread > 0.1, "spread {spread}");
     }
 }

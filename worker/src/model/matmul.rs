@@ -210,6 +210,9 @@ pub fn matmul(x: &[f32], n: usize, in_dim: usize, w: &[f32]) -> Vec<f32> {
         "matmul: w has wrong length"
     );
     let out_dim = w.len() / in_dim;
+    if n == 0 {
+        return Vec::new();
+    }
     let simd = has_avx2_fma();
     // yt[o * n + t] = y[t, o]
     let mut yt = vec![0.0f32; out_dim * n];
@@ -232,13 +235,29 @@ pub fn matmul(x: &[f32], n: usize, in_dim: usize, w: &[f32]) -> Vec<f32> {
     if n == 1 {
         return yt;
     }
-    let mut y = vec![0.0f32; n * out_dim];
-    for (o, col) in yt.chunks_exact(n).enumerate() {
-        for (t, &v) in col.iter().enumerate() {
-            y[t * out_dim + o] = v;
-        }
-    }
-    y
+    transpose(&yt, out_dim, n)
+}
+
+/// Tokens per rayon task of [`transpose`].
+const TRANSPOSE_ROWS: usize = 8;
+
+/// Transposes the row-major `[rows, cols]` matrix `a` into `[cols, rows]`, in
+/// parallel over blocks of [`TRANSPOSE_ROWS`] output rows (each task reads
+/// short contiguous runs of `a` and writes a few output rows).
+fn transpose(a: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut out = vec![0.0f32; rows * cols];
+    out.par_chunks_mut(TRANSPOSE_ROWS * rows)
+        .enumerate()
+        .for_each(|(b, block)| {
+            let c0 = b * TRANSPOSE_ROWS;
+            let nc = block.len() / rows;
+            for (r, src) in a.chunks_exact(cols).enumerate() {
+                for (i, &v) in src[c0..c0 + nc].iter().enumerate() {
+                    block[i * rows + r] = v;
+                }
+            }
+        });
+    out
 }
 
 #[cfg(test)]
@@ -293,6 +312,18 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn transpose_and_empty() {
+        let a: Vec<f32> = (0..60).map(|i| i as f32).collect();
+        let t = transpose(&a, 6, 10);
+        for r in 0..6 {
+            for c in 0..10 {
+                assert_eq!(t[c * 6 + r], a[r * 10 + c]);
+            }
+        }
+        assert!(matmul(&[], 0, 4, &[1.0; 8]).is_empty());
     }
 
     #[test]

@@ -1,21 +1,57 @@
-//! The CPU llama model: config, weights, KV cache and the f32 forward pass.
+//! The CPU llama model: config, weights, paged KV cache and the f32 forward pass.
 //!
-//! Entry point: [`LlamaModel::load`], then [`LlamaModel::forward`] with a
-//! per-sequence [`KvCache`] from [`LlamaModel::new_cache`].
+//! Entry point: [`LlamaModel::load`], then [`LlamaModel::forward_batch`] over a
+//! [`PagedKvCache`] from [`LlamaModel::new_kv`] (also available through
+//! [`crate::engine::BatchModel`]).
+//!
+//! # Batch invariance
+//!
+//! An entry's logits and the K/V it writes are bitwise identical whether it
+//! runs alone or beside other entries, however its prompt was chunked, and
+//! whether its earlier positions were written by itself or by another
+//! sequence with the same tokens (shared blocks). This holds because every
+//! value of a token is produced by a fixed sequence of floating-point
+//! operations that depends only on that token's own inputs:
+//!
+//! - Per-row operations (embedding lookup, RMSNorm, RoPE, SwiGLU, residual
+//!   adds) touch one token's row at a time, with sequential reductions.
+//! - Every linear layer is one [`matmul::matmul`] over all tokens of all entries;
+//!   each output element is reduced in an order fixed by the shared dimension
+//!   alone, independent of the number of rows, the register tile it falls in
+//!   and the thread computing it (see [`matmul`]).
+//! - RoPE angles are computed from the token's absolute position only.
+//! - Attention for each (token, head) is one task doing a full pass over the
+//!   sequence's keys `0..=pos` in increasing position order (no split or
+//!   online softmax whose split points would depend on chunking), reading
+//!   them through the block table, so the physical block ids do not matter
+//!   (see [`attention()`]).
+//! - K/V of position `p` depend (by induction over layers and positions) only
+//!   on tokens `0..=p`, so a block written by another sequence with the same
+//!   prefix holds exactly the values this sequence would have written.
+//!
+//! Rayon parallelism splits matmuls over weight-row blocks and attention over
+//! (token, head) pairs; neither changes any single value's reduction order.
+//! Results are reproducible per machine (the matmul uses FMA when the CPU has
+//! AVX2+FMA), not across machines.
+//!
+//! Weights are multiplied only in [`matmul::matmul`] (over [`Matrix`] data), the
+//! one place to change for other weight formats.
 
 mod attention;
+mod batch_model;
 mod config;
 mod error;
 mod kv_cache;
 mod llama;
 pub mod matmul;
 pub mod ops;
-mod sequence_model;
+#[cfg(test)]
+mod tests;
 mod weights;
 
-pub use attention::{attention, HeadShape};
+pub use attention::{attention, HeadShape, QueryPos};
 pub use config::LlamaConfig;
 pub use error::ModelError;
-pub use kv_cache::{KvCache, LayerCache};
+pub use kv_cache::{PagedKvCache, PagedLayer};
 pub use llama::LlamaModel;
 pub use weights::{LayerWeights, Matrix, ModelWeights};

@@ -17,15 +17,16 @@ pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32) -> Vec<f32> {
     out
 }
 
-/// Rotary position embedding tables for a run of consecutive positions.
+/// Rotary position embedding tables for a list of positions.
 ///
 /// For position `p` and pair `i < head_dim / 2` the angle is
 /// `p * base^(-2i / head_dim)` (Su et al. 2021, RoFormer), computed in f64
-/// and rounded to f32 cos/sin.
+/// and rounded to f32 cos/sin. The values for a position do not depend on the
+/// other positions in the table.
 #[derive(Debug, Clone)]
 pub struct RopeTable {
     half: usize,
-    /// `cos[t * half + i]` for the `t`-th position of the run.
+    /// `cos[t * half + i]` for the `t`-th position of the table.
     cos: Vec<f32>,
     /// `sin[t * half + i]`.
     sin: Vec<f32>,
@@ -35,13 +36,22 @@ impl RopeTable {
     /// Tables for positions `start..start + n` with the given head width
     /// (even) and base θ.
     pub fn new(start: usize, n: usize, head_dim: usize, base: f32) -> RopeTable {
+        RopeTable::at_positions(start..start + n, head_dim, base)
+    }
+
+    /// Tables for the given positions, in order (entry `t` is `positions[t]`),
+    /// with the given head width (even) and base θ.
+    pub fn at_positions(
+        positions: impl IntoIterator<Item = usize>,
+        head_dim: usize,
+        base: f32,
+    ) -> RopeTable {
         let half = head_dim / 2;
         let inv_freq: Vec<f64> = (0..half)
             .map(|i| (base as f64).powf(-2.0 * i as f64 / head_dim as f64))
             .collect();
-        let mut cos = Vec::with_capacity(n * half);
-        let mut sin = Vec::with_capacity(n * half);
-        for p in start..start + n {
+        let (mut cos, mut sin) = (Vec::new(), Vec::new());
+        for p in positions {
             for &f in &inv_freq {
                 let a = p as f64 * f;
                 cos.push(a.cos() as f32);
@@ -52,7 +62,7 @@ impl RopeTable {
     }
 
     /// Rotates every head in `x` (`n_heads * head_dim` values, one token) in
-    /// place for the `t`-th position of the run, in the *adjacent-pair* form
+    /// place for the `t`-th position of the table, in the *adjacent-pair* form
     /// used by llama.cpp for GGUF llama weights: pair `(x[2i], x[2i+1])` of
     /// each head is rotated by angle `i`.
     pub fn apply(&self, x: &mut [f32], t: usize) {
@@ -119,6 +129,11 @@ mod tests {
         let mut y = [1.0, 2.0, 3.0, 4.0];
         RopeTable::new(0, 1, 4, 10000.0).apply(&mut y, 0);
         assert_eq!(y, [1.0, 2.0, 3.0, 4.0]);
+        // Scattered positions give the same rotation as a run.
+        let scattered = RopeTable::at_positions([9, 3], 4, 10000.0);
+        let mut z = [1.0, 0.0, 0.0, 1.0];
+        scattered.apply(&mut z, 1);
+        assert_eq!(z, x);
     }
 
     #[test]

@@ -1,0 +1,121 @@
+//! Helpers for the operations tests: gRPC channels, the standard health check, and scraping and
+//! parsing the Prometheus endpoints.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tonic::transport::Channel;
+use tonic::Status;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
+
+/// A connected gRPC channel to `addr` (`HOST:PORT`).
+pub async fn channel(addr: &str) -> Channel {
+    Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap_or_else(|e| panic!("connecting to {addr}: {e}"))
+}
+
+/// The `grpc.health.v1` status of `service` at `addr`.
+pub async fn health(addr: &str, service: &str) -> Result<ServingStatus, Status> {
+    let mut client = HealthClient::new(channel(addr).await);
+    let response = client
+        .check(HealthCheckRequest {
+            service: service.into(),
+        })
+        .await?;
+    Ok(response.into_inner().status())
+}
+
+/// Waits until `service` at `addr` reports `want`.
+pub async fn wait_health(addr: &str, service: &str, want: ServingStatus, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let status = health(addr, service).await;
+        if status.as_ref().ok() == Some(&want) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{addr} {service:?} is {status:?}, not {want:?}, after {timeout:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `GET /metrics` at `addr`: the body, after checking the status and content type.
+pub async fn scrape(addr: &str) -> String {
+    let mut stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .unwrap_or_else(|e| panic!("connecting to the metrics endpoint {addr}: {e}"));
+    let request = format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").expect("an HTTP response");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(head.contains("text"), "{head}");
+    body.to_string()
+}
+
+/// Parses the Prometheus / OpenMetrics text format strictly enough to catch a malformed line:
+/// every sample is `name{labels} value`, every sample's family has a `# TYPE`, and the text ends
+/// with `# EOF`. Returns `name{labels}` -> value.
+pub fn parse_metrics(text: &str) -> HashMap<String, f64> {
+    assert!(text.ends_with("# EOF\n"), "no # EOF terminator:\n{text}");
+    let mut types = HashMap::new();
+    let mut samples = HashMap::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').expect("# TYPE name kind");
+            types.insert(name.to_string(), kind.to_string());
+            continue;
+        }
+        if line.starts_with('#') {
+            continue;
+        }
+        let (series, value) = line
+            .rsplit_once(' ')
+            .unwrap_or_else(|| panic!("bad line {line:?}"));
+        let value: f64 = value
+            .parse()
+            .unwrap_or_else(|_| panic!("bad value in {line:?}"));
+        let name = series.split('{').next().unwrap();
+        assert!(
+            !name.is_empty()
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
+            "bad metric name in {line:?}"
+        );
+        if let Some(labels) = series.strip_prefix(name) {
+            if !labels.is_empty() {
+                assert!(
+                    labels.starts_with('{') && labels.ends_with('}') && labels.contains("=\""),
+                    "bad labels in {line:?}"
+                );
+            }
+        }
+        let family = ["_total", "_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|suffix| name.strip_suffix(suffix).filter(|f| types.contains_key(*f)))
+            .unwrap_or(name);
+        assert!(types.contains_key(family), "no # TYPE for {line:?}");
+        assert!(
+            samples.insert(series.to_string(), value).is_none(),
+            "duplicate series {series}"
+        );
+    }
+    samples
+}
+
+/// The value of `series` (`name{labels}` as printed); panics when it is missing.
+pub fn metric(samples: &HashMap<String, f64>, series: &str) -> f64 {
+    *samples
+        .get(series)
+        .unwrap_or_else(|| panic!("no series {series} in {samples:#?}"))
+}

@@ -1,0 +1,13 @@
+//! Operations plumbing shared by the `router` and `worker` binaries.
+//!
+//! - [`telemetry`]: the `tracing` subscriber (log lines, plus OpenTelemetry spans exported over OTLP
+//!   gRPC when an endpoint is set).
+//! - [`propagation`]: W3C trace context (`traceparent`) into and out of string maps and gRPC
+//!   metadata, so a request's spans on the router and on its worker form one trace.
+//! - [`metrics_http`]: the Prometheus text endpoint (`GET /metrics`).
+//! - [`grpc`]: the standard gRPC reflection service.
+
+pub mod grpc;
+pub mod metrics_http;
+pub mod propagation;
+pub mod telemetry;

@@ -1,0 +1,464 @@
+//! The router's Prometheus metrics, served as OpenMetrics text at `GET /metrics` on `metrics_listen`.
+//!
+//! Per request (recorded by [`RequestObserver`] as the response stream passes through the service):
+//! `router_requests_total{code}` (final gRPC status: `OK`, `INVALID_ARGUMENT`, `UNAVAILABLE`,
+//! `RESOURCE_EXHAUSTED`, `DEADLINE_EXCEEDED`, `CANCELLED` when the client went away, ...),
+//! `router_finished_requests_total{finish_reason}` (`eos_token`, `max_new_tokens`, `stop_sequence`,
+//! `context_length`), `router_prompt_tokens_total`, `router_generated_tokens_total` and the
+//! histograms (seconds) `router_time_to_first_token_seconds`, `router_inter_token_latency_seconds`,
+//! `router_request_duration_seconds` (end to end) and `router_queue_duration_seconds`.
+//!
+//! Read from the pool at each scrape ([`PoolCollector`]): `router_queue_waiting_requests`,
+//! `router_queue_waiting_tokens`, `router_workers_known`, `router_workers_ready`, per worker
+//! (`worker="HOST:PORT"`) `router_worker_ready` (0/1), `router_worker_inflight` (this router's
+//! requests on it), `router_worker_running_sequences`, `router_worker_waiting_sequences`,
+//! `router_worker_free_kv_tokens` (its last load report), the counters `router_dispatched_total`,
+//! `router_failovers_total`, `router_failovers_exhausted_total`, `router_rejected_total` (admission
+//! queue full), and `router_draining` (0/1), `router_active_calls`.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use inference_proto::public::{FinishReason, GenerateResponse};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use std::sync::atomic::Ordering;
+use tonic::{Code, Status};
+
+use crate::drain::Drain;
+use crate::pool::WorkerPool;
+use crate::telemetry;
+
+type Label = [(&'static str, &'static str); 1];
+
+/// Reads one per-worker gauge from a worker's snapshot.
+type WorkerValue = fn(&crate::pool::WorkerSnapshot) -> i64;
+
+/// Request-level metrics plus the pool's state; shared by the service and the metrics endpoint.
+#[derive(Debug)]
+pub struct RouterMetrics {
+    registry: Registry,
+    requests: Family<Label, Counter>,
+    finished: Family<Label, Counter>,
+    prompt_tokens: Counter,
+    generated_tokens: Counter,
+    ttft: Histogram,
+    itl: Histogram,
+    duration: Histogram,
+    queue: Histogram,
+}
+
+impl RouterMetrics {
+    /// Metrics over `pool` and `drain` (read at each scrape).
+    pub fn new(pool: Arc<WorkerPool>, drain: Arc<Drain>) -> Arc<Self> {
+        let mut registry = Registry::with_prefix("router");
+        let requests = Family::<Label, Counter>::default();
+        let finished = Family::<Label, Counter>::default();
+        let prompt_tokens = Counter::default();
+        let generated_tokens = Counter::default();
+        let latency = [
+            0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+            60.0,
+        ];
+        let ttft = Histogram::new(latency);
+        let itl = Histogram::new([
+            0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+        ]);
+        let duration = Histogram::new([
+            0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+        ]);
+        let queue = Histogram::new(latency);
+        registry.register(
+            "requests",
+            "Generate calls by final gRPC status code",
+            requests.clone(),
+        );
+        registry.register(
+            "finished_requests",
+            "Generate calls that finished, by finish reason",
+            finished.clone(),
+        );
+        registry.register(
+            "prompt_tokens",
+            "Prompt tokens of finished requests",
+            prompt_tokens.clone(),
+        );
+        registry.register(
+            "generated_tokens",
+            "Tokens generated for finished requests",
+            generated_tokens.clone(),
+        );
+        registry.register(
+            "time_to_first_token_seconds",
+            "From the call's arrival to its first token",
+            ttft.clone(),
+        );
+        registry.register(
+            "inter_token_latency_seconds",
+            "Between consecutive tokens of a request",
+            itl.clone(),
+        );
+        registry.register(
+            "request_duration_seconds",
+            "From the call's arrival to its last message (finished requests)",
+            duration.clone(),
+        );
+        registry.register(
+            "queue_duration_seconds",
+            "From the call's arrival until a worker admitted it (finished requests)",
+            queue.clone(),
+        );
+        registry.register_collector(Box::new(PoolCollector { pool, drain }));
+        Arc::new(Self {
+            registry,
+            requests,
+            finished,
+            prompt_tokens,
+            generated_tokens,
+            ttft,
+            itl,
+            duration,
+            queue,
+        })
+    }
+
+    /// The OpenMetrics text of every metric.
+    pub fn render(&self) -> String {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.registry)
+            .expect("writing to a String cannot fail");
+        text
+    }
+
+    /// Starts observing one `Generate` call that arrived now; `span` is its request span.
+    pub fn request(self: &Arc<Self>, span: tracing::Span) -> RequestObserver {
+        RequestObserver {
+            metrics: self.clone(),
+            span,
+            arrival: Instant::now(),
+            last_token_at: None,
+            done: false,
+        }
+    }
+
+    fn count_status(&self, code: Code) {
+        self.requests
+            .get_or_create(&[("code", code_name(code))])
+            .inc();
+    }
+}
+
+/// Follows one `Generate` call's messages and records it when it ends: OK with its finish reason,
+/// an error status, or `CANCELLED` when it is dropped before either (the client went away).
+#[derive(Debug)]
+pub struct RequestObserver {
+    metrics: Arc<RouterMetrics>,
+    span: tracing::Span,
+    arrival: Instant,
+    last_token_at: Option<Instant>,
+    done: bool,
+}
+
+impl RequestObserver {
+    /// Records a call refused before its stream started.
+    pub fn refused(mut self, status: &Status) {
+        self.on_error(status);
+    }
+
+    /// Records one item of the response stream.
+    pub fn on_item(&mut self, item: &Result<GenerateResponse, Status>) {
+        match item {
+            Ok(message) => self.on_message(message),
+            Err(status) => self.on_error(status),
+        }
+    }
+
+    fn on_message(&mut self, message: &GenerateResponse) {
+        let now = Instant::now();
+        let m = &self.metrics;
+        if !message.tokens.is_empty() {
+            match self.last_token_at {
+                None => {
+                    m.ttft
+                        .observe(now.duration_since(self.arrival).as_secs_f64());
+                    telemetry::record_request_id(&self.span, &message.request_id);
+                }
+                Some(last) => {
+                    let gap = now.duration_since(last).as_secs_f64() / message.tokens.len() as f64;
+                    for _ in &message.tokens {
+                        m.itl.observe(gap);
+                    }
+                }
+            }
+            self.last_token_at = Some(now);
+        }
+        let Some(usage) = &message.usage else {
+            return;
+        };
+        self.done = true;
+        m.count_status(Code::Ok);
+        let reason = finish_reason_name(message.finish_reason());
+        m.finished.get_or_create(&[("finish_reason", reason)]).inc();
+        m.prompt_tokens.inc_by(usage.prompt_tokens.into());
+        m.generated_tokens.inc_by(usage.generated_tokens.into());
+        m.duration
+            .observe(now.duration_since(self.arrival).as_secs_f64());
+        m.queue.observe(usage.queue_ms / 1e3);
+        telemetry::record_finish(&self.span, message, reason);
+    }
+
+    fn on_error(&mut self, status: &Status) {
+        if self.done {
+            return;
+        }
+        self.done = true;
+        self.metrics.count_status(status.code());
+        telemetry::record_error(&self.span, status);
+    }
+}
+
+impl Drop for RequestObserver {
+    fn drop(&mut self) {
+        if !self.done {
+            self.metrics.count_status(Code::Cancelled);
+        }
+    }
+}
+
+/// The canonical upper-case name of a gRPC status code.
+pub fn code_name(code: Code) -> &'static str {
+    match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "CANCELLED",
+        Code::Unknown => "UNKNOWN",
+        Code::InvalidArgument => "INVALID_ARGUMENT",
+        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        Code::NotFound => "NOT_FOUND",
+        Code::AlreadyExists => "ALREADY_EXISTS",
+        Code::PermissionDenied => "PERMISSION_DENIED",
+        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        Code::FailedPrecondition => "FAILED_PRECONDITION",
+        Code::Aborted => "ABORTED",
+        Code::OutOfRange => "OUT_OF_RANGE",
+        Code::Unimplemented => "UNIMPLEMENTED",
+        Code::Internal => "INTERNAL",
+        Code::Unavailable => "UNAVAILABLE",
+        Code::DataLoss => "DATA_LOSS",
+        Code::Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+/// The metric label of a finish reason.
+pub fn finish_reason_name(reason: FinishReason) -> &'static str {
+    match reason {
+        FinishReason::Unspecified => "unspecified",
+        FinishReason::EosToken => "eos_token",
+        FinishReason::MaxNewTokens => "max_new_tokens",
+        FinishReason::StopSequence => "stop_sequence",
+        FinishReason::ContextLength => "context_length",
+    }
+}
+
+/// Reads the pool's queue, workers and counters, and the drain state, at each scrape.
+struct PoolCollector {
+    pool: Arc<WorkerPool>,
+    drain: Arc<Drain>,
+}
+
+impl std::fmt::Debug for PoolCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PoolCollector").finish_non_exhaustive()
+    }
+}
+
+fn gauge(e: &mut DescriptorEncoder, name: &str, help: &str, v: i64) -> std::fmt::Result {
+    let g = ConstGauge::new(v);
+    g.encode(e.encode_descriptor(name, help, None, g.metric_type())?)
+}
+
+fn counter(e: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> std::fmt::Result {
+    let c = ConstCounter::new(v);
+    c.encode(e.encode_descriptor(name, help, None, c.metric_type())?)
+}
+
+impl Collector for PoolCollector {
+    fn encode(&self, mut e: DescriptorEncoder) -> std::fmt::Result {
+        let (waiting, waiting_tokens) = self.pool.queue_depth();
+        gauge(
+            &mut e,
+            "queue_waiting_requests",
+            "Requests waiting in the admission queue",
+            waiting as i64,
+        )?;
+        gauge(
+            &mut e,
+            "queue_waiting_tokens",
+            "Tokens of the requests waiting in the admission queue",
+            waiting_tokens as i64,
+        )?;
+        let workers = self.pool.workers();
+        gauge(
+            &mut e,
+            "workers_known",
+            "Workers known (static and discovered)",
+            workers.len() as i64,
+        )?;
+        let ready = workers.iter().filter(|w| w.ready()).count();
+        gauge(
+            &mut e,
+            "workers_ready",
+            "Workers connected and healthy",
+            ready as i64,
+        )?;
+        let per_worker: [(&str, &str, WorkerValue); 5] = [
+            (
+                "worker_ready",
+                "Whether the worker takes requests (connected and healthy)",
+                |w| w.ready() as i64,
+            ),
+            (
+                "worker_inflight",
+                "This router's requests running on the worker",
+                |w| w.inflight as i64,
+            ),
+            (
+                "worker_running_sequences",
+                "Sequences running on the worker (its last load report)",
+                |w| w.reported.map_or(0, |r| r.running_sequences.into()),
+            ),
+            (
+                "worker_waiting_sequences",
+                "Sequences waiting on the worker (its last load report)",
+                |w| w.reported.map_or(0, |r| r.waiting_sequences.into()),
+            ),
+            (
+                "worker_free_kv_tokens",
+                "KV cache tokens free on the worker (its last load report)",
+                |w| w.reported.map_or(0, |r| r.free_kv_tokens as i64),
+            ),
+        ];
+        for (name, help, value) in per_worker {
+            let mut family = e.encode_descriptor(
+                name,
+                help,
+                None,
+                prometheus_client::metrics::MetricType::Gauge,
+            )?;
+            for w in &workers {
+                let labels = [("worker", w.address.as_str())];
+                ConstGauge::new(value(w)).encode(family.encode_family(&labels)?)?;
+            }
+        }
+        let c = self.pool.counters();
+        let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        counter(
+            &mut e,
+            "dispatched",
+            "Requests sent to a worker (a failover counts again)",
+            load(&c.dispatched),
+        )?;
+        counter(
+            &mut e,
+            "failovers",
+            "Requests that resumed on another worker after theirs was lost",
+            load(&c.failovers),
+        )?;
+        counter(
+            &mut e,
+            "failovers_exhausted",
+            "Requests that failed because no worker was left to continue them",
+            load(&c.failovers_exhausted),
+        )?;
+        counter(
+            &mut e,
+            "rejected",
+            "Requests refused with RESOURCE_EXHAUSTED by the admission queue",
+            load(&c.rejected),
+        )?;
+        gauge(
+            &mut e,
+            "draining",
+            "Whether the router is draining (SIGTERM received)",
+            self.drain.is_draining() as i64,
+        )?;
+        gauge(
+            &mut e,
+            "active_calls",
+            "Generate calls running now",
+            self.drain.active() as i64,
+        )?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pool::PoolSettings;
+    use inference_proto::public::{Token, Usage};
+
+    fn metrics() -> Arc<RouterMetrics> {
+        RouterMetrics::new(
+            WorkerPool::start(PoolSettings::default(), &[]),
+            Drain::new(),
+        )
+    }
+
+    fn token_message(last: bool) -> GenerateResponse {
+        GenerateResponse {
+            tokens: vec![Token::default()],
+            finish_reason: if last {
+                FinishReason::StopSequence as i32
+            } else {
+                0
+            },
+            usage: last.then_some(Usage {
+                prompt_tokens: 4,
+                generated_tokens: 3,
+                queue_ms: 2.0,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_call_is_counted_once_by_its_outcome() {
+        let m = metrics();
+        let mut ok = m.request(tracing::Span::none());
+        for last in [false, false, true] {
+            ok.on_item(&Ok(token_message(last)));
+        }
+        // Anything after the end changes nothing.
+        ok.on_item(&Err(Status::internal("late")));
+        drop(ok);
+        m.request(tracing::Span::none())
+            .refused(&Status::invalid_argument("bad"));
+        let mut gone = m.request(tracing::Span::none());
+        gone.on_item(&Ok(token_message(false)));
+        drop(gone);
+        let text = m.render();
+        for line in [
+            "router_requests_total{code=\"OK\"} 1",
+            "router_requests_total{code=\"INVALID_ARGUMENT\"} 1",
+            "router_requests_total{code=\"CANCELLED\"} 1",
+            "router_finished_requests_total{finish_reason=\"stop_sequence\"} 1",
+            "router_prompt_tokens_total 4",
+            "router_generated_tokens_total 3",
+            "router_time_to_first_token_seconds_count 2",
+            "router_inter_token_latency_seconds_count 2",
+            "router_request_duration_seconds_count 1",
+            "router_queue_duration_seconds_sum 0.002",
+            "router_workers_known 0",
+            "router_draining 0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
+        }
+        assert!(text.ends_with("# EOF\n"));
+    }
+}

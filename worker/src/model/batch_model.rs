@@ -1,0 +1,33 @@
+//! [`crate::engine::BatchModel`] for the CPU llama model: a thin adapter over
+//! [`LlamaModel::forward_batch`] and [`PagedKvCache`].
+
+use super::{LlamaModel, PagedKvCache};
+use crate::engine::{BatchEntry, BatchModel};
+
+impl BatchModel for LlamaModel {
+    type Kv = PagedKvCache;
+
+    fn kv_bytes_per_token(&self) -> usize {
+        LlamaModel::kv_bytes_per_token(self)
+    }
+
+    fn new_kv(&self, num_blocks: usize, block_size: usize) -> PagedKvCache {
+        LlamaModel::new_kv(self, num_blocks, block_size)
+    }
+
+    fn forward_batch(
+        &self,
+        batch: &[BatchEntry<'_>],
+        kv: &mut PagedKvCache,
+    ) -> anyhow::Result<Vec<Vec<f32>>> {
+        Ok(LlamaModel::forward_batch(self, batch, kv)?)
+    }
+
+    fn context_length(&self) -> usize {
+        self.config().context_length
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.config().vocab_size
+    }
+}
