@@ -204,3 +204,103 @@ async fn bench_refuses_settings_beyond_the_context() {
     );
     assert!(report.is_none());
 }
+
+/// `--worker`: the same load straight to the worker's `Generate` stream, no router involved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_drives_a_worker_directly() {
+    let (_dir, model) = tiny_model(6);
+    let cluster = Cluster::start(&model).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let json = dir.path().join("bench.json");
+    let (requests, new_tokens, prompt_tokens) = (5u64, 6u64, 20u64);
+    let (ok, text) = run_to_exit(
+        "bench",
+        &[
+            "--worker",
+            &cluster.worker_addr,
+            "--json",
+            json.to_str().expect("utf-8 temp path"),
+            "--requests",
+            "5",
+            "--concurrency",
+            "3",
+            "--prompt-tokens",
+            "20",
+            "--max-new-tokens",
+            "6",
+            "--warmup",
+            "1",
+            "--temperature",
+            "0.7",
+            "--seed",
+            "3",
+        ],
+        Duration::from_secs(180),
+    )
+    .await;
+    assert!(ok, "bench --worker failed:\n{text}");
+    assert!(text.contains("errors:              none"), "{text}");
+    let report = read_json(&json).expect("the JSON report");
+    assert_eq!(report["config"]["mode"], "worker");
+    assert_eq!(report["config"]["worker"], cluster.worker_addr.as_str());
+    assert_eq!(report["config"]["connections"], 1);
+    assert_eq!(report["max_context_tokens"], 256);
+    let s = &report["summary"];
+    assert_eq!(s["requests"], requests, "{s}");
+    assert_eq!(s["succeeded"], requests, "{s}");
+    assert_eq!(s["failed"], 0, "{s}");
+    assert_eq!(s["errors"], serde_json::json!({}), "{s}");
+    assert_eq!(s["generated_tokens"], requests * new_tokens, "{s}");
+    assert_eq!(s["prompt_tokens"], requests * prompt_tokens, "{s}");
+    assert_eq!(s["finish_reasons"]["MAX_NEW_TOKENS"], requests, "{s}");
+    assert_ordered(s, "ttft_ms", requests);
+    assert_ordered(s, "e2e_ms", requests);
+    assert_ordered(s, "itl_ms", requests * (new_tokens - 1));
+    let records = report["requests"].as_array().expect("requests array");
+    assert_eq!(records.len() as u64, requests);
+    for (i, r) in records.iter().enumerate() {
+        assert_eq!(r["index"], i as u64, "{r}");
+        assert!(r["error"].is_null(), "{r}");
+        assert_eq!(r["prompt_tokens"], prompt_tokens, "{r}");
+        assert_eq!(r["streamed_tokens"], new_tokens, "{r}");
+        let (ttft, e2e) = (
+            r["ttft_ms"].as_f64().unwrap(),
+            r["e2e_ms"].as_f64().unwrap(),
+        );
+        assert!(0.0 < ttft && ttft <= e2e, "{r}");
+    }
+
+    // The same settings through the router: same prompt lengths and seeds, so the same requests.
+    let (ok, text, via_router) = bench(
+        &cluster.router_addr,
+        &[
+            "--requests",
+            "5",
+            "--concurrency",
+            "3",
+            "--prompt-tokens",
+            "20",
+            "--max-new-tokens",
+            "6",
+            "--warmup",
+            "1",
+            "--temperature",
+            "0.7",
+            "--seed",
+            "3",
+        ],
+    )
+    .await;
+    assert!(ok, "bench --router failed:\n{text}");
+    let via_router = via_router.expect("the JSON report");
+    assert_eq!(via_router["config"]["mode"], "router");
+    let seeds = |r: &Value| -> Vec<u64> {
+        r["requests"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x["seed"].as_u64().unwrap())
+            .collect()
+    };
+    assert_eq!(seeds(&report), seeds(&via_router));
+}

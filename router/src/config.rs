@@ -45,6 +45,11 @@ pub struct Cli {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub otlp_endpoint: Option<String>,
+    /// Load and validate the settings, print the effective settings (JSON) and exit: 0 when they
+    /// are valid, 2 with the error otherwise. Starts nothing.
+    #[arg(long)]
+    #[serde(skip)]
+    pub check_config: bool,
 }
 
 /// Validation limits applied to every request (all reported by `ModelInfo`).
@@ -214,6 +219,37 @@ impl RouterSettings {
     /// How long a drain may take.
     pub fn drain_timeout(&self) -> Duration {
         Duration::from_millis(self.drain_timeout_ms)
+    }
+
+    /// Checks what the file and environment cannot type-check: a worker source is given, addresses
+    /// are `HOST:PORT`, `metrics_listen` is empty or `IP:PORT`.
+    ///
+    /// Errors: a message naming the setting.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.workers.is_empty() && self.discovery().is_none() {
+            return Err(
+                "no workers given: set `workers` (--workers HOST:PORT[,HOST:PORT...], \
+                        ROUTER_WORKERS) or `discovery_dns` (--discovery-dns NAME:PORT)"
+                    .into(),
+            );
+        }
+        let host_port = |setting: &str, value: &str| match value.rsplit_once(':') {
+            Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => Ok(()),
+            _ => Err(format!("{setting} {value:?} is not HOST:PORT")),
+        };
+        for worker in &self.workers {
+            host_port("workers entry", worker)?;
+        }
+        if let Some((target, _)) = self.discovery() {
+            host_port("discovery_dns", &target)?;
+        }
+        let metrics = self.metrics_listen.trim();
+        if !metrics.is_empty() && metrics.parse::<SocketAddr>().is_err() {
+            return Err(format!(
+                "metrics_listen {metrics:?} is not an IP:PORT address"
+            ));
+        }
+        Ok(())
     }
 }
 

@@ -24,6 +24,16 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Err(e) = settings.validate() {
+        eprintln!("router: invalid settings: {e}");
+        return ExitCode::from(2);
+    }
+    if cli.check_config {
+        // The effective settings (defaults < file < environment < flags), e.g. for a Helm chart's CI.
+        let json = serde_json::to_string_pretty(&settings).expect("settings serialize to JSON");
+        println!("{json}");
+        return ExitCode::SUCCESS;
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -75,6 +85,11 @@ async fn run(settings: RouterSettings) -> anyhow::Result<()> {
     // Readiness (grpc.health.v1): NOT_SERVING until a worker is ready, and from SIGTERM on.
     let (health, health_service) = tonic_health::server::health_reporter();
     router::health::set_all(&health, tonic_health::ServingStatus::NotServing).await;
+    // Liveness ("liveness", what the Helm chart's liveness probe asks): SERVING while the process
+    // serves, whatever the workers do, so a router waiting for workers is not restarted.
+    health
+        .set_service_status("liveness", tonic_health::ServingStatus::Serving)
+        .await;
     tokio::spawn(router::health::maintain(
         health,
         pool.clone(),

@@ -65,6 +65,11 @@ pub struct Cli {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub drain_timeout_ms: Option<u64>,
+    /// Load and validate the settings, print the effective settings (JSON) and exit: 0 when they
+    /// are valid, 2 with the error otherwise. Loads no model (the file need not exist here).
+    #[arg(long)]
+    #[serde(skip)]
+    pub check_config: bool,
 }
 
 /// The worker's effective settings.
@@ -139,6 +144,26 @@ impl WorkerSettings {
             .merge(Serialized::defaults(cli))
             .extract()
             .map_err(Box::new)
+    }
+
+    /// Checks what the file and environment cannot type-check: a model path is given, the block
+    /// size is at least 1, `metrics_listen` is empty or `IP:PORT`. The model file is not opened.
+    ///
+    /// Errors: a message naming the setting.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.model.as_ref().is_none_or(|m| m.as_os_str().is_empty()) {
+            return Err("no model given: set `model` (--model PATH.gguf, WORKER_MODEL)".into());
+        }
+        if self.block_size == 0 {
+            return Err("block_size must be at least 1".into());
+        }
+        let metrics = self.metrics_listen.trim();
+        if !metrics.is_empty() && metrics.parse::<SocketAddr>().is_err() {
+            return Err(format!(
+                "metrics_listen {metrics:?} is not an IP:PORT address"
+            ));
+        }
+        Ok(())
     }
 
     /// The engine settings for a model with `kv_bytes_per_token` bytes of K/V per token.

@@ -29,6 +29,16 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Err(e) = settings.validate() {
+        eprintln!("worker: invalid settings: {e}");
+        return ExitCode::from(2);
+    }
+    if cli.check_config {
+        // The effective settings (defaults < file < environment < flags), e.g. for a Helm chart's CI.
+        let json = serde_json::to_string_pretty(&settings).expect("settings serialize to JSON");
+        println!("{json}");
+        return ExitCode::SUCCESS;
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -257,39 +257,63 @@ fn median_min(mut times: Vec<f64>) -> (f64, f64) {
     (times[times.len() / 2], times[0])
 }
 
+/// `name` from the environment parsed as a list of comma-separated integers, or `default`.
+fn env_list(name: &str, default: &[usize]) -> Vec<usize> {
+    std::env::var(name).map_or_else(
+        |_| default.to_vec(),
+        |v| {
+            v.split(',')
+                .map(|x| {
+                    x.trim()
+                        .parse()
+                        .expect("a comma-separated list of integers")
+                })
+                .collect()
+        },
+    )
+}
+
 /// Prints prefill and decode throughput of the real model (no assertions).
 ///
 /// Each figure is given as median and best over repeated runs, since a shared machine makes
-/// single timings noisy.
+/// single timings noisy. Defaults: a 300-token prefill, then decode batches of 1, 8 and 32
+/// sequences with 32-token contexts over 30 steps. Overrides (for `bench/compare-llamacpp.sh`):
+/// `THROUGHPUT_PREFILL` (prompt length), `THROUGHPUT_BATCHES` (e.g. `1,16,32`),
+/// `THROUGHPUT_CONTEXT` (context before decoding), `THROUGHPUT_STEPS` (decode steps).
 #[test]
 #[ignore = "timing report; run with --ignored --nocapture"]
 fn throughput_report() {
     let model = LlamaModel::load(&real_model_path()).expect("loading the model");
     let vocab = model.config().vocab_size as u32;
-    let prompt: Vec<u32> = (0..300u32).map(|i| (i * 7919 + 13) % vocab).collect();
+    let plen = env_list("THROUGHPUT_PREFILL", &[300])[0];
+    let batches = env_list("THROUGHPUT_BATCHES", &[1, 8, 32]);
+    let ctx = env_list("THROUGHPUT_CONTEXT", &[32])[0];
+    let steps = env_list("THROUGHPUT_STEPS", &[30])[0];
+    let plen_all = plen.max(ctx + steps);
+    let prompt: Vec<u32> = (0..plen_all as u32)
+        .map(|i| (i * 7919 + 13) % vocab)
+        .collect();
 
-    // 300-token prefill, one entry.
-    let blocks = table(0, 512);
+    // `plen`-token prefill, one entry.
+    let blocks = table(0, plen.max(16));
     let mut kv = model.new_kv(blocks.len(), BLOCK);
     run(&model, &mut kv, &prompt[..16], 0, &blocks); // warm-up
     let times = (0..5)
         .map(|_| {
             let t = Instant::now();
-            run(&model, &mut kv, &prompt, 0, &blocks);
+            run(&model, &mut kv, &prompt[..plen], 0, &blocks);
             t.elapsed().as_secs_f64()
         })
         .collect();
     let (med, best) = median_min(times);
     eprintln!(
-        "prefill 300 tokens: median {:.1} tok/s, best {:.1} tok/s",
-        300.0 / med,
-        300.0 / best
+        "prefill {plen} tokens: median {:.1} tok/s, best {:.1} tok/s",
+        plen as f64 / med,
+        plen as f64 / best
     );
 
-    // Decode: `n` sequences, each with a 32-token context, one token each per step.
-    for n in [1usize, 8, 32] {
-        let ctx: usize = 32;
-        let steps = 30;
+    // Decode: `n` sequences, each with a `ctx`-token context, one token each per step.
+    for n in batches {
         let per = (ctx + steps).div_ceil(BLOCK);
         let tables: Vec<Vec<u32>> = (0..n).map(|i| table(i * per, ctx + steps)).collect();
         let mut kv = model.new_kv(n * per, BLOCK);

@@ -2,12 +2,18 @@
 //! router with synthetic prompts of exact token counts and reports throughput, latency percentiles
 //! and errors, as text and as JSON.
 //!
+//! With `--worker HOST:PORT` it drives one worker's bidirectional `Generate` stream directly
+//! instead ([`direct`]), with the same prompts, lengths, seeds and sampling, so that the same load
+//! through a router and straight to its worker shows the latency the router adds.
+//!
 //! - [`BenchArgs`]: the command line;
 //! - [`prompt`]: prompts fitted to an exact token count with the router's `Tokenize`;
+//! - [`direct`]: `--worker` mode (one `Generate` stream, prompts tokenized locally);
 //! - [`run`]: the load generator (closed loop at a fixed concurrency, or Poisson arrivals);
 //! - [`report`]: per-request records, the summary and the JSON layout;
 //! - [`stats`]: percentiles; [`rng`]: the seeded random stream.
 
+pub mod direct;
 pub mod prompt;
 pub mod report;
 pub mod rng;
@@ -21,15 +27,23 @@ use serde::Serialize;
 #[derive(Debug, Clone, Parser, Serialize)]
 #[command(
     name = "bench",
-    about = "Load-tests a router's Generate stream and reports throughput and latency percentiles",
+    about = "Load-tests a router's (or, with --worker, one worker's) Generate stream and reports \
+             throughput and latency percentiles",
     after_help = "Exit status: 0 when every measured request succeeded, 1 when any failed (the \
                   summary is still printed and written), 2 when the run could not start or the \
                   JSON could not be written."
 )]
 pub struct BenchArgs {
-    /// Router address (HOST:PORT); the only address the tool talks to.
+    /// Router address (HOST:PORT); the only address the tool talks to (unless `--worker`).
     #[arg(long, default_value = "127.0.0.1:50051")]
     pub router: String,
+    /// Drive this worker (HOST:PORT) directly instead of a router: one bidirectional `Generate`
+    /// stream carrying every request, prompts tokenized locally with the worker's own tokenizer
+    /// (from its `Info`), same prompts, lengths, seeds and sampling as through a router. TTFT is
+    /// timed from sending the request's Add to its first token. The JSON config says
+    /// `"mode": "worker"`. Conflicts with `--router`.
+    #[arg(long, value_name = "HOST:PORT", conflicts_with = "router")]
+    pub worker: Option<String>,
     /// Measured requests (exactly this many are sent).
     #[arg(long, default_value_t = 64)]
     pub requests: usize,
@@ -79,7 +93,8 @@ pub struct BenchArgs {
     /// DEADLINE_EXCEEDED.
     #[arg(long, default_value_t = 600)]
     pub timeout_secs: u64,
-    /// Wait up to this many seconds for the router to report a ready worker before starting.
+    /// Wait up to this many seconds for the router to report a ready worker (with `--worker`: for
+    /// the worker's `Health` to say ready) before starting.
     #[arg(long, default_value_t = 30)]
     pub wait_ready_secs: u64,
     /// Also write the results as JSON to this file.
@@ -177,6 +192,7 @@ mod tests {
     fn defaults() {
         let a = parse(&[]);
         assert_eq!(a.router, "127.0.0.1:50051");
+        assert_eq!(a.worker, None);
         assert_eq!(
             (a.requests, a.prompt_tokens, a.max_new_tokens),
             (64, 128, 128)
@@ -193,6 +209,21 @@ mod tests {
         assert_eq!(a.effective_concurrency(), 10);
         let a = parse(&["--request-rate", "2.5", "--concurrency", "3"]);
         assert_eq!(a.effective_concurrency(), 3);
+    }
+
+    #[test]
+    fn worker_mode_excludes_router() {
+        let a = parse(&["--worker", "127.0.0.1:7000"]);
+        assert_eq!(a.worker.as_deref(), Some("127.0.0.1:7000"));
+        a.validate().unwrap();
+        let both = [
+            "bench",
+            "--worker",
+            "127.0.0.1:7000",
+            "--router",
+            "127.0.0.1:7001",
+        ];
+        assert!(BenchArgs::try_parse_from(both).is_err());
     }
 
     #[test]

@@ -285,7 +285,7 @@ pub struct Report<C: Serialize> {
     pub schema: &'static str,
     /// The `--label` text.
     pub label: String,
-    /// The router address.
+    /// The router address; empty with `--worker` (the worker address is `config.worker`).
     pub router: String,
     /// The served model's name (`ModelInfo.model_name`).
     pub model: String,

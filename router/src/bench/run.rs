@@ -7,7 +7,14 @@
 //! cap is reached, as soon as a slot frees up (late requests are then sent back to back).
 //!
 //! Every loop is bounded: exactly `--requests` (+ `--warmup`) requests, each under
-//! `--timeout-secs`; every setup call (ModelInfo, Tokenize) has its own 30 s limit.
+//! `--timeout-secs`; every setup call (ModelInfo, Tokenize; with `--worker`: Health, Info,
+//! opening the stream) has its own 30 s limit.
+//!
+//! With `--worker` ([`super::direct`]) every request goes on the one `Generate` stream of that
+//! worker as the `AddRequest` the router would send for it (same prompt ids, sampling, seed,
+//! `max_new_tokens`, no stop ids with `--ignore-eos`, else the worker's EOS ids); TTFT runs from
+//! sending the Add to the arrival of the step message carrying its first token, ITL and E2E from
+//! the arrivals of its step messages, under the same rules as through the router.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -23,6 +30,9 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tonic::transport::{Channel, Endpoint};
 
+use inference_proto::worker::{AddRequest, SamplingParams, StopReason};
+
+use super::direct::{self, Event, WorkerStream};
 use super::prompt::{build_prompts, PromptTokenizer};
 use super::report::{inter_token_gaps, Report, RequestError, RequestRecord, Summary, SCHEMA};
 use super::rng::{derive_seed, SplitMix64};
@@ -30,6 +40,22 @@ use super::BenchArgs;
 
 /// A client of the router's public API.
 type Client = TextGenerationClient<Channel>;
+
+/// Where requests go.
+#[derive(Clone)]
+enum Target {
+    /// The router's public `Generate`, spread over these connections.
+    Router(Vec<Client>),
+    /// One worker's `Generate` stream (`--worker`).
+    Worker {
+        stream: WorkerStream,
+        /// Sent as `stop_token_ids` unless `--ignore-eos` (the worker's EOS ids, as the router
+        /// does).
+        eos_token_ids: Vec<u32>,
+        /// The model's context (for the finish reason, as the router derives it).
+        context_length: u32,
+    },
+}
 
 /// Limit on each setup RPC (ModelInfo, Tokenize).
 const SETUP_RPC_TIMEOUT: Duration = Duration::from_secs(30);
@@ -55,8 +81,11 @@ pub struct RunConfig {
     pub args: BenchArgs,
     /// The cap on requests in flight actually used.
     pub effective_concurrency: usize,
-    /// HTTP/2 connections to the router.
+    /// HTTP/2 connections to the router (with `--worker`: 1, one `Generate` stream).
     pub connections: usize,
+    /// What was driven: `"router"` (its public `Generate`) or `"worker"` (`--worker`: one worker's
+    /// `Generate` stream, directly).
+    pub mode: &'static str,
 }
 
 /// Everything a run produced.
@@ -79,6 +108,8 @@ impl Outcome {
 #[derive(Debug, Clone)]
 struct Planned {
     prompt: String,
+    /// The prompt's token ids (what the router sends the worker for `prompt`).
+    ids: Vec<u32>,
     prompt_tokens: u32,
     max_new_tokens: u32,
     seed: u64,
@@ -124,28 +155,20 @@ struct Progress {
 /// errors: they are counted in the report.
 pub async fn run(args: &BenchArgs) -> anyhow::Result<Outcome> {
     let concurrency = args.effective_concurrency();
-    let connections = concurrency.div_ceil(STREAMS_PER_CONNECTION).clamp(1, 16);
-    let endpoint = Endpoint::from_shared(format!("http://{}", args.router))
-        .with_context(|| format!("bad router address {:?}", args.router))?
-        .connect_timeout(Duration::from_secs(10));
-    let mut clients = Vec::with_capacity(connections);
-    for _ in 0..connections {
-        let channel = endpoint
-            .connect()
-            .await
-            .with_context(|| format!("connecting to the router at {}", args.router))?;
-        clients.push(TextGenerationClient::new(channel));
-    }
-    let info = wait_ready(&mut clients[0], Duration::from_secs(args.wait_ready_secs)).await?;
-    check_fits(args, &info)?;
-
-    let plans = plan(args, clients[0].clone()).await?;
+    let (target, info, plans, connections) = match &args.worker {
+        None => connect_router(args, concurrency).await?,
+        Some(address) => connect_worker(args, address).await?,
+    };
     let (warmup, measured) = plans.split_at(args.warmup);
+    let mode = match target {
+        Target::Router(_) => "router",
+        Target::Worker { .. } => "worker",
+    };
 
     let mut warmup_failed = 0;
     if !warmup.is_empty() {
         eprintln!("bench: warmup, {} requests", warmup.len());
-        let records = run_phase(&clients, warmup, None, concurrency, args, "warmup").await;
+        let records = run_phase(&target, warmup, None, concurrency, args, "warmup").await;
         let failures: Vec<&RequestError> =
             records.iter().filter_map(|r| r.error.as_ref()).collect();
         warmup_failed = failures.len();
@@ -184,7 +207,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Outcome> {
         .map_or(0, |d| d.as_millis() as u64);
     let phase_start = Instant::now();
     let records = run_phase(
-        &clients,
+        &target,
         measured,
         arrivals.as_deref(),
         concurrency,
@@ -197,7 +220,10 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Outcome> {
     let report = Report {
         schema: SCHEMA,
         label: args.label.clone(),
-        router: args.router.clone(),
+        router: match &args.worker {
+            None => args.router.clone(),
+            Some(_) => String::new(),
+        },
         model: info.model_name.clone(),
         max_context_tokens: info.max_context_tokens,
         started_unix_ms,
@@ -205,6 +231,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Outcome> {
             args: args.clone(),
             effective_concurrency: concurrency,
             connections,
+            mode,
         },
         summary,
         requests: records,
@@ -213,6 +240,63 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Outcome> {
         report,
         warmup_failed,
     })
+}
+
+/// `--worker`: connects to the worker, checks the settings against its context and builds the
+/// prompts with its tokenizer.
+async fn connect_worker(
+    args: &BenchArgs,
+    address: &str,
+) -> anyhow::Result<(Target, ModelInfoResponse, Vec<Planned>, usize)> {
+    let worker = direct::connect(address, Duration::from_secs(args.wait_ready_secs)).await?;
+    let info = ModelInfoResponse {
+        model_name: worker.info.model_name.clone(),
+        max_context_tokens: worker.info.context_length,
+        ..Default::default()
+    };
+    check_fits(args, &info)?;
+    let tokenizer = worker.tokenizer.clone();
+    let plans = plan(args, tokenizer.clone(), "local tokenizations", || {
+        tokenizer.calls.load(Ordering::Relaxed)
+    })
+    .await?;
+    let target = Target::Worker {
+        stream: worker.stream,
+        eos_token_ids: worker.info.eos_token_ids.clone(),
+        context_length: worker.info.context_length,
+    };
+    Ok((target, info, plans, 1))
+}
+
+/// Connects to the router, waits for a ready worker, checks the settings and builds the prompts
+/// with the router's `Tokenize`.
+async fn connect_router(
+    args: &BenchArgs,
+    concurrency: usize,
+) -> anyhow::Result<(Target, ModelInfoResponse, Vec<Planned>, usize)> {
+    let connections = concurrency.div_ceil(STREAMS_PER_CONNECTION).clamp(1, 16);
+    let endpoint = Endpoint::from_shared(format!("http://{}", args.router))
+        .with_context(|| format!("bad router address {:?}", args.router))?
+        .connect_timeout(Duration::from_secs(10));
+    let mut clients = Vec::with_capacity(connections);
+    for _ in 0..connections {
+        let channel = endpoint
+            .connect()
+            .await
+            .with_context(|| format!("connecting to the router at {}", args.router))?;
+        clients.push(TextGenerationClient::new(channel));
+    }
+    let info = wait_ready(&mut clients[0], Duration::from_secs(args.wait_ready_secs)).await?;
+    check_fits(args, &info)?;
+    let tokenizer = RpcTokenizer {
+        client: clients[0].clone(),
+        calls: Arc::default(),
+    };
+    let plans = plan(args, tokenizer.clone(), "Tokenize calls", || {
+        tokenizer.calls.load(Ordering::Relaxed)
+    })
+    .await?;
+    Ok((Target::Router(clients), info, plans, connections))
 }
 
 /// Polls `ModelInfo` until the router reports a ready worker or `budget` has passed.
@@ -263,7 +347,12 @@ fn check_fits(args: &BenchArgs, info: &ModelInfoResponse) -> anyhow::Result<()> 
 }
 
 /// Draws the lengths and seeds of the warmup and measured requests and builds their prompts.
-async fn plan(args: &BenchArgs, client: Client) -> anyhow::Result<Vec<Planned>> {
+async fn plan<T: PromptTokenizer + Clone>(
+    args: &BenchArgs,
+    tokenizer: T,
+    calls_name: &str,
+    calls: impl Fn() -> usize,
+) -> anyhow::Result<Vec<Planned>> {
     let total = args.warmup + args.requests;
     let mut rng = SplitMix64::new(derive_seed(args.seed, LENGTHS_STREAM));
     let lengths: Vec<(usize, u32)> = (0..total)
@@ -278,10 +367,6 @@ async fn plan(args: &BenchArgs, client: Client) -> anyhow::Result<Vec<Planned>> 
         .collect();
     let targets: Vec<usize> = lengths.iter().map(|&(p, _)| p).collect();
     let started = Instant::now();
-    let tokenizer = RpcTokenizer {
-        client,
-        calls: Arc::default(),
-    };
     let prompts = build_prompts(
         &tokenizer,
         &targets,
@@ -292,14 +377,14 @@ async fn plan(args: &BenchArgs, client: Client) -> anyhow::Result<Vec<Planned>> 
     .await
     .context("building the prompts")?;
     eprintln!(
-        "bench: built {total} prompts of {} tokens in {:.2} s ({} Tokenize calls)",
+        "bench: built {total} prompts of {} tokens in {:.2} s ({} {calls_name})",
         if args.prompt_tokens_upper() > args.prompt_tokens {
             format!("{}..={}", args.prompt_tokens, args.prompt_tokens_upper())
         } else {
             args.prompt_tokens.to_string()
         },
         started.elapsed().as_secs_f64(),
-        tokenizer.calls.load(Ordering::Relaxed)
+        calls()
     );
     let sampling_seed = derive_seed(args.seed, SAMPLING_STREAM);
     Ok(prompts
@@ -309,6 +394,7 @@ async fn plan(args: &BenchArgs, client: Client) -> anyhow::Result<Vec<Planned>> 
         .map(|(i, (p, (_, m)))| Planned {
             prompt_tokens: p.ids.len() as u32,
             prompt: p.text,
+            ids: p.ids,
             max_new_tokens: m,
             seed: derive_seed(sampling_seed, i as u64),
         })
@@ -318,7 +404,7 @@ async fn plan(args: &BenchArgs, client: Client) -> anyhow::Result<Vec<Planned>> 
 /// Sends `plans` (at `arrivals` offsets from the phase start when given) with at most
 /// `concurrency` in flight, and returns their records in index order.
 async fn run_phase(
-    clients: &[Client],
+    target: &Target,
     plans: &[Planned],
     arrivals: Option<&[Duration]>,
     concurrency: usize,
@@ -345,34 +431,82 @@ async fn run_phase(
             .acquire_owned()
             .await
             .expect("the semaphore is never closed");
-        let client = clients[index % clients.len()].clone();
-        let request = GenerateRequest {
-            prompt: plan.prompt.clone(),
-            max_new_tokens: Some(plan.max_new_tokens),
-            temperature: args.temperature,
-            top_k: args.top_k,
-            top_p: args.top_p,
-            seed: Some(plan.seed),
-            ignore_eos: args.ignore_eos,
-            request_id: Some(format!("bench-{phase}-{index}")),
-            ..Default::default()
-        };
+        let request_id = format!("bench-{phase}-{index}");
         let plan = plan.clone();
         let progress = progress.clone();
-        tasks.spawn(async move {
-            let record = run_one(
-                client,
-                request,
-                &plan,
-                index,
-                timeout,
-                phase_start,
-                &progress,
-            )
-            .await;
-            drop(permit);
-            record
-        });
+        match target {
+            Target::Router(clients) => {
+                let client = clients[index % clients.len()].clone();
+                let request = GenerateRequest {
+                    prompt: plan.prompt.clone(),
+                    max_new_tokens: Some(plan.max_new_tokens),
+                    temperature: args.temperature,
+                    top_k: args.top_k,
+                    top_p: args.top_p,
+                    seed: Some(plan.seed),
+                    ignore_eos: args.ignore_eos,
+                    request_id: Some(request_id),
+                    ..Default::default()
+                };
+                tasks.spawn(async move {
+                    let record = run_one(
+                        client,
+                        request,
+                        &plan,
+                        index,
+                        timeout,
+                        phase_start,
+                        &progress,
+                    )
+                    .await;
+                    drop(permit);
+                    record
+                });
+            }
+            Target::Worker {
+                stream,
+                eos_token_ids,
+                context_length,
+            } => {
+                // What the router sends the worker for the same GenerateRequest
+                // (`router/src/generate.rs`, `Sampling::to_wire`).
+                let add = AddRequest {
+                    request_id,
+                    prompt_ids: plan.ids.clone(),
+                    sampling: Some(SamplingParams {
+                        temperature: args.temperature,
+                        top_k: args.top_k,
+                        top_p: args.top_p.unwrap_or(1.0),
+                        seed: plan.seed,
+                        ..Default::default()
+                    }),
+                    max_new_tokens: plan.max_new_tokens,
+                    stop_token_ids: if args.ignore_eos {
+                        Vec::new()
+                    } else {
+                        eos_token_ids.clone()
+                    },
+                    ..Default::default()
+                };
+                let stream = stream.clone();
+                let context_length = *context_length;
+                tasks.spawn(async move {
+                    let record = run_one_direct(
+                        &stream,
+                        add,
+                        &plan,
+                        index,
+                        timeout,
+                        phase_start,
+                        context_length,
+                        &progress,
+                    )
+                    .await;
+                    drop(permit);
+                    record
+                });
+            }
+        }
     }
     let mut records = Vec::with_capacity(plans.len());
     while let Some(joined) = tasks.join_next().await {
@@ -474,6 +608,120 @@ async fn run_one(
         }),
         Ok(Ok(())) => None,
     };
+    record(
+        plan,
+        index,
+        ms(sent - phase_start),
+        e2e,
+        got,
+        error,
+        progress,
+    )
+}
+
+/// Sends one request on the worker's stream (`--worker`) and follows its tokens to the last.
+/// Times are taken when the step message carrying the tokens arrived on the stream.
+#[allow(clippy::too_many_arguments)]
+async fn run_one_direct(
+    stream: &WorkerStream,
+    add: AddRequest,
+    plan: &Planned,
+    index: usize,
+    timeout: Duration,
+    phase_start: Instant,
+    context_length: u32,
+    progress: &Progress,
+) -> RequestRecord {
+    progress.sent.fetch_add(1, Ordering::Relaxed);
+    let request_id = add.request_id.clone();
+    let sent = Instant::now();
+    let mut got = Received::default();
+    let follow = async {
+        let mut events = stream.add(add).map_err(|why| RequestError {
+            code: "UNAVAILABLE".into(),
+            message: why,
+        })?;
+        while let Some(event) = events.recv().await {
+            match event {
+                Event::Tokens(at, tokens) => {
+                    let at = ms(at.saturating_duration_since(sent));
+                    got.messages += 1;
+                    let k = tokens.len();
+                    got.first_token_ms.get_or_insert(at);
+                    got.arrivals.push((at, k));
+                    got.streamed_tokens += k as u32;
+                    progress.tokens.fetch_add(k as u64, Ordering::Relaxed);
+                    if let Some(last) = tokens.iter().find(|t| t.finished) {
+                        let total = plan.prompt_tokens + got.streamed_tokens;
+                        let reason = match last.stop_reason() {
+                            StopReason::StopToken => FinishReason::EosToken,
+                            StopReason::ContextFull => FinishReason::ContextLength,
+                            StopReason::Length if total >= context_length => {
+                                FinishReason::ContextLength
+                            }
+                            StopReason::Length | StopReason::Unspecified => {
+                                FinishReason::MaxNewTokens
+                            }
+                        };
+                        got.finish_reason = Some(reason.as_str_name().to_string());
+                        return Ok(());
+                    }
+                }
+                Event::Failed(code, message) => {
+                    return Err(RequestError {
+                        code: code_name(tonic::Code::from_i32(code)).into(),
+                        message,
+                    })
+                }
+                Event::Lost(why) => {
+                    return Err(RequestError {
+                        code: "UNAVAILABLE".into(),
+                        message: why,
+                    })
+                }
+            }
+        }
+        Err(RequestError {
+            code: "INTERNAL".into(),
+            message: "the request's events ended without its last token".into(),
+        })
+    };
+    let outcome = tokio::time::timeout(timeout, follow).await;
+    let e2e = ms(sent.elapsed());
+    let error = match outcome {
+        Err(_) => Some(RequestError {
+            code: "DEADLINE_EXCEEDED".into(),
+            message: format!(
+                "no last token within {} s (--timeout-secs)",
+                timeout.as_secs()
+            ),
+        }),
+        Ok(Err(error)) => Some(error),
+        Ok(Ok(())) => None,
+    };
+    // A request that did not finish may still be running on the worker.
+    stream.close(&request_id, error.is_some());
+    record(
+        plan,
+        index,
+        ms(sent - phase_start),
+        e2e,
+        got,
+        error,
+        progress,
+    )
+}
+
+/// The record of one request that ended (`e2e`: ms from sent to its end), counted in `progress`.
+fn record(
+    plan: &Planned,
+    index: usize,
+    sent_at_ms: f64,
+    e2e: f64,
+    got: Received,
+    error: Option<RequestError>,
+    progress: &Progress,
+) -> RequestRecord {
     progress.done.fetch_add(1, Ordering::Relaxed);
     if error.is_some() {
         progress.failed.fetch_add(1, Ordering::Relaxed);
@@ -484,7 +732,7 @@ async fn run_one(
         prompt_tokens: plan.prompt_tokens,
         max_new_tokens: plan.max_new_tokens,
         seed: plan.seed,
-        sent_at_ms: ms(sent - phase_start),
+        sent_at_ms,
         ttft_ms: got.first_token_ms,
         e2e_ms: error.is_none().then_some(e2e),
         generated_tokens: usage.map_or(got.streamed_tokens, |u| u.generated_tokens),

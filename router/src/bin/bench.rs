@@ -4,6 +4,9 @@
 //! TTFT / ITL / TPOT / end-to-end latency percentiles (ms) and errors by gRPC status code, and
 //! optionally writes it all as JSON (`--json PATH`). See `router::bench` for the definitions.
 //!
+//! `bench --worker 127.0.0.1:PORT ...` drives one worker's `Generate` stream directly with the same
+//! load instead (no router), to measure what the router adds.
+//!
 //! Exit status: 0 when every measured request succeeded, 1 when any failed (the summary is still
 //! printed and written), 2 when the run could not start or the JSON could not be written.
 

@@ -1,42 +1,45 @@
-//! Batched f32 matrix multiply `y[n, out] = x[n, in] · W[out, in]ᵀ` and the
-//! dot product used everywhere else in the model.
+//! Batched matrix multiply `y[n, out] = x[n, in] · W[out, in]ᵀ` of f32
+//! activations by weights in their file format ([`QMatrix`]: Q8_0, Q4_0,
+//! Q4_1, F16, BF16, F32), and the f32 dot product used by attention.
 //!
 //! Determinism: every output element is computed by the same sequence of
 //! floating-point operations regardless of `n`, the tile it falls in, or the
-//! thread that computes it: 8 independent lane accumulators over `k = 0, 8,
-//! 16, ...` (lane `l` sums elements `k + l` in increasing `k`), a fixed
-//! pairwise lane reduction, then a sequential scalar tail for `in % 8`
-//! elements. So the same token gives bit-identical results alone or in a
-//! batch. On x86-64 CPUs with AVX2+FMA the lanes use fused multiply-add
-//! (selected once at runtime); elsewhere a portable path uses separate
-//! multiply and add, so results are reproducible per machine, not across
-//! machines.
+//! thread that computes it: `L` independent lane accumulators over `k = 0, L,
+//! 2L, ...` (lane `l` sums elements `k + l` in increasing `k`), a fixed
+//! pairwise lane reduction, then a sequential scalar tail for `in % L`
+//! elements. `L` is 8 on the portable path (separate multiply and add) and
+//! the AVX2 path (fused multiply-add), and 16 on the AVX-512 path (FMA). The
+//! path is selected once at run time ([`SimdPath::detect`]), so results are
+//! bit-identical for a token alone or in a batch, and reproducible per
+//! machine, not across machines.
+//!
+//! Weights: a task decodes [`TILE_R`] weight rows at a time into a per-thread
+//! f32 scratch tile (`TILE_R * in` floats, L1/L2 resident, reused across calls:
+//! no allocation in the hot path) with the format's SIMD decoder, which gives
+//! exactly the reference's dequantized values (see [`super::kernels`]); F32
+//! weights are used in place. So the products are those of the float32
+//! reference; only the summation order differs from it.
 //!
 //! Blocking: rayon tasks own blocks of [`ROWS_PER_TASK`] weight rows; inside
 //! a task a register tile of up to 4 tokens × 3 weight rows (12 vector
-//! accumulators) walks the shared dimension, so each weight row block is
-//! reused from L1/L2 for every token.
+//! accumulators) walks the shared dimension, so each decoded weight tile is
+//! reused from L1 for every token.
+
+use std::cell::RefCell;
 
 use rayon::prelude::*;
+
+use super::kernels::QMatrix;
+pub use super::kernels::SimdPath;
 
 /// Weight rows per rayon task.
 pub const ROWS_PER_TASK: usize = 48;
 /// Tokens per register tile.
 const TILE_T: usize = 4;
-/// Weight rows per register tile.
-const TILE_R: usize = 3;
-/// SIMD lanes of the accumulators.
+/// Weight rows per register tile (and per decoded scratch tile).
+pub const TILE_R: usize = 3;
+/// SIMD lanes of the portable and AVX2 accumulators.
 const LANES: usize = 8;
-
-#[cfg(target_arch = "x86_64")]
-fn has_avx2_fma() -> bool {
-    std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-fn has_avx2_fma() -> bool {
-    false
-}
 
 /// Computes `out[t][r] = dot(x[t], w[r])` for a `T × R` tile.
 /// `x` holds `T` rows and `w` holds `R` rows, both of length `k`.
@@ -83,7 +86,7 @@ mod avx2 {
     /// Lane reduction with the same association as the portable path:
     /// `((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))`.
     #[inline(always)]
-    unsafe fn hsum(v: __m256) -> f32 {
+    pub(super) unsafe fn hsum(v: __m256) -> f32 {
         let lo = _mm256_castps256_ps128(v);
         let hi = _mm256_extractf128_ps(v, 1);
         let s = _mm_add_ps(lo, hi); // [l0+l4, l1+l5, l2+l6, l3+l7]
@@ -134,38 +137,211 @@ mod avx2 {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    /// SIMD lanes of the AVX-512 accumulators.
+    const LANES: usize = 16;
+
+    /// Lane reduction: `lo8 + hi8` lane-wise, then the AVX2 8-lane order.
+    #[inline(always)]
+    unsafe fn hsum(v: __m512) -> f32 {
+        let lo = _mm512_castps512_ps256(v);
+        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+        super::avx2::hsum(_mm256_add_ps(lo, hi))
+    }
+
+    /// AVX-512F version of `tile_portable` with 16 lanes.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F, AVX2 and FMA; every slice must hold at least `k` floats.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(super) unsafe fn tile<const T: usize, const R: usize>(
+        x: &[&[f32]; T],
+        w: &[&[f32]; R],
+        k: usize,
+        out: &mut [[f32; R]; T],
+    ) {
+        let mut acc = [[_mm512_setzero_ps(); R]; T];
+        let body = k - k % LANES;
+        let xp: [*const f32; T] = std::array::from_fn(|t| x[t].as_ptr());
+        let wp: [*const f32; R] = std::array::from_fn(|r| w[r].as_ptr());
+        let mut i = 0;
+        while i < body {
+            let mut wv = [_mm512_setzero_ps(); R];
+            for r in 0..R {
+                wv[r] = _mm512_loadu_ps(wp[r].add(i));
+            }
+            for t in 0..T {
+                let xv = _mm512_loadu_ps(xp[t].add(i));
+                for r in 0..R {
+                    acc[t][r] = _mm512_fmadd_ps(xv, wv[r], acc[t][r]);
+                }
+            }
+            i += LANES;
+        }
+        for t in 0..T {
+            for r in 0..R {
+                let mut s = hsum(acc[t][r]);
+                for j in body..k {
+                    s += x[t][j] * w[r][j];
+                }
+                out[t][r] = s;
+            }
+        }
+    }
+}
+
+/// Fused decode-and-multiply kernels for one token (GEMV): the weight blocks
+/// are decoded in registers, never stored. Bitwise equal to decoding into the
+/// scratch tile and running [`tile`] on the same path: the decoded values are
+/// the same, and each accumulator lane sees the same products in the same
+/// order (lane `l` of 16 sums elements `k ≡ l (mod 16)` in increasing `k`).
+#[cfg(target_arch = "x86_64")]
+mod fused512 {
+    use std::arch::x86_64::*;
+
+    /// The f16 at `p` as f32 (exact).
+    #[inline(always)]
+    unsafe fn f16_at(p: *const u8) -> f32 {
+        let bits = u16::from_le_bytes([*p, *p.add(1)]);
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+    }
+
+    /// Lane reduction, same order as the AVX-512 tile kernel.
+    #[inline(always)]
+    unsafe fn hsum(v: __m512) -> f32 {
+        let lo = _mm512_castps512_ps256(v);
+        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+        super::avx2::hsum(_mm256_add_ps(lo, hi))
+    }
+
+    /// `out[r] = Σ_k x[k] · W_r[k]` for `R` Q4_1 rows (`rows[r]`: `k / 32`
+    /// blocks of 20 bytes), `k` a multiple of 32.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F, AVX2, FMA and F16C; `x` holds `k`
+    /// floats and each row `k / 32 * 20` bytes.
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    pub(super) unsafe fn q4_1<const R: usize>(x: &[f32], rows: [&[u8]; R], k: usize) -> [f32; R] {
+        let mut acc = [_mm512_setzero_ps(); R];
+        let mask = _mm_set1_epi8(0x0F);
+        let xp = x.as_ptr();
+        for b in 0..k / 32 {
+            let x0 = _mm512_loadu_ps(xp.add(32 * b));
+            let x1 = _mm512_loadu_ps(xp.add(32 * b + 16));
+            for r in 0..R {
+                let p = rows[r].as_ptr().add(20 * b);
+                let d = _mm512_set1_ps(f16_at(p));
+                let m = _mm512_set1_ps(f16_at(p.add(2)));
+                let q = _mm_loadu_si128(p.add(4) as *const __m128i);
+                let lo = _mm_and_si128(q, mask);
+                let hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
+                // q * d is exact, so fma(q, d, m) == q * d + m (the reference value).
+                let w0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo)), d, m);
+                let w1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi)), d, m);
+                acc[r] = _mm512_fmadd_ps(x0, w0, acc[r]);
+                acc[r] = _mm512_fmadd_ps(x1, w1, acc[r]);
+            }
+        }
+        std::array::from_fn(|r| hsum(acc[r]))
+    }
+
+    /// As [`q4_1`] for Q8_0 rows (`k / 32` blocks of 34 bytes).
+    ///
+    /// # Safety
+    /// As [`q4_1`], with 34-byte blocks.
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    pub(super) unsafe fn q8_0<const R: usize>(x: &[f32], rows: [&[u8]; R], k: usize) -> [f32; R] {
+        let mut acc = [_mm512_setzero_ps(); R];
+        let xp = x.as_ptr();
+        for b in 0..k / 32 {
+            let x0 = _mm512_loadu_ps(xp.add(32 * b));
+            let x1 = _mm512_loadu_ps(xp.add(32 * b + 16));
+            for r in 0..R {
+                let p = rows[r].as_ptr().add(34 * b);
+                let d = _mm512_set1_ps(f16_at(p));
+                let q0 = _mm_loadu_si128(p.add(2) as *const __m128i);
+                let q1 = _mm_loadu_si128(p.add(18) as *const __m128i);
+                let w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q0)), d);
+                let w1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q1)), d);
+                acc[r] = _mm512_fmadd_ps(x0, w0, acc[r]);
+                acc[r] = _mm512_fmadd_ps(x1, w1, acc[r]);
+            }
+        }
+        std::array::from_fn(|r| hsum(acc[r]))
+    }
+}
+
+/// Whether [`fused_rows`] has a kernel for `path` and `format`.
+fn has_fused(path: SimdPath, format: gguf::GgmlType) -> bool {
+    path == SimdPath::Avx512 && matches!(format, gguf::GgmlType::Q4_1 | gguf::GgmlType::Q8_0)
+}
+
+/// One token against `R` encoded rows with a fused kernel, if there is one
+/// for this path and format (AVX-512 with Q4_1 or Q8_0); `None` otherwise.
+#[inline(always)]
+fn fused_rows<const R: usize>(
+    path: SimdPath,
+    format: gguf::GgmlType,
+    x: &[f32],
+    rows: [&[u8]; R],
+    k: usize,
+) -> Option<[f32; R]> {
+    #[cfg(target_arch = "x86_64")]
+    if has_fused(path, format) {
+        // SAFETY: `Avx512` comes only from `SimdPath::available`, which
+        // detected AVX-512F, AVX2, FMA and F16C; `QMatrix` validated the row
+        // lengths (whole 32-element blocks) and `x` holds `k` floats.
+        match format {
+            gguf::GgmlType::Q4_1 => return Some(unsafe { fused512::q4_1::<R>(x, rows, k) }),
+            gguf::GgmlType::Q8_0 => return Some(unsafe { fused512::q8_0::<R>(x, rows, k) }),
+            _ => {}
+        }
+    }
+    let _ = (path, format, x, rows, k);
+    None
+}
+
 #[inline(always)]
 fn tile<const T: usize, const R: usize>(
-    simd: bool,
+    path: SimdPath,
     x: &[&[f32]; T],
     w: &[&[f32]; R],
     k: usize,
     out: &mut [[f32; R]; T],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if simd {
-        // SAFETY: `simd` is only true when AVX2 and FMA were detected, and
-        // callers pass rows of length `k`.
-        unsafe { avx2::tile::<T, R>(x, w, k, out) };
-        return;
+    match path {
+        // SAFETY: non-portable paths come only from `SimdPath::available`,
+        // which detected the features; callers pass rows of length `k`.
+        SimdPath::Avx512 => return unsafe { avx512::tile::<T, R>(x, w, k, out) },
+        SimdPath::Avx2 => return unsafe { avx2::tile::<T, R>(x, w, k, out) },
+        SimdPath::Portable => {}
     }
-    let _ = simd;
+    let _ = path;
     tile_portable::<T, R>(x, w, k, out)
 }
 
-/// Dot product of two equal-length slices with the same operation order as
-/// every element of [`matmul`].
+/// Dot product of two equal-length slices, on the detected path, with the
+/// same operation order as every element of [`matmul`].
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    dot_with(SimdPath::detect(), a, b)
+}
+
+/// [`dot`] on a given path.
+pub fn dot_with(path: SimdPath, a: &[f32], b: &[f32]) -> f32 {
     debug_assert_eq!(a.len(), b.len());
     let mut out = [[0.0f32; 1]; 1];
-    tile::<1, 1>(has_avx2_fma(), &[a], &[b], a.len(), &mut out);
+    tile::<1, 1>(path, &[a], &[b], a.len(), &mut out);
     out[0][0]
 }
 
 /// Computes `R` weight rows (`w_rows`, each `k` long) against all `n` tokens
 /// of `x`, writing `out[r * n + t]` (weight-row-major block of `yᵀ`).
 fn rows_block<const R: usize>(
-    simd: bool,
+    path: SimdPath,
     x: &[f32],
     n: usize,
     k: usize,
@@ -178,7 +354,7 @@ fn rows_block<const R: usize>(
     while t + TILE_T <= n {
         let xs: [&[f32]; TILE_T] = std::array::from_fn(|i| row(t + i));
         let mut o = [[0.0; R]; TILE_T];
-        tile::<TILE_T, R>(simd, &xs, &w, k, &mut o);
+        tile::<TILE_T, R>(path, &xs, &w, k, &mut o);
         for (i, oi) in o.iter().enumerate() {
             for r in 0..R {
                 out[r * n + t + i] = oi[r];
@@ -188,7 +364,7 @@ fn rows_block<const R: usize>(
     }
     while t < n {
         let mut o = [[0.0; R]; 1];
-        tile::<1, R>(simd, &[row(t)], &w, k, &mut o);
+        tile::<1, R>(path, &[row(t)], &w, k, &mut o);
         for r in 0..R {
             out[r * n + t] = o[0][r];
         }
@@ -196,42 +372,126 @@ fn rows_block<const R: usize>(
     }
 }
 
-/// `y[n, out] = x[n, in] · W[out, in]ᵀ` with row-major `x` (`n * in` floats)
-/// and `w` (`out * in` floats). Returns `y` row-major (`n * out` floats).
+thread_local! {
+    /// Per-thread decoded weight tile, `TILE_R * in` floats; grows to the widest matrix seen.
+    static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Computes rows `r0..r0 + out.len() / n` of `w` against all `n` tokens of
+/// `x`, writing `out[r * n + t]` (relative row `r`).
+fn rows_task(path: SimdPath, x: &[f32], n: usize, w: &QMatrix, r0: usize, out: &mut [f32]) {
+    // A 4 × 6 tile on AVX-512 (32 registers) measured no faster on the 2-core
+    // test machine than 4 × 3, so every path uses `TILE_R`.
+    rows_task_g::<TILE_R>(path, x, n, w, r0, out)
+}
+
+/// [`rows_task`] with weight-row groups (decoded tile and register tile) of `G` rows.
+fn rows_task_g<const G: usize>(
+    path: SimdPath,
+    x: &[f32],
+    n: usize,
+    w: &QMatrix,
+    r0: usize,
+    out: &mut [f32],
+) {
+    let k = w.cols();
+    let rows = out.len() / n;
+    if n < TILE_T && has_fused(path, w.format()) {
+        // Few tokens: decode in registers (bitwise the same as the tile path).
+        let mut r = 0;
+        while r < rows {
+            let count = if r + G <= rows { G } else { 1 };
+            for t in 0..n {
+                let xt = &x[t * k..(t + 1) * k];
+                if count == G {
+                    let enc = std::array::from_fn(|i| w.row_encoded(r0 + r + i));
+                    let y = fused_rows::<G>(path, w.format(), xt, enc, k).expect("checked");
+                    for (i, v) in y.into_iter().enumerate() {
+                        out[(r + i) * n + t] = v;
+                    }
+                } else {
+                    let enc = [w.row_encoded(r0 + r)];
+                    out[r * n + t] =
+                        fused_rows::<1>(path, w.format(), xt, enc, k).expect("checked")[0];
+                }
+            }
+            r += count;
+        }
+        return;
+    }
+    let mut run = |scratch: &mut Vec<f32>| {
+        let mut r = 0;
+        while r < rows {
+            let count = if r + G <= rows { G } else { 1 };
+            let wr: &[f32] = match w.f32_rows(r0 + r, count) {
+                Some(v) => v,
+                None => {
+                    let s = &mut scratch[..count * k];
+                    w.dequantize_rows_with(path, r0 + r, s);
+                    s
+                }
+            };
+            let o = &mut out[r * n..(r + count) * n];
+            if count == G {
+                rows_block::<G>(path, x, n, k, wr, o);
+            } else {
+                rows_block::<1>(path, x, n, k, wr, o);
+            }
+            r += count;
+        }
+    };
+    SCRATCH.with_borrow_mut(|s| {
+        if s.len() < G * k {
+            s.resize(G * k, 0.0);
+        }
+        run(s)
+    });
+}
+
+/// `y[n, out] = x[n, in] · W[out, in]ᵀ` where `W` is the row-wise
+/// concatenation of `parts` (rows of `parts[0]`, then `parts[1]`, ...; each
+/// `[out_i, in]`, `out = Σ out_i`), on the detected path. `x` is row-major
+/// (`n * in` floats); returns `y` row-major (`n * out` floats).
 ///
 /// Parallel over blocks of output rows (rayon). Bit-identical per element for
 /// any `n` (see the module docs).
 ///
-/// Panics if `x.len() != n * in_dim` or `w.len() % in_dim != 0` (internal invariants).
-pub fn matmul(x: &[f32], n: usize, in_dim: usize, w: &[f32]) -> Vec<f32> {
+/// Panics if `x.len() != n * in_dim` or a part does not have `in_dim` columns.
+pub fn matmul(x: &[f32], n: usize, in_dim: usize, parts: &[QMatrix]) -> Vec<f32> {
+    matmul_with(SimdPath::detect(), x, n, in_dim, parts)
+}
+
+/// [`matmul`] on a given path.
+pub fn matmul_with(
+    path: SimdPath,
+    x: &[f32],
+    n: usize,
+    in_dim: usize,
+    parts: &[QMatrix],
+) -> Vec<f32> {
     assert_eq!(x.len(), n * in_dim, "matmul: x has wrong length");
     assert!(
-        in_dim > 0 && w.len().is_multiple_of(in_dim),
-        "matmul: w has wrong length"
+        parts.iter().all(|p| p.cols() == in_dim),
+        "matmul: weight width differs from in_dim"
     );
-    let out_dim = w.len() / in_dim;
+    let out_dim: usize = parts.iter().map(QMatrix::rows).sum();
     if n == 0 {
         return Vec::new();
     }
-    let simd = has_avx2_fma();
     // yt[o * n + t] = y[t, o]
     let mut yt = vec![0.0f32; out_dim * n];
-    yt.par_chunks_mut(ROWS_PER_TASK * n)
-        .zip(w.par_chunks(ROWS_PER_TASK * in_dim))
-        .for_each(|(out, w_block)| {
-            let rows = w_block.len() / in_dim;
-            let mut r = 0;
-            while r + TILE_R <= rows {
-                let wr = &w_block[r * in_dim..(r + TILE_R) * in_dim];
-                rows_block::<TILE_R>(simd, x, n, in_dim, wr, &mut out[r * n..(r + TILE_R) * n]);
-                r += TILE_R;
-            }
-            while r < rows {
-                let wr = &w_block[r * in_dim..(r + 1) * in_dim];
-                rows_block::<1>(simd, x, n, in_dim, wr, &mut out[r * n..(r + 1) * n]);
-                r += 1;
-            }
-        });
+    let mut tasks = Vec::with_capacity(out_dim.div_ceil(ROWS_PER_TASK) + parts.len());
+    let mut rest = yt.as_mut_slice();
+    for w in parts {
+        let (mine, tail) = rest.split_at_mut(w.rows() * n);
+        rest = tail;
+        for (i, chunk) in mine.chunks_mut(ROWS_PER_TASK * n).enumerate() {
+            tasks.push((w, i * ROWS_PER_TASK, chunk));
+        }
+    }
+    tasks
+        .into_par_iter()
+        .for_each(|(w, r0, out)| rows_task(path, x, n, w, r0, out));
     if n == 1 {
         return yt;
     }
@@ -262,6 +522,8 @@ fn transpose(a: &[f32], rows: usize, cols: usize) -> Vec<f32> {
 
 #[cfg(test)]
 mod tests {
+    use gguf::GgmlType;
+
     use super::*;
 
     fn data(n: usize, seed: u32) -> Vec<f32> {
@@ -275,21 +537,105 @@ mod tests {
             .collect()
     }
 
+    fn f32_matrix(rows: usize, cols: usize, seed: u32) -> QMatrix {
+        QMatrix::from_f32(rows, cols, data(rows * cols, seed))
+    }
+
+    /// `[rows, cols]` random weights encoded in `format`.
+    fn encoded(format: GgmlType, rows: usize, cols: usize, seed: u32) -> QMatrix {
+        let w = data(rows * cols, seed);
+        let bytes = match format {
+            GgmlType::Q8_0 => gguf::quantize_q8_0(&w).unwrap(),
+            GgmlType::Q4_1 => gguf::quantize_q4_1(&w).unwrap(),
+            GgmlType::F16 => gguf::quant::quantize_f16(&w),
+            GgmlType::BF16 => w
+                .iter()
+                .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
+                .collect(),
+            _ => gguf::quant::encode_f32(&w),
+        };
+        QMatrix::from_bytes(format, rows, cols, &bytes).unwrap()
+    }
+
+    /// Scalar f64 reference over the reference-dequantized weights.
+    fn naive(x: &[f32], n: usize, parts: &[QMatrix]) -> Vec<f64> {
+        let k = parts[0].cols();
+        let mut w = Vec::new();
+        for p in parts {
+            let mut d = vec![0.0; p.rows() * k];
+            p.dequantize_rows_with(SimdPath::Portable, 0, &mut d);
+            w.extend(d);
+        }
+        let out = w.len() / k;
+        let mut y = vec![0.0; n * out];
+        for t in 0..n {
+            for o in 0..out {
+                y[t * out + o] = (0..k)
+                    .map(|i| x[t * k + i] as f64 * w[o * k + i] as f64)
+                    .sum();
+            }
+        }
+        y
+    }
+
+    /// Every available path, every format, awkward sizes, against the scalar
+    /// reference; and per path, each row alone gives bitwise its batched result.
     #[test]
-    fn matches_naive() {
-        for &(n, k, out) in &[(1, 8, 1), (5, 37, 7), (9, 64, 100), (3, 576, 50)] {
-            let x = data(n * k, 1);
-            let w = data(out * k, 2);
-            let y = matmul(&x, n, k, &w);
-            for t in 0..n {
-                for o in 0..out {
-                    let want: f64 = (0..k)
-                        .map(|i| x[t * k + i] as f64 * w[o * k + i] as f64)
-                        .sum();
-                    let got = y[t * out + o] as f64;
+    fn every_path_and_format_matches_reference_and_is_batch_invariant() {
+        let formats = [
+            GgmlType::F32,
+            GgmlType::F16,
+            GgmlType::BF16,
+            GgmlType::Q8_0,
+            GgmlType::Q4_1,
+        ];
+        for path in SimdPath::available() {
+            for format in formats {
+                for &(k, outs) in &[(32, [1, 5]), (96, [50, 7]), (576, [3, 97])] {
+                    let parts: Vec<QMatrix> = outs
+                        .iter()
+                        .enumerate()
+                        .map(|(i, &o)| encoded(format, o, k, 10 + i as u32))
+                        .collect();
+                    let out: usize = outs.iter().sum();
+                    for n in [1usize, 3, 17, 64] {
+                        let x = data(n * k, n as u32);
+                        let y = matmul_with(path, &x, n, k, &parts);
+                        let want = naive(&x, n, &parts);
+                        for (i, (&g, &w)) in y.iter().zip(&want).enumerate() {
+                            assert!(
+                                (g as f64 - w).abs() < 1e-4 * (1.0 + w.abs()) * (k as f64).sqrt(),
+                                "{path:?} {format} n={n} k={k} elem {i}: {g} vs {w}"
+                            );
+                        }
+                        for t in [0, n / 2, n - 1] {
+                            let single = matmul_with(path, &x[t * k..(t + 1) * k], 1, k, &parts);
+                            let bits =
+                                |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                            assert_eq!(
+                                bits(&single),
+                                bits(&y[t * out..(t + 1) * out]),
+                                "{path:?} {format} n={n} k={k} row {t}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn matches_naive_f32_odd_widths() {
+        for path in SimdPath::available() {
+            for &(n, k, out) in &[(1, 8, 1), (5, 37, 7), (9, 64, 100), (3, 577, 50)] {
+                let x = data(n * k, 1);
+                let w = [f32_matrix(out, k, 2)];
+                let y = matmul_with(path, &x, n, k, &w);
+                let want = naive(&x, n, &w);
+                for (&g, &w) in y.iter().zip(&want) {
                     assert!(
-                        (got - want).abs() < 1e-4 * (1.0 + want.abs()),
-                        "{got} {want}"
+                        (g as f64 - w).abs() < 1e-4 * (1.0 + w.abs()),
+                        "{path:?} {g} {w}"
                     );
                 }
             }
@@ -300,16 +646,19 @@ mod tests {
     fn batch_invariant_bitwise() {
         let (n, k, out) = (11, 200, 131);
         let x = data(n * k, 3);
-        let w = data(out * k, 4);
-        let y = matmul(&x, n, k, &w);
-        for t in 0..n {
-            let single = matmul(&x[t * k..(t + 1) * k], 1, k, &w);
-            assert_eq!(single, y[t * out..(t + 1) * out], "token {t}");
-            for o in 0..out {
-                assert_eq!(
-                    dot(&x[t * k..(t + 1) * k], &w[o * k..(o + 1) * k]),
-                    single[o]
-                );
+        let wv = data(out * k, 4);
+        let w = [QMatrix::from_f32(out, k, wv.clone())];
+        for path in SimdPath::available() {
+            let y = matmul_with(path, &x, n, k, &w);
+            for t in 0..n {
+                let single = matmul_with(path, &x[t * k..(t + 1) * k], 1, k, &w);
+                assert_eq!(single, y[t * out..(t + 1) * out], "token {t}");
+                for o in 0..out {
+                    assert_eq!(
+                        dot_with(path, &x[t * k..(t + 1) * k], &wv[o * k..(o + 1) * k]),
+                        single[o]
+                    );
+                }
             }
         }
     }
@@ -323,15 +672,16 @@ mod tests {
                 assert_eq!(t[c * 6 + r], a[r * 10 + c]);
             }
         }
-        assert!(matmul(&[], 0, 4, &[1.0; 8]).is_empty());
+        assert!(matmul(&[], 0, 4, &[f32_matrix(2, 4, 1)]).is_empty());
     }
 
     #[test]
     fn portable_matches_simd_closely() {
         let k = 77;
         let (a, b) = (data(k, 5), data(k, 6));
-        let mut out = [[0.0f32; 1]; 1];
-        tile_portable::<1, 1>(&[&a], &[&b], k, &mut out);
-        assert!((out[0][0] - dot(&a, &b)).abs() < 1e-5);
+        for path in SimdPath::available() {
+            let p = dot_with(SimdPath::Portable, &a, &b);
+            assert!((p - dot_with(path, &a, &b)).abs() < 1e-5);
+        }
     }
 }

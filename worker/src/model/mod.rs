@@ -31,16 +31,19 @@
 //!
 //! Rayon parallelism splits matmuls over weight-row blocks and attention over
 //! (token, head) pairs; neither changes any single value's reduction order.
-//! Results are reproducible per machine (the matmul uses FMA when the CPU has
-//! AVX2+FMA), not across machines.
+//! Results are reproducible per machine (the matmul uses 8-lane FMA with
+//! AVX2+FMA, 16-lane FMA with AVX-512F, chosen once at run time), not across
+//! machines.
 //!
-//! Weights are multiplied only in [`matmul::matmul`] (over [`Matrix`] data), the
-//! one place to change for other weight formats.
+//! Weights are multiplied only in [`matmul::matmul`] (over the [`QMatrix`] parts
+//! of a [`Matrix`], kept in the file's formats; see [`kernels`]), the one place
+//! to change for other weight formats.
 
 mod attention;
 mod batch_model;
 mod config;
 mod error;
+pub mod kernels;
 mod kv_cache;
 mod llama;
 pub mod matmul;
@@ -52,6 +55,7 @@ mod weights;
 pub use attention::{attention, HeadShape, QueryPos};
 pub use config::LlamaConfig;
 pub use error::ModelError;
+pub use kernels::{QMatrix, SimdPath};
 pub use kv_cache::{PagedKvCache, PagedLayer};
 pub use llama::LlamaModel;
 pub use weights::{LayerWeights, Matrix, ModelWeights};

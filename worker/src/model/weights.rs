@@ -1,4 +1,8 @@
-//! Model weights, dequantized to f32 at load time.
+//! Model weights, kept in memory in the GGUF file's own formats (for
+//! SmolLM2-135M Q4_1: Q4_1 matrices, Q8_0 token embeddings / tied LM head,
+//! F32 norms; about 100 MB instead of ~540 MB of f32). Matrices are
+//! [`QMatrix`]es decoded tile by tile inside [`super::matmul`]; norm vectors
+//! are dequantized to f32.
 //!
 //! Tensor names and GGUF shapes follow llama.cpp's llama layout
 //! (`token_embd`, `blk.N.attn_{norm,q,k,v,output}`, `blk.N.ffn_{norm,gate,up,down}`,
@@ -13,37 +17,51 @@
 //! attention scores equal the Hugging Face model's.
 
 use gguf::{GgufFile, TensorInfo};
-use rayon::prelude::*;
 
+use super::kernels::QMatrix;
 use super::{LlamaConfig, ModelError};
 
-/// A row-major f32 matrix `[rows, cols]`.
+/// A weight matrix `[rows, cols]` made of one or more [`QMatrix`] parts
+/// stacked by rows (e.g. Q, K and V), each in its own file format.
 #[derive(Debug, Clone)]
 pub struct Matrix {
-    /// Number of rows (output features).
-    pub rows: usize,
-    /// Number of columns (input features); the contiguous dimension.
-    pub cols: usize,
-    /// `rows * cols` values.
-    pub data: Vec<f32>,
+    /// The parts, all `cols` wide, in row order.
+    pub parts: Vec<QMatrix>,
 }
 
 impl Matrix {
-    /// Row `r` (`cols` values).
-    pub fn row(&self, r: usize) -> &[f32] {
-        &self.data[r * self.cols..(r + 1) * self.cols]
+    /// Total rows (output features) over all parts.
+    pub fn rows(&self) -> usize {
+        self.parts.iter().map(QMatrix::rows).sum()
     }
 
-    /// Stacks matrices with equal `cols` vertically (rows of `a`, then `b`, ...).
-    fn concat_rows(parts: Vec<Matrix>) -> Matrix {
-        let cols = parts[0].cols;
-        let rows = parts.iter().map(|m| m.rows).sum();
-        let mut data = Vec::with_capacity(rows * cols);
-        for m in parts {
-            debug_assert_eq!(m.cols, cols);
-            data.extend_from_slice(&m.data);
+    /// Columns (input features).
+    pub fn cols(&self) -> usize {
+        self.parts[0].cols()
+    }
+
+    /// Bytes held in memory.
+    pub fn size_bytes(&self) -> usize {
+        self.parts.iter().map(QMatrix::size_bytes).sum()
+    }
+
+    /// Decodes row `r` into `out[..cols]` (exactly the reference dequantized values).
+    ///
+    /// Panics if `r >= self.rows()` or `out` is shorter than a row.
+    pub fn row_into(&self, mut r: usize, out: &mut [f32]) {
+        let cols = self.cols();
+        for p in &self.parts {
+            if r < p.rows() {
+                p.dequantize_rows(r, &mut out[..cols]);
+                return;
+            }
+            r -= p.rows();
         }
-        Matrix { rows, cols, data }
+        panic!("Matrix::row_into: row out of range");
+    }
+
+    fn single(m: QMatrix) -> Matrix {
+        Matrix { parts: vec![m] }
     }
 }
 
@@ -85,7 +103,7 @@ impl ModelWeights {
         self.output.as_ref().unwrap_or(&self.token_embd)
     }
 
-    /// Loads and dequantizes every tensor of `file`, checking shapes against `config`.
+    /// Loads every tensor of `file` (matrices in their file format, norms as f32), checking shapes against `config`.
     ///
     /// Errors: [`ModelError::MissingTensor`], [`ModelError::TensorShape`], and
     /// [`ModelError::Gguf`] for unsupported types or out-of-bounds data.
@@ -98,27 +116,31 @@ impl ModelWeights {
             let name = |s: &str| format!("blk.{l}.{s}.weight");
             layers.push(LayerWeights {
                 attn_norm: vector(file, &name("attn_norm"), h)?,
-                wqkv: Matrix::concat_rows(vec![
-                    matrix(file, &name("attn_q"), h, q)?,
-                    matrix(file, &name("attn_k"), h, kv)?,
-                    matrix(file, &name("attn_v"), h, kv)?,
-                ]),
-                wo: matrix(file, &name("attn_output"), q, h)?,
+                wqkv: Matrix {
+                    parts: vec![
+                        matrix(file, &name("attn_q"), h, q)?,
+                        matrix(file, &name("attn_k"), h, kv)?,
+                        matrix(file, &name("attn_v"), h, kv)?,
+                    ],
+                },
+                wo: Matrix::single(matrix(file, &name("attn_output"), q, h)?),
                 ffn_norm: vector(file, &name("ffn_norm"), h)?,
-                w_gate_up: Matrix::concat_rows(vec![
-                    matrix(file, &name("ffn_gate"), h, f)?,
-                    matrix(file, &name("ffn_up"), h, f)?,
-                ]),
-                w_down: matrix(file, &name("ffn_down"), f, h)?,
+                w_gate_up: Matrix {
+                    parts: vec![
+                        matrix(file, &name("ffn_gate"), h, f)?,
+                        matrix(file, &name("ffn_up"), h, f)?,
+                    ],
+                },
+                w_down: Matrix::single(matrix(file, &name("ffn_down"), f, h)?),
             });
         }
         let vocab = c.vocab_size as u64;
         let output = match file.tensor("output.weight") {
-            Some(_) => Some(matrix(file, "output.weight", h, vocab)?),
+            Some(_) => Some(Matrix::single(matrix(file, "output.weight", h, vocab)?)),
             None => None,
         };
         Ok(ModelWeights {
-            token_embd: matrix(file, "token_embd.weight", h, vocab)?,
+            token_embd: Matrix::single(matrix(file, "token_embd.weight", h, vocab)?),
             layers,
             output_norm: vector(file, "output_norm.weight", h)?,
             output,
@@ -140,13 +162,12 @@ fn find<'a>(file: &'a GgufFile, name: &str, dims: &[u64]) -> Result<&'a TensorIn
     Ok(info)
 }
 
-/// Loads a GGUF `[cols, rows]` tensor as a row-major `[rows, cols]` matrix,
-/// dequantizing rows in parallel.
-fn matrix(file: &GgufFile, name: &str, cols: u64, rows: u64) -> Result<Matrix, ModelError> {
+/// Loads a GGUF `[cols, rows]` tensor as a row-major `[rows, cols]`
+/// [`QMatrix`] in the file's format (bytes copied out of the mapping).
+fn matrix(file: &GgufFile, name: &str, cols: u64, rows: u64) -> Result<QMatrix, ModelError> {
     let info = find(file, name, &[cols, rows])?;
     let bytes = file.tensor_bytes(info)?;
     let (rows, cols) = (rows as usize, cols as usize);
-    let mut data = vec![0.0f32; rows * cols];
     let block = info.dtype.block_size().unwrap_or(1);
     if !cols.is_multiple_of(block) {
         return Err(ModelError::InvalidConfig(format!(
@@ -154,11 +175,8 @@ fn matrix(file: &GgufFile, name: &str, cols: u64, rows: u64) -> Result<Matrix, M
             info.dtype
         )));
     }
-    let row_bytes = bytes.len() / rows;
-    data.par_chunks_mut(cols)
-        .zip(bytes.par_chunks(row_bytes))
-        .try_for_each(|(out, b)| gguf::dequantize(info.dtype, b, cols, out))?;
-    Ok(Matrix { rows, cols, data })
+    QMatrix::from_bytes(info.dtype, rows, cols, bytes)
+        .map_err(|e| ModelError::InvalidConfig(format!("tensor `{name}`: {e}")))
 }
 
 fn vector(file: &GgufFile, name: &str, len: u64) -> Result<Vec<f32>, ModelError> {

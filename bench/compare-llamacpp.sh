@@ -1,0 +1,198 @@
+#!/usr/bin/env bash
+# Side-by-side CPU comparison of this project and llama.cpp on the same GGUF and the same cores
+# (issue 4). Not part of CI: the first run builds llama.cpp (~10 minutes on 2 cores).
+#
+#   bench/compare-llamacpp.sh            # everything
+#   SKIP_SERVER=1 bench/compare-llamacpp.sh   # without the router / llama-server load test
+#
+# 1. Builds llama.cpp once into .cache/llamacpp-<version>/ from the source shipped in the PyPI
+#    sdist of llama-cpp-python (`pip download --no-binary :all: --no-deps`), cmake Release,
+#    -DGGML_NATIVE=ON -DLLAMA_CURL=OFF, only the llama-bench, llama-batched-bench and
+#    llama-server targets.
+# 2. Runs, alternating engines, REPEATS times each (medians reported):
+#    - prefill of a 512-token prompt: llama-bench pp512 vs our throughput report (one entry);
+#    - single-stream decode: llama-bench tg128 vs our throughput report (batch of 1);
+#    - aggregate decode at 16 and 32 streams, prompt 128 + 128 new: llama-batched-bench vs our
+#      throughput report (batches of 16 / 32 with a 128-token context, 128 steps);
+#    - through the servers, 64 streaming requests, 16 at a time, 16-token prompts, 64 new tokens,
+#      greedy, ignore_eos: llama-server --parallel 16 (load from bench/openai_load.py) vs our
+#      router + worker (load from the `bench` tool): aggregate tok/s, TTFT p50, ITL p50.
+# 3. Prints one table: metric, ours, llama.cpp, ratio (ours / llama.cpp, or llama.cpp / ours for
+#    latencies, so > 1 always means we are better), and the issue's target.
+#
+# Environment: THREADS (default: nproc), REPEATS (default 3), LLAMACPP_VERSION (default 0.3.36),
+# SMOLLM_MODEL (default: scripts/fetch-model's file).
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+
+version="${LLAMACPP_VERSION:-0.3.36}"
+threads="${THREADS:-$(nproc)}"
+repeats="${REPEATS:-3}"
+cache="$root/.cache/llamacpp-$version"
+build="$cache/build"
+out="$cache/results-$(date -u +%Y%m%dT%H%M%SZ)"
+mkdir -p "$cache" "$out"
+
+model="${SMOLLM_MODEL:-$(scripts/fetch-model | tail -n 1)}"
+[[ -f "$model" ]] || { echo "compare: model $model not found" >&2; exit 2; }
+echo "model: $model; threads: $threads; repeats: $repeats; results: $out"
+
+# ---------------------------------------------------------------- llama.cpp build (cached)
+find_bin() { # name -> path of the built binary, or nothing
+  find "$build" -type f -name "$1" -perm -u+x 2>/dev/null | head -n 1
+}
+if [[ -z "$(find_bin llama-bench)" || -z "$(find_bin llama-batched-bench)" || -z "$(find_bin llama-server)" ]]; then
+  src_dir="$cache/src"
+  if [[ ! -d "$src_dir" ]]; then
+    mkdir -p "$cache/sdist"
+    pip download "llama-cpp-python==$version" --no-binary :all: --no-deps \
+      -d "$cache/sdist"
+    tarball=$(find "$cache/sdist" -name "llama_cpp_python-$version.tar.gz" -o -name "llama-cpp-python-$version.tar.gz" | head -n 1)
+    [[ -n "$tarball" ]] || { echo "compare: sdist not found in $cache/sdist" >&2; exit 2; }
+    mkdir -p "$src_dir.tmp"
+    tar -xzf "$tarball" -C "$src_dir.tmp" --strip-components=1
+    mv "$src_dir.tmp" "$src_dir"
+  fi
+  llama_src="$src_dir/vendor/llama.cpp"
+  [[ -f "$llama_src/CMakeLists.txt" ]] || { echo "compare: no llama.cpp in $llama_src" >&2; exit 2; }
+  cmake -S "$llama_src" -B "$build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
+    -DLLAMA_BUILD_TESTS=OFF -DBUILD_SHARED_LIBS=OFF
+  cmake --build "$build" --config Release -j "$threads" \
+    --target llama-bench llama-batched-bench llama-server
+fi
+llama_bench=$(find_bin llama-bench)
+batched_bench=$(find_bin llama-batched-bench)
+llama_server=$(find_bin llama-server)
+
+# ---------------------------------------------------------------- floors (bandwidth, FMA peak)
+gcc -O3 -march=native -pthread "$root/bench/floors.c" -o "$cache/floors"
+"$cache/floors" "$threads" | tee "$out/floors.txt"
+
+# ---------------------------------------------------------------- our side: build
+cargo build --release --locked --bins
+cargo test --release --locked -p worker --test reference --no-run
+bin="$root/target/release"
+
+# Our in-process throughput report with the given settings; prints its lines.
+ours_report() { # prefill batches context steps
+  THROUGHPUT_PREFILL="$1" THROUGHPUT_BATCHES="$2" THROUGHPUT_CONTEXT="$3" THROUGHPUT_STEPS="$4" \
+    RAYON_NUM_THREADS="$threads" SMOLLM_MODEL="$model" \
+    cargo test --release --locked -q -p worker --test reference -- --ignored --nocapture \
+    throughput_report 2>&1 | grep -E '^(prefill|decode)'
+}
+
+# ---------------------------------------------------------------- alternating runs
+for r in $(seq 1 "$repeats"); do
+  echo "--- round $r / $repeats"
+  # llama.cpp: pp512 and tg128 (one repetition each per round; -r 1 keeps rounds interleaved).
+  "$llama_bench" -m "$model" -t "$threads" -p 512 -n 128 -r 1 -o json >"$out/llama-bench-$r.json"
+  "$batched_bench" -m "$model" -t "$threads" -c 8448 -b 2048 -ub 512 -npp 128 -ntg 128 -npl 16,32 \
+    >"$out/batched-bench-$r.txt" 2>"$out/batched-bench-$r.log"
+  # Ours: 512-token prefill and one stream (context 128, 128 steps), then 16 and 32 streams.
+  ours_report 512 1,16,32 128 128 >"$out/ours-$r.txt"
+  cat "$out/ours-$r.txt"
+done
+
+# ---------------------------------------------------------------- servers under load
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+trap cleanup EXIT
+wait_for() { # file, pattern, pid
+  for _ in $(seq 1 1200); do
+    grep -q "$2" "$1" && return 0
+    kill -0 "$3" 2>/dev/null || { echo "compare: process exited; its log:" >&2; cat "$1" >&2; return 1; }
+    sleep 0.1
+  done
+  echo "compare: timed out waiting for '$2' in $1" >&2; return 1
+}
+if [[ -z "${SKIP_SERVER:-}" ]]; then
+  for r in $(seq 1 "$repeats"); do
+    # llama-server, 16 slots of (16 + 64) tokens at least.
+    port=$(free_port)
+    "$llama_server" -m "$model" -t "$threads" --parallel 16 --cont-batching -c 4096 \
+      --host 127.0.0.1 --port "$port" >"$out/llama-server-$r.log" 2>&1 &
+    pids+=($!)
+    wait_for "$out/llama-server-$r.log" "server is listening" "${pids[-1]}"
+    python3 "$root/bench/openai_load.py" --url "http://127.0.0.1:$port" --requests 64 \
+      --concurrency 16 --prompt-tokens 16 --max-new-tokens 64 --warmup 4 >"$out/llama-server-$r.json"
+    kill "${pids[-1]}"; wait "${pids[-1]}" 2>/dev/null || true; unset 'pids[-1]'
+
+    # Our router + worker.
+    wport=$(free_port); rport=$(free_port)
+    RAYON_NUM_THREADS="$threads" "$bin/worker" --model "$model" --listen "127.0.0.1:$wport" \
+      >"$out/worker-$r.log" 2>&1 &
+    pids+=($!)
+    wait_for "$out/worker-$r.log" "worker ready" "${pids[-1]}"
+    "$bin/router" --workers "127.0.0.1:$wport" --listen "127.0.0.1:$rport" >"$out/router-$r.log" 2>&1 &
+    pids+=($!)
+    wait_for "$out/router-$r.log" "router ready" "${pids[-1]}"
+    "$bin/bench" --router "127.0.0.1:$rport" --requests 64 --concurrency 16 --prompt-tokens 16 \
+      --max-new-tokens 64 --ignore-eos true --warmup 4 --json "$out/ours-server-$r.json" \
+      --label "compare-llamacpp round $r" >"$out/ours-server-$r.txt"
+    cleanup; pids=()
+  done
+fi
+
+# ---------------------------------------------------------------- table
+python3 - "$out" "$repeats" <<'PY'
+import json, pathlib, re, statistics, sys
+
+out, repeats = pathlib.Path(sys.argv[1]), int(sys.argv[2])
+med = lambda xs: statistics.median(xs) if xs else float("nan")
+
+def llama_bench(kind):  # kind: "pp" (n_prompt=512) or "tg" (n_gen=128)
+    vals = []
+    for r in range(1, repeats + 1):
+        for row in json.loads((out / f"llama-bench-{r}.json").read_text()):
+            if kind == "pp" and row["n_prompt"] > 0 and row["n_gen"] == 0:
+                vals.append(row["avg_ts"])
+            if kind == "tg" and row["n_gen"] > 0 and row["n_prompt"] == 0:
+                vals.append(row["avg_ts"])
+    return med(vals)
+
+def batched(npl):  # S_TG t/s of the markdown row with B == npl
+    vals = []
+    for r in range(1, repeats + 1):
+        header = None
+        for line in (out / f"batched-bench-{r}.txt").read_text().splitlines():
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if "S_TG t/s" in cells:
+                header = cells
+            elif header and len(cells) == len(header) and cells[header.index("B")] == str(npl):
+                vals.append(float(cells[header.index("S_TG t/s")]))
+    return med(vals)
+
+def ours(pattern):
+    vals = []
+    for r in range(1, repeats + 1):
+        m = re.search(pattern, (out / f"ours-{r}.txt").read_text())
+        if m:
+            vals.append(float(m.group(1)))
+    return med(vals)
+
+rows = [
+    ("prefill 512 tok/s", ours(r"prefill 512 tokens: median ([\d.]+)"), llama_bench("pp"), ">= 1.5", False),
+    ("decode 1 stream tok/s", ours(r"batch of 1: median [\d.]+ ms/step = ([\d.]+)"), llama_bench("tg"), ">= 1.2", False),
+    ("decode 16 streams tok/s", ours(r"batch of 16: median [\d.]+ ms/step = ([\d.]+)"), batched(16), "", False),
+    ("decode 32 streams tok/s", ours(r"batch of 32: median [\d.]+ ms/step = ([\d.]+)"), batched(32), ">= 2", False),
+]
+
+srv = lambda prefix: [json.loads(p.read_text()) for p in sorted(out.glob(f"{prefix}-*.json"))]
+ours_srv, llama_srv = srv("ours-server"), srv("llama-server")
+if ours_srv and llama_srv:
+    o = lambda k, q=None: med([(s["summary"][k] if q is None else s["summary"][k][q]) for s in ours_srv])
+    l = lambda k: med([s[k] for s in llama_srv])
+    rows += [
+        ("server 16 conc. tok/s", o("generated_tokens_per_s"), l("generated_tokens_per_s"), "> 1", False),
+        ("server TTFT p50 ms", o("ttft_ms", "p50"), l("ttft_p50_ms"), "> 1", True),
+        ("server ITL p50 ms", o("itl_ms", "p50"), l("itl_p50_ms"), "> 1", True),
+    ]
+
+print(f"\n{'metric':<26}{'ours':>10}{'llama.cpp':>12}{'ratio':>8}  target")
+for name, a, b, target, lower_better in rows:
+    ratio = (b / a) if lower_better else (a / b)
+    print(f"{name:<26}{a:>10.1f}{b:>12.1f}{ratio:>8.2f}  {target}")
+print("\nratio > 1 means ours is better (throughput ours/llama.cpp, latency llama.cpp/ours)")
+PY

@@ -1,0 +1,195 @@
+{{/* Chart name. */}}
+{{- define "smollm.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/*
+Full name of the release's objects. Kept to 40 characters so that the longest derived name
+(<fullname>-worker-headless) and the StatefulSet's pod and revision names stay DNS labels.
+*/}}
+{{- define "smollm.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "smollm.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "smollm.router.name" -}}{{ include "smollm.fullname" . }}-router{{- end -}}
+{{- define "smollm.worker.name" -}}{{ include "smollm.fullname" . }}-worker{{- end -}}
+{{- define "smollm.worker.headless" -}}{{ include "smollm.fullname" . }}-worker-headless{{- end -}}
+{{- define "smollm.config.name" -}}{{ include "smollm.fullname" . }}-config{{- end -}}
+
+{{- define "smollm.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "smollm.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Labels of every object. */}}
+{{- define "smollm.labels" -}}
+helm.sh/chart: {{ include "smollm.chart" . }}
+app.kubernetes.io/name: {{ include "smollm.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: smollm-serve
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* Selector labels of one component: (dict "ctx" $ "component" "router"). */}}
+{{- define "smollm.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "smollm.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{/* Labels of one component's objects: (dict "ctx" $ "component" "router"). */}}
+{{- define "smollm.componentLabels" -}}
+{{ include "smollm.labels" .ctx }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{/* An image reference from {registry, repository, tag, digest}: (dict "image" ... "ctx" $). */}}
+{{- define "smollm.image" -}}
+{{- $image := .image -}}
+{{- $ref := $image.repository -}}
+{{- if $image.registry -}}{{- $ref = printf "%s/%s" $image.registry $image.repository -}}{{- end -}}
+{{- if $image.digest -}}
+{{- printf "%s@%s" $ref $image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $ref (default .ctx.Chart.AppVersion $image.tag | toString) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The worker's headless service DNS name (what the router's discovery_dns resolves). */}}
+{{- define "smollm.worker.dnsName" -}}
+{{- printf "%s.%s.svc.%s" (include "smollm.worker.headless" .) .Release.Namespace .Values.clusterDomain -}}
+{{- end -}}
+
+{{/* "IP:PORT" a server binds in its pod. */}}
+{{- define "smollm.bind" -}}
+{{- printf "%s:%d" .ctx.Values.bindAddress (int .port) -}}
+{{- end -}}
+
+{{/*
+Grace period of a component: (dict "drainMs" ... "extra" seconds "override" value "what" "router").
+Derived: drain (rounded up to seconds) + extra + 15 s. An explicit value must exceed drain + extra.
+*/}}
+{{- define "smollm.gracePeriod" -}}
+{{- $drainS := div (add (int64 .drainMs) 999) 1000 -}}
+{{- $floor := add $drainS (int64 .extra) -}}
+{{- if kindIs "invalid" .override -}}
+{{- add $floor 15 -}}
+{{- else if le (int64 .override) $floor -}}
+{{- fail (printf "%s.terminationGracePeriodSeconds (%d) must exceed the drain (%s.config.drain_timeout_ms = %d ms, plus preStop %d s): Kubernetes would kill the pod mid-drain" .what (int64 .override) .what (int64 .drainMs) (int64 .extra)) -}}
+{{- else -}}
+{{- int64 .override -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+A TOML value from a values entry. Numbers read from YAML are float64 in Helm: integral ones are
+written as integers (the binaries' integer settings reject 100.0).
+*/}}
+{{- define "smollm.tomlValue" -}}
+{{- $v := . -}}
+{{- if kindIs "string" $v -}}
+{{- toJson $v -}}
+{{- else if kindIs "bool" $v -}}
+{{- $v -}}
+{{- else if kindIs "float64" $v -}}
+{{- if eq $v (floor $v) -}}{{- int64 $v -}}{{- else -}}{{- $v -}}{{- end -}}
+{{- else if or (kindIs "int" $v) (kindIs "int64" $v) -}}
+{{- $v -}}
+{{- else if kindIs "slice" $v -}}
+[{{- range $i, $e := $v -}}{{- if $i -}}, {{ end -}}{{- include "smollm.tomlValue" $e -}}{{- end -}}]
+{{- else -}}
+{{- fail (printf "cannot write %v (%s) as a TOML value" $v (kindOf $v)) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A TOML document from a map: scalar keys first, then one [table] per nested map. Nulls are left out. */}}
+{{- define "smollm.toml" -}}
+{{- range $k, $v := . -}}
+{{- if not (or (kindIs "map" $v) (kindIs "invalid" $v)) }}
+{{ $k }} = {{ include "smollm.tomlValue" $v }}
+{{- end -}}
+{{- end -}}
+{{- range $k, $v := . -}}
+{{- if kindIs "map" $v }}
+
+[{{ $k }}]
+{{- range $k2, $v2 := $v -}}
+{{- if not (kindIs "invalid" $v2) }}
+{{ $k2 }} = {{ include "smollm.tomlValue" $v2 }}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The router's settings file (values router.config plus what the chart owns). */}}
+{{- define "smollm.router.toml" -}}
+{{- $owned := dict "listen" (include "smollm.bind" (dict "ctx" . "port" .Values.router.port)) -}}
+{{- $_ := set $owned "metrics_listen" (ternary (include "smollm.bind" (dict "ctx" . "port" .Values.router.metricsPort)) "" .Values.metrics.enabled) -}}
+{{- $_ := set $owned "discovery_dns" (printf "%s:%d" (include "smollm.worker.dnsName" .) (int .Values.worker.port)) -}}
+{{- include "smollm.toml" (merge $owned (deepCopy .Values.router.config)) -}}
+{{- end -}}
+
+{{/* The worker's settings file. */}}
+{{- define "smollm.worker.toml" -}}
+{{- $owned := dict "listen" (include "smollm.bind" (dict "ctx" . "port" .Values.worker.port)) -}}
+{{- $_ := set $owned "metrics_listen" (ternary (include "smollm.bind" (dict "ctx" . "port" .Values.worker.metricsPort)) "" .Values.metrics.enabled) -}}
+{{- $_ := set $owned "model" (include "smollm.model.path" .) -}}
+{{- include "smollm.toml" (merge $owned (deepCopy .Values.worker.config)) -}}
+{{- end -}}
+
+{{- define "smollm.model.path" -}}
+{{- printf "%s/%s" (.Values.model.mountPath | trimSuffix "/") (.Values.model.file | trimPrefix "/") -}}
+{{- end -}}
+
+{{/* Pod-level settings shared by both components: (dict "ctx" $ "values" .Values.router "component" "router"). */}}
+{{- define "smollm.podScheduling" -}}
+{{- $v := .values -}}
+{{- with $v.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- with $v.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $v.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $v.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- if kindIs "invalid" $v.topologySpreadConstraints }}
+topologySpreadConstraints:
+  - maxSkew: 1
+    topologyKey: kubernetes.io/hostname
+    whenUnsatisfiable: ScheduleAnyway
+    labelSelector:
+      matchLabels:
+        {{- include "smollm.selectorLabels" (dict "ctx" .ctx "component" .component) | nindent 8 }}
+{{- else if $v.topologySpreadConstraints }}
+topologySpreadConstraints:
+  {{- toYaml $v.topologySpreadConstraints | nindent 2 }}
+{{- end }}
+{{- end -}}

@@ -1,0 +1,324 @@
+//! Weight storage in the file's own format and the per-format decoders used by
+//! [`super::matmul`].
+//!
+//! A [`QMatrix`] keeps a GGUF matrix exactly as the file encodes it (Q8_0,
+//! Q4_0, Q4_1, F16, BF16, or F32), one row per output feature. The matmul
+//! decodes a few rows at a time into a small per-thread f32 tile (L1
+//! resident: `TILE_R * cols * 4` bytes, at most 18 KiB for SmolLM2's 1536-wide
+//! rows) and multiplies float32 activations against it; there is no 8-bit
+//! activation path.
+//!
+//! Exactness: every decoder produces bitwise the values of the scalar
+//! reference [`gguf::dequantize`] (ggml's `dequantize_row_*` formulas):
+//! Q4_1 `q * d + m`, Q4_0 `(q - 8) * d`, Q8_0 `q * d`, F16/BF16 widened
+//! exactly. The SIMD Q4_1 decoder computes `fma(q, d, m)`, which equals the
+//! reference's `q * d + m` because `q * d` (4-bit × 11-bit significands) is
+//! exact in f32; the same holds for the Q4_0/Q8_0 products (≤ 19-bit
+//! significands). So the only difference to the f32 reference model is the
+//! summation order of the dot products.
+//!
+//! SIMD paths ([`SimdPath`]): AVX-512F (+F16C), AVX2+FMA (+F16C), and a
+//! portable scalar fallback, picked once at run time ([`SimdPath::detect`]);
+//! the `*_with` functions take the path as a parameter so that tests can force
+//! each available one.
+
+mod dequant;
+
+use std::sync::OnceLock;
+
+use gguf::GgmlType;
+
+/// An instruction-set path for the kernels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SimdPath {
+    /// Plain Rust: separate multiply and add, 8 lane accumulators.
+    Portable,
+    /// AVX2 + FMA + F16C: 8-lane fused multiply-add.
+    Avx2,
+    /// AVX-512F + F16C (+ AVX2/FMA): 16-lane fused multiply-add.
+    Avx512,
+}
+
+impl SimdPath {
+    /// The fastest path this CPU supports (detected once, then cached).
+    pub fn detect() -> SimdPath {
+        static PATH: OnceLock<SimdPath> = OnceLock::new();
+        *PATH.get_or_init(|| {
+            if std::env::var_os("WORKER_SIMD").is_some_and(|v| v == "portable") {
+                return SimdPath::Portable;
+            }
+            let all = SimdPath::available();
+            if std::env::var_os("WORKER_SIMD").is_some_and(|v| v == "avx2")
+                && all.contains(&SimdPath::Avx2)
+            {
+                return SimdPath::Avx2;
+            }
+            *all.last().expect("portable is always available")
+        })
+    }
+
+    /// Every path this CPU can run, slowest first (always starts with `Portable`).
+    pub fn available() -> Vec<SimdPath> {
+        let mut out = vec![SimdPath::Portable];
+        #[cfg(target_arch = "x86_64")]
+        {
+            let avx2 = std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+                && std::arch::is_x86_feature_detected!("f16c");
+            if avx2 {
+                out.push(SimdPath::Avx2);
+                if std::arch::is_x86_feature_detected!("avx512f") {
+                    out.push(SimdPath::Avx512);
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Storage of a [`QMatrix`]: F32 matrices as floats (used in place), all other
+/// formats as the file's bytes.
+#[derive(Debug, Clone)]
+enum Storage {
+    F32(Vec<f32>),
+    Bytes(Vec<u8>),
+}
+
+/// A row-major `[rows, cols]` weight matrix stored in a GGUF tensor format.
+///
+/// Row `r` holds the `cols` input weights of output feature `r`, encoded as
+/// `cols / block_size` consecutive blocks of the format ([`Self::row_bytes`]
+/// bytes per row).
+#[derive(Debug, Clone)]
+pub struct QMatrix {
+    format: GgmlType,
+    rows: usize,
+    cols: usize,
+    row_bytes: usize,
+    data: Storage,
+}
+
+impl QMatrix {
+    /// Wraps `bytes` (the tensor data as stored in a GGUF file) as a `[rows, cols]` matrix.
+    ///
+    /// Errors (as text) if the format is not one of F32, F16, BF16, Q8_0,
+    /// Q4_0, Q4_1, if `cols` is not a multiple of the format's block size, or
+    /// if `bytes` is not exactly `rows` encoded rows.
+    pub fn from_bytes(
+        format: GgmlType,
+        rows: usize,
+        cols: usize,
+        bytes: &[u8],
+    ) -> Result<QMatrix, String> {
+        let row_bytes = format
+            .byte_size(cols as u64)
+            .ok_or_else(|| format!("{format}: cannot hold rows of {cols} elements"))?
+            as usize;
+        if cols == 0 || bytes.len() != rows * row_bytes {
+            return Err(format!(
+                "{format} [{rows}, {cols}] needs {} bytes, got {}",
+                rows * row_bytes,
+                bytes.len()
+            ));
+        }
+        let data = if format == GgmlType::F32 {
+            Storage::F32(
+                bytes
+                    .chunks_exact(4)
+                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                    .collect(),
+            )
+        } else {
+            Storage::Bytes(bytes.to_vec())
+        };
+        Ok(QMatrix {
+            format,
+            rows,
+            cols,
+            row_bytes,
+            data,
+        })
+    }
+
+    /// A `[rows, cols]` F32 matrix from row-major values.
+    ///
+    /// Panics if `data.len() != rows * cols` or `cols == 0`.
+    pub fn from_f32(rows: usize, cols: usize, data: Vec<f32>) -> QMatrix {
+        assert!(
+            cols > 0 && data.len() == rows * cols,
+            "QMatrix::from_f32: bad shape"
+        );
+        QMatrix {
+            format: GgmlType::F32,
+            rows,
+            cols,
+            row_bytes: cols * 4,
+            data: Storage::F32(data),
+        }
+    }
+
+    /// The storage format.
+    pub fn format(&self) -> GgmlType {
+        self.format
+    }
+
+    /// Number of rows (output features).
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Number of columns (input features).
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Encoded bytes per row.
+    pub fn row_bytes(&self) -> usize {
+        self.row_bytes
+    }
+
+    /// Bytes held in memory.
+    pub fn size_bytes(&self) -> usize {
+        self.rows * self.row_bytes
+    }
+
+    /// Rows `r0..r0 + count` as f32 values when the matrix is stored as F32.
+    pub(crate) fn f32_rows(&self, r0: usize, count: usize) -> Option<&[f32]> {
+        match &self.data {
+            Storage::F32(v) => Some(&v[r0 * self.cols..(r0 + count) * self.cols]),
+            Storage::Bytes(_) => None,
+        }
+    }
+
+    /// The encoded bytes of row `r` (empty for F32 storage, which has none).
+    pub(crate) fn row_encoded(&self, r: usize) -> &[u8] {
+        match &self.data {
+            Storage::Bytes(b) => &b[r * self.row_bytes..(r + 1) * self.row_bytes],
+            Storage::F32(_) => &[],
+        }
+    }
+
+    /// Decodes rows `r0..r0 + out.len() / cols` into `out` (row-major) with the detected path.
+    ///
+    /// Panics if `out.len()` is not a multiple of `cols` or the rows are out of range.
+    pub fn dequantize_rows(&self, r0: usize, out: &mut [f32]) {
+        self.dequantize_rows_with(SimdPath::detect(), r0, out)
+    }
+
+    /// [`Self::dequantize_rows`] on a given path (bitwise the same result on every path).
+    pub fn dequantize_rows_with(&self, path: SimdPath, r0: usize, out: &mut [f32]) {
+        assert!(
+            out.len().is_multiple_of(self.cols),
+            "dequantize_rows: partial row"
+        );
+        let count = out.len() / self.cols;
+        assert!(
+            r0 + count <= self.rows,
+            "dequantize_rows: rows out of range"
+        );
+        match &self.data {
+            Storage::F32(v) => out.copy_from_slice(&v[r0 * self.cols..(r0 + count) * self.cols]),
+            Storage::Bytes(b) => {
+                let bytes = &b[r0 * self.row_bytes..(r0 + count) * self.row_bytes];
+                dequant::decode(path, self.format, bytes, out);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                ((s >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0) as f32
+            })
+            .collect()
+    }
+
+    fn encode(format: GgmlType, x: &[f32]) -> Vec<u8> {
+        match format {
+            GgmlType::Q8_0 => gguf::quantize_q8_0(x).unwrap(),
+            GgmlType::Q4_1 => gguf::quantize_q4_1(x).unwrap(),
+            GgmlType::Q4_0 => {
+                // Q4_0 has no encoder in `gguf`: random bytes make valid blocks.
+                let mut out = Vec::new();
+                for (i, blk) in x.chunks_exact(32).enumerate() {
+                    out.extend_from_slice(
+                        &half::f16::from_f32(0.01 + i as f32 * 1e-3).to_le_bytes(),
+                    );
+                    out.extend(blk[..16].iter().map(|v| (v.to_bits() >> 7) as u8));
+                }
+                out
+            }
+            GgmlType::F16 => gguf::quant::quantize_f16(x),
+            GgmlType::BF16 => x
+                .iter()
+                .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
+                .collect(),
+            _ => gguf::quant::encode_f32(x),
+        }
+    }
+
+    /// Every path decodes every format bitwise like `gguf::dequantize`.
+    #[test]
+    fn decoders_match_reference_bitwise() {
+        let formats = [
+            GgmlType::F32,
+            GgmlType::F16,
+            GgmlType::BF16,
+            GgmlType::Q8_0,
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+        ];
+        for format in formats {
+            for (rows, cols) in [(1, 32), (3, 64), (5, 160), (2, 1536)] {
+                let x = data(rows * cols, cols as u64 + 7);
+                let bytes = encode(format, &x);
+                let m = QMatrix::from_bytes(format, rows, cols, &bytes).unwrap();
+                let want = gguf::dequantize_to_vec(format, &bytes, rows * cols).unwrap();
+                for path in SimdPath::available() {
+                    let mut got = vec![f32::NAN; rows * cols];
+                    m.dequantize_rows_with(path, 0, &mut got);
+                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&got), bits(&want), "{format} {rows}x{cols} {path:?}");
+                    if rows > 1 {
+                        let mut one = vec![0.0; cols];
+                        m.dequantize_rows_with(path, rows - 1, &mut one);
+                        assert_eq!(bits(&one), bits(&want[(rows - 1) * cols..]));
+                    }
+                }
+            }
+        }
+        // F16/BF16 rows need not be a multiple of the vector width.
+        for format in [GgmlType::F16, GgmlType::BF16, GgmlType::F32] {
+            let x = data(2 * 37, 3);
+            let bytes = encode(format, &x);
+            let m = QMatrix::from_bytes(format, 2, 37, &bytes).unwrap();
+            let want = gguf::dequantize_to_vec(format, &bytes, 74).unwrap();
+            for path in SimdPath::available() {
+                let mut got = vec![0.0; 74];
+                m.dequantize_rows_with(path, 0, &mut got);
+                assert_eq!(got, want, "{format} {path:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn rejects_bad_shapes() {
+        assert!(QMatrix::from_bytes(GgmlType::Q8_0, 2, 33, &[0; 68]).is_err());
+        assert!(QMatrix::from_bytes(GgmlType::Q8_0, 2, 32, &[0; 67]).is_err());
+        assert!(QMatrix::from_bytes(GgmlType::Unsupported(12), 1, 256, &[0; 144]).is_err());
+        let m = QMatrix::from_bytes(GgmlType::Q4_1, 3, 64, &[0; 120]).unwrap();
+        assert_eq!(
+            (m.rows(), m.cols(), m.row_bytes(), m.size_bytes()),
+            (3, 64, 40, 120)
+        );
+    }
+}
