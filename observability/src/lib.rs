@@ -9,5 +9,6 @@
 
 pub mod grpc;
 pub mod metrics_http;
+pub mod process;
 pub mod propagation;
 pub mod telemetry;

@@ -35,41 +35,14 @@ fn main() -> ExitCode {
     }
     if cli.check_config {
         // The effective settings (defaults < file < environment < flags), e.g. for a Helm chart's CI.
-        let json = serde_json::to_string_pretty(&settings).expect("settings serialize to JSON");
-        println!("{json}");
-        return ExitCode::SUCCESS;
+        return observability::process::print_settings(&settings);
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("building the tokio runtime");
-    // Logs (stderr) and, when `otlp_endpoint` is set, span export; the exporter lives on `runtime`.
-    let telemetry = {
-        let _runtime = runtime.enter();
-        observability::telemetry::init(&observability::telemetry::TelemetrySettings {
-            service_name: "worker",
-            log_filter: settings.log.clone(),
-            otlp_endpoint: settings.otlp_endpoint.clone(),
-        })
+    let telemetry = observability::telemetry::TelemetrySettings {
+        service_name: "worker",
+        log_filter: settings.log.clone(),
+        otlp_endpoint: settings.otlp_endpoint.clone(),
     };
-    let telemetry = match telemetry {
-        Ok(guard) => guard,
-        Err(e) => {
-            eprintln!("worker: invalid settings: {e:#}");
-            return ExitCode::from(2);
-        }
-    };
-    let result = runtime.block_on(run(settings));
-    // Flushes the last spans while the runtime still runs.
-    drop(telemetry);
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("worker: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    observability::process::run_service(telemetry, Some(2), || run(settings))
 }
 
 async fn run(settings: WorkerSettings) -> anyhow::Result<()> {
