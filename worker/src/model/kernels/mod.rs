@@ -18,7 +18,9 @@
 //! summation order of the dot products.
 //!
 //! SIMD paths ([`SimdPath`]): AVX-512F (+F16C), AVX2+FMA (+F16C), and a
-//! portable scalar fallback, picked once at run time ([`SimdPath::detect`]);
+//! portable scalar fallback, picked once at run time ([`SimdPath::detect`];
+//! the environment variable `WORKER_SIMD=portable` or `WORKER_SIMD=avx2`
+//! forces a slower path, e.g. to check a path end to end);
 //! the `*_with` functions take the path as a parameter so that tests can force
 //! each available one.
 
@@ -40,7 +42,8 @@ pub enum SimdPath {
 }
 
 impl SimdPath {
-    /// The fastest path this CPU supports (detected once, then cached).
+    /// The fastest path this CPU supports, unless `WORKER_SIMD` is `portable`
+    /// or `avx2` (and that path is available); detected once, then cached.
     pub fn detect() -> SimdPath {
         static PATH: OnceLock<SimdPath> = OnceLock::new();
         *PATH.get_or_init(|| {
