@@ -249,6 +249,18 @@ impl RouterSettings {
                 "metrics_listen {metrics:?} is not an IP:PORT address"
             ));
         }
+        let l = &self.limits;
+        if l.max_new_tokens == 0 || l.default_max_new_tokens == 0 {
+            return Err(
+                "limits.max_new_tokens and limits.default_max_new_tokens must be at least 1".into(),
+            );
+        }
+        if l.default_max_new_tokens > l.max_new_tokens {
+            return Err(format!(
+                "limits.default_max_new_tokens ({}) exceeds limits.max_new_tokens ({})",
+                l.default_max_new_tokens, l.max_new_tokens
+            ));
+        }
         Ok(())
     }
 }

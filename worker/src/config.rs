@@ -157,6 +157,23 @@ impl WorkerSettings {
         if self.block_size == 0 {
             return Err("block_size must be at least 1".into());
         }
+        if self.max_num_seqs == 0 || self.max_batch_tokens == 0 {
+            return Err(format!(
+                "max_num_seqs ({}) and max_batch_tokens ({}) must be at least 1",
+                self.max_num_seqs, self.max_batch_tokens
+            ));
+        }
+        if self.kv_cache_mib == 0 && self.kv_cache_blocks == 0 {
+            return Err(
+                "kv_cache_mib is 0 and kv_cache_blocks is 0: the KV cache would be empty".into(),
+            );
+        }
+        if !(0.0..=0.5).contains(&self.kv_watermark) {
+            return Err(format!(
+                "kv_watermark {} is outside [0, 0.5]",
+                self.kv_watermark
+            ));
+        }
         let metrics = self.metrics_listen.trim();
         if !metrics.is_empty() && metrics.parse::<SocketAddr>().is_err() {
             return Err(format!(

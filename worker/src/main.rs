@@ -49,6 +49,12 @@ async fn run(settings: WorkerSettings) -> anyhow::Result<()> {
     let Some(model_path) = settings.model.clone() else {
         anyhow::bail!("no model given: pass --model PATH.gguf (or set WORKER_MODEL)");
     };
+    if model_path.is_dir() {
+        anyhow::bail!(
+            "model path {} is a directory, not a GGUF file",
+            model_path.display()
+        );
+    }
     if !model_path.is_file() {
         anyhow::bail!("model file {} does not exist", model_path.display());
     }

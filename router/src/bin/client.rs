@@ -62,8 +62,16 @@ async fn main() -> ExitCode {
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
-    let mut client = TextGenerationClient::connect(format!("http://{}", args.router)).await?;
-    wait_ready(&mut client, Duration::from_secs(args.wait_ready_secs)).await?;
+    // Accept both HOST:PORT and http://HOST:PORT; connect lazily so `--wait-ready-secs` also covers
+    // a router that is not listening yet.
+    let address = args.router.trim_start_matches("http://").to_string();
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
+        .map_err(|e| anyhow::anyhow!("--router {address:?} is not HOST:PORT: {e}"))?
+        .connect_lazy();
+    let mut client = TextGenerationClient::new(channel);
+    wait_ready(&mut client, Duration::from_secs(args.wait_ready_secs))
+        .await
+        .map_err(|e| anyhow::anyhow!("router at {address}: {e:#}"))?;
     let (prompt, messages) = if args.chat {
         let user = ChatMessage {
             role: "user".into(),
@@ -130,14 +138,21 @@ async fn wait_ready(
     loop {
         let status = match client.model_info(ModelInfoRequest {}).await {
             Ok(info) if info.get_ref().ready_workers > 0 => return Ok(()),
+            // Reachable: without a wait budget, let Generate report why it cannot serve.
+            Ok(_) if budget.is_zero() => return Ok(()),
             Ok(_) => "no ready worker".to_string(),
+            Err(status) if status.code() == tonic::Code::Unimplemented => {
+                anyhow::bail!(
+                    "this address does not serve inference.v1.TextGeneration (a worker's port?)"
+                )
+            }
             Err(status) => status.message().to_string(),
         };
+        if budget.is_zero() {
+            anyhow::bail!("unreachable: {status}");
+        }
         if Instant::now() >= deadline {
-            if budget.is_zero() {
-                return Ok(());
-            }
-            anyhow::bail!("router not ready after {budget:?}: {status}");
+            anyhow::bail!("not ready after {budget:?}: {status}");
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
