@@ -7,6 +7,7 @@
 //! - [`metrics_http`]: the Prometheus text endpoint (`GET /metrics`).
 //! - [`grpc`]: the standard gRPC reflection service.
 
+pub mod const_metrics;
 pub mod grpc;
 pub mod metrics_http;
 pub mod process;

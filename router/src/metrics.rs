@@ -20,9 +20,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use inference_proto::public::{FinishReason, GenerateResponse};
+use observability::const_metrics::{counter, gauge};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
-use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::Histogram;
@@ -274,16 +275,6 @@ impl std::fmt::Debug for PoolCollector {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PoolCollector").finish_non_exhaustive()
     }
-}
-
-fn gauge(e: &mut DescriptorEncoder, name: &str, help: &str, v: i64) -> std::fmt::Result {
-    let g = ConstGauge::new(v);
-    g.encode(e.encode_descriptor(name, help, None, g.metric_type())?)
-}
-
-fn counter(e: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> std::fmt::Result {
-    let c = ConstCounter::new(v);
-    c.encode(e.encode_descriptor(name, help, None, c.metric_type())?)
 }
 
 impl Collector for PoolCollector {
