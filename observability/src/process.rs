@@ -66,3 +66,23 @@ pub fn print_settings<S: serde::Serialize>(settings: &S) -> ExitCode {
         }
     }
 }
+
+/// The settings a binary starts with: `loaded` (defaults < file < environment < flags) that also pass
+/// `validate`. Either error is printed as `NAME: invalid settings: ...` and becomes exit code 2.
+pub fn checked_settings<S, L, V>(
+    name: &str,
+    loaded: Result<S, L>,
+    validate: impl FnOnce(&S) -> Result<(), V>,
+) -> Result<S, ExitCode>
+where
+    L: std::fmt::Display,
+    V: std::fmt::Display,
+{
+    let invalid = |e: &dyn std::fmt::Display| {
+        eprintln!("{name}: invalid settings: {e}");
+        ExitCode::from(2)
+    };
+    let settings = loaded.map_err(|e| invalid(&e))?;
+    validate(&settings).map_err(|e| invalid(&e))?;
+    Ok(settings)
+}

@@ -17,17 +17,15 @@ use tonic::transport::server::TcpIncoming;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let settings = match RouterSettings::load(&cli) {
+    let loaded = RouterSettings::load(&cli);
+    let settings = match observability::process::checked_settings(
+        "router",
+        loaded,
+        RouterSettings::validate,
+    ) {
         Ok(s) => s,
-        Err(e) => {
-            eprintln!("router: invalid settings: {e}");
-            return ExitCode::from(2);
-        }
+        Err(code) => return code,
     };
-    if let Err(e) = settings.validate() {
-        eprintln!("router: invalid settings: {e}");
-        return ExitCode::from(2);
-    }
     if cli.check_config {
         // The effective settings (defaults < file < environment < flags), e.g. for a Helm chart's CI.
         return observability::process::print_settings(&settings);

@@ -22,17 +22,15 @@ use worker::service::WorkerService;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let settings = match WorkerSettings::load(&cli) {
+    let loaded = WorkerSettings::load(&cli);
+    let settings = match observability::process::checked_settings(
+        "worker",
+        loaded,
+        WorkerSettings::validate,
+    ) {
         Ok(s) => s,
-        Err(e) => {
-            eprintln!("worker: invalid settings: {e}");
-            return ExitCode::from(2);
-        }
+        Err(code) => return code,
     };
-    if let Err(e) = settings.validate() {
-        eprintln!("worker: invalid settings: {e}");
-        return ExitCode::from(2);
-    }
     if cli.check_config {
         // The effective settings (defaults < file < environment < flags), e.g. for a Helm chart's CI.
         return observability::process::print_settings(&settings);
