@@ -251,6 +251,28 @@ fn tiny_prefill_then_decode_equals_one_by_one() {
     }
 }
 
+/// CPU time (user + system) of this process so far, all threads, in seconds (Linux
+/// `/proc/self/stat`, clock ticks of 10 ms); 0 where unavailable. On a shared machine the CPU time
+/// per step is a steadier figure than the wall time.
+fn process_cpu_seconds() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0.0;
+    };
+    // Fields after the command name (which may hold spaces) start at field 3 (state).
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, r)| r)
+        .split_whitespace()
+        .collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (ticks(11) + ticks(12)) / 100.0
+}
+
 /// Median and minimum of `times` (seconds).
 fn median_min(mut times: Vec<f64>) -> (f64, f64) {
     times.sort_by(f64::total_cmp);
@@ -298,6 +320,7 @@ fn throughput_report() {
     let blocks = table(0, plen.max(16));
     let mut kv = model.new_kv(blocks.len(), BLOCK);
     run(&model, &mut kv, &prompt[..16], 0, &blocks); // warm-up
+    let cpu0 = process_cpu_seconds();
     let times = (0..5)
         .map(|_| {
             let t = Instant::now();
@@ -307,9 +330,10 @@ fn throughput_report() {
         .collect();
     let (med, best) = median_min(times);
     eprintln!(
-        "prefill {plen} tokens: median {:.1} tok/s, best {:.1} tok/s",
+        "prefill {plen} tokens: median {:.1} tok/s, best {:.1} tok/s, cpu {:.1} ms/token",
         plen as f64 / med,
-        plen as f64 / best
+        plen as f64 / best,
+        (process_cpu_seconds() - cpu0) * 1e3 / (5 * plen) as f64
     );
 
     // Decode: `n` sequences, each with a `ctx`-token context, one token each per step.
@@ -327,6 +351,7 @@ fn throughput_report() {
             })
             .collect();
         model.forward_batch(&prefill, &mut kv).unwrap();
+        let cpu0 = process_cpu_seconds();
         let times = (0..steps)
             .map(|step| {
                 let tok = [prompt[ctx + step]];
@@ -346,10 +371,11 @@ fn throughput_report() {
             .collect();
         let (med, best) = median_min(times);
         eprintln!(
-            "decode, batch of {n}: median {:.1} ms/step = {:.1} tok/s, best {:.1} tok/s",
+            "decode, batch of {n}: median {:.1} ms/step = {:.1} tok/s, best {:.1} tok/s, cpu {:.1} ms/step",
             med * 1e3,
             n as f64 / med,
-            n as f64 / best
+            n as f64 / best,
+            (process_cpu_seconds() - cpu0) * 1e3 / steps as f64
         );
     }
 }

@@ -2,11 +2,22 @@
 //! dot-product attention from Vaswani et al. 2017; paged K/V layout from Kwon et al. 2023,
 //! "PagedAttention").
 
+use std::cell::RefCell;
+
 use rayon::prelude::*;
 
 use super::kv_cache::PagedLayer;
-use super::matmul::dot;
+use super::matmul::{dot, dot_rows};
 use super::ops::softmax_in_place;
+
+/// Keys scored together by one [`dot_rows`] call.
+const KEYS_PER_DOT: usize = 4;
+
+thread_local! {
+    /// Per-thread attention scores of one (token, head), reused across calls (grows to the longest
+    /// context seen): no allocation per task.
+    static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
 
 /// Shape of the attention heads.
 #[derive(Debug, Clone, Copy)]
@@ -69,19 +80,33 @@ pub fn attention(
             let slot = block_table[j / block_size] as usize * block_size + j % block_size;
             slot * kv_dim + kv_off
         };
-        let mut p: Vec<f32> = (0..n_keys)
-            .map(|j| {
-                let r = row(j);
-                dot(qv, &keys[r..r + hd]) * scale
-            })
-            .collect();
-        softmax_in_place(&mut p);
-        for (j, &pj) in p.iter().enumerate() {
-            let r = row(j);
-            for (od, &vd) in o.iter_mut().zip(&values[r..r + hd]) {
-                *od += pj * vd;
+        SCORES.with_borrow_mut(|p| {
+            p.clear();
+            p.resize(n_keys, 0.0);
+            // Four keys at a time (independent accumulators), each score bitwise `dot`.
+            let mut j = 0;
+            while j + KEYS_PER_DOT <= n_keys {
+                let ks = std::array::from_fn(|i| {
+                    let r = row(j + i);
+                    &keys[r..r + hd]
+                });
+                for (i, d) in dot_rows::<KEYS_PER_DOT>(qv, ks).into_iter().enumerate() {
+                    p[j + i] = d * scale;
+                }
+                j += KEYS_PER_DOT;
             }
-        }
+            for (jj, pj) in p.iter_mut().enumerate().skip(j) {
+                let r = row(jj);
+                *pj = dot(qv, &keys[r..r + hd]) * scale;
+            }
+            softmax_in_place(p);
+            for (j, &pj) in p.iter().enumerate() {
+                let r = row(j);
+                for (od, &vd) in o.iter_mut().zip(&values[r..r + hd]) {
+                    *od += pj * vd;
+                }
+            }
+        });
     });
     out
 }
