@@ -379,68 +379,102 @@ pub fn dot_rows<const R: usize>(a: &[f32], rows: [&[f32]; R]) -> [f32; R] {
     out[0]
 }
 
-/// Computes `R` weight rows (`w_rows`, each `k` long) against all `n` tokens
-/// of `x`, writing `out[r * n + t]` (weight-row-major block of `yᵀ`).
+/// Computes the `groups * R` weight rows of `w_rows` (each `k` long, decoded
+/// f32) against all `n` tokens of `x`, writing `y[t][r]` through `out`
+/// (column `r` of the block).
+///
+/// Loop order: token tiles outermost, then the row groups of the block, so a
+/// tile of `T` token rows stays in L1 while the block's decoded rows (up to
+/// [`BLOCK_GROUPS`] × `R` rows, in L2) stream past it; `T` is 8 on AVX-512 (24
+/// accumulators of 32 registers) and 4 elsewhere (12 of 16).
 fn rows_block<const R: usize>(
     path: SimdPath,
     x: &[f32],
     n: usize,
     k: usize,
     w_rows: &[f32],
-    out: &mut [f32],
+    out: &mut OutCols<'_>,
 ) {
-    let w: [&[f32]; R] = std::array::from_fn(|r| &w_rows[r * k..(r + 1) * k]);
-    let row = |t: usize| &x[t * k..(t + 1) * k];
+    let groups = w_rows.len() / (R * k);
     let mut t = 0;
-    while t + TILE_T <= n {
-        let xs: [&[f32]; TILE_T] = std::array::from_fn(|i| row(t + i));
-        let mut o = [[0.0; R]; TILE_T];
-        tile::<TILE_T, R>(path, &xs, &w, k, &mut o);
-        for (i, oi) in o.iter().enumerate() {
-            for r in 0..R {
-                out[r * n + t + i] = oi[r];
-            }
-        }
-        t += TILE_T;
+    if path == SimdPath::Avx512 {
+        t = token_tiles::<8, R>(path, x, n, k, t, w_rows, groups, out);
     }
-    while t < n {
-        let mut o = [[0.0; R]; 1];
-        tile::<1, R>(path, &[row(t)], &w, k, &mut o);
-        for r in 0..R {
-            out[r * n + t] = o[0][r];
-        }
-        t += 1;
-    }
+    t = token_tiles::<TILE_T, R>(path, x, n, k, t, w_rows, groups, out);
+    token_tiles::<1, R>(path, x, n, k, t, w_rows, groups, out);
 }
 
+/// The [`rows_block`] sweep with tiles of `T` tokens, from token `t0` while a
+/// whole tile fits; returns the first token not done.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn token_tiles<const T: usize, const R: usize>(
+    path: SimdPath,
+    x: &[f32],
+    n: usize,
+    k: usize,
+    t0: usize,
+    w_rows: &[f32],
+    groups: usize,
+    out: &mut OutCols<'_>,
+) -> usize {
+    let mut t = t0;
+    while t + T <= n {
+        let xs: [&[f32]; T] = std::array::from_fn(|i| &x[(t + i) * k..(t + i + 1) * k]);
+        for g in 0..groups {
+            let wg = &w_rows[g * R * k..(g + 1) * R * k];
+            let w: [&[f32]; R] = std::array::from_fn(|r| &wg[r * k..(r + 1) * k]);
+            let mut o = [[0.0; R]; T];
+            tile::<T, R>(path, &xs, &w, k, &mut o);
+            for (i, oi) in o.iter().enumerate() {
+                for (r, &v) in oi.iter().enumerate() {
+                    out.set(t + i, g * R + r, v);
+                }
+            }
+        }
+        t += T;
+    }
+    t
+}
+
+/// Row groups of [`TILE_R`] rows decoded together into the scratch block
+/// (8 × 3 rows of 1536 floats = 147 KiB at most for SmolLM2, L2 resident).
+const BLOCK_GROUPS: usize = 8;
+
 thread_local! {
-    /// Per-thread decoded weight tile, `TILE_R * in` floats; grows to the widest matrix seen.
+    /// Per-thread decoded weight block, `BLOCK_GROUPS * TILE_R * in` floats; grows to the widest matrix seen.
     static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Computes rows `r0..r0 + out.len() / n` of `w` against all `n` tokens of
-/// `x`, writing `out[r * n + t]` (relative row `r`).
-fn rows_task(path: SimdPath, x: &[f32], n: usize, w: &QMatrix, r0: usize, out: &mut [f32]) {
+/// `x`, writing `y[t][r]` through `out` (column `r`, relative to `r0`).
+fn rows_task(path: SimdPath, x: &[f32], n: usize, w: &QMatrix, r0: usize, mut out: OutCols<'_>) {
     // A 4 × 6 tile on AVX-512 (32 registers) measured no faster on the 2-core
     // test machine than 4 × 3, so every path uses `TILE_R`.
-    rows_task_g::<TILE_R>(path, x, n, w, r0, out)
+    rows_task_g::<TILE_R>(path, x, n, w, r0, &mut out)
 }
 
-/// Most tokens of a step that take the fused decode-in-registers kernels
-/// (more reuse each decoded weight tile from the scratch path instead).
-const FUSED_MAX_TOKENS: usize = 3;
+/// Most tokens of a step that take the fused decode-in-registers kernels, in
+/// tiles of up to [`FUSED_TILE_T`] tokens (more reuse each decoded weight
+/// block from the scratch path instead). Measured on the 2-core test machine,
+/// Q4_1 `[3072, 576]`, one thread, GFLOP/s per CPU-second, scratch path ->
+/// fused: 4 tokens 41 -> 64-76, 6 tokens 40 -> 64, 8 tokens 64 -> 68.
+const FUSED_MAX_TOKENS: usize = 8;
 
-/// [`rows_task_g`] for `T` tokens (`x` is `[T, k]`) with the fused kernels:
+/// Tokens per fused kernel call.
+const FUSED_TILE_T: usize = 4;
+
+/// [`rows_task_g`] for the first `T` tokens of `x` (`[_, k]`) with the fused kernels:
 /// rows in groups of `G`, the last `rows % G` one at a time.
 fn fused_task<const T: usize, const G: usize>(
     path: SimdPath,
     x: &[f32],
     w: &QMatrix,
     r0: usize,
-    out: &mut [f32],
+    out: &mut OutCols<'_>,
 ) {
     let k = w.cols();
-    let rows = out.len() / T;
+    let rows = out.cols;
     let xs: [&[f32]; T] = std::array::from_fn(|t| &x[t * k..(t + 1) * k]);
     let mut r = 0;
     while r < rows {
@@ -449,7 +483,7 @@ fn fused_task<const T: usize, const G: usize>(
             let y = fused_rows::<T, G>(path, w.format(), xs, enc, k).expect("checked");
             for (t, yt) in y.iter().enumerate() {
                 for (i, &v) in yt.iter().enumerate() {
-                    out[(r + i) * T + t] = v;
+                    out.set(t, r + i, v);
                 }
             }
             r += G;
@@ -457,7 +491,7 @@ fn fused_task<const T: usize, const G: usize>(
             let enc = [w.row_encoded(r0 + r)];
             let y = fused_rows::<T, 1>(path, w.format(), xs, enc, k).expect("checked");
             for (t, yt) in y.iter().enumerate() {
-                out[r * T + t] = yt[0];
+                out.set(t, r, yt[0]);
             }
             r += 1;
         }
@@ -471,23 +505,29 @@ fn rows_task_g<const G: usize>(
     n: usize,
     w: &QMatrix,
     r0: usize,
-    out: &mut [f32],
+    out: &mut OutCols<'_>,
 ) {
     let k = w.cols();
-    let rows = out.len() / n;
+    let rows = out.cols;
     if n <= FUSED_MAX_TOKENS && has_fused(path, w.format()) {
         // Few tokens: decode in registers (bitwise the same as the tile path).
-        match n {
-            1 => fused_task::<1, G>(path, x, w, r0, out),
-            2 => fused_task::<2, G>(path, x, w, r0, out),
-            _ => fused_task::<3, G>(path, x, w, r0, out),
+        for t0 in (0..n).step_by(FUSED_TILE_T) {
+            let (xt, mut o) = (&x[t0 * k..], out.rows_from(t0));
+            match (n - t0).min(FUSED_TILE_T) {
+                1 => fused_task::<1, G>(path, xt, w, r0, &mut o),
+                2 => fused_task::<2, G>(path, xt, w, r0, &mut o),
+                3 => fused_task::<3, G>(path, xt, w, r0, &mut o),
+                _ => fused_task::<4, G>(path, xt, w, r0, &mut o),
+            }
         }
         return;
     }
     let mut run = |scratch: &mut Vec<f32>| {
         let mut r = 0;
         while r < rows {
-            let count = if r + G <= rows { G } else { 1 };
+            // A block of whole groups, or else the last rows one at a time.
+            let groups = ((rows - r) / G).min(BLOCK_GROUPS);
+            let count = if groups > 0 { groups * G } else { 1 };
             let wr: &[f32] = match w.f32_rows(r0 + r, count) {
                 Some(v) => v,
                 None => {
@@ -496,18 +536,18 @@ fn rows_task_g<const G: usize>(
                     s
                 }
             };
-            let o = &mut out[r * n..(r + count) * n];
-            if count == G {
-                rows_block::<G>(path, x, n, k, wr, o);
+            let mut o = out.columns(r, count);
+            if groups > 0 {
+                rows_block::<G>(path, x, n, k, wr, &mut o);
             } else {
-                rows_block::<1>(path, x, n, k, wr, o);
+                rows_block::<1>(path, x, n, k, wr, &mut o);
             }
             r += count;
         }
     };
     SCRATCH.with_borrow_mut(|s| {
-        if s.len() < G * k {
-            s.resize(G * k, 0.0);
+        if s.len() < BLOCK_GROUPS * G * k {
+            s.resize(BLOCK_GROUPS * G * k, 0.0);
         }
         run(s)
     });
@@ -543,25 +583,98 @@ pub fn matmul_with(
     if n == 0 {
         return Vec::new();
     }
-    // yt[o * n + t] = y[t, o]
-    let mut yt = vec![0.0f32; out_dim * n];
+    let mut y = vec![0.0f32; n * out_dim];
     let per_task = rows_per_task(n, out_dim, rayon::current_num_threads());
     let mut tasks = Vec::with_capacity(out_dim.div_ceil(per_task) + parts.len());
-    let mut rest = yt.as_mut_slice();
+    let mut all = OutCols::new(&mut y, n, out_dim);
+    let mut col = 0;
     for w in parts {
-        let (mine, tail) = rest.split_at_mut(w.rows() * n);
-        rest = tail;
-        for (i, chunk) in mine.chunks_mut(per_task * n).enumerate() {
-            tasks.push((w, i * per_task, chunk));
+        for r in (0..w.rows()).step_by(per_task) {
+            let cols = per_task.min(w.rows() - r);
+            tasks.push((w, r, all.columns(col + r, cols)));
         }
+        col += w.rows();
     }
     tasks
         .into_par_iter()
         .for_each(|(w, r0, out)| rows_task(path, x, n, w, r0, out));
-    if n == 1 {
-        return yt;
+    y
+}
+
+/// A block of columns `col0..col0 + cols` of a row-major `[n, stride]`
+/// output, written one element at a time by one task. Blocks made by
+/// [`OutCols::columns`] from one `&mut` borrow never overlap, so tasks can
+/// fill disjoint column ranges of the same rows in parallel (the matmul
+/// writes `y` in place, with no transposed copy).
+struct OutCols<'a> {
+    ptr: *mut f32,
+    /// First row (token) of the block.
+    row0: usize,
+    n: usize,
+    stride: usize,
+    col0: usize,
+    cols: usize,
+    _y: std::marker::PhantomData<&'a mut [f32]>,
+}
+
+// SAFETY: an `OutCols` is the only writer of its columns (see `columns`).
+unsafe impl Send for OutCols<'_> {}
+
+impl<'a> OutCols<'a> {
+    /// All `stride` columns of `y` (`[n, stride]`).
+    fn new(y: &'a mut [f32], n: usize, stride: usize) -> OutCols<'a> {
+        assert_eq!(y.len(), n * stride, "OutCols: shape");
+        OutCols {
+            ptr: y.as_mut_ptr(),
+            row0: 0,
+            n,
+            stride,
+            col0: 0,
+            cols: stride,
+            _y: std::marker::PhantomData,
+        }
     }
-    transpose(&yt, out_dim, n)
+
+    /// Columns `c0..c0 + cols` of this block (relative), borrowing it.
+    /// Callers hand out non-overlapping ranges only: `matmul_with` gives each
+    /// task its own rows of `W` (= columns of `y`), and a task's sub-blocks
+    /// are used one after another.
+    fn columns(&mut self, c0: usize, cols: usize) -> OutCols<'a> {
+        assert!(c0 + cols <= self.cols, "OutCols: columns out of range");
+        OutCols {
+            ptr: self.ptr,
+            row0: self.row0,
+            n: self.n,
+            stride: self.stride,
+            col0: self.col0 + c0,
+            cols,
+            _y: std::marker::PhantomData,
+        }
+    }
+
+    /// Rows (tokens) `t0..` of this block, borrowing it.
+    fn rows_from(&mut self, t0: usize) -> OutCols<'a> {
+        assert!(t0 <= self.n, "OutCols: rows out of range");
+        OutCols {
+            ptr: self.ptr,
+            row0: self.row0 + t0,
+            n: self.n - t0,
+            stride: self.stride,
+            col0: self.col0,
+            cols: self.cols,
+            _y: std::marker::PhantomData,
+        }
+    }
+
+    /// `y[row0 + t][col0 + c] = v`.
+    #[inline(always)]
+    fn set(&mut self, t: usize, c: usize, v: f32) {
+        assert!(t < self.n && c < self.cols, "OutCols: index out of range");
+        // SAFETY: in bounds of the `[n, stride]` buffer (checked above, and
+        // `col0 + cols <= stride` by construction); no other block writes
+        // these columns.
+        unsafe { *self.ptr.add((self.row0 + t) * self.stride + self.col0 + c) = v }
+    }
 }
 
 /// Tasks per thread a decode-sized matmul is split into (enough for load
@@ -579,28 +692,6 @@ fn rows_per_task(n: usize, out_dim: usize, threads: usize) -> usize {
     }
     let even = out_dim.div_ceil(threads.max(1) * TASKS_PER_THREAD);
     even.next_multiple_of(TILE_R).max(ROWS_PER_TASK)
-}
-
-/// Tokens per rayon task of [`transpose`].
-const TRANSPOSE_ROWS: usize = 8;
-
-/// Transposes the row-major `[rows, cols]` matrix `a` into `[cols, rows]`, in
-/// parallel over blocks of [`TRANSPOSE_ROWS`] output rows (each task reads
-/// short contiguous runs of `a` and writes a few output rows).
-fn transpose(a: &[f32], rows: usize, cols: usize) -> Vec<f32> {
-    let mut out = vec![0.0f32; rows * cols];
-    out.par_chunks_mut(TRANSPOSE_ROWS * rows)
-        .enumerate()
-        .for_each(|(b, block)| {
-            let c0 = b * TRANSPOSE_ROWS;
-            let nc = block.len() / rows;
-            for (r, src) in a.chunks_exact(cols).enumerate() {
-                for (i, &v) in src[c0..c0 + nc].iter().enumerate() {
-                    block[i * rows + r] = v;
-                }
-            }
-        });
-    out
 }
 
 #[cfg(test)]
@@ -681,7 +772,7 @@ mod tests {
                         .map(|(i, &o)| encoded(format, o, k, 10 + i as u32))
                         .collect();
                     let out: usize = outs.iter().sum();
-                    for n in [1usize, 2, 3, 17, 64] {
+                    for n in [1usize, 2, 3, 5, 8, 17, 64] {
                         let x = data(n * k, n as u32);
                         let y = matmul_with(path, &x, n, k, &parts);
                         let want = naive(&x, n, &parts);
@@ -756,14 +847,7 @@ mod tests {
     }
 
     #[test]
-    fn transpose_and_empty() {
-        let a: Vec<f32> = (0..60).map(|i| i as f32).collect();
-        let t = transpose(&a, 6, 10);
-        for r in 0..6 {
-            for c in 0..10 {
-                assert_eq!(t[c * 6 + r], a[r * 10 + c]);
-            }
-        }
+    fn empty() {
         assert!(matmul(&[], 0, 4, &[f32_matrix(2, 4, 1)]).is_empty());
     }
 
