@@ -60,6 +60,20 @@ pub fn attention(
     block_size: usize,
     s: HeadShape,
 ) -> Vec<f32> {
+    let mut out = Vec::new();
+    attention_into(q, queries, layer, block_size, s, &mut out);
+    out
+}
+
+/// [`attention`] into `out` (resized to `[n, n_heads * head_dim]`; its allocation is reused).
+pub fn attention_into(
+    q: &[f32],
+    queries: &[QueryPos<'_>],
+    layer: &PagedLayer,
+    block_size: usize,
+    s: HeadShape,
+    out: &mut Vec<f32>,
+) {
     let n = queries.len();
     let hd = s.head_dim;
     let q_dim = s.n_heads * hd;
@@ -68,7 +82,8 @@ pub fn attention(
     let scale = 1.0 / (hd as f32).sqrt();
     let (keys, values) = (layer.keys(), layer.values());
     debug_assert_eq!(q.len(), n * q_dim);
-    let mut out = vec![0.0f32; n * q_dim];
+    out.clear();
+    out.resize(n * q_dim, 0.0);
     out.par_chunks_mut(hd).enumerate().for_each(|(idx, o)| {
         let (t, h) = (idx / s.n_heads, idx % s.n_heads);
         let QueryPos { pos, block_table } = queries[t];
@@ -108,7 +123,6 @@ pub fn attention(
             }
         });
     });
-    out
 }
 
 #[cfg(test)]

@@ -566,6 +566,12 @@ pub fn matmul(x: &[f32], n: usize, in_dim: usize, parts: &[QMatrix]) -> Vec<f32>
     matmul_with(SimdPath::detect(), x, n, in_dim, parts)
 }
 
+/// [`matmul`] into `y` (resized to `n * out`, every element overwritten; its
+/// allocation is reused, so a step's buffers are not allocated again).
+pub fn matmul_into(x: &[f32], n: usize, in_dim: usize, parts: &[QMatrix], y: &mut Vec<f32>) {
+    matmul_into_with(SimdPath::detect(), x, n, in_dim, parts, y)
+}
+
 /// [`matmul`] on a given path.
 pub fn matmul_with(
     path: SimdPath,
@@ -574,19 +580,34 @@ pub fn matmul_with(
     in_dim: usize,
     parts: &[QMatrix],
 ) -> Vec<f32> {
+    let mut y = Vec::new();
+    matmul_into_with(path, x, n, in_dim, parts, &mut y);
+    y
+}
+
+/// [`matmul_into`] on a given path.
+pub fn matmul_into_with(
+    path: SimdPath,
+    x: &[f32],
+    n: usize,
+    in_dim: usize,
+    parts: &[QMatrix],
+    y: &mut Vec<f32>,
+) {
     assert_eq!(x.len(), n * in_dim, "matmul: x has wrong length");
     assert!(
         parts.iter().all(|p| p.cols() == in_dim),
         "matmul: weight width differs from in_dim"
     );
     let out_dim: usize = parts.iter().map(QMatrix::rows).sum();
+    // Every element is written below, so only new elements are zeroed.
+    y.resize(n * out_dim, 0.0);
     if n == 0 {
-        return Vec::new();
+        return;
     }
-    let mut y = vec![0.0f32; n * out_dim];
     let per_task = rows_per_task(n, out_dim, rayon::current_num_threads());
     let mut tasks = Vec::with_capacity(out_dim.div_ceil(per_task) + parts.len());
-    let mut all = OutCols::new(&mut y, n, out_dim);
+    let mut all = OutCols::new(y, n, out_dim);
     let mut col = 0;
     for w in parts {
         for r in (0..w.rows()).step_by(per_task) {
@@ -598,7 +619,6 @@ pub fn matmul_with(
     tasks
         .into_par_iter()
         .for_each(|(w, r0, out)| rows_task(path, x, n, w, r0, out));
-    y
 }
 
 /// A block of columns `col0..col0 + cols` of a row-major `[n, stride]`

@@ -52,7 +52,7 @@ pub mod ops;
 mod tests;
 mod weights;
 
-pub use attention::{attention, HeadShape, QueryPos};
+pub use attention::{attention, attention_into, HeadShape, QueryPos};
 pub use config::LlamaConfig;
 pub use error::ModelError;
 pub use kernels::{QMatrix, SimdPath};
