@@ -77,8 +77,9 @@ async fn run(settings: WorkerSettings) -> anyhow::Result<()> {
     let lifecycle = Lifecycle::new(health).await;
     let started = std::time::Instant::now();
     let path = model_path.clone();
+    let kv_dtype = settings.kv_cache_dtype;
     let load = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
-        let model = LlamaModel::load(&path)?;
+        let model = LlamaModel::load(&path)?.with_kv_dtype(kv_dtype);
         let file = gguf::GgufFile::open(&path)?;
         let description = describe_model(&path, &file, model.context_length(), model.vocab_size())?;
         Ok((model, description))

@@ -13,7 +13,7 @@ use super::attention::{attention_into, HeadShape, QueryPos};
 use super::matmul::matmul_into;
 use super::ops::{rms_norm_into, swiglu_into, RopeTable};
 use super::weights::ModelWeights;
-use super::{LlamaConfig, ModelError, PagedKvCache};
+use super::{KvDtype, LlamaConfig, ModelError, PagedKvCache};
 use crate::engine::BatchEntry;
 
 /// A llama model with weights in memory in their file formats, run on the CPU
@@ -22,6 +22,8 @@ use crate::engine::BatchEntry;
 pub struct LlamaModel {
     config: LlamaConfig,
     weights: ModelWeights,
+    /// Element type of the caches made by [`Self::new_kv`].
+    kv_dtype: KvDtype,
 }
 
 /// Activation buffers of a forward pass, kept per thread and reused by every
@@ -84,12 +86,33 @@ impl LlamaModel {
         let file = GgufFile::open(path)?;
         let config = LlamaConfig::from_gguf(&file)?;
         let weights = ModelWeights::load(&file, &config)?;
-        Ok(LlamaModel { config, weights })
+        Ok(LlamaModel {
+            config,
+            weights,
+            kv_dtype: KvDtype::F32,
+        })
     }
 
     /// Builds a model from an already-validated config and weights.
     pub fn from_parts(config: LlamaConfig, weights: ModelWeights) -> LlamaModel {
-        LlamaModel { config, weights }
+        LlamaModel {
+            config,
+            weights,
+            kv_dtype: KvDtype::F32,
+        }
+    }
+
+    /// This model with caches of element type `dtype` from [`Self::new_kv`]
+    /// (default [`KvDtype::F32`]). [`Self::forward_batch`] accepts a cache of
+    /// either type.
+    pub fn with_kv_dtype(mut self, dtype: KvDtype) -> LlamaModel {
+        self.kv_dtype = dtype;
+        self
+    }
+
+    /// Element type of the caches made by [`Self::new_kv`].
+    pub fn kv_dtype(&self) -> KvDtype {
+        self.kv_dtype
     }
 
     /// The model's hyper-parameters.
@@ -103,7 +126,8 @@ impl LlamaModel {
     ///
     /// Panics if `block_size` is 0.
     pub fn new_kv(&self, num_blocks: usize, block_size: usize) -> PagedKvCache {
-        PagedKvCache::new(
+        PagedKvCache::with_dtype(
+            self.kv_dtype,
             self.config.n_layers,
             self.config.kv_dim(),
             num_blocks,
@@ -111,9 +135,9 @@ impl LlamaModel {
         )
     }
 
-    /// KV cache bytes per token: `2 * n_layers * kv_dim * 4` (K and V, f32).
+    /// KV cache bytes per token: `2 * n_layers * kv_dim * 4` (K and V, f32), or `* 2` in f16.
     pub fn kv_bytes_per_token(&self) -> usize {
-        2 * self.config.n_layers * self.config.kv_dim() * std::mem::size_of::<f32>()
+        2 * self.config.n_layers * self.config.kv_dim() * self.kv_dtype.bytes()
     }
 
     /// Checks `batch` against the model and `kv` and lays out its tokens.
