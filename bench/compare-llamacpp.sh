@@ -5,6 +5,8 @@
 #   bench/compare-llamacpp.sh            # everything
 #   SKIP_SERVER=1 bench/compare-llamacpp.sh   # without the router / llama-server load test
 #   BUILD_ONLY=1 bench/compare-llamacpp.sh    # only build llama.cpp into the cache, run nothing
+#   RESULTS=<dir> SKIP_MICRO=1 bench/compare-llamacpp.sh  # only the server part, into an
+#                                              # earlier run's folder (one table for both)
 #
 # 1. Builds llama.cpp once into .cache/llamacpp-<version>/ from the source shipped in the PyPI
 #    sdist of llama-cpp-python (`pip download --no-binary llama-cpp-python --no-deps`), cmake Release,
@@ -21,6 +23,11 @@
 # 3. Prints one table: metric, ours, llama.cpp, ratio (ours / llama.cpp, or llama.cpp / ours for
 #    latencies, so > 1 always means we are better), and the target.
 #
+# llama.cpp runs with weight repacking off (`--repack 0` / `--no-repack`), which also keeps it off
+# its AMX path: on the AMX-capable Xeon of the test VMs that path segfaults
+# (ggml::cpu::amx::tensor_traits::compute_forward, llama.cpp 0.3.36 sdist); for Q4_1 weights
+# repacking has no other effect.
+#
 # Environment: THREADS (default: nproc), REPEATS (default 3), LLAMACPP_VERSION (default 0.3.36),
 # SMOLLM_MODEL (default: scripts/fetch-model's file).
 set -euo pipefail
@@ -32,7 +39,7 @@ threads="${THREADS:-$(nproc)}"
 repeats="${REPEATS:-3}"
 cache="$root/.cache/llamacpp-$version"
 build="$cache/build"
-out="$cache/results-$(date -u +%Y%m%dT%H%M%SZ)"
+out="${RESULTS:-$cache/results-$(date -u +%Y%m%dT%H%M%SZ)}"
 mkdir -p "$cache" "$out"
 
 model="${SMOLLM_MODEL:-$(scripts/fetch-model | tail -n 1)}"
@@ -94,10 +101,11 @@ ours_report() { # prefill batches context steps
 
 # ---------------------------------------------------------------- alternating runs
 for r in $(seq 1 "$repeats"); do
+  [[ -z "${SKIP_MICRO:-}" ]] || break
   echo "--- round $r / $repeats"
   # llama.cpp: pp512 and tg128 (one repetition each per round; -r 1 keeps rounds interleaved).
-  "$llama_bench" -m "$model" -t "$threads" -p 512 -n 128 -r 1 -o json >"$out/llama-bench-$r.json"
-  "$batched_bench" -m "$model" -t "$threads" -c 8448 -b 2048 -ub 512 -npp 128 -ntg 128 -npl 16,32 \
+  "$llama_bench" -m "$model" -t "$threads" -p 512 -n 128 -r 1 --repack 0 -o json >"$out/llama-bench-$r.json"
+  "$batched_bench" -m "$model" -t "$threads" --no-repack -c 8448 -b 2048 -ub 512 -npp 128 -ntg 128 -npl 16,32 \
     >"$out/batched-bench-$r.txt" 2>"$out/batched-bench-$r.log"
   # Ours: 512-token prefill and one stream (context 128, 128 steps), then 16 and 32 streams.
   ours_report 512 1,16,32 128 128 >"$out/ours-$r.txt"
@@ -121,10 +129,10 @@ if [[ -z "${SKIP_SERVER:-}" ]]; then
   for r in $(seq 1 "$repeats"); do
     # llama-server, 16 slots of (16 + 64) tokens at least.
     port=$(free_port)
-    "$llama_server" -m "$model" -t "$threads" --parallel 16 --cont-batching -c 4096 \
+    "$llama_server" -m "$model" -t "$threads" --no-repack --parallel 16 --cont-batching -c 4096 \
       --host 127.0.0.1 --port "$port" >"$out/llama-server-$r.log" 2>&1 &
     pids+=($!)
-    wait_for "$out/llama-server-$r.log" "server is listening" "${pids[-1]}"
+    wait_for "$out/llama-server-$r.log" 'listening on\|server is listening' "${pids[-1]}"
     python3 "$root/bench/openai_load.py" --url "http://127.0.0.1:$port" --requests 64 \
       --concurrency 16 --prompt-tokens 16 --max-new-tokens 64 --warmup 4 >"$out/llama-server-$r.json"
     kill "${pids[-1]}"; wait "${pids[-1]}" 2>/dev/null || true; unset 'pids[-1]'
