@@ -27,9 +27,8 @@ use tonic_health::pb::health_check_response::ServingStatus;
 const RELEASE: &str = "smollm-serve";
 const NAMESPACE: &str = "inference";
 const CLUSTER_DOMAIN: &str = "cluster.local";
-/// Worker keys the chart writes ahead of the binary: `device` is read once the CUDA backend lands
-/// (`--device cuda|cpu|auto`); until then the worker ignores it. Drop it from here then.
-const PENDING_WORKER_KEYS: &[&str] = &["device"];
+/// Worker keys the chart writes ahead of the binary (none: every key it writes is a worker setting).
+const PENDING_WORKER_KEYS: &[&str] = &[];
 
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
