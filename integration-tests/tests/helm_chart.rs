@@ -872,6 +872,7 @@ async fn probed_health_services_answer_as_the_probes_expect() {
     drop(router);
 
     // A worker from its rendered settings (the tiny model, a small KV cache): serving once loaded.
+    // The default values say `device = "cuda"`, which exits 2 on a host without a GPU: `auto` here.
     let worker_addr = format!("127.0.0.1:{}", free_port());
     let _worker = start_from_rendered(
         "worker",
@@ -885,6 +886,8 @@ async fn probed_health_services_answer_as_the_probes_expect() {
             "",
             "--kv-cache-mib",
             "16",
+            "--device",
+            "auto",
         ],
         "worker ready",
     )

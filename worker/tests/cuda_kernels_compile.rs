@@ -4,7 +4,11 @@
 //! NVRTC comes from the PyPI wheel `nvidia-cuda-nvrtc-cu12` that `scripts/fetch-nvrtc` unpacks into
 //! `.cache/nvrtc/lib` (`scripts/test` runs it), or from `NVRTC_LIB_DIR`. Without it this test fails:
 //! it never skips.
+//!
+//! With `CUDA_MODULE_CACHE_FILL=DIR` it also stores every CUBIN in the module cache at `DIR`, so a GPU
+//! host without NVRTC can run from it (`scripts/gpu-check --prepare`).
 
+use worker::cuda::cache::ModuleCache;
 use worker::cuda::compile::{compile, load_nvrtc, nvrtc_version, parse_ptxas_log, Numerics};
 use worker::cuda::kernels::FILES;
 
@@ -21,6 +25,7 @@ fn every_kernel_compiles_for_sm80_and_sm90_in_both_modes() {
     }
     let (major, minor) = nvrtc_version().expect("NVRTC version");
     println!("NVRTC {major}.{minor}");
+    let fill = std::env::var_os("CUDA_MODULE_CACHE_FILL").map(ModuleCache::new);
     let mut failures = Vec::new();
     let mut table = Vec::new();
     for file in FILES {
@@ -34,6 +39,11 @@ fn every_kernel_compiles_for_sm80_and_sm90_in_both_modes() {
                             "{}: not a CUBIN",
                             file.name
                         );
+                        if let Some(cache) = &fill {
+                            cache
+                                .put(file, arch, numerics, &module.cubin)
+                                .expect("writing the module cache");
+                        }
                         let report = parse_ptxas_log(&module.log);
                         for k in file.kernels {
                             match report.iter().find(|r| r.kernel == *k) {

@@ -408,6 +408,9 @@ impl CudaModel {
             )?;
         }
 
+        if n_logits == 0 {
+            return Ok(());
+        }
         let nl = n_logits as i32;
         let mut b = self.stream.launch_builder(self.f("gather_rows"));
         b.arg(&buf.x)
