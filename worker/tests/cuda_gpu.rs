@@ -12,6 +12,9 @@
 //!   logits of each sequence alone (no graphs), in exact mode.
 //! - `fast_mode_divergence`: the reference prompts in fast mode; prints how many greedy ids match
 //!   and the largest top-5 logit error (reported, not asserted).
+//! - `tiny_model_against_cpu`: the tiny random model (Q8_0 / Q4_1 / F16 / F32 tensors, no download
+//!   needed) through the CPU model and the CUDA model: 64 streams, logits within 1e-4 in exact mode,
+//!   64 together (graphs) bitwise equal to each alone (no graphs); fast mode's error reported.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -534,8 +537,8 @@ fn load(numerics: Numerics, graphs: bool) -> CudaModel {
 
 /// Runs every case greedily for `steps` tokens, all cases in one batch when `batched`, else alone.
 /// Returns per case the ids and the logits of the first generated position.
-fn run_greedy(
-    model: &CudaModel,
+fn run_greedy<M: BatchModel>(
+    model: &M,
     prompts: &[Vec<u32>],
     steps: usize,
     batched: bool,
@@ -671,4 +674,51 @@ fn fast_mode_divergence() {
     println!(
         "fast mode: {exact_prompts}/8 prompts token-exact, {same}/{total} ids before the first divergence, max top-5 logit error {max_err:.3}"
     );
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU (scripts/gpu-check)"]
+fn tiny_model_against_cpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tiny.gguf");
+    gguf::testing::write_tiny_llama(&path, 1).unwrap();
+    let cpu = worker::model::LlamaModel::load(&path).unwrap();
+    let vocab = cpu.vocab_size() as u32;
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    let prompts: Vec<Vec<u32>> = (0..64)
+        .map(|_| {
+            let n = rng.random_range(1..40);
+            (0..n).map(|_| rng.random_range(0..vocab)).collect()
+        })
+        .collect();
+    let steps = 8;
+    let want = run_greedy(&cpu, &prompts, steps, true);
+    for numerics in [Numerics::Exact, Numerics::Fast] {
+        let model = CudaModel::load(&path, gpu(), options(numerics, true)).unwrap();
+        let together = run_greedy(&model, &prompts, steps, true);
+        let (mut worst, mut same_ids) = (0.0f32, 0);
+        for (g, w) in together.iter().zip(&want) {
+            worst = worst.max(rel_err(&g.1, &w.1));
+            same_ids += usize::from(g.0 == w.0);
+        }
+        println!(
+            "tiny model, {}: first-position logits max rel err {worst:.2e} vs CPU, {same_ids}/64 streams with the CPU's greedy ids",
+            numerics.as_str()
+        );
+        if numerics == Numerics::Exact {
+            assert!(
+                worst <= 1e-4,
+                "exact: logits differ from the CPU by {worst}"
+            );
+            drop(model);
+            let eager = CudaModel::load(&path, gpu(), options(numerics, false)).unwrap();
+            let alone = run_greedy(&eager, &prompts, steps, false);
+            for (i, (t, a)) in together.iter().zip(&alone).enumerate() {
+                assert!(
+                    t.0 == a.0 && t.1 == a.1,
+                    "tiny stream {i}: batch of 64 != alone"
+                );
+            }
+        }
+    }
 }
