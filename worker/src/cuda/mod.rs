@@ -8,21 +8,24 @@
 //!   GPU's own architecture, in the `exact` or `fast` [`Numerics`], and the ptxas resource report;
 //!   [`cache`]: the on-disk module cache keyed by (source hash, architecture, mode).
 //! - [`weights`]: weights uploaded in the file's formats; [`block_table`]: a step's packed inputs
-//!   (block tables, slots, positions, logit rows, prefill tiles); [`launch`]: launch shapes;
-//!   [`graphs`]: decode batch buckets and captured CUDA graphs.
-//! - [`model`]: [`CudaModel`], the forward pass and the `BatchModel` impl; its KV cache
-//!   ([`GpuKv`]) is GPU blocks addressed through the engine's block tables.
+//!   (block tables, slots, positions, logit rows, prefill tiles); [`buffers`]: the persistent step
+//!   buffers; [`launch`]: launch shapes; [`graphs`]: decode batch buckets and captured CUDA graphs.
+//! - [`kv`]: the KV cache ([`GpuKv`]), GPU blocks addressed through the engine's block tables.
+//! - [`model`]: [`CudaModel`], the forward pass and the `BatchModel` impl.
 
 pub mod block_table;
+pub mod buffers;
 pub mod cache;
 pub mod compile;
 pub mod device;
 pub mod graphs;
 pub mod kernels;
+pub mod kv;
 pub mod launch;
 pub mod model;
 pub mod weights;
 
 pub use compile::Numerics;
 pub use device::{choose_backend, probe, Backend, DeviceKind, GpuInfo};
-pub use model::{CudaModel, CudaOptions, GpuKv};
+pub use kv::GpuKv;
+pub use model::{CudaModel, CudaOptions};

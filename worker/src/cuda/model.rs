@@ -21,17 +21,18 @@ use std::sync::Arc;
 
 use cudarc::driver::{
     sys as driver_sys, CudaFunction, CudaSlice, CudaStream, DeviceRepr, PushKernelArg,
-    ValidAsZeroBits,
 };
 use cudarc::nvrtc::Ptx;
 use gguf::GgufFile;
 
 use super::block_table::{pack_step, StepInputs, StepLimits};
+use super::buffers::{Capacity, StepBuffers};
 use super::cache::ModuleCache;
 use super::compile::Numerics;
 use super::device::GpuInfo;
 use super::graphs::{bucket_for, decode_buckets, Captured, DecodeGraphs};
 use super::kernels::FILES;
+use super::kv::{GpuKv, KvBlocks};
 use super::launch::{self, MatmulKernel, DEFAULT_SMEM_LIMIT, ROW_THREADS};
 use super::weights::{format_suffix, GpuPart, GpuWeights, HostWeights};
 use crate::engine::{BatchEntry, BatchModel};
@@ -62,7 +63,10 @@ pub struct CudaModel {
     smem_limit: usize,
 }
 
-fn driver<T>(what: &str, r: Result<T, cudarc::driver::DriverError>) -> Result<T, String> {
+pub(super) fn driver<T>(
+    what: &str,
+    r: Result<T, cudarc::driver::DriverError>,
+) -> Result<T, String> {
     r.map_err(|e| format!("{what}: {e}"))
 }
 
@@ -584,151 +588,6 @@ impl CudaModel {
     }
 }
 
-/// Sizes of the step buffers, in elements of rows / logit rows / block-table entries / tile ints.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Capacity {
-    /// Token rows.
-    pub rows: usize,
-    /// Rows of logits.
-    pub logits: usize,
-    /// Block-table entries (u32).
-    pub tables: usize,
-    /// Prefill tile ints (4 per tile).
-    pub tiles: usize,
-}
-
-impl Capacity {
-    /// Whether every size is at least `need`'s.
-    pub fn covers(&self, need: &Capacity) -> bool {
-        self.rows >= need.rows
-            && self.logits >= need.logits
-            && self.tables >= need.tables
-            && self.tiles >= need.tiles
-    }
-
-    /// The sizes to allocate for `need` after `self`: each the larger of both, rounded up to a power
-    /// of two (at least 16), so a growing workload reallocates (and recaptures graphs) only
-    /// logarithmically often.
-    pub fn grown_to(&self, need: &Capacity) -> Capacity {
-        let g = |a: usize, b: usize| a.max(b).max(16).next_power_of_two();
-        Capacity {
-            rows: g(self.rows, need.rows),
-            logits: g(self.logits, need.logits),
-            tables: g(self.tables, need.tables),
-            tiles: g(self.tiles, need.tiles),
-        }
-    }
-}
-
-/// Persistent per-step device buffers (inputs and activations).
-struct StepBuffers {
-    cap: Capacity,
-    tokens: CudaSlice<u32>,
-    positions: CudaSlice<i32>,
-    att_positions: CudaSlice<i32>,
-    slots: CudaSlice<i64>,
-    table_index: CudaSlice<i32>,
-    block_tables: CudaSlice<u32>,
-    logit_rows: CudaSlice<i32>,
-    tiles: CudaSlice<i32>,
-    /// Residual stream `[rows, hidden]`.
-    x: CudaSlice<u8>,
-    /// Normalised `[rows, hidden]`.
-    xn: CudaSlice<u8>,
-    /// Fused QKV `[rows, q_dim + 2 kv_dim]`.
-    qkv: CudaSlice<u8>,
-    /// Attention output `[rows, q_dim]`.
-    att: CudaSlice<u8>,
-    /// Gate/up `[rows, 2 ffn]`.
-    gu: CudaSlice<u8>,
-    /// SwiGLU output `[rows, ffn]`.
-    h: CudaSlice<u8>,
-    /// Gathered logit rows `[logits, hidden]` and their norm.
-    g: CudaSlice<u8>,
-    gn: CudaSlice<u8>,
-    /// `[logits, vocab]` f32.
-    logits: CudaSlice<f32>,
-}
-
-impl StepBuffers {
-    fn alloc(
-        stream: &Arc<CudaStream>,
-        c: &LlamaConfig,
-        numerics: Numerics,
-        cap: Capacity,
-    ) -> Result<StepBuffers, String> {
-        fn z<T: DeviceRepr + ValidAsZeroBits>(
-            stream: &Arc<CudaStream>,
-            n: usize,
-        ) -> Result<CudaSlice<T>, String> {
-            driver("allocating step buffers", stream.alloc_zeros::<T>(n.max(1)))
-        }
-        let a = numerics.act_bytes();
-        let width = c.q_dim() + 2 * c.kv_dim();
-        Ok(StepBuffers {
-            cap,
-            tokens: z(stream, cap.rows)?,
-            positions: z(stream, cap.rows)?,
-            att_positions: z(stream, cap.rows)?,
-            slots: z(stream, cap.rows)?,
-            table_index: z(stream, cap.rows)?,
-            block_tables: z(stream, cap.tables)?,
-            logit_rows: z(stream, cap.logits)?,
-            tiles: z(stream, cap.tiles)?,
-            x: z(stream, cap.rows * c.hidden * a)?,
-            xn: z(stream, cap.rows * c.hidden * a)?,
-            qkv: z(stream, cap.rows * width * a)?,
-            att: z(stream, cap.rows * c.q_dim() * a)?,
-            gu: z(stream, cap.rows * 2 * c.ffn_dim * a)?,
-            h: z(stream, cap.rows * c.ffn_dim * a)?,
-            g: z(stream, cap.logits * c.hidden * a)?,
-            gn: z(stream, cap.logits * c.hidden * a)?,
-            logits: z(stream, cap.logits * c.vocab_size)?,
-        })
-    }
-}
-
-/// The paged K/V blocks of every layer on the GPU: per layer one K and one V buffer of
-/// `[num_blocks * block_size, kv_dim]` activation elements (f32 exact, bf16 fast).
-pub struct KvBlocks {
-    k: Vec<CudaSlice<u8>>,
-    v: Vec<CudaSlice<u8>>,
-    num_blocks: usize,
-    block_size: usize,
-}
-
-/// The CUDA backend's [`BatchModel::Kv`]: the K/V blocks (managed by the engine's block manager like
-/// the CPU cache), plus the step buffers and decode graphs that point into them.
-pub struct GpuKv {
-    blocks: KvBlocks,
-    buffers: Option<StepBuffers>,
-    graphs: DecodeGraphs,
-}
-
-impl GpuKv {
-    fn split(&mut self) -> (&KvBlocks, &mut StepBuffers) {
-        (
-            &self.blocks,
-            self.buffers.as_mut().expect("step buffers allocated"),
-        )
-    }
-
-    /// Blocks in the pool.
-    pub fn num_blocks(&self) -> usize {
-        self.blocks.num_blocks
-    }
-
-    /// Tokens per block.
-    pub fn block_size(&self) -> usize {
-        self.blocks.block_size
-    }
-
-    /// Decode graphs captured so far.
-    pub fn graphs_captured(&self) -> usize {
-        self.graphs.len()
-    }
-}
-
 impl BatchModel for CudaModel {
     type Kv = GpuKv;
 
@@ -777,34 +636,5 @@ impl BatchModel for CudaModel {
 
     fn vocab_size(&self) -> usize {
         self.config.vocab_size
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn capacity_growth() {
-        let need = Capacity {
-            rows: 17,
-            logits: 3,
-            tables: 100,
-            tiles: 0,
-        };
-        let cap = Capacity::default().grown_to(&need);
-        assert_eq!(
-            cap,
-            Capacity {
-                rows: 32,
-                logits: 16,
-                tables: 128,
-                tiles: 16
-            }
-        );
-        assert!(cap.covers(&need));
-        assert!(!cap.covers(&Capacity { rows: 33, ..need }));
-        let bigger = cap.grown_to(&Capacity { rows: 40, ..need });
-        assert_eq!((bigger.rows, bigger.tables), (64, 128));
     }
 }
