@@ -4,9 +4,10 @@
 #
 #   bench/compare-llamacpp.sh            # everything
 #   SKIP_SERVER=1 bench/compare-llamacpp.sh   # without the router / llama-server load test
+#   BUILD_ONLY=1 bench/compare-llamacpp.sh    # only build llama.cpp into the cache, run nothing
 #
 # 1. Builds llama.cpp once into .cache/llamacpp-<version>/ from the source shipped in the PyPI
-#    sdist of llama-cpp-python (`pip download --no-binary :all: --no-deps`), cmake Release,
+#    sdist of llama-cpp-python (`pip download --no-binary llama-cpp-python --no-deps`), cmake Release,
 #    -DGGML_NATIVE=ON -DLLAMA_CURL=OFF, only the llama-bench, llama-batched-bench and
 #    llama-server targets.
 # 2. Runs, alternating engines, REPEATS times each (medians reported):
@@ -46,7 +47,9 @@ if [[ -z "$(find_bin llama-bench)" || -z "$(find_bin llama-batched-bench)" || -z
   src_dir="$cache/src"
   if [[ ! -d "$src_dir" ]]; then
     mkdir -p "$cache/sdist"
-    pip download "llama-cpp-python==$version" --no-binary :all: --no-deps \
+    # The source distribution only (its build tools come as wheels; `--no-binary :all:` would
+    # also compile cmake itself from source just to read the package's metadata).
+    pip download "llama-cpp-python==$version" --no-binary llama-cpp-python --no-deps \
       -d "$cache/sdist"
     tarball=$(find "$cache/sdist" -name "llama_cpp_python-$version.tar.gz" -o -name "llama-cpp-python-$version.tar.gz" | head -n 1)
     [[ -n "$tarball" ]] || { echo "compare: sdist not found in $cache/sdist" >&2; exit 2; }
@@ -56,11 +59,18 @@ if [[ -z "$(find_bin llama-bench)" || -z "$(find_bin llama-batched-bench)" || -z
   fi
   llama_src="$src_dir/vendor/llama.cpp"
   [[ -f "$llama_src/CMakeLists.txt" ]] || { echo "compare: no llama.cpp in $llama_src" >&2; exit 2; }
+  if ! command -v cmake >/dev/null; then # cmake from its PyPI wheel, in a venv in the cache
+    [[ -x "$cache/tools/bin/cmake" ]] || {
+      python3 -m venv "$cache/tools" && "$cache/tools/bin/pip" install -q cmake
+    }
+    export PATH="$cache/tools/bin:$PATH"
+  fi
   cmake -S "$llama_src" -B "$build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
     -DLLAMA_BUILD_TESTS=OFF -DBUILD_SHARED_LIBS=OFF
   cmake --build "$build" --config Release -j "$threads" \
     --target llama-bench llama-batched-bench llama-server
 fi
+[[ -z "${BUILD_ONLY:-}" ]] || { echo "compare: llama.cpp built in $build"; exit 0; }
 llama_bench=$(find_bin llama-bench)
 batched_bench=$(find_bin llama-batched-bench)
 llama_server=$(find_bin llama-server)

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::cuda::{DeviceKind, Numerics};
 use crate::engine::{EngineConfig, SchedulerConfig};
+use crate::model::KvDtype;
 
 /// Command-line flags. Every flag is optional here so that the file and environment can supply it.
 #[derive(Debug, Parser, Serialize)]
@@ -42,6 +43,10 @@ pub struct Cli {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kv_cache_blocks: Option<usize>,
+    /// KV cache element type: f32 (exact, default) or f16 (half the memory and bandwidth).
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv_cache_dtype: Option<String>,
     /// Most tokens in one engine step (decodes plus prefill chunks).
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -108,6 +113,10 @@ pub struct WorkerSettings {
     pub kv_cache_mib: usize,
     /// KV blocks in the pool; when non-zero it overrides `kv_cache_mib`.
     pub kv_cache_blocks: usize,
+    /// KV cache element type, `f32` (default: the model's float32 behaviour) or `f16` (half the
+    /// memory per token, so twice the blocks for the same `kv_cache_mib`, and half the attention
+    /// bandwidth; greedy output may leave the float32 reference, see BENCHMARKS.md).
+    pub kv_cache_dtype: KvDtype,
     /// Tokens per KV block.
     pub block_size: usize,
     /// Most tokens in one engine step (decodes plus prefill chunks).
@@ -151,6 +160,7 @@ impl Default for WorkerSettings {
             log: "info".into(),
             kv_cache_mib: 1024,
             kv_cache_blocks: 0,
+            kv_cache_dtype: KvDtype::F32,
             block_size: 16,
             max_batch_tokens: 512,
             max_num_seqs: 128,

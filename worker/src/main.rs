@@ -101,7 +101,11 @@ async fn run(settings: WorkerSettings, backend: Backend) -> anyhow::Result<()> {
     match backend {
         Backend::Cpu { reason } => {
             tracing::info!(device = "cpu", %reason, "compute device chosen");
-            load_and_serve(prepared, LlamaModel::load, |_, _| Ok(())).await
+            let kv_dtype = prepared.settings.kv_cache_dtype;
+            let load = move |path: &std::path::Path| {
+                LlamaModel::load(path).map(|model| model.with_kv_dtype(kv_dtype))
+            };
+            load_and_serve(prepared, load, |_, _| Ok(())).await
         }
         Backend::Cuda(gpu) => {
             tracing::info!(

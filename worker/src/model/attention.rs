@@ -2,11 +2,29 @@
 //! dot-product attention from Vaswani et al. 2017; paged K/V layout from Kwon et al. 2023,
 //! "PagedAttention").
 
+use std::cell::RefCell;
+
 use rayon::prelude::*;
 
 use super::kv_cache::PagedLayer;
-use super::matmul::dot;
+use super::matmul::{dot, dot_rows};
 use super::ops::softmax_in_place;
+
+/// Keys scored together by one [`dot_rows`] call.
+const KEYS_PER_DOT: usize = 4;
+
+/// Per-thread buffers of one (token, head) task, reused across calls: no allocation per task.
+#[derive(Default)]
+struct Scratch {
+    /// Attention scores, then probabilities, `[pos + 1]` (grows to the longest context seen).
+    scores: Vec<f32>,
+    /// Widened K/V rows of an f16 cache, `[KEYS_PER_DOT, head_dim]`.
+    rows: Vec<f32>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
 
 /// Shape of the attention heads.
 #[derive(Debug, Clone, Copy)]
@@ -49,15 +67,29 @@ pub fn attention(
     block_size: usize,
     s: HeadShape,
 ) -> Vec<f32> {
+    let mut out = Vec::new();
+    attention_into(q, queries, layer, block_size, s, &mut out);
+    out
+}
+
+/// [`attention`] into `out` (resized to `[n, n_heads * head_dim]`; its allocation is reused).
+pub fn attention_into(
+    q: &[f32],
+    queries: &[QueryPos<'_>],
+    layer: &PagedLayer,
+    block_size: usize,
+    s: HeadShape,
+    out: &mut Vec<f32>,
+) {
     let n = queries.len();
     let hd = s.head_dim;
     let q_dim = s.n_heads * hd;
     let kv_dim = s.n_kv_heads * hd;
     let group = s.n_heads / s.n_kv_heads;
     let scale = 1.0 / (hd as f32).sqrt();
-    let (keys, values) = (layer.keys(), layer.values());
     debug_assert_eq!(q.len(), n * q_dim);
-    let mut out = vec![0.0f32; n * q_dim];
+    out.clear();
+    out.resize(n * q_dim, 0.0);
     out.par_chunks_mut(hd).enumerate().for_each(|(idx, o)| {
         let (t, h) = (idx / s.n_heads, idx % s.n_heads);
         let QueryPos { pos, block_table } = queries[t];
@@ -69,21 +101,40 @@ pub fn attention(
             let slot = block_table[j / block_size] as usize * block_size + j % block_size;
             slot * kv_dim + kv_off
         };
-        let mut p: Vec<f32> = (0..n_keys)
-            .map(|j| {
-                let r = row(j);
-                dot(qv, &keys[r..r + hd]) * scale
-            })
-            .collect();
-        softmax_in_place(&mut p);
-        for (j, &pj) in p.iter().enumerate() {
-            let r = row(j);
-            for (od, &vd) in o.iter_mut().zip(&values[r..r + hd]) {
-                *od += pj * vd;
+        SCRATCH.with_borrow_mut(|Scratch { scores: p, rows }| {
+            p.clear();
+            p.resize(n_keys, 0.0);
+            // Row buffers for an f16 cache (an f32 cache lends its rows directly).
+            rows.resize(KEYS_PER_DOT * hd, 0.0);
+            // Four keys at a time (independent accumulators), each score bitwise `dot`.
+            let mut j = 0;
+            while j + KEYS_PER_DOT <= n_keys {
+                let [b0, b1, b2, b3] = rows
+                    .get_disjoint_mut([0..hd, hd..2 * hd, 2 * hd..3 * hd, 3 * hd..4 * hd])
+                    .expect("disjoint");
+                let ks = [
+                    layer.key_row(row(j), b0),
+                    layer.key_row(row(j + 1), b1),
+                    layer.key_row(row(j + 2), b2),
+                    layer.key_row(row(j + 3), b3),
+                ];
+                for (i, d) in dot_rows::<KEYS_PER_DOT>(qv, ks).into_iter().enumerate() {
+                    p[j + i] = d * scale;
+                }
+                j += KEYS_PER_DOT;
             }
-        }
+            let buf = &mut rows[..hd];
+            for (jj, pj) in p.iter_mut().enumerate().skip(j) {
+                *pj = dot(qv, layer.key_row(row(jj), buf)) * scale;
+            }
+            softmax_in_place(p);
+            for (j, &pj) in p.iter().enumerate() {
+                for (od, &vd) in o.iter_mut().zip(layer.value_row(row(j), buf)) {
+                    *od += pj * vd;
+                }
+            }
+        });
     });
-    out
 }
 
 #[cfg(test)]

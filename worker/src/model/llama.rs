@@ -4,15 +4,16 @@
 //!
 //! Batch invariant: see the [`crate::model`] module docs.
 
+use std::cell::RefCell;
 use std::path::Path;
 
 use gguf::GgufFile;
 
-use super::attention::{attention, HeadShape, QueryPos};
-use super::matmul::matmul;
-use super::ops::{rms_norm, swiglu, RopeTable};
+use super::attention::{attention_into, HeadShape, QueryPos};
+use super::matmul::matmul_into;
+use super::ops::{rms_norm_into, swiglu_into, RopeTable};
 use super::weights::ModelWeights;
-use super::{LlamaConfig, ModelError, PagedKvCache};
+use super::{KvDtype, LlamaConfig, ModelError, PagedKvCache};
 use crate::engine::BatchEntry;
 
 /// A llama model with weights in memory in their file formats, run on the CPU
@@ -21,6 +22,44 @@ use crate::engine::BatchEntry;
 pub struct LlamaModel {
     config: LlamaConfig,
     weights: ModelWeights,
+    /// Element type of the caches made by [`Self::new_kv`].
+    kv_dtype: KvDtype,
+}
+
+/// Activation buffers of a forward pass, kept per thread and reused by every
+/// step (resized, never reallocated once grown to the largest step), so a
+/// step allocates only its returned logits.
+#[derive(Default)]
+struct Workspace {
+    /// Normed activations, `[rows, hidden]`.
+    xn: Vec<f32>,
+    /// Fused Q/K/V projections, `[rows, q_dim + 2 * kv_dim]`.
+    qkv: Vec<f32>,
+    /// Queries after RoPE, `[rows, q_dim]`.
+    q: Vec<f32>,
+    /// Attention output, `[rows, q_dim]`.
+    att: Vec<f32>,
+    /// Output projection or FFN down projection, `[rows, hidden]`.
+    proj: Vec<f32>,
+    /// Fused gate/up projections, `[rows, 2 * ffn_dim]`.
+    gate_up: Vec<f32>,
+    /// SwiGLU output, `[rows, ffn_dim]`.
+    h: Vec<f32>,
+    /// Logits, `[logit rows, vocab]`.
+    logits: Vec<f32>,
+}
+
+thread_local! {
+    static WORKSPACE: RefCell<Workspace> = RefCell::new(Workspace::default());
+}
+
+/// Runs `f` with this thread's [`Workspace`]; a nested call on the same
+/// thread (a rayon worker that stole another forward pass) gets a fresh one.
+fn with_workspace<R>(f: impl FnOnce(&mut Workspace) -> R) -> R {
+    WORKSPACE.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut ws) => f(&mut ws),
+        Err(_) => f(&mut Workspace::default()),
+    })
 }
 
 /// Per-token bookkeeping of a flattened batch (validated).
@@ -47,12 +86,33 @@ impl LlamaModel {
         let file = GgufFile::open(path)?;
         let config = LlamaConfig::from_gguf(&file)?;
         let weights = ModelWeights::load(&file, &config)?;
-        Ok(LlamaModel { config, weights })
+        Ok(LlamaModel {
+            config,
+            weights,
+            kv_dtype: KvDtype::F32,
+        })
     }
 
     /// Builds a model from an already-validated config and weights.
     pub fn from_parts(config: LlamaConfig, weights: ModelWeights) -> LlamaModel {
-        LlamaModel { config, weights }
+        LlamaModel {
+            config,
+            weights,
+            kv_dtype: KvDtype::F32,
+        }
+    }
+
+    /// This model with caches of element type `dtype` from [`Self::new_kv`]
+    /// (default [`KvDtype::F32`]). [`Self::forward_batch`] accepts a cache of
+    /// either type.
+    pub fn with_kv_dtype(mut self, dtype: KvDtype) -> LlamaModel {
+        self.kv_dtype = dtype;
+        self
+    }
+
+    /// Element type of the caches made by [`Self::new_kv`].
+    pub fn kv_dtype(&self) -> KvDtype {
+        self.kv_dtype
     }
 
     /// The model's hyper-parameters.
@@ -66,7 +126,8 @@ impl LlamaModel {
     ///
     /// Panics if `block_size` is 0.
     pub fn new_kv(&self, num_blocks: usize, block_size: usize) -> PagedKvCache {
-        PagedKvCache::new(
+        PagedKvCache::with_dtype(
+            self.kv_dtype,
             self.config.n_layers,
             self.config.kv_dim(),
             num_blocks,
@@ -74,9 +135,9 @@ impl LlamaModel {
         )
     }
 
-    /// KV cache bytes per token: `2 * n_layers * kv_dim * 4` (K and V, f32).
+    /// KV cache bytes per token: `2 * n_layers * kv_dim * 4` (K and V, f32), or `* 2` in f16.
     pub fn kv_bytes_per_token(&self) -> usize {
-        2 * self.config.n_layers * self.config.kv_dim() * std::mem::size_of::<f32>()
+        2 * self.config.n_layers * self.config.kv_dim() * self.kv_dtype.bytes()
     }
 
     /// Checks `batch` against the model and `kv` and lays out its tokens.
@@ -222,55 +283,69 @@ impl LlamaModel {
         // Rows still being computed: all tokens, except in the last layer, where
         // only the rows that need logits go on past the K/V writes.
         let mut queries = plan.queries.clone();
-
-        for (l, layer) in self.weights.layers.iter().enumerate() {
-            let rows = queries.len();
-            // Attention block.
-            let xn = rms_norm(&x, &layer.attn_norm, c.rms_eps);
-            let mut qkv = matmul(&xn, rows, hidden, &layer.wqkv.parts);
-            let width = q_dim + 2 * kv_dim;
-            let mut q = Vec::with_capacity(rows * q_dim);
-            for (t, r) in qkv.chunks_exact_mut(width).enumerate() {
-                let (qt, kvt) = r.split_at_mut(q_dim);
-                let (k, v) = kvt.split_at_mut(kv_dim);
-                rope.apply(qt, t);
-                rope.apply(k, t);
-                q.extend_from_slice(qt);
-                kv.write(l, plan.slots[t], k, v);
-            }
-            if l + 1 == n_layers && plan.logit_rows.len() < rows {
-                q = gather_rows(&q, q_dim, &plan.logit_rows);
-                x = gather_rows(&x, hidden, &plan.logit_rows);
-                queries = plan.logit_rows.iter().map(|&r| plan.queries[r]).collect();
-                if queries.is_empty() {
-                    return Ok(Vec::new());
+        with_workspace(|ws| {
+            for (l, layer) in self.weights.layers.iter().enumerate() {
+                let rows = queries.len();
+                // Attention block.
+                rms_norm_into(&x, &layer.attn_norm, c.rms_eps, &mut ws.xn);
+                matmul_into(&ws.xn, rows, hidden, &layer.wqkv.parts, &mut ws.qkv);
+                let width = q_dim + 2 * kv_dim;
+                ws.q.clear();
+                for (t, r) in ws.qkv.chunks_exact_mut(width).enumerate() {
+                    let (qt, kvt) = r.split_at_mut(q_dim);
+                    let (k, v) = kvt.split_at_mut(kv_dim);
+                    rope.apply(qt, t);
+                    rope.apply(k, t);
+                    ws.q.extend_from_slice(qt);
+                    kv.write(l, plan.slots[t], k, v);
                 }
+                if l + 1 == n_layers && plan.logit_rows.len() < rows {
+                    ws.q = gather_rows(&ws.q, q_dim, &plan.logit_rows);
+                    x = gather_rows(&x, hidden, &plan.logit_rows);
+                    queries = plan.logit_rows.iter().map(|&r| plan.queries[r]).collect();
+                    if queries.is_empty() {
+                        return Ok(Vec::new());
+                    }
+                }
+                let rows = queries.len();
+                attention_into(&ws.q, &queries, kv.layer(l), bs, heads, &mut ws.att);
+                matmul_into(&ws.att, rows, q_dim, &layer.wo.parts, &mut ws.proj);
+                add_in_place(&mut x, &ws.proj);
+
+                // Feed-forward block.
+                rms_norm_into(&x, &layer.ffn_norm, c.rms_eps, &mut ws.xn);
+                matmul_into(
+                    &ws.xn,
+                    rows,
+                    hidden,
+                    &layer.w_gate_up.parts,
+                    &mut ws.gate_up,
+                );
+                swiglu_into(&ws.gate_up, c.ffn_dim, &mut ws.h);
+                matmul_into(&ws.h, rows, c.ffn_dim, &layer.w_down.parts, &mut ws.proj);
+                add_in_place(&mut x, &ws.proj);
             }
-            let rows = queries.len();
-            let att = attention(&q, &queries, kv.layer(l), bs, heads);
-            let o = matmul(&att, rows, q_dim, &layer.wo.parts);
-            add_in_place(&mut x, &o);
 
-            // Feed-forward block.
-            let xn = rms_norm(&x, &layer.ffn_norm, c.rms_eps);
-            let gu = matmul(&xn, rows, hidden, &layer.w_gate_up.parts);
-            let h = swiglu(&gu, c.ffn_dim);
-            let d = matmul(&h, rows, c.ffn_dim, &layer.w_down.parts);
-            add_in_place(&mut x, &d);
-        }
-
-        // After the last layer `x` holds exactly the logit rows, in batch order.
-        let m = plan.logit_rows.len();
-        if m == 0 {
-            return Ok(Vec::new());
-        }
-        debug_assert_eq!(x.len(), m * hidden);
-        let xn = rms_norm(&x, &self.weights.output_norm, c.rms_eps);
-        let logits = matmul(&xn, m, hidden, &self.weights.lm_head().parts);
-        Ok(logits
-            .chunks_exact(c.vocab_size)
-            .map(<[f32]>::to_vec)
-            .collect())
+            // After the last layer `x` holds exactly the logit rows, in batch order.
+            let m = plan.logit_rows.len();
+            if m == 0 {
+                return Ok(Vec::new());
+            }
+            debug_assert_eq!(x.len(), m * hidden);
+            rms_norm_into(&x, &self.weights.output_norm, c.rms_eps, &mut ws.xn);
+            matmul_into(
+                &ws.xn,
+                m,
+                hidden,
+                &self.weights.lm_head().parts,
+                &mut ws.logits,
+            );
+            Ok(ws
+                .logits
+                .chunks_exact(c.vocab_size)
+                .map(<[f32]>::to_vec)
+                .collect())
+        })
     }
 }
 

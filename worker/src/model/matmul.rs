@@ -20,7 +20,8 @@
 //! weights are used in place. So the products are those of the float32
 //! reference; only the summation order differs from it.
 //!
-//! Blocking: rayon tasks own blocks of [`ROWS_PER_TASK`] weight rows; inside
+//! Blocking: rayon tasks own blocks of at least [`ROWS_PER_TASK`] weight rows
+//! (more for steps of few tokens, see [`rows_per_task`]); inside
 //! a task a register tile of up to 4 tokens × 3 weight rows (12 vector
 //! accumulators) walks the shared dimension, so each decoded weight tile is
 //! reused from L1 for every token.
@@ -193,21 +194,26 @@ mod avx512 {
     }
 }
 
-/// Fused decode-and-multiply kernels for one token (GEMV): the weight blocks
-/// are decoded in registers, never stored. Bitwise equal to decoding into the
+/// Fused decode-and-multiply kernels for a few tokens (GEMV-like steps): the
+/// weight blocks are decoded in registers, never stored, and each decoded
+/// vector is used for all `T` tokens. Bitwise equal to decoding into the
 /// scratch tile and running [`tile`] on the same path: the decoded values are
 /// the same, and each accumulator lane sees the same products in the same
 /// order (lane `l` of 16 sums elements `k ≡ l (mod 16)` in increasing `k`).
+///
+/// Q4_1 decodes through a 16-entry table per block: `table[i] = fma(i, d, m)`
+/// (one register), indexed by each nibble with one `vpermps` — the same value
+/// `q * d + m` the reference computes (exact product, one rounding), with two
+/// instructions per 16 weights instead of a convert and an FMA. The block's
+/// two f16 scales are read with one 4-byte broadcast and one conversion.
 #[cfg(target_arch = "x86_64")]
 mod fused512 {
     use std::arch::x86_64::*;
 
-    /// The f16 at `p` as f32 (exact).
-    #[inline(always)]
-    unsafe fn f16_at(p: *const u8) -> f32 {
-        let bits = u16::from_le_bytes([*p, *p.add(1)]);
-        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
-    }
+    /// How many row groups ahead of the current one the kernels prefetch
+    /// (measured on the 2-core test machine: 1 group 4.4 GB/s per core from
+    /// memory, 4 groups 5.9, 8 and 16 no better).
+    const PREFETCH_GROUPS: usize = 4;
 
     /// Lane reduction, same order as the AVX-512 tile kernel.
     #[inline(always)]
@@ -217,60 +223,86 @@ mod fused512 {
         super::avx2::hsum(_mm256_add_ps(lo, hi))
     }
 
-    /// `out[r] = Σ_k x[k] · W_r[k]` for `R` Q4_1 rows (`rows[r]`: `k / 32`
-    /// blocks of 20 bytes), `k` a multiple of 32.
+    /// `out[t][r] = Σ_k x_t[k] · W_r[k]` for `T` tokens and `R` Q4_1 rows
+    /// (`rows[r]`: `k / 32` blocks of 20 bytes: f16 d, f16 m, 16 nibble bytes),
+    /// `k` a multiple of 32.
     ///
     /// # Safety
-    /// The CPU must support AVX-512F, AVX2, FMA and F16C; `x` holds `k`
+    /// The CPU must support AVX-512F, AVX2, FMA and F16C; each `x[t]` holds `k`
     /// floats and each row `k / 32 * 20` bytes.
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-    pub(super) unsafe fn q4_1<const R: usize>(x: &[f32], rows: [&[u8]; R], k: usize) -> [f32; R] {
-        let mut acc = [_mm512_setzero_ps(); R];
-        let mask = _mm_set1_epi8(0x0F);
-        let xp = x.as_ptr();
+    pub(super) unsafe fn q4_1<const T: usize, const R: usize>(
+        x: [&[f32]; T],
+        rows: [&[u8]; R],
+        k: usize,
+    ) -> [[f32; R]; T] {
+        let mut acc = [[_mm512_setzero_ps(); R]; T];
+        let iota = _mm512_setr_ps(
+            0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0,
+        );
+        let xp: [*const f32; T] = std::array::from_fn(|t| x[t].as_ptr());
+        // Row groups are consecutive in memory: fetch the blocks
+        // `PREFETCH_GROUPS` groups ahead (the hardware prefetchers alone left
+        // a core at ~55% of this streaming rate).
+        let ahead = PREFETCH_GROUPS * R * (k / 32) * 20;
         for b in 0..k / 32 {
-            let x0 = _mm512_loadu_ps(xp.add(32 * b));
-            let x1 = _mm512_loadu_ps(xp.add(32 * b + 16));
             for r in 0..R {
                 let p = rows[r].as_ptr().add(20 * b);
-                let d = _mm512_set1_ps(f16_at(p));
-                let m = _mm512_set1_ps(f16_at(p.add(2)));
-                let q = _mm_loadu_si128(p.add(4) as *const __m128i);
-                let lo = _mm_and_si128(q, mask);
-                let hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
-                // q * d is exact, so fma(q, d, m) == q * d + m (the reference value).
-                let w0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo)), d, m);
-                let w1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi)), d, m);
-                acc[r] = _mm512_fmadd_ps(x0, w0, acc[r]);
-                acc[r] = _mm512_fmadd_ps(x1, w1, acc[r]);
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead) as *const i8);
+                // [d, m, d, m, ...] from one 4-byte broadcast.
+                let dm = _mm512_cvtph_ps(_mm256_set1_epi32((p as *const i32).read_unaligned()));
+                let d = _mm512_moveldup_ps(dm);
+                let m = _mm512_movehdup_ps(dm);
+                // table[i] = fma(i, d, m) == i * d + m: i * d is exact (4-bit × 11-bit).
+                let table = _mm512_fmadd_ps(iota, d, m);
+                // vpermps reads the low 4 bits of each index lane: the low nibble
+                // directly, the high nibble after a shift.
+                let q = _mm512_cvtepu8_epi32(_mm_loadu_si128(p.add(4) as *const __m128i));
+                let w0 = _mm512_permutexvar_ps(q, table);
+                let w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), table);
+                for t in 0..T {
+                    let x0 = _mm512_loadu_ps(xp[t].add(32 * b));
+                    let x1 = _mm512_loadu_ps(xp[t].add(32 * b + 16));
+                    acc[t][r] = _mm512_fmadd_ps(x0, w0, acc[t][r]);
+                    acc[t][r] = _mm512_fmadd_ps(x1, w1, acc[t][r]);
+                }
             }
         }
-        std::array::from_fn(|r| hsum(acc[r]))
+        std::array::from_fn(|t| std::array::from_fn(|r| hsum(acc[t][r])))
     }
 
-    /// As [`q4_1`] for Q8_0 rows (`k / 32` blocks of 34 bytes).
+    /// As [`q4_1`] for Q8_0 rows (`k / 32` blocks of 34 bytes: f16 d, 32 i8).
     ///
     /// # Safety
     /// As [`q4_1`], with 34-byte blocks.
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-    pub(super) unsafe fn q8_0<const R: usize>(x: &[f32], rows: [&[u8]; R], k: usize) -> [f32; R] {
-        let mut acc = [_mm512_setzero_ps(); R];
-        let xp = x.as_ptr();
+    pub(super) unsafe fn q8_0<const T: usize, const R: usize>(
+        x: [&[f32]; T],
+        rows: [&[u8]; R],
+        k: usize,
+    ) -> [[f32; R]; T] {
+        let mut acc = [[_mm512_setzero_ps(); R]; T];
+        let xp: [*const f32; T] = std::array::from_fn(|t| x[t].as_ptr());
+        let ahead = PREFETCH_GROUPS * R * (k / 32) * 34;
         for b in 0..k / 32 {
-            let x0 = _mm512_loadu_ps(xp.add(32 * b));
-            let x1 = _mm512_loadu_ps(xp.add(32 * b + 16));
             for r in 0..R {
                 let p = rows[r].as_ptr().add(34 * b);
-                let d = _mm512_set1_ps(f16_at(p));
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead) as *const i8);
+                let d = _mm512_cvtph_ps(_mm256_set1_epi16((p as *const i16).read_unaligned()));
                 let q0 = _mm_loadu_si128(p.add(2) as *const __m128i);
                 let q1 = _mm_loadu_si128(p.add(18) as *const __m128i);
+                // q * d is exact (8-bit × 11-bit), as in the reference.
                 let w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q0)), d);
                 let w1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q1)), d);
-                acc[r] = _mm512_fmadd_ps(x0, w0, acc[r]);
-                acc[r] = _mm512_fmadd_ps(x1, w1, acc[r]);
+                for t in 0..T {
+                    let x0 = _mm512_loadu_ps(xp[t].add(32 * b));
+                    let x1 = _mm512_loadu_ps(xp[t].add(32 * b + 16));
+                    acc[t][r] = _mm512_fmadd_ps(x0, w0, acc[t][r]);
+                    acc[t][r] = _mm512_fmadd_ps(x1, w1, acc[t][r]);
+                }
             }
         }
-        std::array::from_fn(|r| hsum(acc[r]))
+        std::array::from_fn(|t| std::array::from_fn(|r| hsum(acc[t][r])))
     }
 }
 
@@ -279,24 +311,24 @@ fn has_fused(path: SimdPath, format: gguf::GgmlType) -> bool {
     path == SimdPath::Avx512 && matches!(format, gguf::GgmlType::Q4_1 | gguf::GgmlType::Q8_0)
 }
 
-/// One token against `R` encoded rows with a fused kernel, if there is one
+/// `T` tokens against `R` encoded rows with a fused kernel, if there is one
 /// for this path and format (AVX-512 with Q4_1 or Q8_0); `None` otherwise.
 #[inline(always)]
-fn fused_rows<const R: usize>(
+fn fused_rows<const T: usize, const R: usize>(
     path: SimdPath,
     format: gguf::GgmlType,
-    x: &[f32],
+    x: [&[f32]; T],
     rows: [&[u8]; R],
     k: usize,
-) -> Option<[f32; R]> {
+) -> Option<[[f32; R]; T]> {
     #[cfg(target_arch = "x86_64")]
     if has_fused(path, format) {
         // SAFETY: `Avx512` comes only from `SimdPath::available`, which
         // detected AVX-512F, AVX2, FMA and F16C; `QMatrix` validated the row
-        // lengths (whole 32-element blocks) and `x` holds `k` floats.
+        // lengths (whole 32-element blocks) and each `x[t]` holds `k` floats.
         match format {
-            gguf::GgmlType::Q4_1 => return Some(unsafe { fused512::q4_1::<R>(x, rows, k) }),
-            gguf::GgmlType::Q8_0 => return Some(unsafe { fused512::q8_0::<R>(x, rows, k) }),
+            gguf::GgmlType::Q4_1 => return Some(unsafe { fused512::q4_1::<T, R>(x, rows, k) }),
+            gguf::GgmlType::Q8_0 => return Some(unsafe { fused512::q8_0::<T, R>(x, rows, k) }),
             _ => {}
         }
     }
@@ -338,51 +370,132 @@ pub fn dot_with(path: SimdPath, a: &[f32], b: &[f32]) -> f32 {
     out[0][0]
 }
 
-/// Computes `R` weight rows (`w_rows`, each `k` long) against all `n` tokens
-/// of `x`, writing `out[r * n + t]` (weight-row-major block of `yᵀ`).
+/// `R` dot products of `a` with `rows[r]` (each `a.len()` long) on the
+/// detected path, computed together (independent accumulators, so the FMA
+/// latency is hidden) and each bitwise equal to [`dot`]`(a, rows[r])`.
+pub fn dot_rows<const R: usize>(a: &[f32], rows: [&[f32]; R]) -> [f32; R] {
+    let mut out = [[0.0f32; R]; 1];
+    tile::<1, R>(SimdPath::detect(), &[a], &rows, a.len(), &mut out);
+    out[0]
+}
+
+/// Computes the `groups * R` weight rows of `w_rows` (each `k` long, decoded
+/// f32) against all `n` tokens of `x`, writing `y[t][r]` through `out`
+/// (column `r` of the block).
+///
+/// Loop order: token tiles outermost, then the row groups of the block, so a
+/// tile of `T` token rows stays in L1 while the block's decoded rows (up to
+/// [`BLOCK_GROUPS`] × `R` rows, in L2) stream past it; `T` is 8 on AVX-512 (24
+/// accumulators of 32 registers) and 4 elsewhere (12 of 16).
 fn rows_block<const R: usize>(
     path: SimdPath,
     x: &[f32],
     n: usize,
     k: usize,
     w_rows: &[f32],
-    out: &mut [f32],
+    out: &mut OutCols<'_>,
 ) {
-    let w: [&[f32]; R] = std::array::from_fn(|r| &w_rows[r * k..(r + 1) * k]);
-    let row = |t: usize| &x[t * k..(t + 1) * k];
+    let groups = w_rows.len() / (R * k);
     let mut t = 0;
-    while t + TILE_T <= n {
-        let xs: [&[f32]; TILE_T] = std::array::from_fn(|i| row(t + i));
-        let mut o = [[0.0; R]; TILE_T];
-        tile::<TILE_T, R>(path, &xs, &w, k, &mut o);
-        for (i, oi) in o.iter().enumerate() {
-            for r in 0..R {
-                out[r * n + t + i] = oi[r];
-            }
-        }
-        t += TILE_T;
+    if path == SimdPath::Avx512 {
+        t = token_tiles::<8, R>(path, x, n, k, t, w_rows, groups, out);
     }
-    while t < n {
-        let mut o = [[0.0; R]; 1];
-        tile::<1, R>(path, &[row(t)], &w, k, &mut o);
-        for r in 0..R {
-            out[r * n + t] = o[0][r];
-        }
-        t += 1;
-    }
+    t = token_tiles::<TILE_T, R>(path, x, n, k, t, w_rows, groups, out);
+    token_tiles::<1, R>(path, x, n, k, t, w_rows, groups, out);
 }
 
+/// The [`rows_block`] sweep with tiles of `T` tokens, from token `t0` while a
+/// whole tile fits; returns the first token not done.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn token_tiles<const T: usize, const R: usize>(
+    path: SimdPath,
+    x: &[f32],
+    n: usize,
+    k: usize,
+    t0: usize,
+    w_rows: &[f32],
+    groups: usize,
+    out: &mut OutCols<'_>,
+) -> usize {
+    let mut t = t0;
+    while t + T <= n {
+        let xs: [&[f32]; T] = std::array::from_fn(|i| &x[(t + i) * k..(t + i + 1) * k]);
+        for g in 0..groups {
+            let wg = &w_rows[g * R * k..(g + 1) * R * k];
+            let w: [&[f32]; R] = std::array::from_fn(|r| &wg[r * k..(r + 1) * k]);
+            let mut o = [[0.0; R]; T];
+            tile::<T, R>(path, &xs, &w, k, &mut o);
+            for (i, oi) in o.iter().enumerate() {
+                for (r, &v) in oi.iter().enumerate() {
+                    out.set(t + i, g * R + r, v);
+                }
+            }
+        }
+        t += T;
+    }
+    t
+}
+
+/// Row groups of [`TILE_R`] rows decoded together into the scratch block
+/// (8 × 3 rows of 1536 floats = 147 KiB at most for SmolLM2, L2 resident).
+const BLOCK_GROUPS: usize = 8;
+
 thread_local! {
-    /// Per-thread decoded weight tile, `TILE_R * in` floats; grows to the widest matrix seen.
+    /// Per-thread decoded weight block, `BLOCK_GROUPS * TILE_R * in` floats; grows to the widest matrix seen.
     static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Computes rows `r0..r0 + out.len() / n` of `w` against all `n` tokens of
-/// `x`, writing `out[r * n + t]` (relative row `r`).
-fn rows_task(path: SimdPath, x: &[f32], n: usize, w: &QMatrix, r0: usize, out: &mut [f32]) {
+/// `x`, writing `y[t][r]` through `out` (column `r`, relative to `r0`).
+fn rows_task(path: SimdPath, x: &[f32], n: usize, w: &QMatrix, r0: usize, mut out: OutCols<'_>) {
     // A 4 × 6 tile on AVX-512 (32 registers) measured no faster on the 2-core
     // test machine than 4 × 3, so every path uses `TILE_R`.
-    rows_task_g::<TILE_R>(path, x, n, w, r0, out)
+    rows_task_g::<TILE_R>(path, x, n, w, r0, &mut out)
+}
+
+/// Most tokens of a step that take the fused decode-in-registers kernels, in
+/// tiles of up to [`FUSED_TILE_T`] tokens (more reuse each decoded weight
+/// block from the scratch path instead). Measured on the 2-core test machine,
+/// Q4_1 `[3072, 576]`, one thread, GFLOP/s per CPU-second, scratch path ->
+/// fused: 4 tokens 41 -> 64-76, 6 tokens 40 -> 64, 8 tokens 64 -> 68.
+const FUSED_MAX_TOKENS: usize = 8;
+
+/// Tokens per fused kernel call.
+const FUSED_TILE_T: usize = 4;
+
+/// [`rows_task_g`] for the first `T` tokens of `x` (`[_, k]`) with the fused kernels:
+/// rows in groups of `G`, the last `rows % G` one at a time.
+fn fused_task<const T: usize, const G: usize>(
+    path: SimdPath,
+    x: &[f32],
+    w: &QMatrix,
+    r0: usize,
+    out: &mut OutCols<'_>,
+) {
+    let k = w.cols();
+    let rows = out.cols;
+    let xs: [&[f32]; T] = std::array::from_fn(|t| &x[t * k..(t + 1) * k]);
+    let mut r = 0;
+    while r < rows {
+        if r + G <= rows {
+            let enc = std::array::from_fn(|i| w.row_encoded(r0 + r + i));
+            let y = fused_rows::<T, G>(path, w.format(), xs, enc, k).expect("checked");
+            for (t, yt) in y.iter().enumerate() {
+                for (i, &v) in yt.iter().enumerate() {
+                    out.set(t, r + i, v);
+                }
+            }
+            r += G;
+        } else {
+            let enc = [w.row_encoded(r0 + r)];
+            let y = fused_rows::<T, 1>(path, w.format(), xs, enc, k).expect("checked");
+            for (t, yt) in y.iter().enumerate() {
+                out.set(t, r, yt[0]);
+            }
+            r += 1;
+        }
+    }
 }
 
 /// [`rows_task`] with weight-row groups (decoded tile and register tile) of `G` rows.
@@ -392,37 +505,29 @@ fn rows_task_g<const G: usize>(
     n: usize,
     w: &QMatrix,
     r0: usize,
-    out: &mut [f32],
+    out: &mut OutCols<'_>,
 ) {
     let k = w.cols();
-    let rows = out.len() / n;
-    if n < TILE_T && has_fused(path, w.format()) {
+    let rows = out.cols;
+    if n <= FUSED_MAX_TOKENS && has_fused(path, w.format()) {
         // Few tokens: decode in registers (bitwise the same as the tile path).
-        let mut r = 0;
-        while r < rows {
-            let count = if r + G <= rows { G } else { 1 };
-            for t in 0..n {
-                let xt = &x[t * k..(t + 1) * k];
-                if count == G {
-                    let enc = std::array::from_fn(|i| w.row_encoded(r0 + r + i));
-                    let y = fused_rows::<G>(path, w.format(), xt, enc, k).expect("checked");
-                    for (i, v) in y.into_iter().enumerate() {
-                        out[(r + i) * n + t] = v;
-                    }
-                } else {
-                    let enc = [w.row_encoded(r0 + r)];
-                    out[r * n + t] =
-                        fused_rows::<1>(path, w.format(), xt, enc, k).expect("checked")[0];
-                }
+        for t0 in (0..n).step_by(FUSED_TILE_T) {
+            let (xt, mut o) = (&x[t0 * k..], out.rows_from(t0));
+            match (n - t0).min(FUSED_TILE_T) {
+                1 => fused_task::<1, G>(path, xt, w, r0, &mut o),
+                2 => fused_task::<2, G>(path, xt, w, r0, &mut o),
+                3 => fused_task::<3, G>(path, xt, w, r0, &mut o),
+                _ => fused_task::<4, G>(path, xt, w, r0, &mut o),
             }
-            r += count;
         }
         return;
     }
     let mut run = |scratch: &mut Vec<f32>| {
         let mut r = 0;
         while r < rows {
-            let count = if r + G <= rows { G } else { 1 };
+            // A block of whole groups, or else the last rows one at a time.
+            let groups = ((rows - r) / G).min(BLOCK_GROUPS);
+            let count = if groups > 0 { groups * G } else { 1 };
             let wr: &[f32] = match w.f32_rows(r0 + r, count) {
                 Some(v) => v,
                 None => {
@@ -431,18 +536,18 @@ fn rows_task_g<const G: usize>(
                     s
                 }
             };
-            let o = &mut out[r * n..(r + count) * n];
-            if count == G {
-                rows_block::<G>(path, x, n, k, wr, o);
+            let mut o = out.columns(r, count);
+            if groups > 0 {
+                rows_block::<G>(path, x, n, k, wr, &mut o);
             } else {
-                rows_block::<1>(path, x, n, k, wr, o);
+                rows_block::<1>(path, x, n, k, wr, &mut o);
             }
             r += count;
         }
     };
     SCRATCH.with_borrow_mut(|s| {
-        if s.len() < G * k {
-            s.resize(G * k, 0.0);
+        if s.len() < BLOCK_GROUPS * G * k {
+            s.resize(BLOCK_GROUPS * G * k, 0.0);
         }
         run(s)
     });
@@ -461,6 +566,12 @@ pub fn matmul(x: &[f32], n: usize, in_dim: usize, parts: &[QMatrix]) -> Vec<f32>
     matmul_with(SimdPath::detect(), x, n, in_dim, parts)
 }
 
+/// [`matmul`] into `y` (resized to `n * out`, every element overwritten; its
+/// allocation is reused, so a step's buffers are not allocated again).
+pub fn matmul_into(x: &[f32], n: usize, in_dim: usize, parts: &[QMatrix], y: &mut Vec<f32>) {
+    matmul_into_with(SimdPath::detect(), x, n, in_dim, parts, y)
+}
+
 /// [`matmul`] on a given path.
 pub fn matmul_with(
     path: SimdPath,
@@ -469,55 +580,138 @@ pub fn matmul_with(
     in_dim: usize,
     parts: &[QMatrix],
 ) -> Vec<f32> {
+    let mut y = Vec::new();
+    matmul_into_with(path, x, n, in_dim, parts, &mut y);
+    y
+}
+
+/// [`matmul_into`] on a given path.
+pub fn matmul_into_with(
+    path: SimdPath,
+    x: &[f32],
+    n: usize,
+    in_dim: usize,
+    parts: &[QMatrix],
+    y: &mut Vec<f32>,
+) {
     assert_eq!(x.len(), n * in_dim, "matmul: x has wrong length");
     assert!(
         parts.iter().all(|p| p.cols() == in_dim),
         "matmul: weight width differs from in_dim"
     );
     let out_dim: usize = parts.iter().map(QMatrix::rows).sum();
+    // Every element is written below, so only new elements are zeroed.
+    y.resize(n * out_dim, 0.0);
     if n == 0 {
-        return Vec::new();
+        return;
     }
-    // yt[o * n + t] = y[t, o]
-    let mut yt = vec![0.0f32; out_dim * n];
-    let mut tasks = Vec::with_capacity(out_dim.div_ceil(ROWS_PER_TASK) + parts.len());
-    let mut rest = yt.as_mut_slice();
+    let per_task = rows_per_task(n, out_dim, rayon::current_num_threads());
+    let mut tasks = Vec::with_capacity(out_dim.div_ceil(per_task) + parts.len());
+    let mut all = OutCols::new(y, n, out_dim);
+    let mut col = 0;
     for w in parts {
-        let (mine, tail) = rest.split_at_mut(w.rows() * n);
-        rest = tail;
-        for (i, chunk) in mine.chunks_mut(ROWS_PER_TASK * n).enumerate() {
-            tasks.push((w, i * ROWS_PER_TASK, chunk));
+        for r in (0..w.rows()).step_by(per_task) {
+            let cols = per_task.min(w.rows() - r);
+            tasks.push((w, r, all.columns(col + r, cols)));
         }
+        col += w.rows();
     }
     tasks
         .into_par_iter()
         .for_each(|(w, r0, out)| rows_task(path, x, n, w, r0, out));
-    if n == 1 {
-        return yt;
-    }
-    transpose(&yt, out_dim, n)
 }
 
-/// Tokens per rayon task of [`transpose`].
-const TRANSPOSE_ROWS: usize = 8;
+/// A block of columns `col0..col0 + cols` of a row-major `[n, stride]`
+/// output, written one element at a time by one task. Blocks made by
+/// [`OutCols::columns`] from one `&mut` borrow never overlap, so tasks can
+/// fill disjoint column ranges of the same rows in parallel (the matmul
+/// writes `y` in place, with no transposed copy).
+struct OutCols<'a> {
+    ptr: *mut f32,
+    /// First row (token) of the block.
+    row0: usize,
+    n: usize,
+    stride: usize,
+    col0: usize,
+    cols: usize,
+    _y: std::marker::PhantomData<&'a mut [f32]>,
+}
 
-/// Transposes the row-major `[rows, cols]` matrix `a` into `[cols, rows]`, in
-/// parallel over blocks of [`TRANSPOSE_ROWS`] output rows (each task reads
-/// short contiguous runs of `a` and writes a few output rows).
-fn transpose(a: &[f32], rows: usize, cols: usize) -> Vec<f32> {
-    let mut out = vec![0.0f32; rows * cols];
-    out.par_chunks_mut(TRANSPOSE_ROWS * rows)
-        .enumerate()
-        .for_each(|(b, block)| {
-            let c0 = b * TRANSPOSE_ROWS;
-            let nc = block.len() / rows;
-            for (r, src) in a.chunks_exact(cols).enumerate() {
-                for (i, &v) in src[c0..c0 + nc].iter().enumerate() {
-                    block[i * rows + r] = v;
-                }
-            }
-        });
-    out
+// SAFETY: an `OutCols` is the only writer of its columns (see `columns`).
+unsafe impl Send for OutCols<'_> {}
+
+impl<'a> OutCols<'a> {
+    /// All `stride` columns of `y` (`[n, stride]`).
+    fn new(y: &'a mut [f32], n: usize, stride: usize) -> OutCols<'a> {
+        assert_eq!(y.len(), n * stride, "OutCols: shape");
+        OutCols {
+            ptr: y.as_mut_ptr(),
+            row0: 0,
+            n,
+            stride,
+            col0: 0,
+            cols: stride,
+            _y: std::marker::PhantomData,
+        }
+    }
+
+    /// Columns `c0..c0 + cols` of this block (relative), borrowing it.
+    /// Callers hand out non-overlapping ranges only: `matmul_with` gives each
+    /// task its own rows of `W` (= columns of `y`), and a task's sub-blocks
+    /// are used one after another.
+    fn columns(&mut self, c0: usize, cols: usize) -> OutCols<'a> {
+        assert!(c0 + cols <= self.cols, "OutCols: columns out of range");
+        OutCols {
+            ptr: self.ptr,
+            row0: self.row0,
+            n: self.n,
+            stride: self.stride,
+            col0: self.col0 + c0,
+            cols,
+            _y: std::marker::PhantomData,
+        }
+    }
+
+    /// Rows (tokens) `t0..` of this block, borrowing it.
+    fn rows_from(&mut self, t0: usize) -> OutCols<'a> {
+        assert!(t0 <= self.n, "OutCols: rows out of range");
+        OutCols {
+            ptr: self.ptr,
+            row0: self.row0 + t0,
+            n: self.n - t0,
+            stride: self.stride,
+            col0: self.col0,
+            cols: self.cols,
+            _y: std::marker::PhantomData,
+        }
+    }
+
+    /// `y[row0 + t][col0 + c] = v`.
+    #[inline(always)]
+    fn set(&mut self, t: usize, c: usize, v: f32) {
+        assert!(t < self.n && c < self.cols, "OutCols: index out of range");
+        // SAFETY: in bounds of the `[n, stride]` buffer (checked above, and
+        // `col0 + cols <= stride` by construction); no other block writes
+        // these columns.
+        unsafe { *self.ptr.add((self.row0 + t) * self.stride + self.col0 + c) = v }
+    }
+}
+
+/// Tasks per thread a decode-sized matmul is split into (enough for load
+/// balance, few enough that rayon's per-task cost stays small).
+const TASKS_PER_THREAD: usize = 8;
+
+/// Weight rows per rayon task for `n` tokens and `out_dim` output rows on
+/// `threads` threads: [`ROWS_PER_TASK`] when each row is much work (many
+/// tokens), else about `out_dim / (threads * TASKS_PER_THREAD)` rows (e.g. 3072 for the 49152-row
+/// LM head on 2 threads), always a multiple of [`TILE_R`]. Row grouping never
+/// changes a value (each output element has one fixed reduction order).
+fn rows_per_task(n: usize, out_dim: usize, threads: usize) -> usize {
+    if n > FUSED_MAX_TOKENS {
+        return ROWS_PER_TASK;
+    }
+    let even = out_dim.div_ceil(threads.max(1) * TASKS_PER_THREAD);
+    even.next_multiple_of(TILE_R).max(ROWS_PER_TASK)
 }
 
 #[cfg(test)]
@@ -598,7 +792,7 @@ mod tests {
                         .map(|(i, &o)| encoded(format, o, k, 10 + i as u32))
                         .collect();
                     let out: usize = outs.iter().sum();
-                    for n in [1usize, 3, 17, 64] {
+                    for n in [1usize, 2, 3, 5, 8, 17, 64] {
                         let x = data(n * k, n as u32);
                         let y = matmul_with(path, &x, n, k, &parts);
                         let want = naive(&x, n, &parts);
@@ -664,14 +858,16 @@ mod tests {
     }
 
     #[test]
-    fn transpose_and_empty() {
-        let a: Vec<f32> = (0..60).map(|i| i as f32).collect();
-        let t = transpose(&a, 6, 10);
-        for r in 0..6 {
-            for c in 0..10 {
-                assert_eq!(t[c * 6 + r], a[r * 10 + c]);
-            }
-        }
+    fn task_sizes() {
+        assert_eq!(rows_per_task(32, 49152, 2), ROWS_PER_TASK);
+        assert_eq!(rows_per_task(1, 49152, 2), 3072);
+        assert_eq!(rows_per_task(1, 960, 2), 60);
+        assert_eq!(rows_per_task(3, 576, 2), ROWS_PER_TASK);
+        assert_eq!(rows_per_task(1, 100_000, 0) % TILE_R, 0);
+    }
+
+    #[test]
+    fn empty() {
         assert!(matmul(&[], 0, 4, &[f32_matrix(2, 4, 1)]).is_empty());
     }
 

@@ -52,10 +52,10 @@ pub mod ops;
 mod tests;
 mod weights;
 
-pub use attention::{attention, HeadShape, QueryPos};
+pub use attention::{attention, attention_into, HeadShape, QueryPos};
 pub use config::LlamaConfig;
 pub use error::ModelError;
 pub use kernels::{QMatrix, SimdPath};
-pub use kv_cache::{PagedKvCache, PagedLayer};
+pub use kv_cache::{KvDtype, PagedKvCache, PagedLayer};
 pub use llama::LlamaModel;
 pub use weights::{LayerWeights, Matrix, ModelWeights};

@@ -5,8 +5,15 @@
 /// `out = (x / sqrt(mean(x²) + eps)) * weight`. The mean of squares is
 /// accumulated sequentially in f64 per row (deterministic, batch-independent).
 pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32) -> Vec<f32> {
+    let mut out = Vec::new();
+    rms_norm_into(x, weight, eps, &mut out);
+    out
+}
+
+/// [`rms_norm`] into `out` (resized to `x.len()`; its allocation is reused).
+pub fn rms_norm_into(x: &[f32], weight: &[f32], eps: f32, out: &mut Vec<f32>) {
     let dim = weight.len();
-    let mut out = vec![0.0f32; x.len()];
+    out.resize(x.len(), 0.0);
     for (row, o) in x.chunks_exact(dim).zip(out.chunks_exact_mut(dim)) {
         let ms = row.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / dim as f64;
         let scale = (1.0 / (ms + eps as f64).sqrt()) as f32;
@@ -14,7 +21,6 @@ pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32) -> Vec<f32> {
             *o = (v * scale) * w;
         }
     }
-    out
 }
 
 /// Rotary position embedding tables for a list of positions.
@@ -97,12 +103,18 @@ pub fn softmax_in_place(x: &mut [f32]) {
 /// (`[n, 2 * ffn]`, gate half first): returns `[n, ffn]` with
 /// `silu(g) * u`, `silu(g) = g / (1 + e^-g)`.
 pub fn swiglu(gate_up: &[f32], ffn: usize) -> Vec<f32> {
-    let mut out = Vec::with_capacity(gate_up.len() / 2);
+    let mut out = Vec::new();
+    swiglu_into(gate_up, ffn, &mut out);
+    out
+}
+
+/// [`swiglu`] into `out` (replacing its contents; its allocation is reused).
+pub fn swiglu_into(gate_up: &[f32], ffn: usize, out: &mut Vec<f32>) {
+    out.clear();
     for row in gate_up.chunks_exact(2 * ffn) {
         let (g, u) = row.split_at(ffn);
         out.extend(g.iter().zip(u).map(|(&g, &u)| g / (1.0 + (-g).exp()) * u));
     }
-    out
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! Batch-invariance and validation tests of [`LlamaModel::forward_batch`] on the tiny random model
 //! (2 layers, hidden 64, 4 query / 2 KV heads of 16, context 256).
 
-use super::{LlamaModel, ModelError, PagedKvCache};
+use super::{KvDtype, LlamaModel, ModelError, PagedKvCache};
 use crate::engine::BatchEntry;
 
 fn tiny() -> (tempfile::TempDir, LlamaModel) {
@@ -52,8 +52,8 @@ fn seq_kv(kv: &PagedKvCache, table: &[u32], len: usize) -> Vec<f32> {
     let mut out = Vec::new();
     for l in 0..kv.n_layers() {
         for pos in 0..len {
-            out.extend_from_slice(kv.key(l, kv.slot(table, pos)));
-            out.extend_from_slice(kv.value(l, kv.slot(table, pos)));
+            out.extend(kv.key(l, kv.slot(table, pos)));
+            out.extend(kv.value(l, kv.slot(table, pos)));
         }
     }
     out
@@ -67,8 +67,8 @@ fn bits(v: &[f32]) -> Vec<u32> {
 fn snapshot(kv: &PagedKvCache) -> Vec<u32> {
     (0..kv.n_layers())
         .flat_map(|l| {
-            let layer = kv.layer(l);
-            bits(layer.keys()).into_iter().chain(bits(layer.values()))
+            let (k, v) = kv.layer(l).to_f32();
+            bits(&k).into_iter().chain(bits(&v))
         })
         .collect()
 }
@@ -78,16 +78,14 @@ type ErrorCheck = fn(&ModelError) -> bool;
 
 const PROMPT: [u32; 10] = [1, 40, 77, 100, 200, 5, 9, 250, 255, 33];
 
-#[test]
-fn chunking_is_bitwise_invariant() {
-    let (_dir, model) = tiny();
+fn chunking_is_bitwise_invariant_with(model: &LlamaModel) {
     let table = [0u32, 1, 2];
     let mut whole = model.new_kv(3, 4);
-    let a = run_chunked(&model, &mut whole, &PROMPT, &[10], &table);
+    let a = run_chunked(model, &mut whole, &PROMPT, &[10], &table);
     let mut split = model.new_kv(3, 4);
-    let b = run_chunked(&model, &mut split, &PROMPT, &[4, 6], &table);
+    let b = run_chunked(model, &mut split, &PROMPT, &[4, 6], &table);
     let mut one = model.new_kv(3, 4);
-    let c = run_chunked(&model, &mut one, &PROMPT, &[1; 10], &table);
+    let c = run_chunked(model, &mut one, &PROMPT, &[1; 10], &table);
     assert_eq!(bits(&a), bits(&b));
     assert_eq!(bits(&a), bits(&c));
     assert_eq!(snapshot(&whole), snapshot(&split));
@@ -106,27 +104,25 @@ fn chunking_is_bitwise_invariant() {
         let mut kv = model.new_kv(3, 4);
         let mut chunks = vec![split];
         chunks.extend(std::iter::repeat_n(1, PROMPT.len() - split));
-        let prefill = run_chunked(&model, &mut kv, &PROMPT[..split], &[split], &table);
+        let prefill = run_chunked(model, &mut kv, &PROMPT[..split], &[split], &table);
         assert_eq!(bits(&prefill), stepwise[split - 1], "prefill of {split}");
-        let last = run_chunked(&model, &mut model.new_kv(3, 4), &PROMPT, &chunks, &table);
+        let last = run_chunked(model, &mut model.new_kv(3, 4), &PROMPT, &chunks, &table);
         assert_eq!(bits(&last), stepwise[PROMPT.len() - 1], "split {split}");
     }
 }
 
-#[test]
-fn batched_sequences_match_running_alone() {
-    let (_dir, model) = tiny();
+fn batched_sequences_match_running_alone_with(model: &LlamaModel) {
     let a: Vec<u32> = (0..7).map(|i| (i * 31 + 4) % 259).collect();
     let b: Vec<u32> = (0..12).map(|i| (i * 17 + 90) % 259).collect();
     let (ta, tb) = ([0u32, 1], [2u32, 3, 4]);
     // Alone, each in its own cache.
     let mut kv_a = model.new_kv(5, 4);
-    let alone_a = run_chunked(&model, &mut kv_a, &a, &[7], &ta);
+    let alone_a = run_chunked(model, &mut kv_a, &a, &[7], &ta);
     let next_a = model
         .forward_batch(&[entry(&[8], 7, &ta, true)], &mut kv_a)
         .unwrap();
     let mut kv_b = model.new_kv(5, 4);
-    let alone_b = run_chunked(&model, &mut kv_b, &b, &[12], &tb);
+    let alone_b = run_chunked(model, &mut kv_b, &b, &[12], &tb);
 
     // Together: step 1 = A's prefill beside the first 5 tokens of B (no logits wanted for B);
     // step 2 = A's decode beside B's remaining 7 tokens.
@@ -152,19 +148,17 @@ fn batched_sequences_match_running_alone() {
     assert_eq!(seq_kv(&kv, &tb, 12), seq_kv(&kv_b, &tb, 12));
 }
 
-#[test]
-fn shared_prefix_blocks_give_identical_results() {
-    let (_dir, model) = tiny();
+fn shared_prefix_blocks_give_identical_results_with(model: &LlamaModel) {
     let prompt: Vec<u32> = (0..11).map(|i| (i * 53 + 7) % 259).collect();
     // Reference: the second sequence computes everything itself, in its own cache.
     let mut own = model.new_kv(3, 4);
-    let want = run_chunked(&model, &mut own, &prompt, &[11], &[0, 1, 2]);
+    let want = run_chunked(model, &mut own, &prompt, &[11], &[0, 1, 2]);
 
     // A computes the whole prompt; B shares A's two full blocks (positions 0..8) and runs only
     // positions 8..11 in its own third block.
     let (ta, tb) = ([5u32, 2, 7], [5u32, 2, 9]);
     let mut kv = model.new_kv(10, 4);
-    let a = run_chunked(&model, &mut kv, &prompt, &[11], &ta);
+    let a = run_chunked(model, &mut kv, &prompt, &[11], &ta);
     let b = model
         .forward_batch(&[entry(&prompt[8..], 8, &tb, true)], &mut kv)
         .unwrap();
@@ -185,19 +179,17 @@ fn shared_prefix_blocks_give_identical_results() {
         .unwrap();
     assert_eq!(bits(&out[1]), bits(&want));
     let mut alone8 = model.new_kv(3, 4);
-    let a8 = run_chunked(&model, &mut alone8, &prompt[..8], &[8], &[0, 1, 2]);
+    let a8 = run_chunked(model, &mut alone8, &prompt[..8], &[8], &[0, 1, 2]);
     assert_eq!(bits(&out[0]), bits(&a8));
 }
 
-#[test]
-fn shuffled_block_ids_match_contiguous() {
-    let (_dir, model) = tiny();
+fn shuffled_block_ids_match_contiguous_with(model: &LlamaModel) {
     let prompt: Vec<u32> = (0..14).map(|i| (i * 71 + 3) % 259).collect();
     let mut contiguous = model.new_kv(5, 3);
-    let want = run_chunked(&model, &mut contiguous, &prompt, &[6, 8], &[0, 1, 2, 3, 4]);
+    let want = run_chunked(model, &mut contiguous, &prompt, &[6, 8], &[0, 1, 2, 3, 4]);
     let shuffled = [7u32, 0, 12, 3, 9];
     let mut kv = model.new_kv(13, 3);
-    let got = run_chunked(&model, &mut kv, &prompt, &[5, 1, 8], &shuffled);
+    let got = run_chunked(model, &mut kv, &prompt, &[5, 1, 8], &shuffled);
     assert_eq!(bits(&got), bits(&want));
     assert_eq!(
         seq_kv(&kv, &shuffled, 14),
@@ -320,4 +312,56 @@ fn logits_are_finite_and_vary_and_follow_want_logits() {
         .unwrap();
     assert!(none.is_empty());
     assert!(kv.key(1, 5).iter().any(|&v| v != 0.0));
+}
+
+#[test]
+fn chunking_is_bitwise_invariant() {
+    let (_dir, model) = tiny();
+    chunking_is_bitwise_invariant_with(&model);
+}
+
+/// The same invariance with an f16 KV cache: rounding on write is per element, so it holds bitwise.
+#[test]
+fn chunking_is_bitwise_invariant_f16_kv() {
+    let (_dir, model) = tiny();
+    chunking_is_bitwise_invariant_with(&model.with_kv_dtype(KvDtype::F16));
+}
+
+#[test]
+fn batched_sequences_match_running_alone() {
+    let (_dir, model) = tiny();
+    batched_sequences_match_running_alone_with(&model);
+}
+
+/// The same invariance with an f16 KV cache: rounding on write is per element, so it holds bitwise.
+#[test]
+fn batched_sequences_match_running_alone_f16_kv() {
+    let (_dir, model) = tiny();
+    batched_sequences_match_running_alone_with(&model.with_kv_dtype(KvDtype::F16));
+}
+
+#[test]
+fn shared_prefix_blocks_give_identical_results() {
+    let (_dir, model) = tiny();
+    shared_prefix_blocks_give_identical_results_with(&model);
+}
+
+/// The same invariance with an f16 KV cache: rounding on write is per element, so it holds bitwise.
+#[test]
+fn shared_prefix_blocks_give_identical_results_f16_kv() {
+    let (_dir, model) = tiny();
+    shared_prefix_blocks_give_identical_results_with(&model.with_kv_dtype(KvDtype::F16));
+}
+
+#[test]
+fn shuffled_block_ids_match_contiguous() {
+    let (_dir, model) = tiny();
+    shuffled_block_ids_match_contiguous_with(&model);
+}
+
+/// The same invariance with an f16 KV cache: rounding on write is per element, so it holds bitwise.
+#[test]
+fn shuffled_block_ids_match_contiguous_f16_kv() {
+    let (_dir, model) = tiny();
+    shuffled_block_ids_match_contiguous_with(&model.with_kv_dtype(KvDtype::F16));
 }
