@@ -119,6 +119,12 @@ async fn run(settings: WorkerSettings, backend: Backend) -> anyhow::Result<()> {
                 "compute device chosen"
             );
             let s = &prepared.settings;
+            if s.kv_cache_dtype != worker::model::KvDtype::F32 {
+                tracing::warn!(
+                    "kv_cache_dtype is a CPU setting: the CUDA KV cache is f32 in exact mode and \
+                     bf16 in fast mode (cuda_numerics)"
+                );
+            }
             let options = CudaOptions {
                 numerics: s.cuda_numerics,
                 graphs: s.cuda_graphs,
