@@ -27,9 +27,8 @@ use tonic_health::pb::health_check_response::ServingStatus;
 const RELEASE: &str = "smollm-serve";
 const NAMESPACE: &str = "inference";
 const CLUSTER_DOMAIN: &str = "cluster.local";
-/// Worker keys the chart writes ahead of the binary: `device` is read once the CUDA backend lands
-/// (`--device cuda|cpu|auto`); until then the worker ignores it. Drop it from here then.
-const PENDING_WORKER_KEYS: &[&str] = &["device"];
+/// Worker keys the chart writes ahead of the binary (none: every key it writes is a worker setting).
+const PENDING_WORKER_KEYS: &[&str] = &[];
 
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -873,6 +872,7 @@ async fn probed_health_services_answer_as_the_probes_expect() {
     drop(router);
 
     // A worker from its rendered settings (the tiny model, a small KV cache): serving once loaded.
+    // The default values say `device = "cuda"`, which exits 2 on a host without a GPU: `auto` here.
     let worker_addr = format!("127.0.0.1:{}", free_port());
     let _worker = start_from_rendered(
         "worker",
@@ -886,6 +886,8 @@ async fn probed_health_services_answer_as_the_probes_expect() {
             "",
             "--kv-cache-mib",
             "16",
+            "--device",
+            "auto",
         ],
         "worker ready",
     )

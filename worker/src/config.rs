@@ -8,6 +8,7 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
 use serde::{Deserialize, Serialize};
 
+use crate::cuda::{DeviceKind, Numerics};
 use crate::engine::{EngineConfig, SchedulerConfig};
 use crate::model::KvDtype;
 
@@ -70,6 +71,26 @@ pub struct Cli {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub drain_timeout_ms: Option<u64>,
+    /// Compute device: cpu, cuda, or auto (CUDA when a driver and a GPU are present, else CPU).
+    #[arg(long, value_enum)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device: Option<DeviceKind>,
+    /// CUDA device ordinal (the GPU the CUDA backend runs on).
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cuda_device: Option<usize>,
+    /// CUDA numeric mode: exact (f32, reference-equal greedy ids, batch invariant) or fast (bf16).
+    #[arg(long, value_enum)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cuda_numerics: Option<Numerics>,
+    /// Replay decode steps from CUDA graphs per batch-size bucket (true/false).
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cuda_graphs: Option<bool>,
+    /// Folder of compiled CUDA kernel modules; empty = $XDG_CACHE_HOME/smollm-serve/cuda.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cuda_cache_dir: Option<String>,
     /// Load and validate the settings, print the effective settings (JSON) and exit: 0 when they
     /// are valid, 2 with the error otherwise. Loads no model (the file need not exist here).
     #[arg(long)]
@@ -115,6 +136,19 @@ pub struct WorkerSettings {
     /// router sends them elsewhere) and lets running sequences finish for up to this many ms before
     /// it exits (those still running then are failed over by the router).
     pub drain_timeout_ms: u64,
+    /// Compute device: `cpu`, `cuda` (exit code 2 at start when no usable GPU is present) or `auto`
+    /// (CUDA when a driver and a GPU are present, else the CPU; the log says which).
+    pub device: DeviceKind,
+    /// CUDA device ordinal.
+    pub cuda_device: usize,
+    /// Numeric mode of the CUDA backend: `exact` (f32; greedy ids equal the CPU reference, batch
+    /// invariant) or `fast` (bf16 activations and KV cache).
+    pub cuda_numerics: Numerics,
+    /// Replay pure decode steps from CUDA graphs captured per batch-size bucket.
+    pub cuda_graphs: bool,
+    /// Folder of the compiled-kernel cache; empty = `$XDG_CACHE_HOME/smollm-serve/cuda` (else
+    /// `~/.cache/smollm-serve/cuda`).
+    pub cuda_cache_dir: String,
 }
 
 impl Default for WorkerSettings {
@@ -135,6 +169,11 @@ impl Default for WorkerSettings {
             metrics_listen: String::new(),
             otlp_endpoint: String::new(),
             drain_timeout_ms: 30_000,
+            device: DeviceKind::Auto,
+            cuda_device: 0,
+            cuda_numerics: Numerics::Exact,
+            cuda_graphs: true,
+            cuda_cache_dir: String::new(),
         }
     }
 }
@@ -243,6 +282,22 @@ mod tests {
             assert_eq!(s.listen.port(), 7000);
             assert_eq!(s.threads, 5);
             assert_eq!(s.model, Some(PathBuf::from("b.gguf")));
+            assert_eq!(s.device, DeviceKind::Auto);
+            assert_eq!(s.cuda_numerics, Numerics::Exact);
+            assert!(s.cuda_graphs);
+            jail.set_env("WORKER_DEVICE", "cpu");
+            jail.set_env("WORKER_CUDA_GRAPHS", "false");
+            let cli = Cli::parse_from(["worker", "--cuda-numerics", "fast", "--model", "m.gguf"]);
+            let s = WorkerSettings::load(&cli).map_err(|e| e.to_string())?;
+            assert_eq!(s.device, DeviceKind::Cpu);
+            assert_eq!(s.cuda_numerics, Numerics::Fast);
+            assert!(!s.cuda_graphs);
+            jail.set_env("WORKER_DEVICE", "tpu");
+            let err = WorkerSettings::load(&cli).unwrap_err().to_string();
+            assert!(
+                err.contains("tpu") && err.to_lowercase().contains("device"),
+                "{err}"
+            );
             Ok(())
         });
     }

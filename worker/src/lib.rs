@@ -1,5 +1,6 @@
 //! The worker library.
 pub mod config;
+pub mod cuda;
 pub mod describe;
 pub mod engine;
 pub mod health;

@@ -5,6 +5,9 @@
 //! OTLP spans (`otlp_endpoint`). On SIGTERM (or Ctrl-C) it drains: NOT_SERVING, new requests are
 //! refused with `UNAVAILABLE` (the router fails them over), running sequences finish (up to
 //! `drain_timeout_ms`), then it exits 0.
+//!
+//! The compute device is chosen at start (`device`: `cpu`, `cuda` or `auto`); `cuda` on a host
+//! without a usable GPU exits with code 2 and a one-line message, like any invalid setting.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -13,8 +16,9 @@ use clap::Parser;
 use inference_proto::worker::worker_server::WorkerServer;
 use tonic::transport::server::TcpIncoming;
 use worker::config::{Cli, WorkerSettings};
+use worker::cuda::{Backend, CudaModel, CudaOptions};
 use worker::describe::describe_model;
-use worker::engine::{spawn_engine, BatchModel};
+use worker::engine::{spawn_engine, BatchModel, EngineConfig};
 use worker::health::Lifecycle;
 use worker::metrics::WorkerMetrics;
 use worker::model::LlamaModel;
@@ -35,15 +39,25 @@ fn main() -> ExitCode {
         // The effective settings (defaults < file < environment < flags), e.g. for a Helm chart's CI.
         return observability::process::print_settings(&settings);
     }
+    // The device is part of the settings: `--device cuda` without a usable GPU is exit code 2.
+    let backend = match worker::cuda::choose_backend(settings.device, || {
+        worker::cuda::probe(settings.cuda_device)
+    }) {
+        Ok(backend) => backend,
+        Err(e) => {
+            eprintln!("worker: invalid settings: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let telemetry = observability::telemetry::TelemetrySettings {
         service_name: "worker",
         log_filter: settings.log.clone(),
         otlp_endpoint: settings.otlp_endpoint.clone(),
     };
-    observability::process::run_service(telemetry, Some(2), || run(settings))
+    observability::process::run_service(telemetry, Some(2), || run(settings, backend))
 }
 
-async fn run(settings: WorkerSettings) -> anyhow::Result<()> {
+async fn run(settings: WorkerSettings, backend: Backend) -> anyhow::Result<()> {
     let Some(model_path) = settings.model.clone() else {
         anyhow::bail!("no model given: pass --model PATH.gguf (or set WORKER_MODEL)");
     };
@@ -62,7 +76,7 @@ async fn run(settings: WorkerSettings) -> anyhow::Result<()> {
             .build_global()
             .ok();
     }
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+    let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| anyhow::anyhow!("installing the SIGTERM handler: {e}"))?;
     // Bind first so a port in use fails fast, before a long model load.
     let listener = tokio::net::TcpListener::bind(settings.listen)
@@ -75,11 +89,94 @@ async fn run(settings: WorkerSettings) -> anyhow::Result<()> {
         };
     let (health, health_service) = tonic_health::server::health_reporter();
     let lifecycle = Lifecycle::new(health).await;
+    let prepared = Prepared {
+        settings,
+        model_path,
+        term,
+        listener,
+        metrics_listener,
+        lifecycle,
+        health_service,
+    };
+    match backend {
+        Backend::Cpu { reason } => {
+            tracing::info!(device = "cpu", %reason, "compute device chosen");
+            let kv_dtype = prepared.settings.kv_cache_dtype;
+            let load = move |path: &std::path::Path| {
+                LlamaModel::load(path).map(|model| model.with_kv_dtype(kv_dtype))
+            };
+            load_and_serve(prepared, load, |_, _| Ok(())).await
+        }
+        Backend::Cuda(gpu) => {
+            tracing::info!(
+                device = "cuda",
+                gpu = %gpu.name,
+                ordinal = gpu.ordinal,
+                arch = %gpu.arch,
+                memory_mib = gpu.total_mem >> 20,
+                numerics = prepared.settings.cuda_numerics.as_str(),
+                graphs = prepared.settings.cuda_graphs,
+                "compute device chosen"
+            );
+            let s = &prepared.settings;
+            if s.kv_cache_dtype != worker::model::KvDtype::F32 {
+                tracing::warn!(
+                    "kv_cache_dtype is a CPU setting: the CUDA KV cache is f32 in exact mode and \
+                     bf16 in fast mode (cuda_numerics)"
+                );
+            }
+            let options = CudaOptions {
+                numerics: s.cuda_numerics,
+                graphs: s.cuda_graphs,
+                cache_dir: worker::cuda::cache::cache_dir(&s.cuda_cache_dir),
+                max_decode_batch: s.max_num_seqs,
+            };
+            load_and_serve(
+                prepared,
+                move |path| CudaModel::load(path, gpu, options),
+                |model: &CudaModel, config: &EngineConfig| {
+                    model.check_kv_fits(config.num_blocks, config.block_size)
+                },
+            )
+            .await
+        }
+    }
+}
+
+/// Everything set up before the model loads (sockets bound first, so a port in use fails fast).
+struct Prepared<H> {
+    settings: WorkerSettings,
+    model_path: std::path::PathBuf,
+    term: tokio::signal::unix::Signal,
+    listener: tokio::net::TcpListener,
+    metrics_listener: Option<tokio::net::TcpListener>,
+    lifecycle: std::sync::Arc<Lifecycle>,
+    health_service: tonic_health::pb::health_server::HealthServer<H>,
+}
+
+/// Loads the model with `load` (on a blocking thread; a shutdown signal meanwhile ends the worker),
+/// checks the engine settings against it with `check`, then runs the engine and serves until shutdown.
+async fn load_and_serve<H, M, E, L, C>(p: Prepared<H>, load: L, check: C) -> anyhow::Result<()>
+where
+    H: tonic_health::pb::health_server::Health,
+    M: BatchModel,
+    E: Into<anyhow::Error>,
+    L: FnOnce(&std::path::Path) -> Result<M, E> + Send + 'static,
+    C: FnOnce(&M, &EngineConfig) -> Result<(), String>,
+{
+    let Prepared {
+        settings,
+        model_path,
+        mut term,
+        listener,
+        metrics_listener,
+        lifecycle,
+        health_service,
+    } = p;
     let started = std::time::Instant::now();
     let path = model_path.clone();
-    let kv_dtype = settings.kv_cache_dtype;
     let load = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
-        let model = LlamaModel::load(&path)?.with_kv_dtype(kv_dtype);
+        let model = load(&path).map_err(Into::into)?;
         let file = gguf::GgufFile::open(&path)?;
         let description = describe_model(&path, &file, model.context_length(), model.vocab_size())?;
         Ok((model, description))
@@ -99,6 +196,7 @@ async fn run(settings: WorkerSettings) -> anyhow::Result<()> {
     let engine_config = settings
         .engine_config(model.kv_bytes_per_token())
         .map_err(|e| anyhow::anyhow!("invalid engine settings: {e}"))?;
+    check(&model, &engine_config).map_err(|e| anyhow::anyhow!("invalid engine settings: {e}"))?;
     tracing::info!(?engine_config, "engine settings");
     let engine = spawn_engine(model, engine_config);
     if let Some(listener) = metrics_listener {

@@ -1,7 +1,8 @@
 //! What the engine asks of a backend: "run this flat batch with these block tables, give me logits".
 //!
 //! Everything above this trait (scheduler, KV block manager, sampler, stop policy) is shared by every
-//! backend and tested once; the CPU llama model implements it, a CUDA backend would too.
+//! backend and tested once; the CPU llama model and the CUDA model (`crate::cuda::CudaModel`)
+//! implement it.
 
 /// One sequence's part of a step's batch.
 ///

@@ -1,0 +1,170 @@
+// Shared prelude of every kernel file: prepended to each `.cu` source before NVRTC compiles it (the
+// worker embeds both; see worker/src/cuda/kernels.rs). No CUDA headers are included, so the sources
+// compile with NVRTC alone on a machine without the CUDA toolkit.
+//
+// Numeric modes (chosen at compile time):
+//   exact (default): activations and KV cache in f32, f32 accumulation, compiled with --fmad=false so
+//                    only explicit fmaf() fuses; every reduction has a fixed order (see each kernel).
+//   fast (-DSMOLLM_FAST=1): activations and KV cache stored as bf16 (round to nearest even), f32
+//                    accumulation, FMA contraction allowed.
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef long long i64;
+
+#define INFINITY __int_as_float(0x7f800000)
+
+#ifdef SMOLLM_FAST
+typedef u16 act_t;
+__device__ __forceinline__ float ld_act(const act_t* p, i64 i) {
+    return __uint_as_float(((u32)p[i]) << 16);
+}
+__device__ __forceinline__ void st_act(act_t* p, i64 i, float v) {
+    u32 b = __float_as_uint(v);
+    if ((b & 0x7fffffffu) > 0x7f800000u) {
+        p[i] = (u16)((b >> 16) | 0x40u);  // quiet NaN
+    } else {
+        p[i] = (u16)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+    }
+}
+#else
+typedef float act_t;
+__device__ __forceinline__ float ld_act(const act_t* p, i64 i) { return p[i]; }
+__device__ __forceinline__ void st_act(act_t* p, i64 i, float v) { p[i] = v; }
+#endif
+
+// GGML type ids of the weight formats (gguf/src/ggml_type.rs).
+#define FMT_F32 0
+#define FMT_F16 1
+#define FMT_Q4_0 2
+#define FMT_Q4_1 3
+#define FMT_Q8_0 8
+#define FMT_BF16 30
+
+// Elements per chunk: the unit of work of one lane in the matrix kernels and of the embedding lookup.
+#define CHUNK 8
+
+__device__ __forceinline__ float f16_to_f32(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+__device__ __forceinline__ float bf16_to_f32(u16 h) { return __uint_as_float(((u32)h) << 16); }
+
+__device__ __forceinline__ u16 ld_u16(const u8* p) { return (u16)p[0] | ((u16)p[1] << 8); }
+
+// Bytes of one row of `k` elements in format FMT (k a multiple of 32 for the block formats).
+__host__ __device__ __forceinline__ i64 row_bytes_of(int fmt, int k) {
+    switch (fmt) {
+        case FMT_F32: return 4ll * k;
+        case FMT_F16:
+        case FMT_BF16: return 2ll * k;
+        case FMT_Q4_0: return (i64)(k / 32) * 18;
+        case FMT_Q4_1: return (i64)(k / 32) * 20;
+        default: return (i64)(k / 32) * 34;  // Q8_0
+    }
+}
+
+// Decodes elements 8c .. 8c+7 of one row (`row` points at the row's first byte) into w[0..8], bitwise
+// equal to gguf::dequantize (ggml's formulas): Q4_1 q*d+m, Q4_0 (q-8)*d, Q8_0 q*d, F16/BF16 widened.
+// In the 4-bit formats byte j of a block holds element j (low nibble) and j+16 (high nibble).
+template <int FMT>
+__device__ __forceinline__ void dequant_chunk(const u8* __restrict__ row, int c, float w[CHUNK]) {
+    if (FMT == FMT_F32) {
+        const float* p = (const float*)row + (i64)c * CHUNK;
+#pragma unroll
+        for (int i = 0; i < CHUNK; i++) w[i] = p[i];
+    } else if (FMT == FMT_F16 || FMT == FMT_BF16) {
+        const u16* p = (const u16*)row + (i64)c * CHUNK;
+#pragma unroll
+        for (int i = 0; i < CHUNK; i++) w[i] = FMT == FMT_F16 ? f16_to_f32(p[i]) : bf16_to_f32(p[i]);
+    } else {
+        const int blk = c >> 2, sub = c & 3;
+        if (FMT == FMT_Q8_0) {
+            const u8* b = row + (i64)blk * 34;
+            const float d = f16_to_f32(ld_u16(b));
+            const signed char* q = (const signed char*)(b + 2 + sub * CHUNK);
+#pragma unroll
+            for (int i = 0; i < CHUNK; i++) w[i] = __fmul_rn((float)q[i], d);
+        } else {
+            const int bpb = FMT == FMT_Q4_1 ? 20 : 18;
+            const u8* b = row + (i64)blk * bpb;
+            const float d = f16_to_f32(ld_u16(b));
+            const float m = FMT == FMT_Q4_1 ? f16_to_f32(ld_u16(b + 2)) : 0.0f;
+            const u8* qs = b + (FMT == FMT_Q4_1 ? 4 : 2) + (sub & 1) * CHUNK;
+            const int shift = (sub >> 1) * 4;  // sub 0,1: low nibbles; 2,3: high nibbles
+#pragma unroll
+            for (int i = 0; i < CHUNK; i++) {
+                const int q = (qs[i] >> shift) & 0xF;
+                w[i] = FMT == FMT_Q4_1 ? __fadd_rn(__fmul_rn((float)q, d), m)
+                                       : __fmul_rn((float)(q - 8), d);
+            }
+        }
+    }
+}
+
+// Runtime-format variant of dequant_chunk (embedding lookup).
+__device__ __forceinline__ void dequant_chunk_any(int fmt, const u8* row, int c, float w[CHUNK]) {
+    switch (fmt) {
+        case FMT_F32: dequant_chunk<FMT_F32>(row, c, w); break;
+        case FMT_F16: dequant_chunk<FMT_F16>(row, c, w); break;
+        case FMT_BF16: dequant_chunk<FMT_BF16>(row, c, w); break;
+        case FMT_Q4_0: dequant_chunk<FMT_Q4_0>(row, c, w); break;
+        case FMT_Q4_1: dequant_chunk<FMT_Q4_1>(row, c, w); break;
+        default: dequant_chunk<FMT_Q8_0>(row, c, w); break;
+    }
+}
+
+// Sum over the 32 lanes of a warp by a fixed butterfly (offsets 16, 8, 4, 2, 1). Every lane ends with
+// the same value, and the order of additions depends on nothing but the lane values.
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, off));
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+    return v;
+}
+
+// Block-wide sum of one value per thread through `scratch` (blockDim.x floats, blockDim.x a power of
+// two): a fixed pairwise tree over thread ids. Every thread returns the total.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+    scratch[threadIdx.x] = v;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s) scratch[threadIdx.x] = __fadd_rn(scratch[threadIdx.x], scratch[threadIdx.x + s]);
+        __syncthreads();
+    }
+    const float total = scratch[0];
+    __syncthreads();
+    return total;
+}
+
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+    scratch[threadIdx.x] = v;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s) scratch[threadIdx.x] = fmaxf(scratch[threadIdx.x], scratch[threadIdx.x + s]);
+        __syncthreads();
+    }
+    const float total = scratch[0];
+    __syncthreads();
+    return total;
+}
+
+// Matrix-kernel epilogue: stores (or, with `accumulate`, adds to the existing value: the residual add)
+// the finished dot product `v` at `idx` of the output, as f32 (`out_f32`, the logits) or as act_t.
+__device__ __forceinline__ void store_out(void* out, int out_f32, i64 idx, float v, int accumulate) {
+    if (out_f32) {
+        float* p = (float*)out;
+        p[idx] = accumulate ? __fadd_rn(p[idx], v) : v;
+    } else {
+        act_t* p = (act_t*)out;
+        st_act(p, idx, accumulate ? __fadd_rn(ld_act(p, idx), v) : v);
+    }
+}

@@ -1,0 +1,640 @@
+//! [`CudaModel`]: the llama forward pass on one GPU, implementing [`BatchModel`] like the CPU model,
+//! so the engine (scheduler, KV block manager, sampler) is shared.
+//!
+//! One step: the batch is checked and packed on the host ([`pack_step`]), its inputs are copied into
+//! persistent device buffers, then per layer RMSNorm, the fused QKV matrix (one launch per file
+//! part), RoPE, the KV write into the step's paged blocks, attention, the output projection with the
+//! residual add fused in its epilogue, RMSNorm, gate/up, SwiGLU and the down projection (residual
+//! again); finally the rows that want logits are gathered, normalised and multiplied by the LM head
+//! into f32 logits, which are copied back. Pure decode steps replay a CUDA graph per batch bucket
+//! (see [`super::graphs`]) unless `cuda_graphs` is off.
+//!
+//! Exact mode mirrors the CPU model operation by operation; the sums run in a different (but fixed)
+//! order, so logits agree to rounding and greedy ids match, and every value is independent of the
+//! batch (the matrix kernels share one reduction order for every row count, attention is one full pass
+//! per query). Fast mode stores activations and K/V as bf16 and runs prefill chunks through the tiled
+//! online-softmax kernel.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use cudarc::driver::{
+    sys as driver_sys, CudaFunction, CudaSlice, CudaStream, DeviceRepr, PushKernelArg,
+};
+use cudarc::nvrtc::Ptx;
+use gguf::GgufFile;
+
+use super::block_table::{pack_step, StepInputs, StepLimits};
+use super::buffers::{Capacity, StepBuffers};
+use super::cache::ModuleCache;
+use super::compile::Numerics;
+use super::device::GpuInfo;
+use super::graphs::{bucket_for, decode_buckets, Captured, DecodeGraphs};
+use super::kernels::FILES;
+use super::kv::{GpuKv, KvBlocks};
+use super::launch::{self, MatmulKernel, DEFAULT_SMEM_LIMIT, ROW_THREADS};
+use super::weights::{format_suffix, GpuPart, GpuWeights, HostWeights};
+use crate::engine::{BatchEntry, BatchModel};
+use crate::model::{LlamaConfig, ModelError};
+
+/// Options of the CUDA backend (from the worker settings).
+#[derive(Debug, Clone)]
+pub struct CudaOptions {
+    /// Numeric mode the kernels are compiled for.
+    pub numerics: Numerics,
+    /// Replay pure decode steps from CUDA graphs.
+    pub graphs: bool,
+    /// Folder of the compiled-module cache.
+    pub cache_dir: PathBuf,
+    /// Largest decode batch a graph is captured for (normally `max_num_seqs`).
+    pub max_decode_batch: usize,
+}
+
+/// The llama model on a GPU.
+pub struct CudaModel {
+    config: LlamaConfig,
+    gpu: GpuInfo,
+    stream: Arc<CudaStream>,
+    funcs: HashMap<&'static str, CudaFunction>,
+    weights: GpuWeights,
+    options: CudaOptions,
+    buckets: Vec<usize>,
+    smem_limit: usize,
+}
+
+pub(super) fn driver<T>(
+    what: &str,
+    r: Result<T, cudarc::driver::DriverError>,
+) -> Result<T, String> {
+    r.map_err(|e| format!("{what}: {e}"))
+}
+
+impl CudaModel {
+    /// Loads the GGUF model at `path` onto `gpu`: reads and checks the config and weights like the
+    /// CPU model, compiles (or takes from the cache) every kernel file for the GPU's architecture,
+    /// and uploads the weights.
+    ///
+    /// Errors: the CPU model's load errors ([`ModelError`]), a kernel that cannot be compiled (NVRTC
+    /// missing on a cache miss, or a compile error), a head size the attention kernel does not
+    /// support, or a driver error (e.g. out of memory).
+    pub fn load(path: &Path, gpu: GpuInfo, options: CudaOptions) -> anyhow::Result<CudaModel> {
+        let file = GgufFile::open(path).map_err(ModelError::from)?;
+        let config = LlamaConfig::from_gguf(&file)?;
+        let host = HostWeights::load(&file, &config)?;
+        drop(file);
+        let ctx = gpu.ctx.clone();
+        driver("binding the CUDA context", ctx.bind_to_thread()).map_err(anyhow::Error::msg)?;
+        // One stream, so cudarc's cross-stream event tracking is not needed (and it would put event
+        // records into captured graphs).
+        // SAFETY: no allocation has been made on this context by this model yet; all work of the
+        // model is ordered on its single stream.
+        unsafe { ctx.disable_event_tracking() };
+        let stream =
+            driver("creating a CUDA stream", ctx.new_stream()).map_err(anyhow::Error::msg)?;
+        let cache = ModuleCache::new(&options.cache_dir);
+        let mut funcs = HashMap::new();
+        let (mut hits, started) = (0, std::time::Instant::now());
+        for file in FILES {
+            let (cubin, hit) = cache
+                .load_or_compile(file, &gpu.arch, options.numerics)
+                .map_err(anyhow::Error::msg)?;
+            hits += usize::from(hit);
+            let module = driver(
+                &format!("loading {}", file.name),
+                ctx.load_module(Ptx::from_binary(cubin)),
+            )
+            .map_err(anyhow::Error::msg)?;
+            for &k in file.kernels {
+                let f = driver(&format!("kernel {k}"), module.load_function(k))
+                    .map_err(anyhow::Error::msg)?;
+                funcs.insert(k, f);
+            }
+        }
+        tracing::info!(
+            arch = %gpu.arch,
+            numerics = options.numerics.as_str(),
+            cached = hits,
+            compiled = FILES.len() - hits,
+            ms = started.elapsed().as_millis() as u64,
+            cache = %cache.dir().display(),
+            "CUDA kernels ready"
+        );
+        // Attention keeps all scores of a query in shared memory: opt in beyond 48 KiB when the
+        // context needs it.
+        let needed = launch::attention_decode_smem(config.head_dim, config.context_length);
+        let mut smem_limit = DEFAULT_SMEM_LIMIT;
+        if needed > smem_limit {
+            let optin = driver(
+                "reading the shared memory limit",
+                ctx.attribute(
+                    driver_sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+                ),
+            )
+            .map_err(anyhow::Error::msg)? as usize;
+            smem_limit = needed.min(optin);
+            driver(
+                "raising attention's shared memory",
+                funcs["attention_decode"].set_attribute(
+                    driver_sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    smem_limit as i32,
+                ),
+            )
+            .map_err(anyhow::Error::msg)?;
+        }
+        launch::attention_decode(
+            1,
+            config.n_heads,
+            config.head_dim,
+            config.context_length,
+            smem_limit,
+        )
+        .map_err(|e| anyhow::anyhow!("this model cannot run on the CUDA backend: {e}"))?;
+        let weights = GpuWeights::upload(&host, &stream).map_err(anyhow::Error::msg)?;
+        tracing::info!(
+            gpu = %gpu.name,
+            weight_mib = host.device_bytes() >> 20,
+            "weights uploaded to the GPU"
+        );
+        let buckets = if options.graphs {
+            decode_buckets(options.max_decode_batch)
+        } else {
+            Vec::new()
+        };
+        Ok(CudaModel {
+            config,
+            gpu,
+            stream,
+            funcs,
+            weights,
+            options,
+            buckets,
+            smem_limit,
+        })
+    }
+
+    /// The model's hyper-parameters.
+    pub fn config(&self) -> &LlamaConfig {
+        &self.config
+    }
+
+    /// The GPU it runs on.
+    pub fn gpu(&self) -> &GpuInfo {
+        &self.gpu
+    }
+
+    /// KV bytes per token: `2 * n_layers * kv_dim * (4 exact | 2 fast)`.
+    pub fn kv_bytes_per_token(&self) -> usize {
+        2 * self.config.n_layers * self.config.kv_dim() * self.options.numerics.act_bytes()
+    }
+
+    /// Checks that a KV pool of `num_blocks` blocks of `block_size` tokens fits in the GPU's free
+    /// memory (keeping 512 MiB for step buffers and graphs). Errors: a message with both sizes.
+    pub fn check_kv_fits(&self, num_blocks: usize, block_size: usize) -> Result<(), String> {
+        let _ = self.gpu.ctx.bind_to_thread();
+        let (free, _) = driver("reading free memory", self.gpu.ctx.mem_get_info())?;
+        let need = num_blocks * block_size * self.kv_bytes_per_token();
+        let reserve = 512usize << 20;
+        if need + reserve > free {
+            return Err(format!(
+                "the KV cache needs {} MiB but the GPU has {} MiB free (512 MiB are kept for step \
+                 buffers); lower kv_cache_mib or kv_cache_blocks",
+                need >> 20,
+                free >> 20
+            ));
+        }
+        Ok(())
+    }
+
+    fn f(&self, name: &str) -> &CudaFunction {
+        &self.funcs[name]
+    }
+
+    fn limits(&self, kv: &GpuKv) -> StepLimits {
+        StepLimits {
+            vocab_size: self.config.vocab_size,
+            context_length: self.config.context_length,
+            num_blocks: kv.blocks.num_blocks,
+            block_size: kv.blocks.block_size,
+        }
+    }
+
+    /// One matrix product `out[:, off..] (+)= x @ W^T` over the parts of `parts` (each its own launch
+    /// writing its column range).
+    #[allow(clippy::too_many_arguments)]
+    fn matmul<T>(
+        &self,
+        parts: &[GpuPart],
+        x: &CudaSlice<u8>,
+        x_stride: usize,
+        m: usize,
+        out: &CudaSlice<T>,
+        out_stride: usize,
+        accumulate: bool,
+        out_f32: bool,
+    ) -> Result<(), String> {
+        let kind = MatmulKernel::for_rows(m);
+        let mut off = 0usize;
+        for p in parts {
+            let suffix = format_suffix(p.format).expect("checked at load");
+            let name = format!("{}_{suffix}", kind.prefix());
+            let cfg = kind.shape(m, p.rows);
+            let (n_out, k, xs, mm) = (p.rows as i32, p.cols as i32, x_stride as i32, m as i32);
+            let (os, oo) = (out_stride as i32, off as i32);
+            let (acc, f32o) = (i32::from(accumulate), i32::from(out_f32));
+            let mut b = self.stream.launch_builder(self.f(&name));
+            b.arg(&p.data).arg(&n_out).arg(&k).arg(x).arg(&xs).arg(&mm);
+            b.arg(out).arg(&os).arg(&oo).arg(&acc).arg(&f32o);
+            // SAFETY: the arguments match the kernel's signature (matmul_gemv.cu / matmul_gemm.cu);
+            // the buffers hold at least m rows of x_stride / out_stride elements and the part's rows.
+            driver(&name, unsafe { b.launch(cfg) })?;
+            off += p.rows;
+        }
+        Ok(())
+    }
+
+    fn rmsnorm(
+        &self,
+        x: &CudaSlice<u8>,
+        weight: &CudaSlice<f32>,
+        n: usize,
+        out: &CudaSlice<u8>,
+    ) -> Result<(), String> {
+        let (ni, dim, eps) = (n as i32, self.config.hidden as i32, self.config.rms_eps);
+        let mut b = self.stream.launch_builder(self.f("rmsnorm"));
+        b.arg(x).arg(weight).arg(&ni).arg(&dim).arg(&eps).arg(out);
+        // SAFETY: rmsnorm.cu's signature; x and out hold n rows of `hidden`.
+        driver("rmsnorm", unsafe { b.launch(launch::rmsnorm(n)) }).map(drop)
+    }
+
+    /// Launches the whole forward pass of `rows` packed rows (inputs already uploaded to `buf`),
+    /// ending with `n_logits` rows of f32 logits in `buf.logits`. Launch-only (no synchronisation or
+    /// host copies), so it can be captured into a graph.
+    #[allow(clippy::too_many_arguments)]
+    fn record(
+        &self,
+        kv: &KvBlocks,
+        buf: &StepBuffers,
+        rows: usize,
+        n_logits: usize,
+        n_tiles: usize,
+        table_stride: usize,
+        max_keys: usize,
+    ) -> Result<(), String> {
+        let c = &self.config;
+        let (hidden, q_dim, kv_dim, ffn) = (c.hidden, c.q_dim(), c.kv_dim(), c.ffn_dim);
+        let width = q_dim + 2 * kv_dim;
+        let n = rows as i32;
+        let (hidden_i, width_i, q_dim_i, kv_dim_i, ffn_i) = (
+            hidden as i32,
+            width as i32,
+            q_dim as i32,
+            kv_dim as i32,
+            ffn as i32,
+        );
+        let (nh, nkv, hd) = (c.n_heads as i32, c.n_kv_heads as i32, c.head_dim as i32);
+        let (base, scale) = (c.rope_base, 1.0 / (c.head_dim as f32).sqrt());
+        let (stride_i, bs_i) = (table_stride as i32, kv.block_size as i32);
+        let att_cfg =
+            launch::attention_decode(rows, c.n_heads, c.head_dim, max_keys, self.smem_limit)?;
+
+        let embd = &self.weights.token_embd;
+        let fmt = embd.format_id;
+        let mut b = self.stream.launch_builder(self.f("embedding"));
+        b.arg(&buf.tokens)
+            .arg(&n)
+            .arg(&embd.data)
+            .arg(&fmt)
+            .arg(&hidden_i)
+            .arg(&buf.x);
+        // SAFETY: embedding.cu's signature; tokens < vocab (checked when packing).
+        driver("embedding", unsafe {
+            b.launch(launch::per_row(rows, ROW_THREADS))
+        })?;
+
+        for (l, layer) in self.weights.layers.iter().enumerate() {
+            self.rmsnorm(&buf.x, &layer.attn_norm, rows, &buf.xn)?;
+            self.matmul(
+                &layer.wqkv,
+                &buf.xn,
+                hidden,
+                rows,
+                &buf.qkv,
+                width,
+                false,
+                false,
+            )?;
+            let mut b = self.stream.launch_builder(self.f("rope"));
+            b.arg(&buf.qkv).arg(&buf.positions).arg(&n).arg(&width_i);
+            b.arg(&nh).arg(&nkv).arg(&hd).arg(&base);
+            // SAFETY: rope.cu's signature.
+            driver("rope", unsafe {
+                b.launch(launch::per_row(rows, ROW_THREADS))
+            })?;
+            let mut b = self.stream.launch_builder(self.f("kv_write"));
+            b.arg(&buf.qkv)
+                .arg(&buf.slots)
+                .arg(&n)
+                .arg(&width_i)
+                .arg(&q_dim_i)
+                .arg(&kv_dim_i);
+            b.arg(&kv.k[l]).arg(&kv.v[l]);
+            // SAFETY: kv_write.cu's signature; slots are inside the pool (checked when packing).
+            driver("kv_write", unsafe {
+                b.launch(launch::per_row(rows, ROW_THREADS))
+            })?;
+            let mut b = self.stream.launch_builder(self.f("attention_decode"));
+            b.arg(&buf.qkv)
+                .arg(&width_i)
+                .arg(&buf.att_positions)
+                .arg(&buf.table_index);
+            b.arg(&buf.block_tables)
+                .arg(&stride_i)
+                .arg(&kv.k[l])
+                .arg(&kv.v[l])
+                .arg(&bs_i);
+            b.arg(&nh)
+                .arg(&nkv)
+                .arg(&hd)
+                .arg(&scale)
+                .arg(&buf.att)
+                .arg(&n);
+            // SAFETY: attention_decode.cu's signature; shared memory sized for max_keys.
+            driver("attention_decode", unsafe { b.launch(att_cfg) })?;
+            if n_tiles > 0 {
+                let mut b = self.stream.launch_builder(self.f("attention_prefill"));
+                b.arg(&buf.qkv)
+                    .arg(&width_i)
+                    .arg(&buf.tiles)
+                    .arg(&buf.block_tables);
+                b.arg(&stride_i).arg(&kv.k[l]).arg(&kv.v[l]).arg(&bs_i);
+                b.arg(&nh).arg(&nkv).arg(&hd).arg(&scale).arg(&buf.att);
+                let cfg = launch::attention_prefill(n_tiles, c.n_heads);
+                // SAFETY: attention_prefill.cu's signature.
+                driver("attention_prefill", unsafe { b.launch(cfg) })?;
+            }
+            self.matmul(
+                std::slice::from_ref(&layer.wo),
+                &buf.att,
+                q_dim,
+                rows,
+                &buf.x,
+                hidden,
+                true,
+                false,
+            )?;
+            self.rmsnorm(&buf.x, &layer.ffn_norm, rows, &buf.xn)?;
+            self.matmul(
+                &layer.w_gate_up,
+                &buf.xn,
+                hidden,
+                rows,
+                &buf.gu,
+                2 * ffn,
+                false,
+                false,
+            )?;
+            let mut b = self.stream.launch_builder(self.f("swiglu"));
+            b.arg(&buf.gu).arg(&n).arg(&ffn_i).arg(&buf.h);
+            // SAFETY: swiglu.cu's signature.
+            driver("swiglu", unsafe {
+                b.launch(launch::elementwise(rows * ffn))
+            })?;
+            self.matmul(
+                std::slice::from_ref(&layer.w_down),
+                &buf.h,
+                ffn,
+                rows,
+                &buf.x,
+                hidden,
+                true,
+                false,
+            )?;
+        }
+
+        if n_logits == 0 {
+            return Ok(());
+        }
+        let nl = n_logits as i32;
+        let mut b = self.stream.launch_builder(self.f("gather_rows"));
+        b.arg(&buf.x)
+            .arg(&buf.logit_rows)
+            .arg(&nl)
+            .arg(&hidden_i)
+            .arg(&buf.g);
+        // SAFETY: gather_rows.cu's signature; logit rows are < rows.
+        driver("gather_rows", unsafe {
+            b.launch(launch::per_row(n_logits, ROW_THREADS))
+        })?;
+        self.rmsnorm(&buf.g, &self.weights.output_norm, n_logits, &buf.gn)?;
+        let head = self.weights.lm_head();
+        self.matmul(
+            std::slice::from_ref(head),
+            &buf.gn,
+            hidden,
+            n_logits,
+            &buf.logits,
+            c.vocab_size,
+            false,
+            true,
+        )
+    }
+
+    fn upload(&self, buf: &mut StepBuffers, s: &StepInputs) -> Result<(), String> {
+        fn put<T: DeviceRepr>(
+            stream: &Arc<CudaStream>,
+            host: &[T],
+            dev: &mut CudaSlice<T>,
+        ) -> Result<(), String> {
+            if host.is_empty() {
+                return Ok(());
+            }
+            driver(
+                "uploading step inputs",
+                stream.memcpy_htod(host, &mut dev.slice_mut(0..host.len())),
+            )
+        }
+        put(&self.stream, &s.tokens, &mut buf.tokens)?;
+        put(&self.stream, &s.positions, &mut buf.positions)?;
+        put(&self.stream, &s.att_positions, &mut buf.att_positions)?;
+        put(&self.stream, &s.slots, &mut buf.slots)?;
+        put(&self.stream, &s.table_index, &mut buf.table_index)?;
+        put(&self.stream, &s.block_tables, &mut buf.block_tables)?;
+        put(&self.stream, &s.logit_rows, &mut buf.logit_rows)?;
+        put(&self.stream, &s.prefill_tiles, &mut buf.tiles)
+    }
+
+    fn download(&self, buf: &StepBuffers, n_logits: usize) -> Result<Vec<Vec<f32>>, String> {
+        let vocab = self.config.vocab_size;
+        let mut host = vec![0.0f32; n_logits * vocab];
+        if n_logits > 0 {
+            driver(
+                "copying logits",
+                self.stream
+                    .memcpy_dtoh(&buf.logits.slice(0..n_logits * vocab), &mut host),
+            )?;
+        }
+        driver("finishing the step", self.stream.synchronize())?;
+        Ok(host.chunks_exact(vocab).map(<[f32]>::to_vec).collect())
+    }
+
+    /// Makes sure `kv` has step buffers for `need`, reallocating (and dropping the graphs) if not.
+    fn ensure_buffers(&self, kv: &mut GpuKv, need: Capacity) -> Result<(), String> {
+        if kv.buffers.as_ref().is_some_and(|b| b.cap.covers(&need)) {
+            return Ok(());
+        }
+        let old = kv.buffers.as_ref().map(|b| b.cap).unwrap_or_default();
+        let cap = old.grown_to(&need);
+        kv.graphs.clear();
+        kv.buffers = None;
+        kv.buffers = Some(StepBuffers::alloc(
+            &self.stream,
+            &self.config,
+            self.options.numerics,
+            cap,
+        )?);
+        Ok(())
+    }
+
+    fn forward(&self, batch: &[BatchEntry<'_>], kv: &mut GpuKv) -> anyhow::Result<Vec<Vec<f32>>> {
+        driver("binding the CUDA context", self.gpu.ctx.bind_to_thread())
+            .map_err(anyhow::Error::msg)?;
+        let fast = self.options.numerics == Numerics::Fast;
+        let s = pack_step(batch, self.limits(kv), None, fast)?;
+        if s.n_rows() == 0 {
+            return Ok(Vec::new());
+        }
+        if s.is_pure_decode() {
+            if let Some(bucket) = bucket_for(s.real_rows, &self.buckets) {
+                return self
+                    .decode_with_graph(batch, kv, bucket)
+                    .map_err(anyhow::Error::msg);
+            }
+        }
+        let need = Capacity {
+            rows: s.n_rows(),
+            logits: s.logit_rows.len(),
+            tables: s.block_tables.len(),
+            tiles: s.prefill_tiles.len(),
+        };
+        self.ensure_buffers(kv, need).map_err(anyhow::Error::msg)?;
+        let (blocks, buf) = kv.split();
+        self.upload(buf, &s).map_err(anyhow::Error::msg)?;
+        self.record(
+            blocks,
+            buf,
+            s.n_rows(),
+            s.logit_rows.len(),
+            s.prefill_tiles.len() / 4,
+            s.table_stride,
+            s.max_keys,
+        )
+        .map_err(anyhow::Error::msg)?;
+        self.download(buf, s.logit_rows.len())
+            .map_err(anyhow::Error::msg)
+    }
+
+    /// A pure decode step through the graph of `bucket` (captured on first use).
+    fn decode_with_graph(
+        &self,
+        batch: &[BatchEntry<'_>],
+        kv: &mut GpuKv,
+        bucket: usize,
+    ) -> Result<Vec<Vec<f32>>, String> {
+        let stride = self.config.context_length.div_ceil(kv.blocks.block_size);
+        let mut s =
+            pack_step(batch, self.limits(kv), Some(stride), false).map_err(|e| e.to_string())?;
+        let real = s.real_rows;
+        s.pad_to(bucket);
+        let need = Capacity {
+            rows: bucket,
+            logits: bucket,
+            tables: bucket * stride,
+            tiles: 0,
+        };
+        self.ensure_buffers(kv, need)?;
+        let GpuKv {
+            blocks,
+            buffers,
+            graphs,
+        } = kv;
+        let buf = buffers.as_mut().expect("allocated above");
+        self.upload(buf, &s)?;
+        if graphs.get(bucket).is_none() {
+            let mode = driver_sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+            driver("starting graph capture", self.stream.begin_capture(mode))?;
+            let recorded = self.record(
+                blocks,
+                buf,
+                bucket,
+                bucket,
+                0,
+                stride,
+                self.config.context_length,
+            );
+            let flags = driver_sys::CUgraphInstantiate_flags(0);
+            let ended = self.stream.end_capture(flags);
+            recorded?;
+            let graph = driver("capturing a decode graph", ended)?
+                .ok_or_else(|| "graph capture produced no graph".to_string())?;
+            tracing::debug!(bucket, "captured a decode graph");
+            graphs.insert(bucket, Captured(graph));
+        }
+        let graph = graphs.get(bucket).expect("captured above");
+        driver("replaying a decode graph", graph.0.launch())?;
+        let mut logits = self.download(buf, bucket)?;
+        logits.truncate(real);
+        Ok(logits)
+    }
+}
+
+impl BatchModel for CudaModel {
+    type Kv = GpuKv;
+
+    fn kv_bytes_per_token(&self) -> usize {
+        CudaModel::kv_bytes_per_token(self)
+    }
+
+    /// Allocates the zeroed pool on the GPU. Panics when the allocation fails (the worker checks the
+    /// size against free memory first, see [`CudaModel::check_kv_fits`]).
+    fn new_kv(&self, num_blocks: usize, block_size: usize) -> GpuKv {
+        self.gpu
+            .ctx
+            .bind_to_thread()
+            .expect("binding the CUDA context");
+        let bytes =
+            num_blocks * block_size * self.config.kv_dim() * self.options.numerics.act_bytes();
+        let alloc = || -> CudaSlice<u8> {
+            self.stream
+                .alloc_zeros::<u8>(bytes.max(1))
+                .unwrap_or_else(|e| panic!("allocating {bytes} bytes of KV cache on the GPU: {e}"))
+        };
+        let n = self.config.n_layers;
+        GpuKv {
+            blocks: KvBlocks {
+                k: (0..n).map(|_| alloc()).collect(),
+                v: (0..n).map(|_| alloc()).collect(),
+                num_blocks,
+                block_size,
+            },
+            buffers: None,
+            graphs: DecodeGraphs::default(),
+        }
+    }
+
+    fn forward_batch(
+        &self,
+        batch: &[BatchEntry<'_>],
+        kv: &mut GpuKv,
+    ) -> anyhow::Result<Vec<Vec<f32>>> {
+        self.forward(batch, kv)
+    }
+
+    fn context_length(&self) -> usize {
+        self.config.context_length
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.config.vocab_size
+    }
+}

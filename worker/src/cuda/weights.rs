@@ -1,0 +1,337 @@
+//! Weights on the GPU, in the file's own formats (Q4_1, Q8_0, Q4_0, F16, BF16, F32): each matrix
+//! part is uploaded as the GGUF tensor's bytes, unchanged (row `o` of a `[rows, cols]` part is
+//! `row_bytes` bytes of consecutive blocks), and decoded inside the matrix kernels. Norm vectors are
+//! uploaded as f32.
+//!
+//! Loading mirrors [`crate::model::ModelWeights::load`]: same tensor names, shapes and checks, Q/K/V
+//! and gate/up kept as parts of one logical matrix (one kernel launch per part, each writing its
+//! column range of the fused output).
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream};
+use gguf::{GgmlType, GgufFile};
+
+use crate::model::{LlamaConfig, ModelError};
+
+/// One matrix part on the host: the file's bytes of a row-major `[rows, cols]` matrix.
+#[derive(Debug, Clone)]
+pub struct HostPart {
+    /// GGUF tensor name.
+    pub name: String,
+    /// Storage format.
+    pub format: GgmlType,
+    /// Output features.
+    pub rows: usize,
+    /// Input features.
+    pub cols: usize,
+    /// `rows * row_bytes(format, cols)` bytes, as stored in the file.
+    pub bytes: Vec<u8>,
+}
+
+/// Bytes of one `cols`-wide row in `format`; `None` for unsupported formats or a `cols` that is not a
+/// whole number of blocks (the kernels' `row_bytes_of`).
+pub fn row_bytes(format: GgmlType, cols: usize) -> Option<usize> {
+    match format {
+        GgmlType::F32
+        | GgmlType::F16
+        | GgmlType::BF16
+        | GgmlType::Q4_0
+        | GgmlType::Q4_1
+        | GgmlType::Q8_0 => {}
+        GgmlType::Unsupported(_) => return None,
+    }
+    if !cols.is_multiple_of(32) && format.block_size() != Some(1) {
+        return None;
+    }
+    format.byte_size(cols as u64).map(|b| b as usize)
+}
+
+/// The kernel-name suffix of `format` (`gemv_<suffix>`, `gemm_<suffix>`).
+pub fn format_suffix(format: GgmlType) -> Option<&'static str> {
+    Some(match format {
+        GgmlType::F32 => "f32",
+        GgmlType::F16 => "f16",
+        GgmlType::BF16 => "bf16",
+        GgmlType::Q4_0 => "q4_0",
+        GgmlType::Q4_1 => "q4_1",
+        GgmlType::Q8_0 => "q8_0",
+        GgmlType::Unsupported(_) => return None,
+    })
+}
+
+/// All weights of the model on the host, ready to upload.
+#[derive(Debug, Clone)]
+pub struct HostWeights {
+    /// `token_embd`, `[vocab, hidden]`.
+    pub token_embd: HostPart,
+    /// Per layer: `attn_norm`, `[q, k, v]`, `attn_output`, `ffn_norm`, `[gate, up]`, `ffn_down`.
+    pub layers: Vec<HostLayer>,
+    /// `output_norm`, `[hidden]`.
+    pub output_norm: Vec<f32>,
+    /// `output`, or `None` when tied to `token_embd`.
+    pub output: Option<HostPart>,
+}
+
+/// One transformer block's weights on the host.
+#[derive(Debug, Clone)]
+pub struct HostLayer {
+    /// `[hidden]`.
+    pub attn_norm: Vec<f32>,
+    /// Q, K, V parts (`[q_dim | kv_dim | kv_dim, hidden]`).
+    pub wqkv: Vec<HostPart>,
+    /// `[hidden, q_dim]`.
+    pub wo: HostPart,
+    /// `[hidden]`.
+    pub ffn_norm: Vec<f32>,
+    /// Gate and up parts (`[ffn | ffn, hidden]`).
+    pub w_gate_up: Vec<HostPart>,
+    /// `[hidden, ffn]`.
+    pub w_down: HostPart,
+}
+
+impl HostWeights {
+    /// Reads every tensor of `file` for `config`.
+    ///
+    /// Errors: [`ModelError::MissingTensor`], [`ModelError::TensorShape`], [`ModelError::Gguf`], and
+    /// [`ModelError::InvalidConfig`] for a format the kernels do not decode or rows that are not whole
+    /// blocks.
+    pub fn load(file: &GgufFile, config: &LlamaConfig) -> Result<HostWeights, ModelError> {
+        let c = config;
+        let (h, f, q, kv) = (c.hidden, c.ffn_dim, c.q_dim(), c.kv_dim());
+        let mut layers = Vec::with_capacity(c.n_layers);
+        for l in 0..c.n_layers {
+            let n = |s: &str| format!("blk.{l}.{s}.weight");
+            layers.push(HostLayer {
+                attn_norm: vector(file, &n("attn_norm"), h)?,
+                wqkv: vec![
+                    part(file, &n("attn_q"), h, q)?,
+                    part(file, &n("attn_k"), h, kv)?,
+                    part(file, &n("attn_v"), h, kv)?,
+                ],
+                wo: part(file, &n("attn_output"), q, h)?,
+                ffn_norm: vector(file, &n("ffn_norm"), h)?,
+                w_gate_up: vec![
+                    part(file, &n("ffn_gate"), h, f)?,
+                    part(file, &n("ffn_up"), h, f)?,
+                ],
+                w_down: part(file, &n("ffn_down"), f, h)?,
+            });
+        }
+        let output = match file.tensor("output.weight") {
+            Some(_) => Some(part(file, "output.weight", h, c.vocab_size)?),
+            None => None,
+        };
+        Ok(HostWeights {
+            token_embd: part(file, "token_embd.weight", h, c.vocab_size)?,
+            layers,
+            output_norm: vector(file, "output_norm.weight", h)?,
+            output,
+        })
+    }
+
+    /// Bytes the weights take on the GPU.
+    pub fn device_bytes(&self) -> usize {
+        let parts = |p: &[HostPart]| p.iter().map(|p| p.bytes.len()).sum::<usize>();
+        let mut total = self.token_embd.bytes.len() + self.output_norm.len() * 4;
+        total += self.output.as_ref().map_or(0, |p| p.bytes.len());
+        for l in &self.layers {
+            total += parts(&l.wqkv) + parts(&l.w_gate_up) + l.wo.bytes.len() + l.w_down.bytes.len();
+            total += (l.attn_norm.len() + l.ffn_norm.len()) * 4;
+        }
+        total
+    }
+}
+
+fn part(file: &GgufFile, name: &str, cols: usize, rows: usize) -> Result<HostPart, ModelError> {
+    let info = file
+        .tensor(name)
+        .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
+    if info.dims != [cols as u64, rows as u64] {
+        return Err(ModelError::TensorShape {
+            name: name.to_string(),
+            expected: vec![cols as u64, rows as u64],
+            found: info.dims.clone(),
+        });
+    }
+    let rb = row_bytes(info.dtype, cols).ok_or_else(|| {
+        ModelError::InvalidConfig(format!(
+            "tensor `{name}`: {} rows of {cols} cannot run on the CUDA backend",
+            info.dtype
+        ))
+    })?;
+    let bytes = file.tensor_bytes(info)?;
+    if bytes.len() != rows * rb {
+        return Err(ModelError::InvalidConfig(format!(
+            "tensor `{name}`: {} bytes for [{rows}, {cols}] {}",
+            bytes.len(),
+            info.dtype
+        )));
+    }
+    Ok(HostPart {
+        name: name.to_string(),
+        format: info.dtype,
+        rows,
+        cols,
+        bytes: bytes.to_vec(),
+    })
+}
+
+fn vector(file: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
+    let info = file
+        .tensor(name)
+        .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
+    if info.dims != [len as u64] {
+        return Err(ModelError::TensorShape {
+            name: name.to_string(),
+            expected: vec![len as u64],
+            found: info.dims.clone(),
+        });
+    }
+    Ok(gguf::dequantize_to_vec(
+        info.dtype,
+        file.tensor_bytes(info)?,
+        len,
+    )?)
+}
+
+/// A matrix part on the GPU.
+#[derive(Debug)]
+pub struct GpuPart {
+    /// Storage format.
+    pub format: GgmlType,
+    /// GGML type id passed to the kernels.
+    pub format_id: i32,
+    /// Output features.
+    pub rows: usize,
+    /// Input features.
+    pub cols: usize,
+    /// The file's bytes.
+    pub data: CudaSlice<u8>,
+}
+
+/// One transformer block's weights on the GPU.
+#[derive(Debug)]
+pub struct GpuLayer {
+    /// `[hidden]` f32.
+    pub attn_norm: CudaSlice<f32>,
+    /// Q, K, V parts.
+    pub wqkv: Vec<GpuPart>,
+    /// Attention output projection.
+    pub wo: GpuPart,
+    /// `[hidden]` f32.
+    pub ffn_norm: CudaSlice<f32>,
+    /// Gate and up parts.
+    pub w_gate_up: Vec<GpuPart>,
+    /// Down projection.
+    pub w_down: GpuPart,
+}
+
+/// All weights on the GPU.
+#[derive(Debug)]
+pub struct GpuWeights {
+    /// Token embeddings.
+    pub token_embd: GpuPart,
+    /// Transformer blocks.
+    pub layers: Vec<GpuLayer>,
+    /// `[hidden]` f32.
+    pub output_norm: CudaSlice<f32>,
+    /// LM head when not tied.
+    pub output: Option<GpuPart>,
+}
+
+impl GpuWeights {
+    /// The LM head: `output`, else the tied embeddings.
+    pub fn lm_head(&self) -> &GpuPart {
+        self.output.as_ref().unwrap_or(&self.token_embd)
+    }
+
+    /// Uploads `host` on `stream` (synchronously).
+    ///
+    /// Errors: a driver error (e.g. out of memory), as text.
+    pub fn upload(host: &HostWeights, stream: &Arc<CudaStream>) -> Result<GpuWeights, String> {
+        let up = |p: &HostPart| -> Result<GpuPart, String> {
+            Ok(GpuPart {
+                format: p.format,
+                format_id: p.format.id() as i32,
+                rows: p.rows,
+                cols: p.cols,
+                data: stream
+                    .clone_htod(&p.bytes)
+                    .map_err(|e| format!("uploading {}: {e}", p.name))?,
+            })
+        };
+        let vec = |v: &[f32]| {
+            stream
+                .clone_htod(v)
+                .map_err(|e| format!("uploading a norm: {e}"))
+        };
+        let mut layers = Vec::with_capacity(host.layers.len());
+        for l in &host.layers {
+            layers.push(GpuLayer {
+                attn_norm: vec(&l.attn_norm)?,
+                wqkv: l.wqkv.iter().map(up).collect::<Result<_, _>>()?,
+                wo: up(&l.wo)?,
+                ffn_norm: vec(&l.ffn_norm)?,
+                w_gate_up: l.w_gate_up.iter().map(up).collect::<Result<_, _>>()?,
+                w_down: up(&l.w_down)?,
+            });
+        }
+        let w = GpuWeights {
+            token_embd: up(&host.token_embd)?,
+            layers,
+            output_norm: vec(&host.output_norm)?,
+            output: host.output.as_ref().map(up).transpose()?,
+        };
+        stream
+            .synchronize()
+            .map_err(|e| format!("uploading the weights: {e}"))?;
+        Ok(w)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn row_sizes_and_kernel_names() {
+        assert_eq!(row_bytes(GgmlType::Q4_1, 576), Some(18 * 20));
+        assert_eq!(row_bytes(GgmlType::Q8_0, 64), Some(68));
+        assert_eq!(row_bytes(GgmlType::Q4_0, 32), Some(18));
+        assert_eq!(row_bytes(GgmlType::F16, 8), Some(16));
+        assert_eq!(row_bytes(GgmlType::BF16, 8), Some(16));
+        assert_eq!(row_bytes(GgmlType::F32, 8), Some(32));
+        assert_eq!(row_bytes(GgmlType::Q8_0, 40), None);
+        assert_eq!(row_bytes(GgmlType::Unsupported(12), 256), None);
+        assert_eq!(format_suffix(GgmlType::Q4_1), Some("q4_1"));
+        assert_eq!(format_suffix(GgmlType::Unsupported(12)), None);
+    }
+
+    #[test]
+    fn loads_the_tiny_model_as_parts_in_file_formats() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tiny.gguf");
+        gguf::testing::write_tiny_llama(&path, 1).unwrap();
+        let file = GgufFile::open(&path).unwrap();
+        let config = LlamaConfig::from_gguf(&file).unwrap();
+        let w = HostWeights::load(&file, &config).unwrap();
+        assert_eq!(w.layers.len(), config.n_layers);
+        let l = &w.layers[0];
+        let rows: Vec<usize> = l.wqkv.iter().map(|p| p.rows).collect();
+        assert_eq!(rows, [config.q_dim(), config.kv_dim(), config.kv_dim()]);
+        assert_eq!(l.w_gate_up[1].rows, config.ffn_dim);
+        assert_eq!(
+            (l.w_down.rows, l.w_down.cols),
+            (config.hidden, config.ffn_dim)
+        );
+        for p in l.wqkv.iter().chain(&l.w_gate_up).chain([&l.wo, &l.w_down]) {
+            let info = file.tensor(&p.name).unwrap();
+            assert_eq!(p.format, info.dtype);
+            assert_eq!(p.bytes, file.tensor_bytes(info).unwrap());
+            assert_eq!(p.bytes.len(), p.rows * row_bytes(p.format, p.cols).unwrap());
+        }
+        assert_eq!(w.token_embd.rows, config.vocab_size);
+        assert!(w.device_bytes() > w.token_embd.bytes.len());
+    }
+}
