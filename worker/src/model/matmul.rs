@@ -13,18 +13,22 @@
 //! bit-identical for a token alone or in a batch, and reproducible per
 //! machine, not across machines.
 //!
-//! Weights: a task decodes [`TILE_R`] weight rows at a time into a per-thread
-//! f32 scratch tile (`TILE_R * in` floats, L1/L2 resident, reused across calls:
-//! no allocation in the hot path) with the format's SIMD decoder, which gives
-//! exactly the reference's dequantized values (see [`super::kernels`]); F32
-//! weights are used in place. So the products are those of the float32
-//! reference; only the summation order differs from it.
+//! Weights, steps of up to `FUSED_MAX_TOKENS` (8) tokens (decode): the fused
+//! kernels decode each weight block in registers and use it for up to 4
+//! tokens at once (AVX-512, Q4_1/Q8_0). Larger steps: a task decodes
+//! `BLOCK_GROUPS` × [`TILE_R`] weight rows at a time into a per-thread f32
+//! scratch block (L2 resident, reused across calls: no allocation in the hot
+//! path) with the format's SIMD decoder; F32 weights are used in place. Every
+//! decoder gives exactly the reference's dequantized values (see
+//! [`super::kernels`]), so the products are those of the float32 reference;
+//! only the summation order differs from it.
 //!
 //! Blocking: rayon tasks own blocks of at least [`ROWS_PER_TASK`] weight rows
-//! (more for steps of few tokens, see [`rows_per_task`]); inside
-//! a task a register tile of up to 4 tokens × 3 weight rows (12 vector
-//! accumulators) walks the shared dimension, so each decoded weight tile is
-//! reused from L1 for every token.
+//! (more for steps of few tokens, see `rows_per_task`) and write their
+//! columns of `y` in place; inside a task, tiles of 8 tokens (AVX-512; 4
+//! elsewhere) × 3 weight rows (24 or 12 vector accumulators) walk the shared
+//! dimension, the token tile staying in L1 while the decoded block streams
+//! past it.
 
 use std::cell::RefCell;
 
