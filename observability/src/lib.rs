@@ -6,10 +6,12 @@
 //!   metadata, so a request's spans on the router and on its worker form one trace.
 //! - [`metrics_http`]: the Prometheus text endpoint (`GET /metrics`).
 //! - [`grpc`]: the standard gRPC reflection service.
+//! - [`settings_file`]: rejects unknown (misspelt) keys in a TOML settings file.
 
 pub mod const_metrics;
 pub mod grpc;
 pub mod metrics_http;
 pub mod process;
 pub mod propagation;
+pub mod settings_file;
 pub mod telemetry;

@@ -165,10 +165,12 @@ impl RouterSettings {
     /// Merges defaults, the TOML file named by `cli.config`, `ROUTER_*` variables (nested keys with
     /// `__`, e.g. `ROUTER_LIMITS__MAX_NEW_TOKENS`) and `cli`.
     ///
-    /// Errors: an unreadable or invalid file, or a value of the wrong type.
+    /// Errors: an unreadable or invalid file, a key in the file that is not a setting (nested ones
+    /// too, e.g. `limits.max_new_tokenz`), or a value of the wrong type.
     pub fn load(cli: &Cli) -> Result<Self, Box<figment::Error>> {
         let mut figment = Figment::from(Serialized::defaults(Self::default()));
         if let Some(path) = &cli.config {
+            observability::settings_file::check_known_keys(&Self::default(), path)?;
             figment = figment.merge(Toml::file_exact(path));
         }
         figment
@@ -315,6 +317,21 @@ mod tests {
             assert_eq!(p.affinity.prefix_tokens, 0);
             assert_eq!(p.max_inflight_per_worker, 64);
             assert_eq!(s.discovery().unwrap().0, "w.ns.svc:50061");
+            Ok(())
+        });
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment::Jail's closure signature
+    fn misspelt_file_key_is_an_error() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file("r.toml", "[limits]\nmax_new_tokenz = 5\n")?;
+            let cli = Cli::parse_from(["router", "--config", "r.toml"]);
+            let err = RouterSettings::load(&cli).unwrap_err().to_string();
+            assert!(
+                err.contains("unknown setting `limits.max_new_tokenz`"),
+                "{err}"
+            );
             Ok(())
         });
     }

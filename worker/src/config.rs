@@ -181,11 +181,13 @@ impl Default for WorkerSettings {
 impl WorkerSettings {
     /// Merges defaults, the TOML file named by `cli.config`, `WORKER_*` variables and `cli`.
     ///
-    /// Errors: an unreadable or invalid file, or a value of the wrong type (figment's message names
-    /// the key and where it came from).
+    /// Errors: an unreadable or invalid file, a key in the file that is not a setting (a misspelling
+    /// would otherwise be ignored), or a value of the wrong type (figment's message names the key and
+    /// where it came from).
     pub fn load(cli: &Cli) -> Result<Self, Box<figment::Error>> {
         let mut figment = Figment::from(Serialized::defaults(Self::default()));
         if let Some(path) = &cli.config {
+            observability::settings_file::check_known_keys(&Self::default(), path)?;
             figment = figment.merge(Toml::file_exact(path));
         }
         figment
@@ -298,6 +300,22 @@ mod tests {
                 err.contains("tpu") && err.to_lowercase().contains("device"),
                 "{err}"
             );
+            Ok(())
+        });
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment::Jail's closure signature
+    fn misspelt_file_key_is_an_error() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file("w.toml", "model = 'a.gguf'\nkv_cache_mb = 64\n")?;
+            let cli = Cli::parse_from(["worker", "--config", "w.toml"]);
+            let err = WorkerSettings::load(&cli).unwrap_err().to_string();
+            assert!(err.contains("unknown setting `kv_cache_mb`"), "{err}");
+            assert!(err.contains("kv_cache_mib"), "{err}");
+            jail.create_file("w.toml", "model = 'a.gguf'\nkv_cache_dtype = 'f16'\n")?;
+            let s = WorkerSettings::load(&cli).map_err(|e| e.to_string())?;
+            assert_eq!(s.kv_cache_dtype, KvDtype::F16);
             Ok(())
         });
     }
