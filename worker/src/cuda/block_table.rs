@@ -1,26 +1,13 @@
 //! Packing one engine step for the GPU: the flat token list, per-row positions and KV slots, the
 //! entries' block tables as one `[n_entries, stride]` u32 matrix, the rows whose logits are wanted, and
-//! (fast mode) the prefill tiles of `attention_prefill.cu`. Validation mirrors the CPU model's, with
-//! the same [`ModelError`]s, before anything is uploaded.
+//! (fast mode) the prefill tiles of `attention_prefill.cu`. Entries are checked with the CPU model's own
+//! [`EntryLimits::check`] (the same [`ModelError`]s) before anything is uploaded.
 
 use crate::engine::BatchEntry;
-use crate::model::ModelError;
+use crate::model::{EntryLimits, ModelError};
 
 /// Query rows per prefill tile (`PF_QUERIES` in `kernels/attention_prefill.cu`).
 pub const PREFILL_TILE_ROWS: usize = 16;
-
-/// What the packing checks against.
-#[derive(Debug, Clone, Copy)]
-pub struct StepLimits {
-    /// Vocabulary size (token ids must be below it).
-    pub vocab_size: usize,
-    /// Context length (positions must stay below it).
-    pub context_length: usize,
-    /// Blocks in the KV pool (block ids must be below it).
-    pub num_blocks: usize,
-    /// Tokens per block.
-    pub block_size: usize,
-}
 
 /// One step's device inputs, ready to upload (all vectors `[n_rows]` unless noted).
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -95,49 +82,14 @@ impl StepInputs {
 /// reported as [`ModelError::BlockTableTooShort`] of the entry that needs more.
 pub fn pack_step(
     batch: &[BatchEntry<'_>],
-    limits: StepLimits,
+    limits: EntryLimits,
     table_stride: Option<usize>,
     split_prefill: bool,
 ) -> Result<StepInputs, ModelError> {
     let bs = limits.block_size;
     let mut needed_blocks = Vec::with_capacity(batch.len());
     for (entry, e) in batch.iter().enumerate() {
-        if e.tokens.is_empty() {
-            return Err(ModelError::EmptyInput { entry });
-        }
-        if let Some(&token) = e.tokens.iter().find(|&&t| t as usize >= limits.vocab_size) {
-            return Err(ModelError::TokenOutOfRange {
-                entry,
-                token,
-                vocab_size: limits.vocab_size,
-            });
-        }
-        let end = e.start_pos.saturating_add(e.tokens.len());
-        if end > limits.context_length {
-            return Err(ModelError::ContextOverflow {
-                entry,
-                needed: end,
-                context_length: limits.context_length,
-            });
-        }
-        let needed = end.div_ceil(bs);
-        if e.block_table.len() < needed {
-            return Err(ModelError::BlockTableTooShort {
-                entry,
-                needed,
-                have: e.block_table.len(),
-            });
-        }
-        if let Some(&block) = e.block_table[..needed]
-            .iter()
-            .find(|&&b| b as usize >= limits.num_blocks)
-        {
-            return Err(ModelError::BlockOutOfRange {
-                entry,
-                block,
-                num_blocks: limits.num_blocks,
-            });
-        }
+        let needed = limits.check(entry, e)?;
         needed_blocks.push(needed);
     }
     let most = needed_blocks.iter().copied().max().unwrap_or(0);
@@ -204,7 +156,7 @@ pub fn pack_step(
 mod tests {
     use super::*;
 
-    const LIMITS: StepLimits = StepLimits {
+    const LIMITS: EntryLimits = EntryLimits {
         vocab_size: 100,
         context_length: 64,
         num_blocks: 8,

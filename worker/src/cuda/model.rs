@@ -25,7 +25,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 use gguf::GgufFile;
 
-use super::block_table::{pack_step, StepInputs, StepLimits};
+use super::block_table::{pack_step, StepInputs};
 use super::buffers::{Capacity, StepBuffers};
 use super::cache::ModuleCache;
 use super::compile::Numerics;
@@ -36,6 +36,7 @@ use super::kv::{GpuKv, KvBlocks};
 use super::launch::{self, MatmulKernel, DEFAULT_SMEM_LIMIT, ROW_THREADS};
 use super::weights::{format_suffix, GpuPart, GpuWeights, HostWeights};
 use crate::engine::{BatchEntry, BatchModel};
+use crate::model::EntryLimits;
 use crate::model::{LlamaConfig, ModelError};
 
 /// Options of the CUDA backend (from the worker settings).
@@ -210,8 +211,8 @@ impl CudaModel {
         &self.funcs[name]
     }
 
-    fn limits(&self, kv: &GpuKv) -> StepLimits {
-        StepLimits {
+    fn limits(&self, kv: &GpuKv) -> EntryLimits {
+        EntryLimits {
             vocab_size: self.config.vocab_size,
             context_length: self.config.context_length,
             num_blocks: kv.blocks.num_blocks,

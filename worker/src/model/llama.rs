@@ -13,7 +13,7 @@ use super::attention::{attention_into, HeadShape, QueryPos};
 use super::matmul::matmul_into;
 use super::ops::{rms_norm_into, swiglu_into, RopeTable};
 use super::weights::ModelWeights;
-use super::{KvDtype, LlamaConfig, ModelError, PagedKvCache};
+use super::{EntryLimits, KvDtype, LlamaConfig, ModelError, PagedKvCache};
 use crate::engine::BatchEntry;
 
 /// A llama model with weights in memory in their file formats, run on the CPU
@@ -166,43 +166,14 @@ impl LlamaModel {
         };
         // (slot, entry) of every write, to detect two writes of one slot.
         let mut writes = Vec::with_capacity(n);
+        let limits = EntryLimits {
+            vocab_size: c.vocab_size,
+            context_length: c.context_length,
+            num_blocks: kv.num_blocks(),
+            block_size: bs,
+        };
         for (entry, e) in batch.iter().enumerate() {
-            if e.tokens.is_empty() {
-                return Err(ModelError::EmptyInput { entry });
-            }
-            if let Some(&token) = e.tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
-                return Err(ModelError::TokenOutOfRange {
-                    entry,
-                    token,
-                    vocab_size: c.vocab_size,
-                });
-            }
-            let end = e.start_pos.saturating_add(e.tokens.len());
-            if end > c.context_length {
-                return Err(ModelError::ContextOverflow {
-                    entry,
-                    needed: end,
-                    context_length: c.context_length,
-                });
-            }
-            let needed = end.div_ceil(bs);
-            if e.block_table.len() < needed {
-                return Err(ModelError::BlockTableTooShort {
-                    entry,
-                    needed,
-                    have: e.block_table.len(),
-                });
-            }
-            if let Some(&block) = e.block_table[..needed]
-                .iter()
-                .find(|&&b| b as usize >= kv.num_blocks())
-            {
-                return Err(ModelError::BlockOutOfRange {
-                    entry,
-                    block,
-                    num_blocks: kv.num_blocks(),
-                });
-            }
+            limits.check(entry, e)?;
             for (i, &t) in e.tokens.iter().enumerate() {
                 let pos = e.start_pos + i;
                 let slot = kv.slot(e.block_table, pos);

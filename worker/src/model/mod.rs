@@ -42,6 +42,7 @@
 mod attention;
 mod batch_model;
 mod config;
+mod entry_limits;
 mod error;
 pub mod kernels;
 mod kv_cache;
@@ -54,6 +55,7 @@ mod weights;
 
 pub use attention::{attention, attention_into, HeadShape, QueryPos};
 pub use config::LlamaConfig;
+pub use entry_limits::EntryLimits;
 pub use error::ModelError;
 pub use kernels::{QMatrix, SimdPath};
 pub use kv_cache::{KvDtype, PagedKvCache, PagedLayer};
