@@ -4,7 +4,7 @@
 //! size) and, once the model is known, [`check_prompt`] (prompt length against the context and the
 //! limits) and [`check_vocab`] (token ids against the vocabulary).
 //!
-//! The sampling ranges are the worker's too (`worker/src/sampler/config.rs`, which checks them again).
+//! The sampling ranges are `inference_proto::sampling_limits`, which the worker checks again.
 
 use inference_proto::public::GenerateRequest;
 use inference_proto::worker::SamplingParams;
@@ -13,18 +13,10 @@ use tonic::Status;
 
 use crate::config::Limits;
 
-/// Largest accepted `min_p`.
-pub const MAX_MIN_P: f32 = 1.0;
-/// Largest accepted `repetition_penalty` (0 means off, like 1).
-pub const MAX_REPETITION_PENALTY: f32 = 10.0;
-/// Largest accepted magnitude of `frequency_penalty` and `presence_penalty` (OpenAI's range).
-pub const MAX_ABS_PENALTY: f32 = 2.0;
-/// Largest accepted magnitude of a `logit_bias` value (OpenAI's range).
-pub const MAX_ABS_LOGIT_BIAS: f32 = 100.0;
-/// Most `logit_bias` entries per request (OpenAI's limit).
-pub const MAX_LOGIT_BIAS_ENTRIES: usize = 300;
-/// Largest accepted `top_logprobs` (OpenAI's limit).
-pub const MAX_TOP_LOGPROBS: u32 = 20;
+pub use inference_proto::sampling_limits::{
+    MAX_ABS_LOGIT_BIAS, MAX_ABS_PENALTY, MAX_LOGIT_BIAS_ENTRIES, MAX_MIN_P, MAX_REPETITION_PENALTY,
+    MAX_TOP_LOGPROBS,
+};
 
 /// Sampling parameters after validation, with defaults applied.
 #[derive(Debug, Clone, PartialEq)]

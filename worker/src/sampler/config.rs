@@ -1,18 +1,13 @@
 //! [`SamplingConfig`]: one request's sampling parameters, and their validation from the wire.
 //!
-//! The ranges are the router's too (`router/src/validation.rs`); the worker checks them again because
-//! it does not trust its callers.
+//! The ranges are `inference_proto::sampling_limits`, shared with the router; the worker checks them
+//! again because it does not trust its callers.
 
 use inference_proto::worker::SamplingParams;
 
-/// Largest accepted `repetition_penalty`.
-pub const MAX_REPETITION_PENALTY: f32 = 10.0;
-/// Largest accepted magnitude of `frequency_penalty` and `presence_penalty`.
-pub const MAX_ABS_PENALTY: f32 = 2.0;
-/// Largest accepted magnitude of a `logit_bias` value.
-pub const MAX_ABS_LOGIT_BIAS: f32 = 100.0;
-/// Most alternatives `top_logprobs` may ask for.
-pub const MAX_TOP_LOGPROBS: u32 = 20;
+pub use inference_proto::sampling_limits::{
+    MAX_ABS_LOGIT_BIAS, MAX_ABS_PENALTY, MAX_REPETITION_PENALTY, MAX_TOP_LOGPROBS,
+};
 
 /// How to pick the next token: the processing steps of [`Sampler`](super::Sampler), in the order it
 /// applies them (see the [module docs](super) for the whole pipeline).
