@@ -55,10 +55,20 @@ impl Rows {
     fn read<'a>(&'a self, off: usize, buf: &'a mut [f32]) -> &'a [f32] {
         match self {
             Rows::F32(v) => &v[off..off + buf.len()],
+            Rows::F16(_) => {
+                self.read_into(off, buf);
+                buf
+            }
+        }
+    }
+
+    /// Elements `off..off + buf.len()` copied (widened for F16, exact) into `buf`.
+    fn read_into(&self, off: usize, buf: &mut [f32]) {
+        match self {
+            Rows::F32(v) => buf.copy_from_slice(&v[off..off + buf.len()]),
             Rows::F16(v) => {
                 use half::slice::HalfFloatSliceExt;
-                v[off..off + buf.len()].convert_to_f32_slice(buf);
-                buf
+                v[off..off + buf.len()].convert_to_f32_slice(buf)
             }
         }
     }
@@ -228,20 +238,16 @@ impl PagedKvCache {
     /// Keys of slot `slot` in layer `layer` as f32, `[kv_dim]` (RoPE applied; a copy). Panics if
     /// out of range.
     pub fn key(&self, layer: usize, slot: usize) -> Vec<f32> {
-        let mut buf = vec![0.0; self.kv_dim];
-        self.layers[layer]
-            .k
-            .read(slot * self.kv_dim, &mut buf)
-            .to_vec()
+        let mut row = vec![0.0; self.kv_dim];
+        self.layers[layer].k.read_into(slot * self.kv_dim, &mut row);
+        row
     }
 
     /// Values of slot `slot` in layer `layer` as f32, `[kv_dim]` (a copy). Panics if out of range.
     pub fn value(&self, layer: usize, slot: usize) -> Vec<f32> {
-        let mut buf = vec![0.0; self.kv_dim];
-        self.layers[layer]
-            .v
-            .read(slot * self.kv_dim, &mut buf)
-            .to_vec()
+        let mut row = vec![0.0; self.kv_dim];
+        self.layers[layer].v.read_into(slot * self.kv_dim, &mut row);
+        row
     }
 
     /// The element type.
