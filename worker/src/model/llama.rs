@@ -86,11 +86,7 @@ impl LlamaModel {
         let file = GgufFile::open(path)?;
         let config = LlamaConfig::from_gguf(&file)?;
         let weights = ModelWeights::load(&file, &config)?;
-        Ok(LlamaModel {
-            config,
-            weights,
-            kv_dtype: KvDtype::F32,
-        })
+        Ok(LlamaModel::from_parts(config, weights))
     }
 
     /// Builds a model from an already-validated config and weights.
