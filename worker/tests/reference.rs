@@ -409,24 +409,10 @@ fn f16_kv_report() {
             exact.new_kv(blocks.len(), BLOCK),
             half.new_kv(blocks.len(), BLOCK),
         );
-        let step = |model: &LlamaModel, kv: &mut PagedKvCache, tokens: &[u32], pos: usize| {
-            model
-                .forward_batch(
-                    &[BatchEntry {
-                        tokens,
-                        start_pos: pos,
-                        block_table: &blocks,
-                        want_logits: true,
-                    }],
-                    kv,
-                )
-                .expect("forward")
-                .remove(0)
-        };
         // Both follow the reference ids (teacher forcing), so every step compares like with like.
         let (mut l32, mut l16) = (
-            step(&exact, &mut kv32, &case.prompt, 0),
-            step(&half, &mut kv16, &case.prompt, 0),
+            run(&exact, &mut kv32, &case.prompt, 0, &blocks),
+            run(&half, &mut kv16, &case.prompt, 0, &blocks),
         );
         let mut first_diff = None;
         let mut max_abs = 0.0f32;
@@ -441,8 +427,8 @@ fn f16_kv_report() {
                 first_diff = Some((i, sorted[0] - sorted[1]));
             }
             let pos = case.prompt.len() + i;
-            l32 = step(&exact, &mut kv32, &[want], pos);
-            l16 = step(&half, &mut kv16, &[want], pos);
+            l32 = run(&exact, &mut kv32, &[want], pos, &blocks);
+            l16 = run(&half, &mut kv16, &[want], pos, &blocks);
         }
         match first_diff {
             None => {
