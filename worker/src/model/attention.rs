@@ -6,6 +6,7 @@ use std::cell::RefCell;
 
 use rayon::prelude::*;
 
+use super::aligned::AlignedVec;
 use super::kv_cache::PagedLayer;
 use super::matmul::{dot, dot_rows};
 use super::ops::softmax_in_place;
@@ -67,9 +68,9 @@ pub fn attention(
     block_size: usize,
     s: HeadShape,
 ) -> Vec<f32> {
-    let mut out = Vec::new();
+    let mut out = AlignedVec::new();
     attention_into(q, queries, layer, block_size, s, &mut out);
-    out
+    out.to_vec()
 }
 
 /// [`attention`] into `out` (resized to `[n, n_heads * head_dim]`; its allocation is reused).
@@ -79,7 +80,7 @@ pub fn attention_into(
     layer: &PagedLayer,
     block_size: usize,
     s: HeadShape,
-    out: &mut Vec<f32>,
+    out: &mut AlignedVec,
 ) {
     let n = queries.len();
     let hd = s.head_dim;

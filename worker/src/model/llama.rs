@@ -13,7 +13,7 @@ use super::attention::{attention_into, HeadShape, QueryPos};
 use super::matmul::matmul_into;
 use super::ops::{rms_norm_into, swiglu_into, RopeTable};
 use super::weights::ModelWeights;
-use super::{EntryLimits, KvDtype, LlamaConfig, ModelError, PagedKvCache};
+use super::{AlignedVec, EntryLimits, KvDtype, LlamaConfig, ModelError, PagedKvCache};
 use crate::engine::BatchEntry;
 
 /// A llama model with weights in memory in their file formats, run on the CPU
@@ -32,19 +32,19 @@ pub struct LlamaModel {
 #[derive(Default)]
 struct Workspace {
     /// Normed activations, `[rows, hidden]`.
-    xn: Vec<f32>,
+    xn: AlignedVec,
     /// Fused Q/K/V projections, `[rows, q_dim + 2 * kv_dim]`.
     qkv: Vec<f32>,
     /// Queries after RoPE, `[rows, q_dim]`.
-    q: Vec<f32>,
+    q: AlignedVec,
     /// Attention output, `[rows, q_dim]`.
-    att: Vec<f32>,
+    att: AlignedVec,
     /// Output projection or FFN down projection, `[rows, hidden]`.
     proj: Vec<f32>,
     /// Fused gate/up projections, `[rows, 2 * ffn_dim]`.
     gate_up: Vec<f32>,
     /// SwiGLU output, `[rows, ffn_dim]`.
-    h: Vec<f32>,
+    h: AlignedVec,
     /// Logits, `[logit rows, vocab]`.
     logits: Vec<f32>,
 }
@@ -267,7 +267,7 @@ impl LlamaModel {
                     kv.write(l, plan.slots[t], k, v);
                 }
                 if l + 1 == n_layers && plan.logit_rows.len() < rows {
-                    ws.q = gather_rows(&ws.q, q_dim, &plan.logit_rows);
+                    ws.q = AlignedVec::from_slice(&gather_rows(&ws.q, q_dim, &plan.logit_rows));
                     x = gather_rows(&x, hidden, &plan.logit_rows);
                     queries = plan.logit_rows.iter().map(|&r| plan.queries[r]).collect();
                     if queries.is_empty() {

@@ -39,6 +39,7 @@
 //! of a [`Matrix`], kept in the file's formats; see [`kernels`]), the one place
 //! to change for other weight formats.
 
+mod aligned;
 mod attention;
 mod batch_model;
 mod config;
@@ -53,6 +54,7 @@ pub mod ops;
 mod tests;
 mod weights;
 
+pub use aligned::AlignedVec;
 pub use attention::{attention, attention_into, HeadShape, QueryPos};
 pub use config::LlamaConfig;
 pub use entry_limits::EntryLimits;

@@ -1,17 +1,19 @@
 //! Elementwise and per-row building blocks of the llama forward pass (all f32).
 
+use super::aligned::AlignedVec;
+
 /// RMSNorm (Zhang & Sennrich 2019, as in Hugging Face `LlamaRMSNorm`) of every
 /// row of `x` (`[n, dim]` row-major, `dim = weight.len()`):
 /// `out = (x / sqrt(mean(x²) + eps)) * weight`. The mean of squares is
 /// accumulated sequentially in f64 per row (deterministic, batch-independent).
 pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32) -> Vec<f32> {
-    let mut out = Vec::new();
+    let mut out = AlignedVec::new();
     rms_norm_into(x, weight, eps, &mut out);
-    out
+    out.to_vec()
 }
 
 /// [`rms_norm`] into `out` (resized to `x.len()`; its allocation is reused).
-pub fn rms_norm_into(x: &[f32], weight: &[f32], eps: f32, out: &mut Vec<f32>) {
+pub fn rms_norm_into(x: &[f32], weight: &[f32], eps: f32, out: &mut AlignedVec) {
     let dim = weight.len();
     out.resize(x.len(), 0.0);
     for (row, o) in x.chunks_exact(dim).zip(out.chunks_exact_mut(dim)) {
@@ -103,17 +105,20 @@ pub fn softmax_in_place(x: &mut [f32]) {
 /// (`[n, 2 * ffn]`, gate half first): returns `[n, ffn]` with
 /// `silu(g) * u`, `silu(g) = g / (1 + e^-g)`.
 pub fn swiglu(gate_up: &[f32], ffn: usize) -> Vec<f32> {
-    let mut out = Vec::new();
+    let mut out = AlignedVec::new();
     swiglu_into(gate_up, ffn, &mut out);
-    out
+    out.to_vec()
 }
 
 /// [`swiglu`] into `out` (replacing its contents; its allocation is reused).
-pub fn swiglu_into(gate_up: &[f32], ffn: usize, out: &mut Vec<f32>) {
+pub fn swiglu_into(gate_up: &[f32], ffn: usize, out: &mut AlignedVec) {
     out.clear();
-    for row in gate_up.chunks_exact(2 * ffn) {
+    out.resize(gate_up.len() / 2, 0.0);
+    for (row, o) in gate_up.chunks_exact(2 * ffn).zip(out.chunks_exact_mut(ffn)) {
         let (g, u) = row.split_at(ffn);
-        out.extend(g.iter().zip(u).map(|(&g, &u)| g / (1.0 + (-g).exp()) * u));
+        for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
+            *o = g / (1.0 + (-g).exp()) * u;
+        }
     }
 }
 
