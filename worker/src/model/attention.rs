@@ -8,11 +8,15 @@ use rayon::prelude::*;
 
 use super::aligned::AlignedVec;
 use super::kv_cache::PagedLayer;
-use super::matmul::{dot, dot_rows};
+use super::matmul::{add_scaled, dot, dot_rows};
 use super::ops::softmax_in_place;
 
-/// Keys scored together by one [`dot_rows`] call.
-const KEYS_PER_DOT: usize = 4;
+/// Keys scored together by one [`dot_rows`] call: 16 lane sums share one
+/// transposed reduction on AVX-512. Measured on the 2-core test machine
+/// against 4 keys and a scalar `Σ p_j v_j` loop, together with the vectorised
+/// [`add_scaled`] and an aligned cache: 512-token prefill 358-391 -> 476-479
+/// tok/s, 32-stream decode (context 128) 272-278 -> 334-336 tok/s.
+const KEYS_PER_DOT: usize = 16;
 
 /// Per-thread buffers of one (token, head) task, reused across calls: no allocation per task.
 #[derive(Default)]
@@ -107,18 +111,13 @@ pub fn attention_into(
             p.resize(n_keys, 0.0);
             // Row buffers for an f16 cache (an f32 cache lends its rows directly).
             rows.resize(KEYS_PER_DOT * hd, 0.0);
-            // Four keys at a time (independent accumulators), each score bitwise `dot`.
+            // KEYS_PER_DOT keys at a time (independent accumulators), each score bitwise `dot`.
             let mut j = 0;
             while j + KEYS_PER_DOT <= n_keys {
-                let [b0, b1, b2, b3] = rows
-                    .get_disjoint_mut([0..hd, hd..2 * hd, 2 * hd..3 * hd, 3 * hd..4 * hd])
-                    .expect("disjoint");
-                let ks = [
-                    layer.key_row(row(j), b0),
-                    layer.key_row(row(j + 1), b1),
-                    layer.key_row(row(j + 2), b2),
-                    layer.key_row(row(j + 3), b3),
-                ];
+                let mut bufs = rows.chunks_exact_mut(hd);
+                let ks: [&[f32]; KEYS_PER_DOT] = std::array::from_fn(|i| {
+                    layer.key_row(row(j + i), bufs.next().expect("KEYS_PER_DOT row buffers"))
+                });
                 for (i, d) in dot_rows::<KEYS_PER_DOT>(qv, ks).into_iter().enumerate() {
                     p[j + i] = d * scale;
                 }
@@ -130,9 +129,7 @@ pub fn attention_into(
             }
             softmax_in_place(p);
             for (j, &pj) in p.iter().enumerate() {
-                for (od, &vd) in o.iter_mut().zip(layer.value_row(row(j), buf)) {
-                    *od += pj * vd;
-                }
+                add_scaled(o, pj, layer.value_row(row(j), buf));
             }
         });
     });

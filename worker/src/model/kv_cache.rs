@@ -9,6 +9,8 @@
 //! `block_table[pos / block_size] * block_size + pos % block_size`. Two sequences with a common
 //! prefix can share the blocks holding it by listing the same block ids.
 
+use super::aligned::AlignedVec;
+
 /// Element type of the KV cache (setting `kv_cache_dtype`: `"f32"` or `"f16"`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -37,14 +39,15 @@ impl KvDtype {
 /// One layer's keys or values for every slot, in the cache's element type.
 #[derive(Debug, Clone)]
 enum Rows {
-    F32(Vec<f32>),
+    /// 64-byte aligned, so with `kv_dim` and `head_dim` multiples of 16 every head row is.
+    F32(AlignedVec),
     F16(Vec<half::f16>),
 }
 
 impl Rows {
     fn zeroed(dtype: KvDtype, len: usize) -> Rows {
         match dtype {
-            KvDtype::F32 => Rows::F32(vec![0.0; len]),
+            KvDtype::F32 => Rows::F32(AlignedVec::zeroed(len)),
             KvDtype::F16 => Rows::F16(vec![half::f16::ZERO; len]),
         }
     }
@@ -92,7 +95,7 @@ impl Rows {
 
     fn to_f32(&self) -> Vec<f32> {
         match self {
-            Rows::F32(v) => v.clone(),
+            Rows::F32(v) => v.to_vec(),
             Rows::F16(v) => v.iter().map(|h| h.to_f32()).collect(),
         }
     }

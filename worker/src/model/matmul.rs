@@ -200,6 +200,27 @@ mod avx512 {
         }
     }
 
+    /// [`super::add_scaled`]: 16 lanes at a time, multiply then add.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F; `x.len() == y.len()`.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn add_scaled(y: &mut [f32], a: f32, x: &[f32]) {
+        let n = y.len();
+        let body = n - n % LANES;
+        let av = _mm512_set1_ps(a);
+        let (yp, xp) = (y.as_mut_ptr(), x.as_ptr());
+        let mut i = 0;
+        while i < body {
+            let prod = _mm512_mul_ps(av, _mm512_loadu_ps(xp.add(i)));
+            _mm512_storeu_ps(yp.add(i), _mm512_add_ps(_mm512_loadu_ps(yp.add(i)), prod));
+            i += LANES;
+        }
+        for j in body..n {
+            y[j] += a * x[j];
+        }
+    }
+
     /// `out[t][r] = hsum(acc[t][r])` for a whole tile: one lane reduction per
     /// accumulator for tiles of fewer than 8, else [`reduce16`] over groups of
     /// up to 16 accumulators (bitwise the same sums).
@@ -461,6 +482,23 @@ pub fn dot_with(path: SimdPath, a: &[f32], b: &[f32]) -> f32 {
     let mut out = [[0.0f32; 1]; 1];
     tile::<1, 1>(path, &[a], &[b], a.len(), &mut out);
     out[0][0]
+}
+
+/// `y[i] += a * x[i]` for every `i` (a product, then a sum: two roundings,
+/// bitwise the same on every path and for any length), vectorised on the
+/// detected path. Attention accumulates `Σ p_j v_j` with it.
+///
+/// Panics if `x.len() != y.len()`.
+pub fn add_scaled(y: &mut [f32], a: f32, x: &[f32]) {
+    assert_eq!(x.len(), y.len(), "add_scaled: lengths differ");
+    #[cfg(target_arch = "x86_64")]
+    if SimdPath::detect() == SimdPath::Avx512 {
+        // SAFETY: `Avx512` is only detected with AVX-512F present; lengths checked above.
+        return unsafe { avx512::add_scaled(y, a, x) };
+    }
+    for (y, &x) in y.iter_mut().zip(x) {
+        *y += a * x;
+    }
 }
 
 /// `R` dot products of `a` with `rows[r]` (each `a.len()` long) on the
