@@ -70,12 +70,7 @@ async fn run(settings: WorkerSettings, backend: Backend) -> anyhow::Result<()> {
     if !model_path.is_file() {
         anyhow::bail!("model file {} does not exist", model_path.display());
     }
-    if settings.threads > 0 {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(settings.threads)
-            .build_global()
-            .ok();
-    }
+    worker::model::pool::set_threads(settings.threads);
     let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| anyhow::anyhow!("installing the SIGTERM handler: {e}"))?;
     // Bind first so a port in use fails fast, before a long model load.

@@ -4,12 +4,11 @@
 
 use std::cell::RefCell;
 
-use rayon::prelude::*;
-
 use super::aligned::AlignedVec;
 use super::kv_cache::PagedLayer;
 use super::matmul::{add_scaled, dot, dot_rows};
 use super::ops::softmax_in_place;
+use super::pool;
 
 /// Keys scored together by one [`dot_rows`] call: 16 lane sums share one
 /// transposed reduction on AVX-512. Measured on the 2-core test machine
@@ -62,7 +61,7 @@ pub struct QueryPos<'a> {
 /// `q·k / sqrt(head_dim)` (with [`dot`]), softmax in f32 over all `pos + 1` scores at once, output
 /// `Σ p_j v_j` accumulated in increasing `j`. Returns `[n, n_heads * head_dim]`.
 ///
-/// Batch invariance: each (token, head) output is computed by one rayon task in one full pass over
+/// Batch invariance: each (token, head) output is computed by one pool task in one full pass over
 /// keys `0..=pos` in increasing order, so it depends only on the query row, the position and the
 /// K/V values, never on the other queries, their number, or how the work is split between threads.
 pub fn attention(
@@ -95,7 +94,8 @@ pub fn attention_into(
     debug_assert_eq!(q.len(), n * q_dim);
     out.clear();
     out.resize(n * q_dim, 0.0);
-    out.par_chunks_mut(hd).enumerate().for_each(|(idx, o)| {
+    let tasks: Vec<(usize, &mut [f32])> = out.chunks_mut(hd).enumerate().collect();
+    pool::global().for_each_owned(tasks, |(idx, o)| {
         let (t, h) = (idx / s.n_heads, idx % s.n_heads);
         let QueryPos { pos, block_table } = queries[t];
         let kv_off = (h / group) * hd;

@@ -54,7 +54,7 @@ thread_local! {
 }
 
 /// Runs `f` with this thread's [`Workspace`]; a nested call on the same
-/// thread (a rayon worker that stole another forward pass) gets a fresh one.
+/// thread (a forward pass started from inside another one) gets a fresh one.
 fn with_workspace<R>(f: impl FnOnce(&mut Workspace) -> R) -> R {
     WORKSPACE.with(|cell| match cell.try_borrow_mut() {
         Ok(mut ws) => f(&mut ws),

@@ -23,7 +23,7 @@
 //! [`super::kernels`]), so the products are those of the float32 reference;
 //! only the summation order differs from it.
 //!
-//! Blocking: rayon tasks own blocks of at least [`ROWS_PER_TASK`] weight rows
+//! Blocking: tasks of the [`pool`] own blocks of at least [`ROWS_PER_TASK`] weight rows
 //! (more for steps of few tokens, see `rows_per_task`) and write their
 //! columns of `y` in place; inside a task, register tiles walk the shared
 //! dimension, the token tile staying in L1 while the decoded block streams
@@ -33,13 +33,12 @@
 
 use std::cell::RefCell;
 
-use rayon::prelude::*;
-
 use super::aligned::AlignedVec;
 use super::kernels::QMatrix;
 pub use super::kernels::SimdPath;
+use super::pool;
 
-/// Weight rows per rayon task.
+/// Weight rows per pool task.
 pub const ROWS_PER_TASK: usize = 48;
 /// Tokens per register tile.
 const TILE_T: usize = 4;
@@ -696,7 +695,7 @@ fn rows_task_g<const G: usize>(
 /// `[out_i, in]`, `out = Σ out_i`), on the detected path. `x` is row-major
 /// (`n * in` floats); returns `y` row-major (`n * out` floats).
 ///
-/// Parallel over blocks of output rows (rayon). Bit-identical per element for
+/// Parallel over blocks of output rows ([`pool::global`]). Bit-identical per element for
 /// any `n` (see the module docs).
 ///
 /// Panics if `x.len() != n * in_dim` or a part does not have `in_dim` columns.
@@ -743,7 +742,8 @@ pub fn matmul_into_with(
     if n == 0 {
         return;
     }
-    let per_task = rows_per_task(n, out_dim, rayon::current_num_threads());
+    let pool = pool::global();
+    let per_task = rows_per_task(n, out_dim, pool.threads());
     let mut tasks = Vec::with_capacity(out_dim.div_ceil(per_task) + parts.len());
     let mut all = OutCols::new(y, n, out_dim);
     let mut col = 0;
@@ -754,9 +754,7 @@ pub fn matmul_into_with(
         }
         col += w.rows();
     }
-    tasks
-        .into_par_iter()
-        .for_each(|(w, r0, out)| rows_task(path, x, n, w, r0, out));
+    pool.for_each_owned(tasks, |(w, r0, out)| rows_task(path, x, n, w, r0, out));
 }
 
 /// A block of columns `col0..col0 + cols` of a row-major `[n, stride]`
@@ -836,10 +834,10 @@ impl<'a> OutCols<'a> {
 }
 
 /// Tasks per thread a decode-sized matmul is split into (enough for load
-/// balance, few enough that rayon's per-task cost stays small).
+/// balance, few enough that the per-task cost stays small).
 const TASKS_PER_THREAD: usize = 8;
 
-/// Weight rows per rayon task for `n` tokens and `out_dim` output rows on
+/// Weight rows per pool task for `n` tokens and `out_dim` output rows on
 /// `threads` threads: [`ROWS_PER_TASK`] when each row is much work (many
 /// tokens), else about `out_dim / (threads * TASKS_PER_THREAD)` rows (e.g. 3072 for the 49152-row
 /// LM head on 2 threads), always a multiple of [`TILE_R`]. Row grouping never

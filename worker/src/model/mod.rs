@@ -50,6 +50,7 @@ mod kv_cache;
 mod llama;
 pub mod matmul;
 pub mod ops;
+pub mod pool;
 #[cfg(test)]
 mod tests;
 mod weights;
