@@ -6,7 +6,7 @@ use std::cell::RefCell;
 
 use super::aligned::AlignedVec;
 use super::kv_cache::PagedLayer;
-use super::matmul::{add_scaled, dot, dot_rows};
+use super::matmul::{add_scaled, add_scaled_rows, dot, dot_rows};
 use super::ops::softmax_in_place;
 use super::pool;
 
@@ -128,8 +128,22 @@ pub fn attention_into(
                 *pj = dot(qv, layer.key_row(row(jj), buf)) * scale;
             }
             softmax_in_place(p);
-            for (j, &pj) in p.iter().enumerate() {
-                add_scaled(o, pj, layer.value_row(row(j), buf));
+            // Σ p_j v_j in increasing j, KEYS_PER_DOT rows per call.
+            let mut j = 0;
+            while j + KEYS_PER_DOT <= n_keys {
+                let mut bufs = rows.chunks_exact_mut(hd);
+                let vs: [&[f32]; KEYS_PER_DOT] = std::array::from_fn(|i| {
+                    layer.value_row(row(j + i), bufs.next().expect("KEYS_PER_DOT row buffers"))
+                });
+                let pj = p[j..j + KEYS_PER_DOT]
+                    .try_into()
+                    .expect("KEYS_PER_DOT weights");
+                add_scaled_rows::<KEYS_PER_DOT>(o, pj, vs);
+                j += KEYS_PER_DOT;
+            }
+            let buf = &mut rows[..hd];
+            for (jj, &pj) in p.iter().enumerate().skip(j) {
+                add_scaled(o, pj, layer.value_row(row(jj), buf));
             }
         });
     });

@@ -220,6 +220,38 @@ mod avx512 {
         }
     }
 
+    /// [`super::add_scaled_rows`]: 16 output lanes at a time, the `N` rows
+    /// applied in order to a register.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F; every `xs[i].len() == y.len()`.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn add_scaled_rows<const N: usize>(
+        y: &mut [f32],
+        a: &[f32; N],
+        xs: [&[f32]; N],
+    ) {
+        let n = y.len();
+        let body = n - n % LANES;
+        let yp = y.as_mut_ptr();
+        let mut i = 0;
+        while i < body {
+            let mut acc = _mm512_loadu_ps(yp.add(i));
+            for r in 0..N {
+                let prod =
+                    _mm512_mul_ps(_mm512_set1_ps(a[r]), _mm512_loadu_ps(xs[r].as_ptr().add(i)));
+                acc = _mm512_add_ps(acc, prod);
+            }
+            _mm512_storeu_ps(yp.add(i), acc);
+            i += LANES;
+        }
+        for j in body..n {
+            for r in 0..N {
+                y[j] += a[r] * xs[r][j];
+            }
+        }
+    }
+
     /// `out[t][r] = hsum(acc[t][r])` for a whole tile: one lane reduction per
     /// accumulator for tiles of fewer than 8, else [`reduce16`] over groups of
     /// up to 16 accumulators (bitwise the same sums).
@@ -497,6 +529,26 @@ pub fn add_scaled(y: &mut [f32], a: f32, x: &[f32]) {
     }
     for (y, &x) in y.iter_mut().zip(x) {
         *y += a * x;
+    }
+}
+
+/// `N` [`add_scaled`] calls in a row, `y += a[i] * xs[i]` for `i = 0..N`,
+/// bitwise equal to them (each element sees the same products and sums in the
+/// same order) but with `y` kept in registers across the `N` rows on AVX-512.
+///
+/// Panics if a row's length differs from `y`'s.
+pub fn add_scaled_rows<const N: usize>(y: &mut [f32], a: &[f32; N], xs: [&[f32]; N]) {
+    assert!(
+        xs.iter().all(|x| x.len() == y.len()),
+        "add_scaled_rows: lengths differ"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if SimdPath::detect() == SimdPath::Avx512 {
+        // SAFETY: `Avx512` is only detected with AVX-512F present; lengths checked above.
+        return unsafe { avx512::add_scaled_rows(y, a, xs) };
+    }
+    for (x, &a) in xs.iter().zip(a) {
+        add_scaled(y, a, x);
     }
 }
 
@@ -892,6 +944,26 @@ mod tests {
                 avx512::tile::<1, 1>(&[&v[16 * i..16 * i + 16]], &[&[1.0; 16]], 16, &mut one);
                 assert_eq!(s.to_bits(), one[0][0].to_bits(), "vector {i}");
             }
+        }
+    }
+
+    #[test]
+    fn add_scaled_rows_is_bitwise_add_scaled_in_order() {
+        for len in [1, 16, 64, 67] {
+            let rows: Vec<Vec<f32>> = (0..4).map(|i| data(len, 10 + i)).collect();
+            let a = [0.3, -1.7e3, 2.5e-4, 0.9];
+            let mut expected = data(len, 3);
+            let mut got = expected.clone();
+            for (x, &ai) in rows.iter().zip(&a) {
+                add_scaled(&mut expected, ai, x);
+            }
+            add_scaled_rows::<4>(&mut got, &a, std::array::from_fn(|i| &rows[i][..]));
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&expected), "len {len}");
+            let scalar: Vec<f32> = (0..len)
+                .map(|j| (0..4).fold(data(len, 3)[j], |y, i| y + a[i] * rows[i][j]))
+                .collect();
+            assert_eq!(bits(&got), bits(&scalar), "len {len} against scalar");
         }
     }
 
