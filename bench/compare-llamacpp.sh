@@ -94,7 +94,7 @@ bin="$root/target/release"
 # Our in-process throughput report with the given settings; prints its lines.
 ours_report() { # prefill batches context steps
   THROUGHPUT_PREFILL="$1" THROUGHPUT_BATCHES="$2" THROUGHPUT_CONTEXT="$3" THROUGHPUT_STEPS="$4" \
-    RAYON_NUM_THREADS="$threads" SMOLLM_MODEL="$model" \
+    THROUGHPUT_THREADS="$threads" SMOLLM_MODEL="$model" \
     cargo test --release --locked -q -p worker --test reference -- --ignored --nocapture \
     throughput_report 2>&1 | grep -E '^(prefill|decode)'
 }
@@ -139,7 +139,7 @@ if [[ -z "${SKIP_SERVER:-}" ]]; then
 
     # Our router + worker.
     wport=$(free_port); rport=$(free_port)
-    RAYON_NUM_THREADS="$threads" "$bin/worker" --model "$model" --listen "127.0.0.1:$wport" \
+    "$bin/worker" --threads "$threads" --model "$model" --listen "127.0.0.1:$wport" \
       >"$out/worker-$r.log" 2>&1 &
     pids+=($!)
     wait_for "$out/worker-$r.log" "worker ready" "${pids[-1]}"

@@ -304,10 +304,13 @@ fn env_list(name: &str, default: &[usize]) -> Vec<usize> {
 /// single timings noisy. Defaults: a 300-token prefill, then decode batches of 1, 8 and 32
 /// sequences with 32-token contexts over 30 steps. Overrides (for `bench/compare-llamacpp.sh`):
 /// `THROUGHPUT_PREFILL` (prompt length), `THROUGHPUT_BATCHES` (e.g. `1,16,32`),
-/// `THROUGHPUT_CONTEXT` (context before decoding), `THROUGHPUT_STEPS` (decode steps).
+/// `THROUGHPUT_CONTEXT` (context before decoding), `THROUGHPUT_STEPS` (decode steps),
+/// `THROUGHPUT_THREADS` (compute threads, default one per core).
 #[test]
 #[ignore = "timing report; run with --ignored --nocapture"]
 fn throughput_report() {
+    // Compute threads (the caller included); 0 or unset: one per core.
+    worker::model::pool::set_threads(env_list("THROUGHPUT_THREADS", &[0])[0]);
     let kv_dtype = match std::env::var("THROUGHPUT_KV").as_deref() {
         Ok("f16") => KvDtype::F16,
         _ => KvDtype::F32,
