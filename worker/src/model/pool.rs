@@ -16,15 +16,15 @@
 //! result: kernels fix their reduction order per output (see
 //! [`super::matmul`]).
 //!
-//! One region at a time: a second caller (another model on another thread, or
-//! a task that starts a region itself) finds the pool busy and runs its tasks
-//! on its own thread, which gives the same results.
+//! One region at a time: a second caller (another model on another thread)
+//! waits for the region in progress; a task that starts a region itself runs
+//! that region inline on its own thread, which gives the same results.
 
 use std::any::Any;
 use std::cell::UnsafeCell;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock, TryLockError};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// How long an idle helper waits for the next region before it sleeps:
@@ -39,6 +39,12 @@ const SPIN_BEFORE_YIELD: u32 = 4096;
 const OPEN: u64 = 1 << 31;
 /// `state` bits counting the helpers registered in the current region.
 const ACTIVE: u64 = OPEN - 1;
+
+thread_local! {
+    /// Whether this thread is a helper or is running a region's tasks: a
+    /// region started here runs inline instead of waiting for the pool.
+    static IN_TASK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
 
 /// Threads for the pool made by [`global`] (0: one per available core).
 static THREADS: AtomicUsize = AtomicUsize::new(0);
@@ -83,6 +89,8 @@ struct Shared {
     sleepers: AtomicUsize,
     sleep_lock: Mutex<()>,
     wake: Condvar,
+    /// Set when the pool is dropped: helpers exit.
+    shutdown: AtomicBool,
 }
 
 // SAFETY: `job` is written by the single caller holding `ComputePool::submit`
@@ -104,20 +112,27 @@ impl Shared {
             // SAFETY: see `JobRef`: the region (and so the function) outlives this call.
             let f = unsafe { &*job.0 };
             if let Err(payload) = catch_unwind(AssertUnwindSafe(|| f(i))) {
-                self.panic
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .get_or_insert(payload);
+                let mut first = self.panic.lock().unwrap_or_else(|e| e.into_inner());
+                if first.is_none() {
+                    *first = Some(payload);
+                } else {
+                    // Dropping a payload may itself panic; this one is not reported anyway.
+                    std::mem::forget(payload);
+                }
             }
         }
     }
 
     /// A helper's life: join each open region once, spin between regions, sleep when idle.
     fn helper_loop(&self) {
+        IN_TASK.with(|f| f.set(true));
         let mut seen = self.state.load(Ordering::Acquire) >> 32;
         let mut idle_since = Instant::now();
         let mut spins = 0u32;
         loop {
+            if self.shutdown.load(Ordering::Relaxed) {
+                return;
+            }
             let s = self.state.load(Ordering::Acquire);
             if s >> 32 != seen {
                 if s & OPEN != 0 {
@@ -157,7 +172,9 @@ impl Shared {
     fn sleep_until_changed(&self, seen: u64) {
         self.sleepers.fetch_add(1, Ordering::SeqCst);
         let mut guard = self.sleep_lock.lock().unwrap_or_else(|e| e.into_inner());
-        while self.state.load(Ordering::SeqCst) >> 32 == seen {
+        while self.state.load(Ordering::SeqCst) >> 32 == seen
+            && !self.shutdown.load(Ordering::SeqCst)
+        {
             guard = self.wake.wait(guard).unwrap_or_else(|e| e.into_inner());
         }
         drop(guard);
@@ -183,8 +200,8 @@ impl std::fmt::Debug for ComputePool {
 
 impl ComputePool {
     /// A pool of `threads` threads in all: the caller of each region and
-    /// `threads - 1` helper threads (named `compute-N`), which live as long as
-    /// the process. `threads` 0 is taken as 1.
+    /// `threads - 1` helper threads (named `compute-N`), which exit when the
+    /// pool is dropped. `threads` 0 is taken as 1.
     pub fn new(threads: usize) -> ComputePool {
         let threads = threads.max(1);
         let shared = Arc::new(Shared {
@@ -196,6 +213,7 @@ impl ComputePool {
             sleepers: AtomicUsize::new(0),
             sleep_lock: Mutex::new(()),
             wake: Condvar::new(),
+            shutdown: AtomicBool::new(false),
         });
         for i in 1..threads {
             let s = Arc::clone(&shared);
@@ -217,26 +235,24 @@ impl ComputePool {
     }
 
     /// Runs `f(0)`, ..., `f(n_tasks - 1)`, each exactly once, on the calling
-    /// thread and the helpers, and returns when all are done. If the pool is
-    /// running another region, all tasks run on the calling thread.
+    /// thread and the helpers, and returns when all are done. A region
+    /// started from inside a task runs inline on that thread; one started
+    /// while another thread's region is in progress waits for it.
     ///
     /// A panic in a task is re-raised here after the other tasks have run.
     pub fn run(&self, n_tasks: usize, f: &(dyn Fn(usize) + Sync)) {
-        let guard = match self.submit.try_lock() {
-            Ok(g) => Some(g),
-            Err(TryLockError::Poisoned(e)) => Some(e.into_inner()),
-            Err(TryLockError::WouldBlock) => None,
-        };
-        if guard.is_none() || self.threads == 1 || n_tasks <= 1 {
+        if self.threads == 1 || n_tasks <= 1 || IN_TASK.with(|t| t.get()) {
             for i in 0..n_tasks {
                 f(i);
             }
             return;
         }
+        let submit = self.submit.lock().unwrap_or_else(|e| e.into_inner());
         let sh = &*self.shared;
         // SAFETY (lifetime erasure): every helper that reads this pointer registered
-        // while the region was open, and this function waits for all of them to
-        // deregister before it returns, so `f` outlives every use.
+        // while the region was open, and `Region::drop` below waits for all of them
+        // to deregister before this function returns or unwinds, so `f` outlives
+        // every use.
         let job: JobRef = JobRef(unsafe {
             std::mem::transmute::<*const (dyn Fn(usize) + Sync + '_), *const (dyn Fn(usize) + Sync)>(
                 f as *const _,
@@ -249,20 +265,17 @@ impl ComputePool {
         sh.next.store(0, Ordering::Relaxed);
         let region = (sh.state.load(Ordering::Relaxed) >> 32) + 1;
         sh.state.store((region << 32) | OPEN, Ordering::SeqCst);
+        let close = Region(sh);
         if sh.sleepers.load(Ordering::SeqCst) > 0 {
             let _lock = sh.sleep_lock.lock().unwrap_or_else(|e| e.into_inner());
             sh.wake.notify_all();
         }
+        IN_TASK.with(|t| t.set(true));
         sh.run_tasks(job);
-        // Close the region to late helpers, then wait for the registered ones.
-        sh.state.fetch_and(!OPEN, Ordering::AcqRel);
-        while sh.state.load(Ordering::Acquire) & ACTIVE != 0 {
-            std::hint::spin_loop();
-        }
-        // SAFETY: no helper is registered and the region is closed.
-        unsafe { *sh.job.get() = None };
+        IN_TASK.with(|t| t.set(false));
+        drop(close);
         let panic = sh.panic.lock().unwrap_or_else(|e| e.into_inner()).take();
-        drop(guard);
+        drop(submit);
         if let Some(payload) = panic {
             resume_unwind(payload);
         }
@@ -281,6 +294,41 @@ impl ComputePool {
             // SAFETY: `run` calls each index exactly once, so no two calls touch one slot.
             f(unsafe { slots.take(i) })
         });
+    }
+}
+
+/// An open region: dropping it (at the end of [`ComputePool::run`], or while
+/// unwinding) closes the region to late helpers and waits for the registered
+/// ones to finish, so none still uses the region's function afterwards.
+struct Region<'a>(&'a Shared);
+
+impl Drop for Region<'_> {
+    fn drop(&mut self) {
+        let sh = self.0;
+        sh.state.fetch_and(!OPEN, Ordering::AcqRel);
+        // A registered helper may have been preempted: spin briefly, then yield the core to it.
+        let mut spins = 0u32;
+        while sh.state.load(Ordering::Acquire) & ACTIVE != 0 {
+            spins = spins.saturating_add(1);
+            if spins < SPIN_BEFORE_YIELD {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        // SAFETY: no helper is registered and the region is closed.
+        unsafe { *sh.job.get() = None };
+    }
+}
+
+impl Drop for ComputePool {
+    /// Stops the helpers (they exit at their next check; none is in a region,
+    /// since `run` waits for them).
+    fn drop(&mut self) {
+        let sh = &*self.shared;
+        sh.shutdown.store(true, Ordering::SeqCst);
+        let _lock = sh.sleep_lock.lock().unwrap_or_else(|e| e.into_inner());
+        sh.wake.notify_all();
     }
 }
 
@@ -347,6 +395,25 @@ mod tests {
             });
         });
         assert_eq!(total.load(Ordering::Relaxed), 4 + 16);
+    }
+
+    #[test]
+    fn two_callers_share_the_pool_and_a_dropped_pool_lets_go() {
+        let pool = ComputePool::new(2);
+        let total = AtomicU32::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..2 {
+                s.spawn(|| {
+                    for _ in 0..200 {
+                        pool.run(5, &|_| {
+                            total.fetch_add(1, Ordering::Relaxed);
+                        });
+                    }
+                });
+            }
+        });
+        assert_eq!(total.load(Ordering::Relaxed), 2 * 200 * 5);
+        drop(pool);
     }
 
     #[test]
