@@ -29,8 +29,11 @@ pub struct AlignedVec {
 
 impl AlignedVec {
     /// An empty buffer (no allocation).
-    pub fn new() -> AlignedVec {
-        AlignedVec::default()
+    pub const fn new() -> AlignedVec {
+        AlignedVec {
+            lines: Vec::new(),
+            len: 0,
+        }
     }
 
     /// `len` zeros, from zeroed memory: the pages of a large buffer (a KV

@@ -9,21 +9,25 @@ use super::kv_cache::PagedLayer;
 use super::matmul::{add_scaled, add_scaled_rows, dot, dot_rows};
 use super::ops::softmax_in_place;
 use super::pool;
+use super::SimdPath;
 
-/// Keys scored together by one [`dot_rows`] call: 16 lane sums share one
-/// transposed reduction on AVX-512. Measured on the 2-core test machine
+/// Keys scored (and value rows summed) per kernel call on AVX-512: 16 lane
+/// sums share one transposed reduction. Measured on the 2-core test machine
 /// against 4 keys and a scalar `Σ p_j v_j` loop, together with the vectorised
 /// [`add_scaled`] and an aligned cache: 512-token prefill 358-391 -> 476-479
 /// tok/s, 32-stream decode (context 128) 272-278 -> 334-336 tok/s.
-const KEYS_PER_DOT: usize = 16;
+const WIDE_KEYS: usize = 16;
+/// The same on the other paths, whose 16 registers hold 4 rows' accumulators
+/// without spilling.
+const NARROW_KEYS: usize = 4;
 
 /// Per-thread buffers of one (token, head) task, reused across calls: no allocation per task.
 #[derive(Default)]
 struct Scratch {
     /// Attention scores, then probabilities, `[pos + 1]` (grows to the longest context seen).
     scores: Vec<f32>,
-    /// Widened K/V rows of an f16 cache, `[KEYS_PER_DOT, head_dim]`.
-    rows: Vec<f32>,
+    /// Widened K/V rows of an f16 cache, `[keys per call, head_dim]`.
+    rows: AlignedVec,
 }
 
 thread_local! {
@@ -94,6 +98,7 @@ pub fn attention_into(
     debug_assert_eq!(q.len(), n * q_dim);
     out.clear();
     out.resize(n * q_dim, 0.0);
+    let wide = SimdPath::detect() == SimdPath::Avx512;
     let tasks: Vec<(usize, &mut [f32])> = out.chunks_mut(hd).enumerate().collect();
     pool::global().for_each_owned(tasks, |(idx, o)| {
         let (t, h) = (idx / s.n_heads, idx % s.n_heads);
@@ -109,44 +114,76 @@ pub fn attention_into(
         SCRATCH.with_borrow_mut(|Scratch { scores: p, rows }| {
             p.clear();
             p.resize(n_keys, 0.0);
-            // Row buffers for an f16 cache (an f32 cache lends its rows directly).
-            rows.resize(KEYS_PER_DOT * hd, 0.0);
-            // KEYS_PER_DOT keys at a time (independent accumulators), each score bitwise `dot`.
-            let mut j = 0;
-            while j + KEYS_PER_DOT <= n_keys {
-                let mut bufs = rows.chunks_exact_mut(hd);
-                let ks: [&[f32]; KEYS_PER_DOT] = std::array::from_fn(|i| {
-                    layer.key_row(row(j + i), bufs.next().expect("KEYS_PER_DOT row buffers"))
-                });
-                for (i, d) in dot_rows::<KEYS_PER_DOT>(qv, ks).into_iter().enumerate() {
-                    p[j + i] = d * scale;
-                }
-                j += KEYS_PER_DOT;
-            }
-            let buf = &mut rows[..hd];
-            for (jj, pj) in p.iter_mut().enumerate().skip(j) {
-                *pj = dot(qv, layer.key_row(row(jj), buf)) * scale;
-            }
-            softmax_in_place(p);
-            // Σ p_j v_j in increasing j, KEYS_PER_DOT rows per call.
-            let mut j = 0;
-            while j + KEYS_PER_DOT <= n_keys {
-                let mut bufs = rows.chunks_exact_mut(hd);
-                let vs: [&[f32]; KEYS_PER_DOT] = std::array::from_fn(|i| {
-                    layer.value_row(row(j + i), bufs.next().expect("KEYS_PER_DOT row buffers"))
-                });
-                let pj = p[j..j + KEYS_PER_DOT]
-                    .try_into()
-                    .expect("KEYS_PER_DOT weights");
-                add_scaled_rows::<KEYS_PER_DOT>(o, pj, vs);
-                j += KEYS_PER_DOT;
-            }
-            let buf = &mut rows[..hd];
-            for (jj, &pj) in p.iter().enumerate().skip(j) {
-                add_scaled(o, pj, layer.value_row(row(jj), buf));
+            let head = HeadTask {
+                layer,
+                row: &row,
+                qv,
+                scale,
+            };
+            if wide {
+                head.run::<WIDE_KEYS>(p, rows, o);
+            } else {
+                head.run::<NARROW_KEYS>(p, rows, o);
             }
         });
     });
+}
+
+/// One (token, head) of [`attention_into`]: its query row and where its keys and values are.
+struct HeadTask<'a, F: Fn(usize) -> usize> {
+    layer: &'a PagedLayer,
+    /// Offset of the head's K/V row for position `j` in `layer`.
+    row: &'a F,
+    /// The query, `[head_dim]`.
+    qv: &'a [f32],
+    /// `1 / sqrt(head_dim)`.
+    scale: f32,
+}
+
+impl<F: Fn(usize) -> usize> HeadTask<'_, F> {
+    /// Scores all `p.len()` keys into `p` (softmaxed in place) and adds
+    /// `Σ p_j v_j` to `o`, `K` keys or values per kernel call. Every value is
+    /// bitwise the same for any `K` (each score is [`dot`]; each value row is
+    /// one [`add_scaled`], in increasing `j`). `rows` is scratch for widened
+    /// f16 rows.
+    fn run<const K: usize>(&self, p: &mut [f32], rows: &mut AlignedVec, o: &mut [f32]) {
+        let (hd, n_keys, row) = (self.qv.len(), p.len(), self.row);
+        // Row buffers for an f16 cache (an f32 cache lends its rows directly).
+        rows.resize(K * hd, 0.0);
+        let mut j = 0;
+        while j + K <= n_keys {
+            let mut bufs = rows.chunks_exact_mut(hd);
+            let ks: [&[f32]; K] = std::array::from_fn(|i| {
+                self.layer
+                    .key_row(row(j + i), bufs.next().expect("K row buffers"))
+            });
+            for (i, d) in dot_rows::<K>(self.qv, ks).into_iter().enumerate() {
+                p[j + i] = d * self.scale;
+            }
+            j += K;
+        }
+        let buf = &mut rows[..hd];
+        for (jj, pj) in p.iter_mut().enumerate().skip(j) {
+            *pj = dot(self.qv, self.layer.key_row(row(jj), buf)) * self.scale;
+        }
+        softmax_in_place(p);
+        // Σ p_j v_j in increasing j.
+        let mut j = 0;
+        while j + K <= n_keys {
+            let mut bufs = rows.chunks_exact_mut(hd);
+            let vs: [&[f32]; K] = std::array::from_fn(|i| {
+                self.layer
+                    .value_row(row(j + i), bufs.next().expect("K row buffers"))
+            });
+            let pj = p[j..j + K].try_into().expect("K weights");
+            add_scaled_rows::<K>(o, pj, vs);
+            j += K;
+        }
+        let buf = &mut rows[..hd];
+        for (jj, &pj) in p.iter().enumerate().skip(j) {
+            add_scaled(o, pj, self.layer.value_row(row(jj), buf));
+        }
+    }
 }
 
 #[cfg(test)]

@@ -267,7 +267,9 @@ impl LlamaModel {
                     kv.write(l, plan.slots[t], k, v);
                 }
                 if l + 1 == n_layers && plan.logit_rows.len() < rows {
-                    ws.q = AlignedVec::from_slice(&gather_rows(&ws.q, q_dim, &plan.logit_rows));
+                    let q = gather_rows(&ws.q, q_dim, &plan.logit_rows);
+                    ws.q.clear();
+                    ws.q.extend_from_slice(&q);
                     x = gather_rows(&x, hidden, &plan.logit_rows);
                     queries = plan.logit_rows.iter().map(|&r| plan.queries[r]).collect();
                     if queries.is_empty() {

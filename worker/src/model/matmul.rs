@@ -16,7 +16,8 @@
 //! Weights, steps of up to `FUSED_MAX_TOKENS` (8) tokens (decode): the fused
 //! kernels decode each weight block in registers and use it for up to 4
 //! tokens at once (AVX-512, Q4_1/Q8_0). Larger steps: a task decodes
-//! `BLOCK_GROUPS` × [`TILE_R`] weight rows at a time into a per-thread f32
+//! `BLOCK_GROUPS` groups of `G` weight rows at a time (`G` = 4 on AVX-512 for
+//! steps of more than 8 tokens, else [`TILE_R`]) into a per-thread f32
 //! scratch block (L2 resident, reused across calls: no allocation in the hot
 //! path) with the format's SIMD decoder; F32 weights are used in place. Every
 //! decoder gives exactly the reference's dequantized values (see
@@ -27,8 +28,9 @@
 //! (more for steps of few tokens, see `rows_per_task`) and write their
 //! columns of `y` in place; inside a task, register tiles walk the shared
 //! dimension, the token tile staying in L1 while the decoded block streams
-//! past it: 4 tokens × 4 rows (16 accumulators, one transposed reduction) on
-//! AVX-512, 4 × 3 elsewhere. Activations and the scratch block start on
+//! past it: on AVX-512, 4 tokens × 4 rows (16 accumulators, one transposed
+//! reduction) for steps of more than 8 tokens, and 8 × 3 for steps of up to 8
+//! tokens whose format has no fused kernel; 4 × 3 on the other paths. Activations and the scratch block start on
 //! 64-byte boundaries ([`AlignedVec`]), so the 16-float loads are aligned.
 
 use std::cell::RefCell;
@@ -270,7 +272,7 @@ mod avx512 {
             return;
         }
         // Constant-bound loops only, so `acc` stays in registers.
-        debug_assert!(T * R <= 32);
+        const { assert!(T * R <= 32, "reduce_tile: at most 32 accumulators") };
         let mut lo = [_mm512_setzero_ps(); 16];
         let mut hi = [_mm512_setzero_ps(); 16];
         for i in 0..T * R {
@@ -295,8 +297,9 @@ mod avx512 {
     /// then `l` and `l + 4`, then `l` and `l + 2`, then the last two), each
     /// level computed for all vectors together on interleaved halves, so 16
     /// sums take 31 shuffles and 15 adds instead of 64 of each. Measured on
-    /// the 2-core test machine, an 8 × 3 tile over k = 576 went from 84 to
-    /// 139 GFLOP/s on one core.
+    /// the 2-core test machine, one core, the bare 8 × 3 tile kernel on
+    /// 64-byte aligned f32 rows in L1/L2, k = 576: 84 GFLOP/s with one lane
+    /// reduction per accumulator, 139 with this one.
     #[target_feature(enable = "avx512f")]
     #[inline]
     pub(super) unsafe fn reduce16(v: &[__m512; 16]) -> __m512 {
@@ -516,8 +519,9 @@ pub fn dot_with(path: SimdPath, a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// `y[i] += a * x[i]` for every `i` (a product, then a sum: two roundings,
-/// bitwise the same on every path and for any length), vectorised on the
-/// detected path. Attention accumulates `Σ p_j v_j` with it.
+/// bitwise the same on every path and for any length): 16 lanes at a time on
+/// AVX-512, a plain loop (compiler-vectorised for the baseline target)
+/// elsewhere. Attention accumulates `Σ p_j v_j` with it.
 ///
 /// Panics if `x.len() != y.len()`.
 pub fn add_scaled(y: &mut [f32], a: f32, x: &[f32]) {
@@ -621,12 +625,12 @@ fn token_tiles<const T: usize, const R: usize>(
 }
 
 /// Row groups of [`TILE_R`] rows decoded together into the scratch block
-/// (8 × 3 rows of 1536 floats = 147 KiB at most for SmolLM2, L2 resident).
+/// (8 × 4 rows of 1536 floats = 192 KiB at most for SmolLM2, L2 resident).
 const BLOCK_GROUPS: usize = 8;
 
 thread_local! {
-    /// Per-thread decoded weight block, `BLOCK_GROUPS * TILE_R * in` floats; grows to the widest matrix seen.
-    static SCRATCH: RefCell<AlignedVec> = RefCell::new(AlignedVec::new());
+    /// Per-thread decoded weight block, `BLOCK_GROUPS * G * in` floats; grows to the widest matrix seen.
+    static SCRATCH: RefCell<AlignedVec> = const { RefCell::new(AlignedVec::new()) };
 }
 
 /// Computes rows `r0..r0 + out.len() / n` of `w` against all `n` tokens of
@@ -634,8 +638,9 @@ thread_local! {
 fn rows_task(path: SimdPath, x: &[f32], n: usize, w: &QMatrix, r0: usize, mut out: OutCols<'_>) {
     // AVX-512 with the scratch path: 4-row groups under 4 × 4 register tiles,
     // whose 16 accumulators take one `reduce16`. Measured on the 2-core test
-    // machine, one thread, [576, 1536] Q4_1 at 512 tokens: 86 GFLOP/s with
-    // 8 × 3 tiles, 103 with 4 × 4.
+    // machine, one thread, the whole matmul (Q4_1 [576, 1536] decoded to the
+    // scratch block, then the tiles, both with `reduce16`) at 512 tokens:
+    // 86 GFLOP/s with 8 × 3 tiles, 103 with 4 × 4.
     if path == SimdPath::Avx512 && n > FUSED_MAX_TOKENS {
         rows_task_g::<4>(path, x, n, w, r0, &mut out)
     } else {

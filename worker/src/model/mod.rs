@@ -29,8 +29,9 @@
 //!   on tokens `0..=p`, so a block written by another sequence with the same
 //!   prefix holds exactly the values this sequence would have written.
 //!
-//! Rayon parallelism splits matmuls over weight-row blocks and attention over
-//! (token, head) pairs; neither changes any single value's reduction order.
+//! The compute [`pool`] splits matmuls over weight-row blocks, attention over
+//! (token, head) pairs and RMSNorm/SwiGLU over rows or elements; no split
+//! changes any single value's reduction order.
 //! Results are reproducible per machine (the matmul uses 8-lane FMA with
 //! AVX2+FMA, 16-lane FMA with AVX-512F, chosen once at run time), not across
 //! machines.

@@ -129,6 +129,11 @@ const SWIGLU_CHUNK: usize = 1024;
 /// in parallel over chunks of elements on the [`super::pool`] (each element
 /// has one formula, so the split changes no value).
 pub fn swiglu_into(gate_up: &[f32], ffn: usize, out: &mut AlignedVec) {
+    assert_eq!(
+        gate_up.len() % (2 * ffn),
+        0,
+        "swiglu: gate_up is not whole rows of 2 * ffn"
+    );
     out.clear();
     out.resize(gate_up.len() / 2, 0.0);
     let tasks: Vec<(usize, &mut [f32])> = out
@@ -137,11 +142,15 @@ pub fn swiglu_into(gate_up: &[f32], ffn: usize, out: &mut AlignedVec) {
         .map(|(c, o)| (c * SWIGLU_CHUNK, o))
         .collect();
     super::pool::global().for_each_owned(tasks, |(start, o)| {
-        for (i, o) in (start..).zip(o.iter_mut()) {
-            let (row, col) = (i / ffn, i % ffn);
+        let (mut row, mut col) = (start / ffn, start % ffn);
+        for o in o.iter_mut() {
             let g = gate_up[row * 2 * ffn + col];
             let u = gate_up[row * 2 * ffn + ffn + col];
             *o = g / (1.0 + (-g).exp()) * u;
+            col += 1;
+            if col == ffn {
+                (row, col) = (row + 1, 0);
+            }
         }
     });
 }
