@@ -99,8 +99,7 @@ pub fn attention_into(
     out.clear();
     out.resize(n * q_dim, 0.0);
     let wide = SimdPath::detect() == SimdPath::Avx512;
-    let tasks: Vec<(usize, &mut [f32])> = out.chunks_mut(hd).enumerate().collect();
-    pool::global().for_each_owned(tasks, |(idx, o)| {
+    pool::global().for_each_chunk_mut(out, hd, |idx, o| {
         let (t, h) = (idx / s.n_heads, idx % s.n_heads);
         let QueryPos { pos, block_table } = queries[t];
         let kv_off = (h / group) * hd;

@@ -801,17 +801,25 @@ pub fn matmul_into_with(
     }
     let pool = pool::global();
     let per_task = rows_per_task(n, out_dim, pool.threads());
-    let mut tasks = Vec::with_capacity(out_dim.div_ceil(per_task) + parts.len());
-    let mut all = OutCols::new(y, n, out_dim);
-    let mut col = 0;
-    for w in parts {
-        for r in (0..w.rows()).step_by(per_task) {
-            let cols = per_task.min(w.rows() - r);
-            tasks.push((w, r, all.columns(col + r, cols)));
+    // Task i: the i-th block of `per_task` rows, counting through the parts in order.
+    let n_tasks = parts.iter().map(|w| w.rows().div_ceil(per_task)).sum();
+    let all = OutCols::new(y, n, out_dim);
+    pool.run(n_tasks, &|mut i| {
+        let mut col = 0;
+        for w in parts {
+            let here = w.rows().div_ceil(per_task);
+            if i < here {
+                let r0 = i * per_task;
+                // SAFETY: task i alone writes these columns (blocks of distinct
+                // tasks do not overlap), and `run` calls each task once.
+                let out = unsafe { all.task_columns(col + r0, per_task.min(w.rows() - r0)) };
+                return rows_task(path, x, n, w, r0, out);
+            }
+            i -= here;
+            col += w.rows();
         }
-        col += w.rows();
-    }
-    pool.for_each_owned(tasks, |(w, r0, out)| rows_task(path, x, n, w, r0, out));
+        unreachable!("matmul: task index past the last part")
+    });
 }
 
 /// A block of columns `col0..col0 + cols` of a row-major `[n, stride]`
@@ -830,8 +838,10 @@ struct OutCols<'a> {
     _y: std::marker::PhantomData<&'a mut [f32]>,
 }
 
-// SAFETY: an `OutCols` is the only writer of its columns (see `columns`).
+// SAFETY: an `OutCols` is the only writer of its columns (see `columns` and
+// `task_columns`); shared, it is only used to make disjoint task blocks.
 unsafe impl Send for OutCols<'_> {}
+unsafe impl Sync for OutCols<'_> {}
 
 impl<'a> OutCols<'a> {
     /// All `stride` columns of `y` (`[n, stride]`).
@@ -853,6 +863,25 @@ impl<'a> OutCols<'a> {
     /// task its own rows of `W` (= columns of `y`), and a task's sub-blocks
     /// are used one after another.
     fn columns(&mut self, c0: usize, cols: usize) -> OutCols<'a> {
+        assert!(c0 + cols <= self.cols, "OutCols: columns out of range");
+        OutCols {
+            ptr: self.ptr,
+            row0: self.row0,
+            n: self.n,
+            stride: self.stride,
+            col0: self.col0 + c0,
+            cols,
+            _y: std::marker::PhantomData,
+        }
+    }
+
+    /// Columns `c0..c0 + cols` of this block for one parallel task, from a
+    /// shared reference.
+    ///
+    /// # Safety
+    /// No two blocks in use at the same time may overlap: each task of a
+    /// region asks for its own columns, once.
+    unsafe fn task_columns(&self, c0: usize, cols: usize) -> OutCols<'a> {
         assert!(c0 + cols <= self.cols, "OutCols: columns out of range");
         OutCols {
             ptr: self.ptr,

@@ -20,11 +20,9 @@ const RMS_NORM_ROWS: usize = 8;
 pub fn rms_norm_into(x: &[f32], weight: &[f32], eps: f32, out: &mut AlignedVec) {
     let dim = weight.len();
     out.resize(x.len(), 0.0);
-    let tasks: Vec<(&[f32], &mut [f32])> = x
-        .chunks(dim * RMS_NORM_ROWS)
-        .zip(out.chunks_mut(dim * RMS_NORM_ROWS))
-        .collect();
-    super::pool::global().for_each_owned(tasks, |(rows, outs)| {
+    let block = dim * RMS_NORM_ROWS;
+    super::pool::global().for_each_chunk_mut(out, block, |i, outs| {
+        let rows = &x[i * block..i * block + outs.len()];
         for (row, o) in rows.chunks_exact(dim).zip(outs.chunks_exact_mut(dim)) {
             let ms = row.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / dim as f64;
             let scale = (1.0 / (ms + eps as f64).sqrt()) as f32;
@@ -136,12 +134,8 @@ pub fn swiglu_into(gate_up: &[f32], ffn: usize, out: &mut AlignedVec) {
     );
     out.clear();
     out.resize(gate_up.len() / 2, 0.0);
-    let tasks: Vec<(usize, &mut [f32])> = out
-        .chunks_mut(SWIGLU_CHUNK)
-        .enumerate()
-        .map(|(c, o)| (c * SWIGLU_CHUNK, o))
-        .collect();
-    super::pool::global().for_each_owned(tasks, |(start, o)| {
+    super::pool::global().for_each_chunk_mut(out, SWIGLU_CHUNK, |c, o| {
+        let start = c * SWIGLU_CHUNK;
         let (mut row, mut col) = (start / ffn, start % ffn);
         for o in o.iter_mut() {
             let g = gate_up[row * 2 * ffn + col];

@@ -281,21 +281,44 @@ impl ComputePool {
         }
     }
 
-    /// Runs `f` on every item of `items`, each moved into exactly one call, in parallel as [`Self::run`].
-    pub fn for_each_owned<T: Send>(&self, items: Vec<T>, f: impl Fn(T) + Sync) {
-        let slots = Slots(
-            items
-                .into_iter()
-                .map(|t| UnsafeCell::new(Some(t)))
-                .collect(),
-        );
-        let slots = &slots;
-        self.run(slots.0.len(), &|i| {
-            // SAFETY: `run` calls each index exactly once, so no two calls touch one slot.
-            f(unsafe { slots.take(i) })
+    /// Runs `f(i, chunk_i)` for every `chunk`-long piece of `data` (the
+    /// last may be shorter), in parallel as [`Self::run`], with no allocation.
+    ///
+    /// Panics if `chunk` is 0.
+    pub fn for_each_chunk_mut<T: Send>(
+        &self,
+        data: &mut [T],
+        chunk: usize,
+        f: impl Fn(usize, &mut [T]) + Sync,
+    ) {
+        assert!(chunk > 0, "for_each_chunk_mut: chunk of 0");
+        let len = data.len();
+        let base = SendPtr(data.as_mut_ptr());
+        let base = &base;
+        self.run(len.div_ceil(chunk), &|i| {
+            let start = i * chunk;
+            // SAFETY: `run` calls each index exactly once, so the pieces
+            // `start..start + n` are disjoint; they lie inside `data`, which is
+            // borrowed mutably for the whole call.
+            let piece = unsafe {
+                std::slice::from_raw_parts_mut(base.get().add(start), chunk.min(len - start))
+            };
+            f(i, piece)
         });
     }
 }
+
+/// A pointer to the start of a slice whose disjoint pieces go to different tasks.
+struct SendPtr<T>(*mut T);
+
+impl<T> SendPtr<T> {
+    fn get(&self) -> *mut T {
+        self.0
+    }
+}
+
+// SAFETY: tasks only make disjoint pieces from it (see `for_each_chunk_mut`), and `T: Send`.
+unsafe impl<T: Send> Sync for SendPtr<T> {}
 
 /// An open region: dropping it (at the end of [`ComputePool::run`], or while
 /// unwinding) closes the region to late helpers and waits for the registered
@@ -332,23 +355,6 @@ impl Drop for ComputePool {
     }
 }
 
-/// Items handed out one per task index.
-struct Slots<T>(Vec<UnsafeCell<Option<T>>>);
-
-impl<T> Slots<T> {
-    /// Moves item `i` out.
-    ///
-    /// # Safety
-    /// No other call may take the same `i` at the same time.
-    unsafe fn take(&self, i: usize) -> T {
-        // SAFETY: exclusive access to slot `i` (the caller's promise).
-        unsafe { (*self.0[i].get()).take() }.expect("each task runs once")
-    }
-}
-
-// SAFETY: each slot is accessed by exactly one task (see `for_each_owned`), and the items are `Send`.
-unsafe impl<T: Send> Sync for Slots<T> {}
-
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::AtomicU32;
@@ -371,12 +377,20 @@ mod tests {
     }
 
     #[test]
-    fn items_are_moved_into_their_task() {
+    fn chunks_cover_the_slice_once() {
         let pool = ComputePool::new(2);
-        let mut out = vec![0usize; 50];
-        let items: Vec<(usize, &mut usize)> = out.iter_mut().enumerate().collect();
-        pool.for_each_owned(items, |(i, slot)| *slot = i * i);
-        assert!(out.iter().enumerate().all(|(i, &v)| v == i * i));
+        for (len, chunk) in [(50, 7), (48, 8), (3, 10), (0, 4)] {
+            let mut out = vec![0usize; len];
+            pool.for_each_chunk_mut(&mut out, chunk, |i, piece| {
+                for (j, v) in piece.iter_mut().enumerate() {
+                    *v += i * chunk + j + 1;
+                }
+            });
+            assert!(
+                out.iter().enumerate().all(|(i, &v)| v == i + 1),
+                "{len}/{chunk}"
+            );
+        }
     }
 
     #[test]
