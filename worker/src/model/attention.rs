@@ -28,6 +28,8 @@ struct Scratch {
     scores: Vec<f32>,
     /// Widened K/V rows of an f16 cache, `[keys per call, head_dim]`.
     rows: AlignedVec,
+    /// Offset in the layer of the head's K/V row for each position `0..=pos`.
+    offsets: Vec<usize>,
 }
 
 thread_local! {
@@ -105,48 +107,67 @@ pub fn attention_into(
         let kv_off = (h / group) * hd;
         let qv = &q[t * q_dim + h * hd..t * q_dim + (h + 1) * hd];
         let n_keys = pos + 1;
-        // Offsets of this head's K/V row for positions 0..=pos, in order.
-        let row = |j: usize| {
-            let slot = block_table[j / block_size] as usize * block_size + j % block_size;
-            slot * kv_dim + kv_off
-        };
-        SCRATCH.with_borrow_mut(|Scratch { scores: p, rows }| {
-            p.clear();
-            p.resize(n_keys, 0.0);
-            let head = HeadTask {
-                layer,
-                row: &row,
-                qv,
-                scale,
-            };
-            if wide {
-                head.run::<WIDE_KEYS>(p, rows, o);
-            } else {
-                head.run::<NARROW_KEYS>(p, rows, o);
-            }
-        });
+        SCRATCH.with_borrow_mut(
+            |Scratch {
+                 scores: p,
+                 rows,
+                 offsets,
+             }| {
+                p.clear();
+                p.resize(n_keys, 0.0);
+                // Offsets of this head's K/V rows for positions 0..=pos, in order,
+                // block by block (no division per key: at 4096 keys, two divisions
+                // per key and pass cost more than the dot products).
+                offsets.clear();
+                for &block in block_table {
+                    let first = block as usize * block_size * kv_dim + kv_off;
+                    let take = block_size.min(n_keys - offsets.len());
+                    offsets.extend((0..take).map(|i| first + i * kv_dim));
+                    if offsets.len() == n_keys {
+                        break;
+                    }
+                }
+                debug_assert_eq!(
+                    offsets.len(),
+                    n_keys,
+                    "block table covers 0..=pos (checked by the caller)"
+                );
+                let head = HeadTask {
+                    layer,
+                    offsets,
+                    qv,
+                    scale,
+                };
+                if wide {
+                    head.run::<WIDE_KEYS>(p, rows, o);
+                } else {
+                    head.run::<NARROW_KEYS>(p, rows, o);
+                }
+            },
+        );
     });
 }
 
 /// One (token, head) of [`attention_into`]: its query row and where its keys and values are.
-struct HeadTask<'a, F: Fn(usize) -> usize> {
+struct HeadTask<'a> {
     layer: &'a PagedLayer,
-    /// Offset of the head's K/V row for position `j` in `layer`.
-    row: &'a F,
+    /// Offset of the head's K/V row for each position `j` in `layer`.
+    offsets: &'a [usize],
     /// The query, `[head_dim]`.
     qv: &'a [f32],
     /// `1 / sqrt(head_dim)`.
     scale: f32,
 }
 
-impl<F: Fn(usize) -> usize> HeadTask<'_, F> {
+impl HeadTask<'_> {
     /// Scores all `p.len()` keys into `p` (softmaxed in place) and adds
     /// `Σ p_j v_j` to `o`, `K` keys or values per kernel call. Every value is
     /// bitwise the same for any `K` (each score is [`dot`]; each value row is
     /// one [`add_scaled`], in increasing `j`). `rows` is scratch for widened
     /// f16 rows.
     fn run<const K: usize>(&self, p: &mut [f32], rows: &mut AlignedVec, o: &mut [f32]) {
-        let (hd, n_keys, row) = (self.qv.len(), p.len(), self.row);
+        let (hd, n_keys) = (self.qv.len(), p.len());
+        let row = |j: usize| self.offsets[j];
         // Row buffers for an f16 cache (an f32 cache lends its rows directly).
         rows.resize(K * hd, 0.0);
         let mut j = 0;
