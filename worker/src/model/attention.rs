@@ -24,7 +24,7 @@ const NARROW_KEYS: usize = 4;
 /// Per-thread buffers of one (token, head) task, reused across calls: no allocation per task.
 #[derive(Default)]
 struct Scratch {
-    /// Attention scores, then probabilities, `[pos + 1]` (grows to the longest context seen).
+    /// Attention scores, then probabilities, `[heads per task, pos + 1]` (grows to the longest context seen).
     scores: Vec<f32>,
     /// Widened K/V rows of an f16 cache, `[keys per call, head_dim]`.
     rows: AlignedVec,
@@ -68,8 +68,10 @@ pub struct QueryPos<'a> {
 /// `Σ p_j v_j` accumulated in increasing `j`. Returns `[n, n_heads * head_dim]`.
 ///
 /// Batch invariance: each (token, head) output is computed by one pool task in one full pass over
-/// keys `0..=pos` in increasing order, so it depends only on the query row, the position and the
-/// K/V values, never on the other queries, their number, or how the work is split between threads.
+/// keys `0..=pos` in increasing order (a task takes one head, or all heads of a KV head when the
+/// batch has enough tasks; the operations per head are the same either way), so it depends only on
+/// the query row, the position and the K/V values, never on the other queries, their number, or
+/// how the work is split between threads.
 pub fn attention(
     q: &[f32],
     queries: &[QueryPos<'_>],
@@ -101,11 +103,21 @@ pub fn attention_into(
     out.clear();
     out.resize(n * q_dim, 0.0);
     let wide = SimdPath::detect() == SimdPath::Avx512;
-    pool::global().for_each_chunk_mut(out, hd, |idx, o| {
-        let (t, h) = (idx / s.n_heads, idx % s.n_heads);
+    let pool = pool::global();
+    // Query heads per task: all the heads that share a KV head, so each K/V row
+    // is loaded once and used from L1 by all of them, when that still leaves
+    // two tasks per thread; else one head per task (a single decode token).
+    let per_task = if n * s.n_kv_heads >= 2 * pool.threads() {
+        group
+    } else {
+        1
+    };
+    let tasks_per_token = s.n_heads / per_task;
+    pool.for_each_chunk_mut(out, per_task * hd, |idx, o| {
+        let (t, h0) = (idx / tasks_per_token, (idx % tasks_per_token) * per_task);
         let QueryPos { pos, block_table } = queries[t];
-        let kv_off = (h / group) * hd;
-        let qv = &q[t * q_dim + h * hd..t * q_dim + (h + 1) * hd];
+        let kv_off = (h0 / group) * hd;
+        let qs = &q[t * q_dim + h0 * hd..t * q_dim + (h0 + per_task) * hd];
         let n_keys = pos + 1;
         SCRATCH.with_borrow_mut(
             |Scratch {
@@ -114,8 +126,8 @@ pub fn attention_into(
                  offsets,
              }| {
                 p.clear();
-                p.resize(n_keys, 0.0);
-                // Offsets of this head's K/V rows for positions 0..=pos, in order,
+                p.resize(per_task * n_keys, 0.0);
+                // Offsets of this KV head's rows for positions 0..=pos, in order,
                 // block by block (no division per key: at 4096 keys, two divisions
                 // per key and pass cost more than the dot products).
                 offsets.clear();
@@ -132,42 +144,49 @@ pub fn attention_into(
                     n_keys,
                     "block table covers 0..=pos (checked by the caller)"
                 );
-                let head = HeadTask {
+                let task = HeadsTask {
                     layer,
                     offsets,
-                    qv,
+                    qs,
+                    head_dim: hd,
                     scale,
                 };
                 if wide {
-                    head.run::<WIDE_KEYS>(p, rows, o);
+                    task.run::<WIDE_KEYS>(p, rows, o);
                 } else {
-                    head.run::<NARROW_KEYS>(p, rows, o);
+                    task.run::<NARROW_KEYS>(p, rows, o);
                 }
             },
         );
     });
 }
 
-/// One (token, head) of [`attention_into`]: its query row and where its keys and values are.
-struct HeadTask<'a> {
+/// Query heads of one token that share a KV head, for [`attention_into`]:
+/// their query rows and where their keys and values are.
+struct HeadsTask<'a> {
     layer: &'a PagedLayer,
-    /// Offset of the head's K/V row for each position `j` in `layer`.
+    /// Offset of the KV head's row for each position `j` in `layer`.
     offsets: &'a [usize],
-    /// The query, `[head_dim]`.
-    qv: &'a [f32],
+    /// The queries, `[heads, head_dim]`.
+    qs: &'a [f32],
+    head_dim: usize,
     /// `1 / sqrt(head_dim)`.
     scale: f32,
 }
 
-impl HeadTask<'_> {
-    /// Scores all `p.len()` keys into `p` (softmaxed in place) and adds
-    /// `Σ p_j v_j` to `o`, `K` keys or values per kernel call. Every value is
-    /// bitwise the same for any `K` (each score is [`dot`]; each value row is
-    /// one [`add_scaled`], in increasing `j`). `rows` is scratch for widened
-    /// f16 rows.
+impl HeadsTask<'_> {
+    /// For each head `h`: scores all `n_keys` keys into `p[h]` (`p` is
+    /// `[heads, n_keys]`), softmaxes them in place and adds `Σ p_j v_j` to
+    /// `o[h]` (`o` is `[heads, head_dim]`), `K` keys or values per kernel call,
+    /// each row loaded once for all heads. Every value is bitwise the same for
+    /// any `K` and any number of heads per task (each score is [`dot`]; each
+    /// value row is one [`add_scaled`] per head, in increasing `j`). `rows` is
+    /// scratch for widened f16 rows.
     fn run<const K: usize>(&self, p: &mut [f32], rows: &mut AlignedVec, o: &mut [f32]) {
-        let (hd, n_keys) = (self.qv.len(), p.len());
+        let hd = self.head_dim;
+        let n_keys = self.offsets.len();
         let row = |j: usize| self.offsets[j];
+        let q = |h: usize| &self.qs[h * hd..(h + 1) * hd];
         // Row buffers for an f16 cache (an f32 cache lends its rows directly).
         rows.resize(K * hd, 0.0);
         let mut j = 0;
@@ -177,16 +196,23 @@ impl HeadTask<'_> {
                 self.layer
                     .key_row(row(j + i), bufs.next().expect("K row buffers"))
             });
-            for (i, d) in dot_rows::<K>(self.qv, ks).into_iter().enumerate() {
-                p[j + i] = d * self.scale;
+            for (h, ph) in p.chunks_exact_mut(n_keys).enumerate() {
+                for (i, d) in dot_rows::<K>(q(h), ks).into_iter().enumerate() {
+                    ph[j + i] = d * self.scale;
+                }
             }
             j += K;
         }
         let buf = &mut rows[..hd];
-        for (jj, pj) in p.iter_mut().enumerate().skip(j) {
-            *pj = dot(self.qv, self.layer.key_row(row(jj), buf)) * self.scale;
+        for jj in j..n_keys {
+            let k = self.layer.key_row(row(jj), buf);
+            for (h, ph) in p.chunks_exact_mut(n_keys).enumerate() {
+                ph[jj] = dot(q(h), k) * self.scale;
+            }
         }
-        softmax_in_place(p);
+        for ph in p.chunks_exact_mut(n_keys) {
+            softmax_in_place(ph);
+        }
         // Σ p_j v_j in increasing j.
         let mut j = 0;
         while j + K <= n_keys {
@@ -195,13 +221,18 @@ impl HeadTask<'_> {
                 self.layer
                     .value_row(row(j + i), bufs.next().expect("K row buffers"))
             });
-            let pj = p[j..j + K].try_into().expect("K weights");
-            add_scaled_rows::<K>(o, pj, vs);
+            for (ph, oh) in p.chunks_exact(n_keys).zip(o.chunks_exact_mut(hd)) {
+                let pj = ph[j..j + K].try_into().expect("K weights");
+                add_scaled_rows::<K>(oh, pj, vs);
+            }
             j += K;
         }
         let buf = &mut rows[..hd];
-        for (jj, &pj) in p.iter().enumerate().skip(j) {
-            add_scaled(o, pj, self.layer.value_row(row(jj), buf));
+        for jj in j..n_keys {
+            let v = self.layer.value_row(row(jj), buf);
+            for (ph, oh) in p.chunks_exact(n_keys).zip(o.chunks_exact_mut(hd)) {
+                add_scaled(oh, ph[jj], v);
+            }
         }
     }
 }
