@@ -161,6 +161,9 @@ pub fn attention_into(
     });
 }
 
+/// [`PagedLayer::key_row`] or [`PagedLayer::value_row`].
+type RowReader = for<'a> fn(&'a PagedLayer, usize, &'a mut [f32]) -> &'a [f32];
+
 /// Query heads of one token that share a KV head, for [`attention_into`]:
 /// their query rows and where their keys and values are.
 struct HeadsTask<'a> {
@@ -175,6 +178,24 @@ struct HeadsTask<'a> {
 }
 
 impl HeadsTask<'_> {
+    /// Key or value rows of positions `j..j + K` (`read`: [`PagedLayer::key_row`] or
+    /// [`PagedLayer::value_row`]); `rows` holds them widened for an f16 cache.
+    fn rows_at<'s, const K: usize>(
+        &'s self,
+        read: RowReader,
+        j: usize,
+        rows: &'s mut AlignedVec,
+    ) -> [&'s [f32]; K] {
+        let mut bufs = rows.chunks_exact_mut(self.head_dim);
+        std::array::from_fn(|i| {
+            read(
+                self.layer,
+                self.offsets[j + i],
+                bufs.next().expect("K row buffers"),
+            )
+        })
+    }
+
     /// For each head `h`: scores all `n_keys` keys into `p[h]` (`p` is
     /// `[heads, n_keys]`), softmaxes them in place and adds `Σ p_j v_j` to
     /// `o[h]` (`o` is `[heads, head_dim]`), `K` keys or values per kernel call,
@@ -191,11 +212,7 @@ impl HeadsTask<'_> {
         rows.resize(K * hd, 0.0);
         let mut j = 0;
         while j + K <= n_keys {
-            let mut bufs = rows.chunks_exact_mut(hd);
-            let ks: [&[f32]; K] = std::array::from_fn(|i| {
-                self.layer
-                    .key_row(row(j + i), bufs.next().expect("K row buffers"))
-            });
+            let ks = self.rows_at::<K>(PagedLayer::key_row, j, rows);
             for (h, ph) in p.chunks_exact_mut(n_keys).enumerate() {
                 for (i, d) in dot_rows::<K>(q(h), ks).into_iter().enumerate() {
                     ph[j + i] = d * self.scale;
@@ -216,11 +233,7 @@ impl HeadsTask<'_> {
         // Σ p_j v_j in increasing j.
         let mut j = 0;
         while j + K <= n_keys {
-            let mut bufs = rows.chunks_exact_mut(hd);
-            let vs: [&[f32]; K] = std::array::from_fn(|i| {
-                self.layer
-                    .value_row(row(j + i), bufs.next().expect("K row buffers"))
-            });
+            let vs = self.rows_at::<K>(PagedLayer::value_row, j, rows);
             for (ph, oh) in p.chunks_exact(n_keys).zip(o.chunks_exact_mut(hd)) {
                 let pj = ph[j..j + K].try_into().expect("K weights");
                 add_scaled_rows::<K>(oh, pj, vs);
