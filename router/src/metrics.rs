@@ -4,7 +4,9 @@
 //! `router_requests_total{code}` (final gRPC status: `OK`, `INVALID_ARGUMENT`, `UNAVAILABLE`,
 //! `RESOURCE_EXHAUSTED`, `DEADLINE_EXCEEDED`, `CANCELLED` when the client went away, ...),
 //! `router_finished_requests_total{finish_reason}` (`eos_token`, `max_new_tokens`, `stop_sequence`,
-//! `context_length`), `router_prompt_tokens_total`, `router_generated_tokens_total` and the
+//! `context_length`), `router_prompt_tokens_total`, `router_generated_tokens_total` (counted as
+//! tokens stream, so a rate shows the load of long requests while they run, and a cancelled or
+//! failed call counts what it streamed; topped up to the request's `usage` when it finishes) and the
 //! histograms (seconds) `router_time_to_first_token_seconds`, `router_inter_token_latency_seconds`,
 //! `router_request_duration_seconds` (end to end) and `router_queue_duration_seconds`.
 //!
@@ -91,7 +93,7 @@ impl RouterMetrics {
         );
         registry.register(
             "generated_tokens",
-            "Tokens generated for finished requests",
+            "Tokens generated, counted as they stream (topped up to usage at the finish)",
             generated_tokens.clone(),
         );
         registry.register(
@@ -143,6 +145,7 @@ impl RouterMetrics {
             span,
             arrival: Instant::now(),
             last_token_at: None,
+            counted_tokens: 0,
             done: false,
         }
     }
@@ -162,6 +165,8 @@ pub struct RequestObserver {
     span: tracing::Span,
     arrival: Instant,
     last_token_at: Option<Instant>,
+    /// Tokens already added to `router_generated_tokens_total` for this call.
+    counted_tokens: u64,
     done: bool,
 }
 
@@ -183,6 +188,8 @@ impl RequestObserver {
         let now = Instant::now();
         let m = &self.metrics;
         if !message.tokens.is_empty() {
+            m.generated_tokens.inc_by(message.tokens.len() as u64);
+            self.counted_tokens += message.tokens.len() as u64;
             match self.last_token_at {
                 None => {
                     m.ttft
@@ -206,7 +213,11 @@ impl RequestObserver {
         let reason = finish_reason_name(message.finish_reason());
         m.finished.get_or_create(&[("finish_reason", reason)]).inc();
         m.prompt_tokens.inc_by(usage.prompt_tokens.into());
-        m.generated_tokens.inc_by(usage.generated_tokens.into());
+        // Tokens the model generated but the stream held back (e.g. a stop sequence's own tokens).
+        let total = u64::from(usage.generated_tokens);
+        m.generated_tokens
+            .inc_by(total.saturating_sub(self.counted_tokens));
+        self.counted_tokens = self.counted_tokens.max(total);
         m.duration
             .observe(now.duration_since(self.arrival).as_secs_f64());
         m.queue.observe(usage.queue_ms / 1e3);
@@ -440,7 +451,8 @@ mod tests {
             "router_requests_total{code=\"CANCELLED\"} 1",
             "router_finished_requests_total{finish_reason=\"stop_sequence\"} 1",
             "router_prompt_tokens_total 4",
-            "router_generated_tokens_total 3",
+            // 3 streamed by the finished call (its usage says 3) and 1 by the cancelled one.
+            "router_generated_tokens_total 4",
             "router_time_to_first_token_seconds_count 2",
             "router_inter_token_latency_seconds_count 2",
             "router_request_duration_seconds_count 1",
