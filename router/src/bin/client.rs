@@ -1,5 +1,7 @@
 //! `client --router 127.0.0.1:PORT "prompt"`: calls `Generate` and prints the text as it arrives,
-//! then the finish reason, token counts, time to first token and tokens/s on stderr.
+//! then the finish reason, token counts, time to first token and tokens/s on stderr. A prompt of
+//! `-` is read from standard input (for prompts too long for a command line), less one final line
+//! break.
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -45,7 +47,7 @@ struct Args {
     /// Wait up to this many seconds for the router to have a ready worker (polling `ModelInfo`).
     #[arg(long, default_value_t = 0)]
     wait_ready_secs: u64,
-    /// The prompt.
+    /// The prompt; `-` reads it from standard input (one final line break dropped).
     prompt: String,
 }
 
@@ -61,7 +63,15 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn run(args: Args) -> anyhow::Result<()> {
+async fn run(mut args: Args) -> anyhow::Result<()> {
+    if args.prompt == "-" {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
+            .map_err(|e| anyhow::anyhow!("reading the prompt from standard input: {e}"))?;
+        // `echo "..." | client -` should send what was echoed, not its line break.
+        let trimmed = text.strip_suffix('\n').unwrap_or(&text);
+        args.prompt = trimmed.strip_suffix('\r').unwrap_or(trimmed).to_string();
+    }
     // Accept both HOST:PORT and http://HOST:PORT; connect lazily so `--wait-ready-secs` also covers
     // a router that is not listening yet.
     let address = args.router.trim_start_matches("http://").to_string();
