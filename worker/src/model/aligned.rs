@@ -60,13 +60,6 @@ impl AlignedVec {
         }
     }
 
-    /// A buffer holding a copy of `values`.
-    pub fn from_slice(values: &[f32]) -> AlignedVec {
-        let mut v = AlignedVec::new();
-        v.extend_from_slice(values);
-        v
-    }
-
     /// Sets the length to `len` floats; new elements are `value`, existing ones are kept.
     pub fn resize(&mut self, len: usize, value: f32) {
         let old = self.len;
@@ -142,7 +135,8 @@ mod tests {
         assert_eq!(z.as_ptr() as usize % 64, 0);
         assert!(z.iter().all(|&v| v == 0.0));
         assert!(AlignedVec::zeroed(0).is_empty());
-        let big = AlignedVec::from_slice(&vec![3.0; 10_000]);
+        let mut big = AlignedVec::new();
+        big.extend_from_slice(&vec![3.0; 10_000]);
         assert_eq!(big.as_ptr() as usize % 64, 0);
         assert_eq!(big.iter().sum::<f32>(), 30_000.0);
     }

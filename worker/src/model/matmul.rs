@@ -863,16 +863,9 @@ impl<'a> OutCols<'a> {
     /// task its own rows of `W` (= columns of `y`), and a task's sub-blocks
     /// are used one after another.
     fn columns(&mut self, c0: usize, cols: usize) -> OutCols<'a> {
-        assert!(c0 + cols <= self.cols, "OutCols: columns out of range");
-        OutCols {
-            ptr: self.ptr,
-            row0: self.row0,
-            n: self.n,
-            stride: self.stride,
-            col0: self.col0 + c0,
-            cols,
-            _y: std::marker::PhantomData,
-        }
+        // SAFETY: `&mut self` keeps every other block made from this one unused
+        // while the returned block is in use.
+        unsafe { self.task_columns(c0, cols) }
     }
 
     /// Columns `c0..c0 + cols` of this block for one parallel task, from a
