@@ -45,11 +45,31 @@ pub fn bin_path(name: &str) -> PathBuf {
 }
 
 /// A free TCP port on 127.0.0.1 (bound and released; good enough for tests).
+///
+/// The port is below Linux's ephemeral range (32768-60999 by default), so no outgoing connection
+/// takes it as its source port between this call and the server's bind. (An ephemeral port could be:
+/// a router that keeps dialling a worker not started yet on `127.0.0.1:P` can even connect to itself
+/// from source port `P`, and the worker then fails with "Address already in use".) Ports are handed
+/// out in turn from a per-process start, each checked free by binding it.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("binding an ephemeral port")
-        .port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const FIRST: u32 = 20_000;
+    const COUNT: u32 = 12_000;
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    // Start each test process at its own place in the range.
+    let _ = NEXT.compare_exchange(
+        u32::MAX,
+        std::process::id().wrapping_mul(7919) % COUNT,
+        Ordering::Relaxed,
+        Ordering::Relaxed,
+    );
+    for _ in 0..COUNT {
+        let port = (FIRST + NEXT.fetch_add(1, Ordering::Relaxed) % COUNT) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in 127.0.0.1:{FIRST}..{}", FIRST + COUNT)
 }
 
 /// The real default model; panics with the fix when it has not been fetched.
