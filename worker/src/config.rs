@@ -55,6 +55,10 @@ pub struct Cli {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_num_seqs: Option<usize>,
+    /// Most tokens of one sequence's prefill chunk while others run or wait (0 = no cap).
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub long_prefill_token_threshold: Option<usize>,
     /// Reuse cached prompt-prefix KV blocks (true/false).
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -123,6 +127,11 @@ pub struct WorkerSettings {
     pub max_batch_tokens: usize,
     /// Most sequences running at once.
     pub max_num_seqs: usize,
+    /// Most tokens of one sequence's prefill chunk in a step that also runs decodes or other
+    /// prefills (0 = no cap): bounds the step time, so running streams' inter-token gaps and a new
+    /// request's wait for the step in progress stay short while a long prompt prefills. A prompt
+    /// alone on the worker still takes `max_batch_tokens` per step.
+    pub long_prefill_token_threshold: usize,
     /// Reuse cached prompt-prefix KV blocks.
     pub prefix_caching: bool,
     /// Fraction of the KV blocks kept free at admission (headroom for running decodes).
@@ -164,6 +173,7 @@ impl Default for WorkerSettings {
             block_size: 16,
             max_batch_tokens: 512,
             max_num_seqs: 128,
+            long_prefill_token_threshold: 256,
             prefix_caching: true,
             kv_watermark: 0.01,
             metrics_listen: String::new(),
@@ -260,6 +270,7 @@ impl WorkerSettings {
             scheduler: SchedulerConfig {
                 max_batch_tokens: self.max_batch_tokens,
                 max_num_seqs: self.max_num_seqs,
+                long_prefill_token_threshold: self.long_prefill_token_threshold,
                 watermark_blocks: (num_blocks as f64 * self.kv_watermark.clamp(0.0, 0.5)) as usize,
             },
         })

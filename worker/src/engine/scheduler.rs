@@ -7,13 +7,30 @@
 //!    preempts the most recently admitted running sequence (by recompute: its blocks are freed and it
 //!    goes back to the head of the queue with its generated tokens kept), repeatedly, until the block
 //!    is found or the sequence preempts itself.
-//! 2. **Then running prefills continue**, in admission order: each gets as many of its remaining
-//!    prompt tokens as the budget allows (chunked prefill: a long prompt takes several steps and never
-//!    stalls everyone's decode for a whole prefill).
-//! 3. **Then admission, first come first served**: the head of the queue is admitted only when the
-//!    blocks for all its known tokens, plus a watermark, are available (leading blocks found in the
-//!    prefix cache are reused, not recomputed); its first chunk runs in this step. Admission stops at
-//!    the first request that does not fit (no overtaking).
+//! 2. **Then prefill work shares what is left of the budget**, running prefills and new admissions
+//!    alike (chunked prefill: a long prompt takes several steps):
+//!    - *Shortest remaining prompt first*: prefill candidates are served in increasing order of the
+//!      prompt tokens they still have to compute (ties: admission order, then queue order), so a short
+//!      request that arrives while a long prompt prefills gets its whole first chunk in the next step
+//!      instead of waiting behind thousands of tokens (head-of-line blocking).
+//!    - *Aging*: the oldest running prefill is first guaranteed `max(1, budget / 4)` tokens (at most
+//!      what it has left), so a stream of short arrivals can slow a long prompt down to a quarter of
+//!      the prefill budget but never starve it; once it finishes, the next oldest gets the guarantee.
+//!    - *Long-chunk cap when contended*: when the step also runs decodes or more than one prefill
+//!      candidate exists, no sequence's chunk exceeds `long_prefill_token_threshold` tokens (0 = no
+//!      cap; vLLM's setting of the same name). This bounds a step's length, hence the inter-token gap
+//!      of running decodes and the wait of a new arrival for the step in progress. A prompt alone on
+//!      the worker still takes the whole budget per step.
+//!    - *Admission is first come first served*: the head of the queue is admitted only when the
+//!      sequence cap allows, the blocks for all its known tokens plus a watermark are available
+//!      (leading blocks found in the prefix cache are reused, not recomputed), and the ordering above
+//!      gives it tokens in this step (judged on its whole prompt, before prefix-cache hits). Admission
+//!      stops at the first request that does not qualify (no overtaking), so a request waiting at
+//!      the head keeps its place and holds no blocks while it waits.
+//!
+//!    Every admitted prefill therefore progresses at least every step while it is the oldest, and a
+//!    request of `n` prompt tokens reaches its first token within a bounded number of steps: the
+//!    prefills shorter than it, plus its own `ceil(n / chunk)` steps.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -32,6 +49,9 @@ pub struct SchedulerConfig {
     pub max_num_seqs: usize,
     /// Blocks that must stay free after an admission (headroom for running decodes).
     pub watermark_blocks: usize,
+    /// Most tokens of one sequence's prefill chunk while the step is contended (decodes run, or
+    /// more than one prefill candidate exists); 0 = no cap. See the module docs.
+    pub long_prefill_token_threshold: usize,
 }
 
 /// One sequence's share of a step.
@@ -139,27 +159,37 @@ impl Scheduler {
             }
         }
 
-        // 2. Running prefills continue.
-        for &id in &self.running {
-            if budget == 0 {
-                break;
-            }
-            let seq = &seqs[&id];
-            if seq.in_prefill() {
-                let n = seq.remaining().min(budget);
-                out.chunks.push(Chunk {
-                    seq: id,
-                    num_tokens: n,
-                });
-                budget -= n;
-            }
-        }
-
-        // 3. Admissions, first come first served.
+        // 2. Prefill work: running prefills and admissions share the rest of the budget.
+        let prefilling: Vec<Candidate> = self
+            .running
+            .iter()
+            .filter(|id| seqs[id].in_prefill())
+            .map(|&id| Candidate {
+                seq: id,
+                remaining: seqs[&id].remaining(),
+            })
+            .collect();
+        let contended = !out.chunks.is_empty() || prefilling.len() + self.waiting.len() > 1;
+        let cap = match self.config.long_prefill_token_threshold {
+            0 => usize::MAX,
+            t if contended => t,
+            _ => usize::MAX,
+        };
+        let mut candidates = prefilling;
+        // Admissions, first come first served, while the head would get tokens in this step.
         while budget > 0 && self.running.len() < self.config.max_num_seqs {
             let Some(&id) = self.waiting.front() else {
                 break;
             };
+            let estimate = Candidate {
+                seq: id,
+                remaining: seqs[&id].tokens.len(),
+            };
+            let mut trial = candidates.clone();
+            trial.push(estimate);
+            if share_prefill_budget(&trial, budget, cap)[trial.len() - 1] == 0 {
+                break;
+            }
             let seq = seqs.get_mut(&id).expect("waiting sequence");
             let Ok((blocks, computed)) = pool.allocate(&seq.tokens, self.config.watermark_blocks)
             else {
@@ -169,12 +199,19 @@ impl Scheduler {
             seq.computed = computed;
             self.waiting.pop_front();
             self.running.push(id);
-            let n = seq.remaining().min(budget);
-            out.chunks.push(Chunk {
+            candidates.push(Candidate {
                 seq: id,
-                num_tokens: n,
+                remaining: seq.remaining(),
             });
-            budget -= n;
+        }
+        let shares = share_prefill_budget(&candidates, budget, cap);
+        for (c, n) in candidates.iter().zip(shares) {
+            if n > 0 {
+                out.chunks.push(Chunk {
+                    seq: c.seq,
+                    num_tokens: n,
+                });
+            }
         }
         out
     }
@@ -194,5 +231,336 @@ impl Scheduler {
         seq.computed = 0;
         self.waiting.push_front(id);
         out.preempted.push(id);
+    }
+}
+
+/// A sequence with prompt tokens still to compute, in admission order within a step's candidates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Candidate {
+    seq: SeqId,
+    /// Known tokens not yet in the KV cache.
+    remaining: usize,
+}
+
+/// Splits `budget` prefill tokens between `candidates` (oldest first: running prefills in admission
+/// order, then new admissions in queue order) and returns each one's chunk, index for index.
+///
+/// The oldest is first guaranteed `max(1, budget / 4)` tokens (aging); then candidates are topped
+/// up in increasing order of `remaining` (ties: the older first) until the budget is spent. No
+/// chunk exceeds `cap` or the candidate's `remaining`. The sum never exceeds `budget`.
+fn share_prefill_budget(candidates: &[Candidate], mut budget: usize, cap: usize) -> Vec<usize> {
+    let mut shares = vec![0; candidates.len()];
+    let limit = |c: &Candidate| c.remaining.min(cap);
+    if let Some(oldest) = candidates.first() {
+        let floor = (budget / 4).max(1).min(limit(oldest)).min(budget);
+        shares[0] = floor;
+        budget -= floor;
+    }
+    let mut order: Vec<usize> = (0..candidates.len()).collect();
+    order.sort_by_key(|&i| (candidates[i].remaining, i));
+    for i in order {
+        if budget == 0 {
+            break;
+        }
+        let more = (limit(&candidates[i]) - shares[i]).min(budget);
+        shares[i] += more;
+        budget -= more;
+    }
+    shares
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sampler::{Sampler, SamplingConfig};
+
+    fn cand(seq: SeqId, remaining: usize) -> Candidate {
+        Candidate { seq, remaining }
+    }
+
+    #[test]
+    fn a_lone_prompt_takes_the_whole_budget() {
+        assert_eq!(
+            share_prefill_budget(&[cand(1, 5000)], 512, usize::MAX),
+            [512]
+        );
+        assert_eq!(share_prefill_budget(&[cand(1, 40)], 512, usize::MAX), [40]);
+        assert_eq!(share_prefill_budget(&[cand(1, 5000)], 1, 256), [1]);
+        assert!(share_prefill_budget(&[], 512, 256).is_empty());
+    }
+
+    #[test]
+    fn a_short_arrival_is_served_whole_beside_a_long_prefill() {
+        // The long prompt is older; the short one still gets all of its 16 tokens.
+        let shares = share_prefill_budget(&[cand(1, 6000), cand(2, 16)], 512, 256);
+        assert_eq!(shares, [256, 16]);
+        let shares = share_prefill_budget(&[cand(1, 6000), cand(2, 16)], 512, usize::MAX);
+        assert_eq!(shares, [496, 16]);
+    }
+
+    #[test]
+    fn the_oldest_prefill_keeps_a_quarter_of_the_budget_under_short_arrivals() {
+        let mut c = vec![cand(1, 6000)];
+        c.extend((2..40).map(|i| cand(i, 30)));
+        let shares = share_prefill_budget(&c, 512, 256);
+        assert_eq!(shares[0], 128);
+        assert_eq!(shares.iter().sum::<usize>(), 512);
+        // Shortest first among the rest: 12 of the 30-token arrivals fit whole, one partly.
+        assert_eq!(shares[1..13], [30; 12]);
+        assert_eq!(shares[13], 24);
+        assert!(shares[14..].iter().all(|&s| s == 0));
+    }
+
+    #[test]
+    fn equal_prompts_are_served_first_come_first_served() {
+        let c: Vec<_> = (1..=8).map(|i| cand(i, 128)).collect();
+        let shares = share_prefill_budget(&c, 512, 256);
+        assert_eq!(shares, [128, 128, 128, 128, 0, 0, 0, 0]);
+    }
+
+    #[test]
+    fn shares_never_exceed_the_budget_the_cap_or_what_is_left() {
+        let mut rng = 0x9e37_79b9_u64;
+        let mut next = || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        for _ in 0..2000 {
+            let n = (next() % 12) as usize;
+            let c: Vec<_> = (0..n)
+                .map(|i| cand(i as SeqId, 1 + (next() % 3000) as usize))
+                .collect();
+            let budget = 1 + (next() % 1024) as usize;
+            let cap = if next() % 3 == 0 {
+                usize::MAX
+            } else {
+                1 + (next() % 600) as usize
+            };
+            let shares = share_prefill_budget(&c, budget, cap);
+            assert!(shares.iter().sum::<usize>() <= budget);
+            for (c, &s) in c.iter().zip(&shares) {
+                assert!(s <= c.remaining && s <= cap);
+            }
+            if let Some(first) = c.first() {
+                assert!(shares[0] >= (budget / 4).max(1).min(first.remaining).min(cap));
+            }
+            // Work-conserving: budget is left only when every candidate is at its limit.
+            if shares.iter().sum::<usize>() < budget {
+                for (c, &s) in c.iter().zip(&shares) {
+                    assert_eq!(s, c.remaining.min(cap));
+                }
+            }
+        }
+    }
+
+    /// A scheduler, its sequences and a block pool, stepped as the engine would (every chunk
+    /// computed; a sequence whose known tokens are all computed samples one more token and
+    /// finishes after `max_new` of them).
+    struct Sim {
+        scheduler: Scheduler,
+        seqs: HashMap<SeqId, Sequence>,
+        pool: BlockPool,
+        next: SeqId,
+        /// Step at which each sequence produced its first token.
+        first_token: HashMap<SeqId, usize>,
+        max_new: HashMap<SeqId, usize>,
+        step: usize,
+    }
+
+    impl Sim {
+        fn new(max_batch_tokens: usize, threshold: usize) -> Self {
+            Self {
+                scheduler: Scheduler::new(SchedulerConfig {
+                    max_batch_tokens,
+                    max_num_seqs: 64,
+                    watermark_blocks: 0,
+                    long_prefill_token_threshold: threshold,
+                }),
+                seqs: HashMap::new(),
+                pool: BlockPool::new(4096, 16, false),
+                next: 1,
+                first_token: HashMap::new(),
+                max_new: HashMap::new(),
+                step: 0,
+            }
+        }
+
+        fn add(&mut self, prompt_len: usize, max_new: usize) -> SeqId {
+            let id = self.next;
+            self.next += 1;
+            let prompt = (0..prompt_len).map(|i| (i % 50) as u32).collect();
+            let sampler = Sampler::new(SamplingConfig::default(), 0);
+            let seq = Sequence::new(0, id.to_string(), prompt, sampler, max_new, [], 1 << 20);
+            self.seqs.insert(id, seq);
+            self.max_new.insert(id, max_new);
+            self.scheduler.enqueue(id);
+            id
+        }
+
+        fn step(&mut self) -> Schedule {
+            self.step += 1;
+            let schedule = self.scheduler.schedule(&mut self.seqs, &mut self.pool);
+            let total: usize = schedule.chunks.iter().map(|c| c.num_tokens).sum();
+            assert!(total <= self.scheduler.config.max_batch_tokens);
+            for chunk in &schedule.chunks {
+                assert!(chunk.num_tokens > 0);
+                let seq = self.seqs.get_mut(&chunk.seq).unwrap();
+                seq.computed += chunk.num_tokens;
+                assert!(seq.computed <= seq.tokens.len());
+                if seq.computed == seq.tokens.len() {
+                    self.first_token.entry(chunk.seq).or_insert(self.step);
+                    seq.tokens.push(7);
+                    if seq.generated().len() >= self.max_new[&chunk.seq] {
+                        let seq = self.seqs.remove(&chunk.seq).unwrap();
+                        self.scheduler.remove(chunk.seq);
+                        if let Some(blocks) = seq.blocks {
+                            self.pool.release(blocks);
+                        }
+                    }
+                }
+            }
+            schedule
+        }
+    }
+
+    #[test]
+    fn a_short_request_starts_in_the_next_step_while_a_long_prompt_prefills() {
+        let mut sim = Sim::new(512, 256);
+        let long = sim.add(6000, 4);
+        for _ in 0..3 {
+            sim.step();
+        }
+        // Alone, the long prompt took the whole budget each step.
+        assert_eq!(sim.seqs[&long].computed, 3 * 512);
+        let short = sim.add(16, 4);
+        let s = sim.step();
+        // The long chunk is capped (contended) and the short prompt is admitted and runs whole.
+        assert_eq!(
+            s.chunks,
+            [
+                Chunk {
+                    seq: long,
+                    num_tokens: 256
+                },
+                Chunk {
+                    seq: short,
+                    num_tokens: 16
+                },
+            ]
+        );
+        assert_eq!(sim.first_token[&short], 4);
+        // Then the short one decodes beside the capped long chunk.
+        let s = sim.step();
+        assert_eq!(
+            s.chunks[0],
+            Chunk {
+                seq: short,
+                num_tokens: 1
+            }
+        );
+        assert_eq!(
+            s.chunks[1],
+            Chunk {
+                seq: long,
+                num_tokens: 256
+            }
+        );
+    }
+
+    #[test]
+    fn a_long_prompt_is_not_starved_by_a_stream_of_short_arrivals() {
+        let mut sim = Sim::new(512, 256);
+        let long = sim.add(4000, 1);
+        let mut steps = 0;
+        while !sim.first_token.contains_key(&long) {
+            // Eight new 60-token requests every step: more prefill work than the budget.
+            for _ in 0..8 {
+                sim.add(60, 1);
+            }
+            sim.step();
+            steps += 1;
+            assert!(steps <= 4000 / 128 + 1, "the long prompt starved");
+        }
+    }
+
+    #[test]
+    fn admission_stays_first_come_first_served() {
+        // Without the cap the first long prompt takes the whole budget.
+        let mut sim = Sim::new(512, 0);
+        let a = sim.add(3000, 4);
+        let b = sim.add(3000, 4);
+        let c = sim.add(10, 4);
+        let s = sim.step();
+        // b gets nothing this step, so neither it nor c behind it is admitted (no overtaking).
+        assert_eq!(
+            s.chunks,
+            [Chunk {
+                seq: a,
+                num_tokens: 512
+            }]
+        );
+        assert!(sim.seqs[&b].blocks.is_none() && sim.seqs[&c].blocks.is_none());
+        assert_eq!(sim.scheduler.num_waiting(), 2);
+        // With the cap, both long prompts share the budget, and the short one still runs whole.
+        let mut sim = Sim::new(512, 256);
+        let a = sim.add(3000, 4);
+        let b = sim.add(3000, 4);
+        let c = sim.add(10, 4);
+        let s = sim.step();
+        assert_eq!(
+            s.chunks,
+            [
+                Chunk {
+                    seq: a,
+                    num_tokens: 256
+                },
+                Chunk {
+                    seq: b,
+                    num_tokens: 246
+                },
+                Chunk {
+                    seq: c,
+                    num_tokens: 10
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn decodes_keep_priority_and_cap_the_long_chunk() {
+        let mut sim = Sim::new(512, 256);
+        let short = sim.add(8, 100);
+        sim.step(); // prefill and first token of the short request
+        let long = sim.add(6000, 1);
+        for _ in 0..5 {
+            let s = sim.step();
+            assert_eq!(
+                s.chunks[0],
+                Chunk {
+                    seq: short,
+                    num_tokens: 1
+                }
+            );
+            assert_eq!(
+                s.chunks[1],
+                Chunk {
+                    seq: long,
+                    num_tokens: 256
+                }
+            );
+        }
+        // Once the decode finishes, the long prompt is alone again and takes the whole budget.
+        let mut sim = Sim::new(512, 256);
+        let long = sim.add(6000, 1);
+        let s = sim.step();
+        assert_eq!(
+            s.chunks,
+            [Chunk {
+                seq: long,
+                num_tokens: 512
+            }]
+        );
     }
 }
