@@ -8,6 +8,7 @@
 
 mod error;
 mod ggml_type;
+pub mod kquant;
 mod metadata;
 pub mod quant;
 mod reader;
