@@ -11,6 +11,7 @@
 use half::{bf16, f16};
 
 use crate::error::{GgufError, Result};
+use crate::kquant;
 use crate::GgmlType;
 
 /// Elements per block for every supported quantized format.
@@ -51,7 +52,8 @@ pub fn dequantize_block_q4_1(block: &[u8], out: &mut [f32]) {
 
 /// Decodes `n_elements` values of type `dtype` from `bytes` into `out[..n_elements]`.
 ///
-/// Supports F32, F16, BF16, Q8_0, Q4_0 and Q4_1.
+/// Supports F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and the k-quants Q4_K, Q5_K and Q6_K
+/// (their block decoders are in [`crate::kquant`]).
 /// Errors: [`GgufError::UnsupportedType`] for other types;
 /// [`GgufError::SizeMismatch`] if `n_elements` is not a whole number of
 /// blocks, `bytes` is not exactly the encoded size, or `out` is shorter than
@@ -96,13 +98,25 @@ pub fn dequantize(dtype: GgmlType, bytes: &[u8], n_elements: usize, out: &mut [f
                 *o = bf16::from_le_bytes([b[0], b[1]]).to_f32();
             }
         }
-        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 => {
-            let f = match dtype {
+        GgmlType::Q8_0
+        | GgmlType::Q4_0
+        | GgmlType::Q4_1
+        | GgmlType::Q5_0
+        | GgmlType::Q5_1
+        | GgmlType::Q4_K
+        | GgmlType::Q5_K
+        | GgmlType::Q6_K => {
+            let f: fn(&[u8], &mut [f32]) = match dtype {
                 GgmlType::Q8_0 => dequantize_block_q8_0,
                 GgmlType::Q4_0 => dequantize_block_q4_0,
-                _ => dequantize_block_q4_1,
+                GgmlType::Q4_1 => dequantize_block_q4_1,
+                GgmlType::Q5_0 => kquant::dequantize_block_q5_0,
+                GgmlType::Q5_1 => kquant::dequantize_block_q5_1,
+                GgmlType::Q4_K => kquant::dequantize_block_q4_k,
+                GgmlType::Q5_K => kquant::dequantize_block_q5_k,
+                _ => kquant::dequantize_block_q6_k,
             };
-            for (o, b) in out.chunks_exact_mut(QK).zip(bytes.chunks_exact(bpb)) {
+            for (o, b) in out.chunks_exact_mut(block).zip(bytes.chunks_exact(bpb)) {
                 f(b, o);
             }
         }
@@ -304,7 +318,7 @@ mod tests {
             Err(GgufError::SizeMismatch(_))
         ));
         assert!(matches!(
-            dequantize_to_vec(GgmlType::Unsupported(12), &[0; 33], 32),
+            dequantize_to_vec(GgmlType::Unsupported(16), &[0; 33], 32),
             Err(GgufError::UnsupportedType(_))
         ));
         assert!(quantize_q4_1(&[0.0; 31]).is_err());

@@ -219,6 +219,48 @@ pub fn write_tiny_llama(path: &Path, seed: u64) -> Result<TinyModelInfo> {
     Ok(info)
 }
 
+/// `n_elements` values of `format` as random but well-formed blocks (test data for decoders and
+/// kernels of formats without an encoder here): every byte random from `seed`, then each block's
+/// f16 scale fields set to small finite values (`d` in [2^-10, 2^-6), mins likewise), so decoded
+/// values are finite and of a plausible magnitude.
+///
+/// Panics for unsupported formats or an `n_elements` that is not a whole number of blocks.
+pub fn random_encoding(format: GgmlType, n_elements: usize, seed: u64) -> Vec<u8> {
+    let block = format.block_size().expect("supported format");
+    let bpb = format.bytes_per_block().expect("supported format");
+    assert!(n_elements.is_multiple_of(block), "whole blocks only");
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut out = vec![0u8; n_elements / block * bpb];
+    rng.fill(&mut out[..]);
+    if block == 1 {
+        // Plain floats: random bits may be NaN; use values in [-1, 1) instead.
+        let values: Vec<f32> = (0..n_elements)
+            .map(|_| rng.random_range(-1.0f32..1.0))
+            .collect();
+        return match format {
+            GgmlType::F32 => crate::quant::encode_f32(&values),
+            GgmlType::F16 => crate::quant::quantize_f16(&values),
+            _ => values
+                .iter()
+                .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
+                .collect(),
+        };
+    }
+    // Byte offsets of the f16 fields of one block.
+    let fields: &[usize] = match format {
+        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
+        GgmlType::Q6_K => &[208],
+        _ => &[0],
+    };
+    for b in out.chunks_exact_mut(bpb) {
+        for &f in fields {
+            let v = half::f16::from_f32(rng.random_range(0.001f32..0.015));
+            b[f..f + 2].copy_from_slice(&v.to_le_bytes());
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

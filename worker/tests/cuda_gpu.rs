@@ -151,7 +151,13 @@ fn encode(format: GgmlType, w: &[f32]) -> Vec<u8> {
                 out
             })
             .collect(),
-        GgmlType::Unsupported(_) => unreachable!(),
+        // No CUDA kernels for these formats yet (`row_bytes` refuses them).
+        GgmlType::Q5_0
+        | GgmlType::Q5_1
+        | GgmlType::Q4_K
+        | GgmlType::Q5_K
+        | GgmlType::Q6_K
+        | GgmlType::Unsupported(_) => unreachable!("no CUDA kernels for {format}"),
     }
 }
 

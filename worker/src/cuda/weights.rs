@@ -39,7 +39,13 @@ pub fn row_bytes(format: GgmlType, cols: usize) -> Option<usize> {
         | GgmlType::Q4_0
         | GgmlType::Q4_1
         | GgmlType::Q8_0 => {}
-        GgmlType::Unsupported(_) => return None,
+        // No CUDA kernels for the 5-bit formats and the k-quants yet.
+        GgmlType::Q5_0
+        | GgmlType::Q5_1
+        | GgmlType::Q4_K
+        | GgmlType::Q5_K
+        | GgmlType::Q6_K
+        | GgmlType::Unsupported(_) => return None,
     }
     if !cols.is_multiple_of(32) && format.block_size() != Some(1) {
         return None;
@@ -56,7 +62,12 @@ pub fn format_suffix(format: GgmlType) -> Option<&'static str> {
         GgmlType::Q4_0 => "q4_0",
         GgmlType::Q4_1 => "q4_1",
         GgmlType::Q8_0 => "q8_0",
-        GgmlType::Unsupported(_) => return None,
+        GgmlType::Q5_0
+        | GgmlType::Q5_1
+        | GgmlType::Q4_K
+        | GgmlType::Q5_K
+        | GgmlType::Q6_K
+        | GgmlType::Unsupported(_) => return None,
     })
 }
 
@@ -303,9 +314,9 @@ mod tests {
         assert_eq!(row_bytes(GgmlType::BF16, 8), Some(16));
         assert_eq!(row_bytes(GgmlType::F32, 8), Some(32));
         assert_eq!(row_bytes(GgmlType::Q8_0, 40), None);
-        assert_eq!(row_bytes(GgmlType::Unsupported(12), 256), None);
+        assert_eq!(row_bytes(GgmlType::Unsupported(16), 256), None);
         assert_eq!(format_suffix(GgmlType::Q4_1), Some("q4_1"));
-        assert_eq!(format_suffix(GgmlType::Unsupported(12)), None);
+        assert_eq!(format_suffix(GgmlType::Unsupported(16)), None);
     }
 
     #[test]

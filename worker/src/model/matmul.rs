@@ -1,6 +1,6 @@
 //! Batched matrix multiply `y[n, out] = x[n, in] · W[out, in]ᵀ` of f32
 //! activations by weights in their file format ([`QMatrix`]: Q8_0, Q4_0,
-//! Q4_1, F16, BF16, F32), and the f32 dot product used by attention.
+//! Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, F16, BF16, F32), and the f32 dot product used by attention.
 //!
 //! Determinism: every output element is computed by the same sequence of
 //! floating-point operations regardless of `n`, the tile it falls in, or the
@@ -1009,7 +1009,8 @@ mod tests {
                 .iter()
                 .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
                 .collect(),
-            _ => gguf::quant::encode_f32(&w),
+            GgmlType::F32 => gguf::quant::encode_f32(&w),
+            _ => gguf::testing::random_encoding(format, rows * cols, seed as u64),
         };
         QMatrix::from_bytes(format, rows, cols, &bytes).unwrap()
     }
@@ -1045,10 +1046,20 @@ mod tests {
             GgmlType::BF16,
             GgmlType::Q8_0,
             GgmlType::Q4_1,
+            GgmlType::Q5_0,
+            GgmlType::Q5_1,
+            GgmlType::Q4_K,
+            GgmlType::Q5_K,
+            GgmlType::Q6_K,
         ];
         for path in SimdPath::available() {
             for format in formats {
-                for &(k, outs) in &[(32, [1, 5]), (96, [50, 7]), (576, [3, 97])] {
+                let shapes: &[(usize, [usize; 2])] = if format.block_size() == Some(256) {
+                    &[(256, [1, 5]), (512, [3, 17])]
+                } else {
+                    &[(32, [1, 5]), (96, [50, 7]), (576, [3, 97])]
+                };
+                for &(k, outs) in shapes {
                     let parts: Vec<QMatrix> = outs
                         .iter()
                         .enumerate()

@@ -2,7 +2,10 @@
 //! [`super::matmul`].
 //!
 //! A [`QMatrix`] keeps a GGUF matrix exactly as the file encodes it (Q8_0,
-//! Q4_0, Q4_1, F16, BF16, or F32), one row per output feature. The matmul
+//! Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, F16, BF16, or F32), one row per
+//! output feature. The 5-bit formats and the k-quants have no SIMD decoder
+//! yet: every path decodes them with the scalar reference (exact, so results
+//! stay bitwise the same across paths). The matmul
 //! decodes a few rows at a time into a small per-thread f32 tile (L1
 //! resident: `TILE_R * cols * 4` bytes, at most 18 KiB for SmolLM2's 1536-wide
 //! rows) and multiplies float32 activations against it; there is no 8-bit
@@ -104,8 +107,8 @@ pub struct QMatrix {
 impl QMatrix {
     /// Wraps `bytes` (the tensor data as stored in a GGUF file) as a `[rows, cols]` matrix.
     ///
-    /// Errors (as text) if the format is not one of F32, F16, BF16, Q8_0,
-    /// Q4_0, Q4_1, if `cols` is not a multiple of the format's block size, or
+    /// Errors (as text) if the format is one `gguf` cannot decode
+    /// ([`GgmlType::Unsupported`]), if `cols` is not a multiple of the format's block size, or
     /// if `bytes` is not exactly `rows` encoded rows.
     pub fn from_bytes(
         format: GgmlType,
@@ -265,6 +268,9 @@ mod tests {
                 .iter()
                 .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
                 .collect(),
+            GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => {
+                gguf::testing::random_encoding(format, x.len(), x.len() as u64)
+            }
             _ => gguf::quant::encode_f32(x),
         }
     }
@@ -279,9 +285,19 @@ mod tests {
             GgmlType::Q8_0,
             GgmlType::Q4_0,
             GgmlType::Q4_1,
+            GgmlType::Q5_0,
+            GgmlType::Q5_1,
+            GgmlType::Q4_K,
+            GgmlType::Q5_K,
+            GgmlType::Q6_K,
         ];
         for format in formats {
-            for (rows, cols) in [(1, 32), (3, 64), (5, 160), (2, 1536)] {
+            let shapes: &[(usize, usize)] = if format.block_size() == Some(256) {
+                &[(1, 256), (3, 512), (2, 1536)]
+            } else {
+                &[(1, 32), (3, 64), (5, 160), (2, 1536)]
+            };
+            for &(rows, cols) in shapes {
                 let x = data(rows * cols, cols as u64 + 7);
                 let bytes = encode(format, &x);
                 let m = QMatrix::from_bytes(format, rows, cols, &bytes).unwrap();
@@ -317,7 +333,7 @@ mod tests {
     fn rejects_bad_shapes() {
         assert!(QMatrix::from_bytes(GgmlType::Q8_0, 2, 33, &[0; 68]).is_err());
         assert!(QMatrix::from_bytes(GgmlType::Q8_0, 2, 32, &[0; 67]).is_err());
-        assert!(QMatrix::from_bytes(GgmlType::Unsupported(12), 1, 256, &[0; 144]).is_err());
+        assert!(QMatrix::from_bytes(GgmlType::Unsupported(16), 1, 256, &[0; 144]).is_err());
         let m = QMatrix::from_bytes(GgmlType::Q4_1, 3, 64, &[0; 120]).unwrap();
         assert_eq!(
             (m.rows(), m.cols(), m.row_bytes(), m.size_bytes()),
