@@ -474,6 +474,11 @@ impl GgufFile {
         optional(self.get_str_array(key))
     }
 
+    /// Like [`Self::get_f32_array`] but `Ok(None)` when the key is absent.
+    pub fn get_opt_f32_array(&self, key: &str) -> Result<Option<Vec<f32>>> {
+        optional(self.get_f32_array(key))
+    }
+
     /// Like [`Self::get_i32_array`] but `Ok(None)` when the key is absent.
     pub fn get_opt_i32_array(&self, key: &str) -> Result<Option<Vec<i32>>> {
         optional(self.get_i32_array(key))

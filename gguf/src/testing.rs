@@ -27,6 +27,21 @@ pub fn default_model_path() -> PathBuf {
         .join(DEFAULT_MODEL_FILE)
 }
 
+/// File name of the Gemma 3 270M test model (`scripts/fetch-model gemma3-270m`).
+pub const GEMMA3_MODEL_FILE: &str = "gemma-3-270m-q4_k_m.gguf";
+
+/// Path of the Gemma 3 270M Q4_K_M model: `$GEMMA3_MODEL` if set, else
+/// `<workspace root>/.cache/models/gemma-3-270m-q4_k_m.gguf`. The file may not exist (fetch it with
+/// `scripts/fetch-model gemma3-270m`).
+pub fn gemma3_model_path() -> PathBuf {
+    if let Some(p) = std::env::var_os("GEMMA3_MODEL") {
+        return PathBuf::from(p);
+    }
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+        .join(".cache/models")
+        .join(GEMMA3_MODEL_FILE)
+}
+
 /// Shape and vocabulary of the model written by [`write_tiny_llama`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct TinyModelInfo {

@@ -16,6 +16,12 @@ pub struct TokenizerMetadata {
     /// `tokenizer.ggml.merges`: BPE merges as `"left right"`, highest priority
     /// first; empty if absent.
     pub merges: Vec<String>,
+    /// `tokenizer.ggml.scores` per token (SentencePiece piece scores: the higher, the earlier a
+    /// merge producing the piece applies); empty if absent.
+    pub scores: Vec<f32>,
+    /// `tokenizer.ggml.add_space_prefix` (SentencePiece: prepend a space to the text before
+    /// encoding); `None` if absent (llama.cpp then assumes `true` for `"llama"` vocabularies).
+    pub add_space_prefix: Option<bool>,
     /// `tokenizer.ggml.token_type` per token (1 normal, 2 unknown, 3 control,
     /// 4 user-defined, 5 unused, 6 byte); all 1 if absent.
     pub token_types: Vec<i32>,
@@ -50,6 +56,16 @@ impl TokenizerMetadata {
                 tokens.len()
             )));
         }
+        let scores = file
+            .get_opt_f32_array("tokenizer.ggml.scores")?
+            .unwrap_or_default();
+        if !scores.is_empty() && scores.len() != tokens.len() {
+            return Err(GgufError::SizeMismatch(format!(
+                "tokenizer.ggml.scores has {} entries for {} tokens",
+                scores.len(),
+                tokens.len()
+            )));
+        }
         let special = |key: &str| -> Result<Option<u32>> {
             let id = file.get_opt_u32(key)?;
             match id {
@@ -79,7 +95,9 @@ impl TokenizerMetadata {
             chat_template: file
                 .get_opt_str("tokenizer.chat_template")?
                 .map(str::to_string),
+            add_space_prefix: file.get_opt_bool("tokenizer.ggml.add_space_prefix")?,
             tokens,
+            scores,
             token_types,
         })
     }

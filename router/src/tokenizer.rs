@@ -49,7 +49,10 @@ const LLAMA3_SPLIT_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}
 #[derive(Debug, thiserror::Error)]
 pub enum TokenizerError {
     /// `tokenizer.ggml.model` names a tokenizer this router cannot build.
-    #[error("unsupported tokenizer model {0:?} (supported: \"gpt2\" byte-level BPE, or a tokenizer.json)")]
+    #[error(
+        "unsupported tokenizer model {0:?} (supported: \"gpt2\" byte-level BPE, \"llama\" \
+         SentencePiece, or a tokenizer.json)"
+    )]
     UnsupportedModel(String),
     /// `tokenizer.ggml.pre` names a pre-tokenizer this router does not know.
     #[error(
@@ -115,6 +118,7 @@ impl TextTokenizer {
         }
         match spec.model.as_str() {
             "gpt2" => Self::from_gguf_bpe(spec),
+            "llama" => Self::from_gguf_spm(spec),
             other => Err(TokenizerError::UnsupportedModel(other.to_string())),
         }
     }
@@ -197,20 +201,7 @@ impl TextTokenizer {
         inner.add_special_tokens(&added);
 
         let vocab_size = spec.tokens.len();
-        let bos_to_prepend = match (spec.add_bos_token, spec.bos_token_id) {
-            (true, Some(bos)) if (bos as usize) < vocab_size => Some(bos),
-            (true, Some(bos)) => {
-                return Err(TokenizerError::InvalidSpec(format!(
-                    "bos_token_id {bos} outside the vocabulary of {vocab_size}"
-                )))
-            }
-            (true, None) => {
-                return Err(TokenizerError::InvalidSpec(
-                    "add_bos_token set without bos_token_id".into(),
-                ))
-            }
-            (false, _) => None,
-        };
+        let bos_to_prepend = bos_to_prepend(spec)?;
         let byte_table = Some(ByteTable::build(&inner, vocab_size));
         Ok(Self {
             inner,
@@ -218,6 +209,19 @@ impl TextTokenizer {
             special_ids,
             vocab_size,
             byte_table,
+        })
+    }
+
+    /// A SentencePiece-style GGUF vocabulary ([`crate::sentencepiece`]).
+    fn from_gguf_spm(spec: &TokenizerSpec) -> Result<Self, TokenizerError> {
+        let spm = crate::sentencepiece::build(spec)?;
+        let vocab_size = spec.tokens.len();
+        Ok(Self {
+            inner: spm.tokenizer,
+            bos_to_prepend: bos_to_prepend(spec)?,
+            special_ids: spm.special_ids,
+            vocab_size,
+            byte_table: spm.token_bytes.map(ByteTable::from_token_bytes),
         })
     }
 
@@ -327,6 +331,25 @@ impl TextTokenizer {
     }
 }
 
+/// The BOS id [`TextTokenizer::encode`] prepends for a GGUF spec: `bos_token_id` when
+/// `add_bos_token` is set.
+///
+/// Errors: [`TokenizerError::InvalidSpec`] when `add_bos_token` is set without a BOS id in the
+/// vocabulary.
+fn bos_to_prepend(spec: &TokenizerSpec) -> Result<Option<u32>, TokenizerError> {
+    let vocab_size = spec.tokens.len();
+    match (spec.add_bos_token, spec.bos_token_id) {
+        (true, Some(bos)) if (bos as usize) < vocab_size => Ok(Some(bos)),
+        (true, Some(bos)) => Err(TokenizerError::InvalidSpec(format!(
+            "bos_token_id {bos} outside the vocabulary of {vocab_size}"
+        ))),
+        (true, None) => Err(TokenizerError::InvalidSpec(
+            "add_bos_token set without bos_token_id".into(),
+        )),
+        (false, _) => Ok(None),
+    }
+}
+
 /// Returns the pre-tokenizer for `tokenizer.ggml.pre`, and whether the BPE
 /// model must take whole pre-tokens found in the vocabulary as-is
 /// (`ignore_merges`, Llama 3).
@@ -389,6 +412,22 @@ impl ByteTable {
             offsets,
             bytes,
             present,
+        }
+    }
+
+    /// A table from each token's bytes (index = id).
+    fn from_token_bytes(tokens: Vec<Vec<u8>>) -> Self {
+        let mut offsets = Vec::with_capacity(tokens.len() + 1);
+        let mut bytes = Vec::new();
+        offsets.push(0);
+        for t in &tokens {
+            bytes.extend_from_slice(t);
+            offsets.push(bytes.len() as u32);
+        }
+        Self {
+            offsets,
+            bytes,
+            present: vec![true; tokens.len()],
         }
     }
 

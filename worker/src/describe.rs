@@ -70,6 +70,8 @@ pub fn describe_model(
             bos_token_id: tok.bos_token_id,
             add_bos_token: tok.add_bos_token,
             tokenizer_json,
+            scores: tok.scores,
+            add_space_prefix: tok.add_space_prefix,
         }),
     })
 }

@@ -307,6 +307,7 @@ mod tests {
                 bos_token_id: Some(info.bos_token_id),
                 add_bos_token: add_bos,
                 tokenizer_json: String::new(),
+                ..Default::default()
             };
             Tiny(
                 std::sync::Arc::new(TextTokenizer::from_spec(&spec).unwrap()),

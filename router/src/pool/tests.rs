@@ -108,6 +108,7 @@ fn info() -> InfoResponse {
             bos_token_id: Some(1),
             add_bos_token: false,
             tokenizer_json: String::new(),
+            ..Default::default()
         }),
         ..Default::default()
     }

@@ -79,6 +79,8 @@ pub fn spec_from_metadata(meta: &gguf::TokenizerMetadata) -> TokenizerSpec {
         bos_token_id: meta.bos_token_id,
         add_bos_token: meta.add_bos_token,
         tokenizer_json: String::new(),
+        scores: meta.scores.clone(),
+        add_space_prefix: meta.add_space_prefix,
     }
 }
 
@@ -126,6 +128,7 @@ pub fn synthetic_spec(pre: &str) -> TokenizerSpec {
         bos_token_id: Some(SYN_IM_START),
         add_bos_token: false,
         tokenizer_json: String::new(),
+        ..Default::default()
     }
 }
 

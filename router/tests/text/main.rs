@@ -5,4 +5,5 @@
 mod chat_template;
 mod common;
 mod detokenizer;
+mod gemma_tokenizer;
 mod tokenizer;

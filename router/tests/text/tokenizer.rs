@@ -129,15 +129,22 @@ fn token_text_is_lossy_per_token() {
 #[test]
 fn unsupported_and_invalid_specs_are_clear_errors() {
     let mut spec = synthetic_spec("smollm");
-    spec.model = "llama".into();
+    spec.model = "bert".into();
     let err = TextTokenizer::from_spec(&spec).unwrap_err();
     assert!(
-        matches!(err, TokenizerError::UnsupportedModel(ref m) if m == "llama"),
+        matches!(err, TokenizerError::UnsupportedModel(ref m) if m == "bert"),
         "{err}"
     );
     assert!(
         err.to_string()
-            .contains("unsupported tokenizer model \"llama\""),
+            .contains("unsupported tokenizer model \"bert\""),
+        "{err}"
+    );
+    // A SentencePiece vocabulary without its scores cannot be rebuilt.
+    spec.model = "llama".into();
+    let err = TextTokenizer::from_spec(&spec).unwrap_err();
+    assert!(
+        matches!(err, TokenizerError::InvalidSpec(ref m) if m.contains("one score per token")),
         "{err}"
     );
 

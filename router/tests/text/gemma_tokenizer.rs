@@ -1,0 +1,98 @@
+//! The Gemma 3 SentencePiece vocabulary (GGUF `tokenizer.ggml.model = "llama"`, 262,144 pieces, no
+//! merges) against `fixtures/gemma3-270m.json`: 30 tokenizer cases whose ids came from Hugging
+//! Face's `GemmaTokenizer` and agree with llama.cpp.
+
+use std::sync::{Arc, OnceLock};
+
+use router::tokenizer::TextTokenizer;
+use serde_json::Value;
+
+use crate::common::{ids, spec_from_metadata};
+
+fn fixture() -> &'static Value {
+    static REF: OnceLock<Value> = OnceLock::new();
+    REF.get_or_init(|| {
+        let text = include_str!("../../../fixtures/gemma3-270m.json");
+        serde_json::from_str(text).expect("gemma3-270m.json is valid JSON")
+    })
+}
+
+/// The Gemma 3 tokenizer built from the real file. Panics (the test fails, it is not skipped)
+/// when the model file is missing.
+fn gemma() -> Arc<TextTokenizer> {
+    static TOK: OnceLock<Arc<TextTokenizer>> = OnceLock::new();
+    TOK.get_or_init(|| {
+        let path = gguf::testing::gemma3_model_path();
+        assert!(
+            path.exists(),
+            "model file {} is missing: run scripts/fetch-model gemma3-270m first",
+            path.display()
+        );
+        let file = gguf::GgufFile::open(&path)
+            .unwrap_or_else(|e| panic!("cannot open {}: {e}", path.display()));
+        let meta = gguf::TokenizerMetadata::from_gguf(&file).expect("tokenizer metadata");
+        assert_eq!(meta.model, "llama");
+        Arc::new(TextTokenizer::from_spec(&spec_from_metadata(&meta)).expect("gemma tokenizer"))
+    })
+    .clone()
+}
+
+#[test]
+fn every_reference_case_encodes_exactly_with_and_without_bos() {
+    let tok = gemma();
+    let cases = fixture()["tokenizer_cases"].as_array().expect("cases");
+    assert_eq!(cases.len(), 30);
+    let mut failures = Vec::new();
+    for case in cases {
+        let text = case["text"].as_str().unwrap();
+        let with_bos = tok.encode(text, true).unwrap();
+        let without = tok.encode(text, false).unwrap();
+        if with_bos != ids(&case["ids"]) || without != ids(&case["ids_no_bos"]) {
+            failures.push(format!(
+                "{text:?}: got {without:?}, want {:?}",
+                ids(&case["ids_no_bos"])
+            ));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} cases differ:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn every_reference_prompt_encodes_to_its_ids() {
+    let tok = gemma();
+    for p in fixture()["prompts"].as_array().expect("prompts") {
+        let text = p["text"].as_str().expect("prompt text");
+        assert_eq!(
+            tok.encode(text, true).unwrap(),
+            ids(&p["prompt_ids"]),
+            "prompt {:?}",
+            p["name"]
+        );
+    }
+}
+
+#[test]
+fn decoding_returns_the_text_and_special_tokens_are_control_only() {
+    let tok = gemma();
+    assert!(
+        tok.is_byte_level(),
+        "add_space_prefix is false: pure per-token bytes"
+    );
+    for case in fixture()["tokenizer_cases"].as_array().unwrap() {
+        let text = case["text"].as_str().unwrap();
+        let ids = tok.encode(text, false).unwrap();
+        assert_eq!(tok.decode(&ids, false), text);
+    }
+    // <start_of_turn> (105) and <end_of_turn> (106) are control; "\n" (107) is user-defined text.
+    assert!(tok.is_special(105) && tok.is_special(106) && tok.is_special(2));
+    assert!(!tok.is_special(107));
+    assert_eq!(tok.decode(&[105, 2364, 107, 2202, 106], true), "user\nhi");
+    // Byte fallback: a character outside the vocabulary decodes back through its bytes.
+    let rare = "\u{10FFFD}";
+    assert_eq!(tok.decode(&tok.encode(rare, false).unwrap(), false), rare);
+}
