@@ -9,7 +9,9 @@ use inference_proto::worker::{InfoResponse, TokenizerSpec};
 /// Builds the static part of `Info` from the model file.
 ///
 /// `eos_token_ids` holds every end-of-sequence id the model declares (`eos`, `eot`) plus
-/// `<|endoftext|>` / `<|im_end|>` when the vocabulary has them, since chat models end turns with either.
+/// the end-of-turn tokens of the known chat formats when the vocabulary has them (`<|im_end|>`,
+/// `<|endoftext|>`, `<|eot_id|>`, `<|end_of_text|>`, Gemma's `<end_of_turn>`, Phi-3's `<|end|>`),
+/// since chat models end turns with them and not every file declares its `eot`.
 /// A `tokenizer.json` beside the model file is passed along verbatim and takes precedence.
 ///
 /// Errors: missing or malformed `tokenizer.ggml.*` metadata.
@@ -29,6 +31,8 @@ pub fn describe_model(
         "<|endoftext|>",
         "<|eot_id|>",
         "<|end_of_text|>",
+        "<end_of_turn>", // Gemma: a chat turn ends with it; the file declares only <eos>
+        "<|end|>",       // Phi-3
     ] {
         if let Some(id) = tok.tokens.iter().position(|t| t == name) {
             eos.push(id as u32);
