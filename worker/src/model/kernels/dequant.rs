@@ -1,5 +1,9 @@
 //! Row decoders: encoded GGUF rows to f32, per format and SIMD path.
 //!
+//! Q5_0/Q5_1 and the k-quants (Q4_K, Q5_K, Q6_K) follow `gguf::kquant`'s layouts; their AVX2
+//! decoders widen eight bytes at a time to 32-bit lanes, take nibbles and high bits with shifts
+//! and masks, and repeat the reference's float operations in its order.
+//!
 //! Block layouts as in `gguf::quant` (ggml's `ggml-common.h`): Q8_0 is an f16
 //! `d` and 32 i8; Q4_0 an f16 `d` and 16 bytes; Q4_1 an f16 `d`, an f16 `m` and
 //! 16 bytes, byte `j` holding element `j` (low nibble) and `j + 16` (high
@@ -131,7 +135,149 @@ mod avx2 {
                 gguf::dequantize(format, &bytes[2 * body..], n - body, &mut out[body..])
                     .expect("validated sizes");
             }
+            GgmlType::Q5_0 | GgmlType::Q5_1 => {
+                let (bpb, offset) = if format == GgmlType::Q5_0 {
+                    (22, 16)
+                } else {
+                    (24, 0)
+                };
+                for b in 0..n / 32 {
+                    let p = src.add(b * bpb);
+                    let o = dst.add(b * 32);
+                    if format == GgmlType::Q5_0 {
+                        q5_block(p.add(6), read_u32(p.add(2)), offset, f16_at(p), None, o);
+                    } else {
+                        let m = f16_at(p.add(2));
+                        q5_block(p.add(8), read_u32(p.add(4)), offset, f16_at(p), Some(m), o);
+                    }
+                }
+            }
+            GgmlType::Q4_K | GgmlType::Q5_K => {
+                let five = format == GgmlType::Q5_K;
+                let bpb = if five { 176 } else { 144 };
+                for b in 0..n / 256 {
+                    let p = src.add(b * bpb);
+                    let d = f16_at(p);
+                    let dmin = f16_at(p.add(2));
+                    let scales = std::slice::from_raw_parts(p.add(4), 12);
+                    let (qh, qs) = if five {
+                        (p.add(16), p.add(48))
+                    } else {
+                        (std::ptr::null(), p.add(16))
+                    };
+                    for c in 0..4 {
+                        for half in 0..2 {
+                            let (sc, m) = gguf::kquant::scale_min_k4(2 * c + half, scales);
+                            let scale = _mm256_set1_ps(d * sc as f32);
+                            let min = _mm256_set1_ps(dmin * m as f32);
+                            for g in 0..4 {
+                                let l = 8 * g;
+                                let mut q = widen8(qs.add(32 * c + l));
+                                q = _mm256_and_si256(
+                                    _mm256_srlv_epi32(q, _mm256_set1_epi32(4 * half as i32)),
+                                    _mm256_set1_epi32(0x0F),
+                                );
+                                if five {
+                                    let h = _mm256_srlv_epi32(
+                                        widen8(qh.add(l)),
+                                        _mm256_set1_epi32((2 * c + half) as i32),
+                                    );
+                                    let h = _mm256_and_si256(h, _mm256_set1_epi32(1));
+                                    q = _mm256_or_si256(q, _mm256_slli_epi32(h, 4));
+                                }
+                                // (d * scale) * q - dmin * min, rounded as the reference.
+                                let y =
+                                    _mm256_sub_ps(_mm256_mul_ps(scale, _mm256_cvtepi32_ps(q)), min);
+                                _mm256_storeu_ps(dst.add(b * 256 + 64 * c + 32 * half + l), y);
+                            }
+                        }
+                    }
+                }
+            }
+            GgmlType::Q6_K => {
+                for b in 0..n / 256 {
+                    let p = src.add(b * 210);
+                    let d = f16_at(p.add(208));
+                    for half in 0..2 {
+                        let ql = p.add(64 * half);
+                        let qh = p.add(128 + 32 * half);
+                        let sc = p.add(192 + 8 * half) as *const i8;
+                        let y = dst.add(b * 256 + 128 * half);
+                        for g in 0..4 {
+                            let l = 8 * g;
+                            let is = l / 16;
+                            let lo = widen8(ql.add(l));
+                            let lo32 = widen8(ql.add(l + 32));
+                            let h = widen8(qh.add(l));
+                            let nib = _mm256_set1_epi32(0x0F);
+                            let two = _mm256_set1_epi32(3);
+                            let parts = [
+                                (_mm256_and_si256(lo, nib), 0, 0),
+                                (_mm256_and_si256(lo32, nib), 2, 2),
+                                (_mm256_srli_epi32(lo, 4), 4, 4),
+                                (_mm256_srli_epi32(lo32, 4), 6, 6),
+                            ];
+                            for (k, (low, shift, sc_off)) in parts.into_iter().enumerate() {
+                                let high = _mm256_and_si256(
+                                    _mm256_srlv_epi32(h, _mm256_set1_epi32(shift)),
+                                    two,
+                                );
+                                let q = _mm256_sub_epi32(
+                                    _mm256_or_si256(low, _mm256_slli_epi32(high, 4)),
+                                    _mm256_set1_epi32(32),
+                                );
+                                let scale = _mm256_set1_ps(d * *sc.add(is + sc_off) as f32);
+                                let v = _mm256_mul_ps(scale, _mm256_cvtepi32_ps(q));
+                                _mm256_storeu_ps(y.add(32 * k + l), v);
+                            }
+                        }
+                    }
+                }
+            }
             _ => gguf::dequantize(format, bytes, n, out).expect("validated sizes"),
+        }
+    }
+
+    /// Eight bytes at `p` widened to eight u32 lanes.
+    #[inline(always)]
+    unsafe fn widen8(p: *const u8) -> __m256i {
+        _mm256_cvtepu8_epi32(_mm_loadl_epi64(p as *const __m128i))
+    }
+
+    /// The little-endian u32 at `p`.
+    #[inline(always)]
+    unsafe fn read_u32(p: *const u8) -> u32 {
+        (p as *const u32).read_unaligned()
+    }
+
+    /// One 32-value Q5_0 / Q5_1 block from its 16 nibble bytes `qs` and fifth bits `qh`: value `j`
+    /// is `(nibble | bit << 4) - offset`, times `d`, plus `m` for Q5_1 (the reference's
+    /// `q * d + m`, two roundings).
+    #[inline(always)]
+    unsafe fn q5_block(qs: *const u8, qh: u32, offset: i32, d: f32, m: Option<f32>, out: *mut f32) {
+        let bits = _mm256_set1_epi32(qh as i32);
+        let iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        let d = _mm256_set1_ps(d);
+        for g in 0..4 {
+            // Values 8g..8g+8: nibbles of bytes (8g % 16).., low half first, high half second.
+            let byte0 = (8 * g) % 16;
+            let q = widen8(qs.add(byte0));
+            let q = if g < 2 {
+                _mm256_and_si256(q, _mm256_set1_epi32(0x0F))
+            } else {
+                _mm256_srli_epi32(q, 4)
+            };
+            let pos = _mm256_add_epi32(iota, _mm256_set1_epi32(8 * g as i32));
+            let h = _mm256_and_si256(_mm256_srlv_epi32(bits, pos), _mm256_set1_epi32(1));
+            let q = _mm256_sub_epi32(
+                _mm256_or_si256(q, _mm256_slli_epi32(h, 4)),
+                _mm256_set1_epi32(offset),
+            );
+            let mut v = _mm256_mul_ps(_mm256_cvtepi32_ps(q), d);
+            if let Some(m) = m {
+                v = _mm256_add_ps(v, _mm256_set1_ps(m));
+            }
+            _mm256_storeu_ps(out.add(8 * g), v);
         }
     }
 }

@@ -3,9 +3,9 @@
 //!
 //! A [`QMatrix`] keeps a GGUF matrix exactly as the file encodes it (Q8_0,
 //! Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, F16, BF16, or F32), one row per
-//! output feature. The 5-bit formats and the k-quants have no SIMD decoder
-//! yet: every path decodes them with the scalar reference (exact, so results
-//! stay bitwise the same across paths). The matmul
+//! output feature. The 5-bit formats and the k-quants are decoded by AVX2
+//! code on both SIMD paths (the AVX-512 path has its own decoders only for
+//! SmolLM2's Q4_1 and Q8_0). The matmul
 //! decodes a few rows at a time into a small per-thread f32 tile (L1
 //! resident: `TILE_R * cols * 4` bytes, at most 18 KiB for SmolLM2's 1536-wide
 //! rows) and multiplies float32 activations against it; there is no 8-bit
@@ -17,7 +17,10 @@
 //! exactly. The SIMD Q4_1 decoder computes `fma(q, d, m)`, which equals the
 //! reference's `q * d + m` because `q * d` (4-bit × 11-bit significands) is
 //! exact in f32; the same holds for the Q4_0/Q8_0 products (≤ 19-bit
-//! significands). So the only difference to the f32 reference model is the
+//! significands). The 5-bit and k-quant decoders repeat the reference's
+//! operations in its order (`(d * scale) * q - dmin * min` for Q4_K/Q5_K,
+//! `(d * scale) * (q - 32)` for Q6_K, `(q - 16) * d` and `q * d + m` for
+//! Q5_0/Q5_1), so they are bitwise equal too. So the only difference to the f32 reference model is the
 //! summation order of the dot products.
 //!
 //! SIMD paths ([`SimdPath`]): AVX-512F (+F16C), AVX2+FMA (+F16C), and a
