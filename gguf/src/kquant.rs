@@ -97,46 +97,36 @@ pub fn scale_min_k4(j: usize, scales: &[u8]) -> (u8, u8) {
 ///
 /// Panics if `block` is shorter than 144 bytes or `out` than 256 values.
 pub fn dequantize_block_q4_k(block: &[u8], out: &mut [f32]) {
-    let d = f16_at(block, 0);
-    let dmin = f16_at(block, 2);
-    let scales = &block[4..16];
-    let qs = &block[16..144];
-    for c in 0..4 {
-        let (sc0, m0) = scale_min_k4(2 * c, scales);
-        let (sc1, m1) = scale_min_k4(2 * c + 1, scales);
-        let (d0, min0) = (d * sc0 as f32, dmin * m0 as f32);
-        let (d1, min1) = (d * sc1 as f32, dmin * m1 as f32);
-        let q = &qs[32 * c..32 * c + 32];
-        let y = &mut out[64 * c..64 * c + 64];
-        for l in 0..32 {
-            y[l] = d0 * (q[l] & 0x0F) as f32 - min0;
-            y[l + 32] = d1 * (q[l] >> 4) as f32 - min1;
-        }
-    }
+    dequantize_k4_k5(&block[..Q4_K_BYTES], None, &block[16..144], out);
 }
 
 /// Decodes one 176-byte `Q5_K` super-block into `out[..256]`.
 ///
 /// Panics if `block` is shorter than 176 bytes or `out` than 256 values.
 pub fn dequantize_block_q5_k(block: &[u8], out: &mut [f32]) {
+    dequantize_k4_k5(block, Some(&block[16..48]), &block[48..176], out);
+}
+
+/// The body shared by `Q4_K` and `Q5_K`: `block` starts with `d`, `dmin` and the 12 scale bytes;
+/// `qh` (Q5_K) holds the fifth bits, `qs` the nibbles.
+fn dequantize_k4_k5(block: &[u8], qh: Option<&[u8]>, qs: &[u8], out: &mut [f32]) {
     let d = f16_at(block, 0);
     let dmin = f16_at(block, 2);
     let scales = &block[4..16];
-    let qh = &block[16..48];
-    let qs = &block[48..176];
     for c in 0..4 {
         let (sc0, m0) = scale_min_k4(2 * c, scales);
         let (sc1, m1) = scale_min_k4(2 * c + 1, scales);
         let (d0, min0) = (d * sc0 as f32, dmin * m0 as f32);
         let (d1, min1) = (d * sc1 as f32, dmin * m1 as f32);
-        let (u0, u1) = (1u8 << (2 * c), 1u8 << (2 * c + 1));
         let q = &qs[32 * c..32 * c + 32];
         let y = &mut out[64 * c..64 * c + 64];
         for l in 0..32 {
-            let h0 = if qh[l] & u0 != 0 { 16 } else { 0 };
-            let h1 = if qh[l] & u1 != 0 { 16 } else { 0 };
-            y[l] = d0 * ((q[l] & 0x0F) + h0) as f32 - min0;
-            y[l + 32] = d1 * ((q[l] >> 4) + h1) as f32 - min1;
+            let (h0, h1) = match qh {
+                Some(qh) => ((qh[l] >> (2 * c) & 1) << 4, (qh[l] >> (2 * c + 1) & 1) << 4),
+                None => (0, 0),
+            };
+            y[l] = d0 * ((q[l] & 0x0F) | h0) as f32 - min0;
+            y[l + 32] = d1 * ((q[l] >> 4) | h1) as f32 - min1;
         }
     }
 }

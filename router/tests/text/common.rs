@@ -56,16 +56,24 @@ pub fn ids(v: &Value) -> Vec<u32> {
 pub fn real_metadata() -> &'static gguf::TokenizerMetadata {
     static META: OnceLock<gguf::TokenizerMetadata> = OnceLock::new();
     META.get_or_init(|| {
-        let path = gguf::testing::default_model_path();
-        assert!(
-            path.exists(),
-            "model file {} is missing: run scripts/fetch-model first (or set SMOLLM_MODEL)",
-            path.display()
-        );
-        let file = gguf::GgufFile::open(&path)
-            .unwrap_or_else(|e| panic!("cannot open {}: {e}", path.display()));
-        gguf::TokenizerMetadata::from_gguf(&file).expect("tokenizer metadata")
+        metadata_at(
+            &gguf::testing::default_model_path(),
+            "scripts/fetch-model (or set SMOLLM_MODEL)",
+        )
     })
+}
+
+/// The tokenizer metadata of the model file at `path`. Panics (the test fails, it is not skipped)
+/// when the file is missing, naming `fetch` (how to get it).
+pub fn metadata_at(path: &std::path::Path, fetch: &str) -> gguf::TokenizerMetadata {
+    assert!(
+        path.exists(),
+        "model file {} is missing: run {fetch} first",
+        path.display()
+    );
+    let file = gguf::GgufFile::open(path)
+        .unwrap_or_else(|e| panic!("cannot open {}: {e}", path.display()));
+    gguf::TokenizerMetadata::from_gguf(&file).expect("tokenizer metadata")
 }
 
 /// What a worker would send for `meta`.

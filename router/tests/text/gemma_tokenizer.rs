@@ -7,7 +7,7 @@ use std::sync::{Arc, OnceLock};
 use router::tokenizer::TextTokenizer;
 use serde_json::Value;
 
-use crate::common::{ids, spec_from_metadata};
+use crate::common::{ids, metadata_at, spec_from_metadata};
 
 fn fixture() -> &'static Value {
     static REF: OnceLock<Value> = OnceLock::new();
@@ -22,15 +22,10 @@ fn fixture() -> &'static Value {
 fn gemma() -> Arc<TextTokenizer> {
     static TOK: OnceLock<Arc<TextTokenizer>> = OnceLock::new();
     TOK.get_or_init(|| {
-        let path = gguf::testing::gemma3_model_path();
-        assert!(
-            path.exists(),
-            "model file {} is missing: run scripts/fetch-model gemma3-270m first",
-            path.display()
+        let meta = metadata_at(
+            &gguf::testing::gemma3_model_path(),
+            "scripts/fetch-model gemma3-270m",
         );
-        let file = gguf::GgufFile::open(&path)
-            .unwrap_or_else(|e| panic!("cannot open {}: {e}", path.display()));
-        let meta = gguf::TokenizerMetadata::from_gguf(&file).expect("tokenizer metadata");
         assert_eq!(meta.model, "llama");
         Arc::new(TextTokenizer::from_spec(&spec_from_metadata(&meta)).expect("gemma tokenizer"))
     })

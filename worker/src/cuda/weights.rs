@@ -32,21 +32,7 @@ pub struct HostPart {
 /// Bytes of one `cols`-wide row in `format`; `None` for unsupported formats or a `cols` that is not a
 /// whole number of blocks (the kernels' `row_bytes_of`).
 pub fn row_bytes(format: GgmlType, cols: usize) -> Option<usize> {
-    match format {
-        GgmlType::F32
-        | GgmlType::F16
-        | GgmlType::BF16
-        | GgmlType::Q4_0
-        | GgmlType::Q4_1
-        | GgmlType::Q8_0 => {}
-        // No CUDA kernels for the 5-bit formats and the k-quants yet.
-        GgmlType::Q5_0
-        | GgmlType::Q5_1
-        | GgmlType::Q4_K
-        | GgmlType::Q5_K
-        | GgmlType::Q6_K
-        | GgmlType::Unsupported(_) => return None,
-    }
+    format_suffix(format)?;
     if !cols.is_multiple_of(32) && format.block_size() != Some(1) {
         return None;
     }
@@ -62,6 +48,7 @@ pub fn format_suffix(format: GgmlType) -> Option<&'static str> {
         GgmlType::Q4_0 => "q4_0",
         GgmlType::Q4_1 => "q4_1",
         GgmlType::Q8_0 => "q8_0",
+        // No CUDA kernels for the 5-bit formats and the k-quants yet.
         GgmlType::Q5_0
         | GgmlType::Q5_1
         | GgmlType::Q4_K

@@ -274,6 +274,10 @@ mod tests {
     use super::*;
     use crate::sampler::{Sampler, SamplingConfig};
 
+    fn chunk(seq: SeqId, num_tokens: usize) -> Chunk {
+        Chunk { seq, num_tokens }
+    }
+
     fn cand(seq: SeqId, remaining: usize) -> Candidate {
         Candidate { seq, remaining }
     }
@@ -437,36 +441,11 @@ mod tests {
         let short = sim.add(16, 4);
         let s = sim.step();
         // The long chunk is capped (contended) and the short prompt is admitted and runs whole.
-        assert_eq!(
-            s.chunks,
-            [
-                Chunk {
-                    seq: long,
-                    num_tokens: 256
-                },
-                Chunk {
-                    seq: short,
-                    num_tokens: 16
-                },
-            ]
-        );
+        assert_eq!(s.chunks, [chunk(long, 256), chunk(short, 16)]);
         assert_eq!(sim.first_token[&short], 4);
         // Then the short one decodes beside the capped long chunk.
         let s = sim.step();
-        assert_eq!(
-            s.chunks[0],
-            Chunk {
-                seq: short,
-                num_tokens: 1
-            }
-        );
-        assert_eq!(
-            s.chunks[1],
-            Chunk {
-                seq: long,
-                num_tokens: 256
-            }
-        );
+        assert_eq!(s.chunks[..2], [chunk(short, 1), chunk(long, 256)]);
     }
 
     #[test]
@@ -494,13 +473,7 @@ mod tests {
         let c = sim.add(10, 4);
         let s = sim.step();
         // b gets nothing this step, so neither it nor c behind it is admitted (no overtaking).
-        assert_eq!(
-            s.chunks,
-            [Chunk {
-                seq: a,
-                num_tokens: 512
-            }]
-        );
+        assert_eq!(s.chunks, [chunk(a, 512)]);
         assert!(sim.seqs[&b].blocks.is_none() && sim.seqs[&c].blocks.is_none());
         assert_eq!(sim.scheduler.num_waiting(), 2);
         // With the cap, both long prompts share the budget, and the short one still runs whole.
@@ -509,23 +482,7 @@ mod tests {
         let b = sim.add(3000, 4);
         let c = sim.add(10, 4);
         let s = sim.step();
-        assert_eq!(
-            s.chunks,
-            [
-                Chunk {
-                    seq: a,
-                    num_tokens: 256
-                },
-                Chunk {
-                    seq: b,
-                    num_tokens: 246
-                },
-                Chunk {
-                    seq: c,
-                    num_tokens: 10
-                },
-            ]
-        );
+        assert_eq!(s.chunks, [chunk(a, 256), chunk(b, 246), chunk(c, 10)]);
     }
 
     #[test]
@@ -536,31 +493,12 @@ mod tests {
         let long = sim.add(6000, 1);
         for _ in 0..5 {
             let s = sim.step();
-            assert_eq!(
-                s.chunks[0],
-                Chunk {
-                    seq: short,
-                    num_tokens: 1
-                }
-            );
-            assert_eq!(
-                s.chunks[1],
-                Chunk {
-                    seq: long,
-                    num_tokens: 256
-                }
-            );
+            assert_eq!(s.chunks[..2], [chunk(short, 1), chunk(long, 256)]);
         }
         // Once the decode finishes, the long prompt is alone again and takes the whole budget.
         let mut sim = Sim::new(512, 256);
         let long = sim.add(6000, 1);
         let s = sim.step();
-        assert_eq!(
-            s.chunks,
-            [Chunk {
-                seq: long,
-                num_tokens: 512
-            }]
-        );
+        assert_eq!(s.chunks, [chunk(long, 512)]);
     }
 }
