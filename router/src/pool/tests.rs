@@ -192,7 +192,7 @@ impl Worker for Fake {
         }
         Ok(Response::new(HealthResponse {
             ready: self.healthy.load(Ordering::Relaxed),
-            status: String::new(),
+            ..Default::default()
         }))
     }
 }
