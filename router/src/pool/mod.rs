@@ -1,6 +1,7 @@
 //! The router's workers and how requests reach them.
 //!
 //! - `link` ([`WorkerLink`]): one bidirectional stream per worker, reconnected with backoff, health-probed.
+//! - `unreachable`: the rate limit of the "worker unreachable" log.
 //! - `progress`: the stall rule (a worker with work and no progress for `stall_timeout_ms` leaves
 //!   rotation; a busy one whose probes time out does not).
 //! - this module: the set of workers (static ones and DNS-discovered ones that come and go), the
@@ -18,6 +19,7 @@ mod link;
 mod progress;
 mod session;
 mod ticket;
+mod unreachable;
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -29,10 +31,11 @@ use tokio::sync::{oneshot, watch};
 use tokio::task::AbortHandle;
 use tonic::Status;
 
-pub use link::{Origin, Unreachable, UnreachableLog, WorkerEvent, WorkerLink, WorkerSnapshot};
+pub use link::{Origin, WorkerEvent, WorkerLink, WorkerSnapshot};
 pub use progress::{Change, Progress};
 pub use session::Session;
 pub use ticket::{Dispatched, Ticket};
+pub use unreachable::{Unreachable, UnreachableLog};
 
 use crate::admission::{AdmissionLimits, AdmissionQueue};
 use crate::affinity::{AffinityPolicy, Candidate};
