@@ -229,9 +229,124 @@ pub async fn wait_idle(engine: &EngineHandle, timeout: Duration) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use inference_proto::worker::EngineStats;
+    use std::sync::atomic::AtomicBool;
+
+    use inference_proto::worker::{AddRequest, EngineStats, SamplingParams};
 
     use super::*;
+    use crate::engine::{
+        spawn_engine, BatchEntry, BatchModel, Command, EngineConfig, SchedulerConfig,
+    };
+
+    /// A model whose steps wait while `closed` is set (a hung engine), else take 1 ms.
+    struct GateModel {
+        closed: Arc<AtomicBool>,
+    }
+
+    impl BatchModel for GateModel {
+        type Kv = ();
+        fn kv_bytes_per_token(&self) -> usize {
+            4
+        }
+        fn new_kv(&self, _num_blocks: usize, _block_size: usize) {}
+        fn forward_batch(
+            &self,
+            batch: &[BatchEntry<'_>],
+            _kv: &mut (),
+        ) -> anyhow::Result<Vec<Vec<f32>>> {
+            std::thread::sleep(Duration::from_millis(1));
+            while self.closed.load(Ordering::Acquire) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Ok(batch
+                .iter()
+                .filter(|e| e.want_logits)
+                .map(|_| vec![1.0, 0.0, 0.0, 0.0])
+                .collect())
+        }
+        fn context_length(&self) -> usize {
+            100_000
+        }
+        fn vocab_size(&self) -> usize {
+            4
+        }
+    }
+
+    async fn wait_for(what: &str, check: impl Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !check() {
+            assert!(Instant::now() < deadline, "timed out waiting until {what}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_hung_engine_turns_not_serving_and_serving_again_when_it_moves() {
+        let closed = Arc::new(AtomicBool::new(false));
+        let engine = spawn_engine(
+            GateModel {
+                closed: closed.clone(),
+            },
+            EngineConfig {
+                block_size: 16,
+                num_blocks: 64,
+                prefix_caching: false,
+                scheduler: SchedulerConfig {
+                    max_batch_tokens: 64,
+                    max_num_seqs: 4,
+                    watermark_blocks: 0,
+                },
+            },
+        );
+        let (reporter, _service) = tonic_health::server::health_reporter();
+        let lifecycle = Lifecycle::new(reporter).await;
+        lifecycle.set_serving().await;
+        let stall = Duration::from_millis(150);
+        let watcher = tokio::spawn(watch_engine(lifecycle.clone(), engine.clone(), stall));
+        // Idle for longer than the stall timeout: still serving.
+        tokio::time::sleep(stall * 3).await;
+        assert!(lifecycle.is_serving() && !lifecycle.is_stalled());
+        let (out, _rx) = tokio::sync::mpsc::unbounded_channel();
+        let conn = engine.new_connection();
+        assert!(engine.send(Command::Add {
+            conn,
+            request: Box::new(AddRequest {
+                request_id: "a".into(),
+                prompt_ids: vec![1, 2, 3],
+                max_new_tokens: 1_000,
+                sampling: Some(SamplingParams {
+                    top_p: 1.0,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            out,
+        }));
+        // Busy with steps: serving. Then its steps hang: NOT_SERVING after the stall timeout.
+        wait_for("steps run", || engine.snapshot().stats.steps > 5).await;
+        assert!(lifecycle.is_serving());
+        closed.store(true, Ordering::Release);
+        let hung_at = Instant::now();
+        wait_for("stalled", || lifecycle.is_stalled()).await;
+        assert!(
+            hung_at.elapsed() >= stall,
+            "stalled after {:?}",
+            hung_at.elapsed()
+        );
+        assert!(!lifecycle.is_serving());
+        let answer = health_response(&engine.snapshot(), Instant::now(), stall, false);
+        assert!(
+            !answer.ready && answer.stalled && answer.has_work,
+            "{answer:?}"
+        );
+        // It moves again: serving.
+        closed.store(false, Ordering::Release);
+        wait_for("moving again", || lifecycle.is_serving()).await;
+        assert!(!lifecycle.is_stalled());
+        engine.send(Command::CloseConnection { conn });
+        wait_for("idle", || !engine.snapshot().has_work).await;
+        watcher.abort();
+    }
 
     fn busy_snapshot(last_step_at: Instant) -> EngineSnapshot {
         EngineSnapshot {
