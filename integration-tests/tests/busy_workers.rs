@@ -238,8 +238,8 @@ struct Short {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn short_requests_beside_a_long_prefill_are_never_refused_and_readiness_holds() {
     let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("tiny-8k.gguf");
-    gguf::testing::write_tiny_llama_with_context(&model, 5, 8192).unwrap();
+    let model = dir.path().join("tiny-16k.gguf");
+    gguf::testing::write_tiny_llama_with_context(&model, 5, 16_384).unwrap();
     let (_worker, worker_addr) =
         start_worker_with(&model, &["--threads", "1", "--max-batch-tokens", "256"]).await;
     // Probes every 50 ms with a 50 ms timeout: shorter than one step of this prefill.
@@ -247,7 +247,7 @@ async fn short_requests_beside_a_long_prefill_are_never_refused_and_readiness_ho
         start_router_with_env(&[&worker_addr], &[], &[("ROUTER_HEALTH_INTERVAL_MS", "50")]).await;
     let mut client = connect_ready(&router_addr, Duration::from_secs(30)).await;
 
-    let long_text = " the and".repeat(4_000);
+    let long_text = " the and".repeat(6_000);
     let long_ids = client
         .tokenize(TokenizeRequest {
             text: long_text.clone(),
@@ -258,7 +258,7 @@ async fn short_requests_beside_a_long_prefill_are_never_refused_and_readiness_ho
         .into_inner()
         .ids;
     assert!(
-        long_ids.len() >= 7_000,
+        long_ids.len() >= 12_000,
         "the long prompt is {} tokens",
         long_ids.len()
     );
@@ -298,7 +298,7 @@ async fn short_requests_beside_a_long_prefill_are_never_refused_and_readiness_ho
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 
-    // 16 short streams arriving 50 ms apart; half are cancelled by their client after a few
+    // 16 short streams arriving 30 ms apart; half are cancelled by their client after a few
     // tokens (dropping the call), the rest run to the end.
     let mut rng = Rng(0x5eed_1234_abcd_0042);
     let mut shorts = Vec::new();
@@ -339,7 +339,7 @@ async fn short_requests_beside_a_long_prefill_are_never_refused_and_readiness_ho
                 }
             }
         }));
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(30)).await;
     }
     let shorts: Vec<Short> = join_all(shorts)
         .await
@@ -396,6 +396,13 @@ async fn short_requests_beside_a_long_prefill_are_never_refused_and_readiness_ho
         assert!(Instant::now() < deadline, "blocks still held: {s:?}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // The test's premise: every short request was sent while the long prompt was prefilling.
+    let last_sent = shorts.iter().map(|s| s.submitted).max().unwrap();
+    assert!(
+        last_sent < long_first,
+        "the long prefill ({prefill:?}) ended before the last short request was sent: make the \
+         prompt longer"
+    );
     // Fair scheduling: each short request's first token arrived while the long prompt was still
     // prefilling: at least one step (here >= 100 ms at that depth) before the long request's own
     // first token, not in the step that ends its prefill.
