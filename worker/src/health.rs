@@ -234,9 +234,7 @@ mod tests {
     use inference_proto::worker::{AddRequest, EngineStats, SamplingParams};
 
     use super::*;
-    use crate::engine::{
-        spawn_engine, BatchEntry, BatchModel, Command, EngineConfig, SchedulerConfig,
-    };
+    use crate::engine::{spawn_engine, BatchEntry, BatchModel, Command};
 
     /// A model whose steps wait while `closed` is set (a hung engine), else take 1 ms.
     struct GateModel {
@@ -283,20 +281,17 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_hung_engine_turns_not_serving_and_serving_again_when_it_moves() {
         let closed = Arc::new(AtomicBool::new(false));
+        // The default settings with a small pool (built from the settings, so the engine config
+        // stays whole when settings are added).
+        let settings = crate::config::WorkerSettings {
+            kv_cache_blocks: 64,
+            ..Default::default()
+        };
         let engine = spawn_engine(
             GateModel {
                 closed: closed.clone(),
             },
-            EngineConfig {
-                block_size: 16,
-                num_blocks: 64,
-                prefix_caching: false,
-                scheduler: SchedulerConfig {
-                    max_batch_tokens: 64,
-                    max_num_seqs: 4,
-                    watermark_blocks: 0,
-                },
-            },
+            settings.engine_config(4).unwrap(),
         );
         let (reporter, _service) = tonic_health::server::health_reporter();
         let lifecycle = Lifecycle::new(reporter).await;
