@@ -130,6 +130,18 @@ fn randn(rng: &mut ChaCha8Rng, n: usize, scale: f32) -> Vec<f32> {
 ///
 /// Errors: [`crate::GgufError::Io`] if the file cannot be written.
 pub fn write_tiny_llama(path: &Path, seed: u64) -> Result<TinyModelInfo> {
+    write_tiny_llama_with_context(path, seed, 256)
+}
+
+/// [`write_tiny_llama`] with `llama.context_length` = `context_length` (the weights are the same for
+/// a given `seed`): for tests that need prompts of thousands of tokens.
+///
+/// Errors: [`crate::GgufError::Io`] if the file cannot be written.
+pub fn write_tiny_llama_with_context(
+    path: &Path,
+    seed: u64,
+    context_length: usize,
+) -> Result<TinyModelInfo> {
     let b2u = byte_to_unicode();
     let mut tokens: Vec<String> = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
         .iter()
@@ -149,7 +161,7 @@ pub fn write_tiny_llama(path: &Path, seed: u64) -> Result<TinyModelInfo> {
         n_kv_heads: 2,
         head_dim: 16,
         ffn_dim: 128,
-        context_length: 256,
+        context_length,
         rope_base: 10000.0,
         rms_eps: 1e-5,
         merges: TINY_MERGES.iter().map(|s| s.to_string()).collect(),

@@ -45,6 +45,11 @@ pub struct Cli {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub otlp_endpoint: Option<String>,
+    /// A worker with work that shows no progress for this many ms leaves rotation (its requests
+    /// fail over) until it moves again.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stall_timeout_ms: Option<u64>,
     /// Load and validate the settings, print the effective settings (JSON) and exit: 0 when they
     /// are valid, 2 with the error otherwise. Starts nothing.
     #[arg(long)]
@@ -100,9 +105,15 @@ pub struct RouterSettings {
     pub discovery_dns: String,
     /// Period of the DNS re-resolution, in ms.
     pub discovery_interval_ms: u64,
-    /// Period of each worker's `Health` probe, in ms (also its timeout); a worker that is not ready
-    /// takes no new requests.
+    /// Period of each worker's `Health` probe, in ms (also its timeout); a worker whose answer says
+    /// not ready takes no new requests. A probe without an answer changes nothing: a busy worker is
+    /// not a down one.
     pub health_interval_ms: u64,
+    /// A worker that has work (this router's requests in flight, or its health answer says
+    /// `has_work`) and shows no progress for this many ms (no step message, no health answer with a
+    /// recent step) leaves rotation: its requests fail over to another worker and it rejoins once
+    /// it moves again.
+    pub stall_timeout_ms: u64,
     /// Leading prompt tokens that define a request's prefix-affinity key (0 = no affinity; 64 = the
     /// first four 16-token KV blocks).
     pub affinity_prefix_tokens: u32,
@@ -145,6 +156,7 @@ impl Default for RouterSettings {
             discovery_dns: String::new(),
             discovery_interval_ms: 5_000,
             health_interval_ms: 2_000,
+            stall_timeout_ms: 60_000,
             affinity_prefix_tokens: 64,
             affinity_load_factor: 0.5,
             max_inflight_per_worker: 64,
@@ -193,6 +205,7 @@ impl RouterSettings {
         PoolSettings {
             backoff: self.backoff(),
             health_interval: Duration::from_millis(self.health_interval_ms.max(10)),
+            stall_timeout: Duration::from_millis(self.stall_timeout_ms.max(1)),
             max_inflight_per_worker: self.max_inflight_per_worker.max(1) as usize,
             admission: AdmissionLimits {
                 max_waiting_requests: self.max_waiting_requests as usize,
@@ -316,7 +329,14 @@ mod tests {
             assert_eq!(p.admission.max_waiting_requests, 7);
             assert_eq!(p.affinity.prefix_tokens, 0);
             assert_eq!(p.max_inflight_per_worker, 64);
+            assert_eq!(p.stall_timeout, Duration::from_secs(60));
             assert_eq!(s.discovery().unwrap().0, "w.ns.svc:50061");
+            jail.set_env("ROUTER_STALL_TIMEOUT_MS", "900");
+            let s = RouterSettings::load(&cli).map_err(|e| e.to_string())?;
+            assert_eq!(s.pool_settings().stall_timeout, Duration::from_millis(900));
+            let cli = Cli::parse_from(["router", "--workers", "a:1", "--stall-timeout-ms", "1200"]);
+            let s = RouterSettings::load(&cli).map_err(|e| e.to_string())?;
+            assert_eq!(s.stall_timeout_ms, 1200);
             Ok(())
         });
     }

@@ -12,11 +12,14 @@
 //!
 //! Read from the pool at each scrape ([`PoolCollector`]): `router_queue_waiting_requests`,
 //! `router_queue_waiting_tokens`, `router_workers_known`, `router_workers_ready`, per worker
-//! (`worker="HOST:PORT"`) `router_worker_ready` (0/1), `router_worker_inflight` (this router's
-//! requests on it), `router_worker_running_sequences`, `router_worker_waiting_sequences`,
+//! (`worker="HOST:PORT"`) `router_worker_ready` (0/1), `router_worker_stalled` (0/1: out of rotation
+//! for lack of progress), `router_worker_inflight` (this router's requests on it),
+//! `router_worker_running_sequences`, `router_worker_waiting_sequences`,
 //! `router_worker_free_kv_tokens` (its last load report), the counters `router_dispatched_total`,
 //! `router_failovers_total`, `router_failovers_exhausted_total`, `router_rejected_total` (admission
-//! queue full), and `router_draining` (0/1), `router_active_calls`.
+//! queue full), `router_health_probe_misses_total` (probes without an answer in time),
+//! `router_worker_stalls_total` (stall-rule removals), and `router_draining` (0/1),
+//! `router_active_calls`.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -317,11 +320,16 @@ impl Collector for PoolCollector {
             "Workers connected and healthy",
             ready as i64,
         )?;
-        let per_worker: [(&str, &str, WorkerValue); 5] = [
+        let per_worker: [(&str, &str, WorkerValue); 6] = [
             (
                 "worker_ready",
                 "Whether the worker takes requests (connected and healthy)",
                 |w| w.ready() as i64,
+            ),
+            (
+                "worker_stalled",
+                "Whether the worker is out of rotation for lack of progress (stall_timeout_ms)",
+                |w| w.stalled as i64,
             ),
             (
                 "worker_inflight",
@@ -369,6 +377,18 @@ impl Collector for PoolCollector {
             "failovers",
             "Requests that resumed on another worker after theirs was lost",
             load(&c.failovers),
+        )?;
+        counter(
+            &mut e,
+            "health_probe_misses",
+            "Worker health probes without an answer in time (a busy worker is not taken out)",
+            load(&c.health_probe_misses),
+        )?;
+        counter(
+            &mut e,
+            "worker_stalls",
+            "Times a worker with work and no progress for stall_timeout_ms left rotation",
+            load(&c.stalls),
         )?;
         counter(
             &mut e,

@@ -75,6 +75,11 @@ pub struct Cli {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub drain_timeout_ms: Option<u64>,
+    /// Report NOT_SERVING (grpc.health.v1 and Health) while the engine has work and finished no step
+    /// for this many ms.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub engine_stall_timeout_ms: Option<u64>,
     /// Compute device: cpu, cuda, or auto (CUDA when a driver and a GPU are present, else CPU).
     #[arg(long, value_enum)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -145,6 +150,11 @@ pub struct WorkerSettings {
     /// router sends them elsewhere) and lets running sequences finish for up to this many ms before
     /// it exits (those still running then are failed over by the router).
     pub drain_timeout_ms: u64,
+    /// The engine is *stalled* when it has running or waiting sequences and has finished no step
+    /// for this many ms (counted from its last step, or from when work arrived while it was idle):
+    /// `grpc.health.v1` and the `Health` RPC then say `NOT_SERVING` / not ready, and `SERVING`
+    /// again once it moves. Generous by default: one CPU step of a long prefill can take seconds.
+    pub engine_stall_timeout_ms: u64,
     /// Compute device: `cpu`, `cuda` (exit code 2 at start when no usable GPU is present) or `auto`
     /// (CUDA when a driver and a GPU are present, else the CPU; the log says which).
     pub device: DeviceKind,
@@ -179,6 +189,7 @@ impl Default for WorkerSettings {
             metrics_listen: String::new(),
             otlp_endpoint: String::new(),
             drain_timeout_ms: 30_000,
+            engine_stall_timeout_ms: 60_000,
             device: DeviceKind::Auto,
             cuda_device: 0,
             cuda_numerics: Numerics::Exact,
@@ -241,6 +252,9 @@ impl WorkerSettings {
                 "metrics_listen {metrics:?} is not an IP:PORT address"
             ));
         }
+        if self.engine_stall_timeout_ms == 0 {
+            return Err("engine_stall_timeout_ms must be at least 1".into());
+        }
         Ok(())
     }
 
@@ -298,6 +312,13 @@ mod tests {
             assert_eq!(s.device, DeviceKind::Auto);
             assert_eq!(s.cuda_numerics, Numerics::Exact);
             assert!(s.cuda_graphs);
+            assert_eq!(s.engine_stall_timeout_ms, 60_000);
+            jail.set_env("WORKER_ENGINE_STALL_TIMEOUT_MS", "1500");
+            let s = WorkerSettings::load(&cli).map_err(|e| e.to_string())?;
+            assert_eq!(s.engine_stall_timeout_ms, 1500);
+            let flagged = Cli::parse_from(["worker", "--engine-stall-timeout-ms", "250"]);
+            let s = WorkerSettings::load(&flagged).map_err(|e| e.to_string())?;
+            assert_eq!(s.engine_stall_timeout_ms, 250);
             jail.set_env("WORKER_DEVICE", "cpu");
             jail.set_env("WORKER_CUDA_GRAPHS", "false");
             let cli = Cli::parse_from(["worker", "--cuda-numerics", "fast", "--model", "m.gguf"]);

@@ -203,11 +203,15 @@ where
         })?;
         tracing::info!(%bound, "serving Prometheus metrics at /metrics");
     }
-    let service = WorkerService::new(engine.clone(), description).with_lifecycle(lifecycle.clone());
+    let stall_timeout = Duration::from_millis(settings.engine_stall_timeout_ms);
+    let service = WorkerService::new(engine.clone(), description)
+        .with_lifecycle(lifecycle.clone())
+        .with_stall_timeout(stall_timeout);
     lifecycle.set_serving().await;
     tokio::spawn(worker::health::watch_engine(
         lifecycle.clone(),
         engine.clone(),
+        stall_timeout,
     ));
     println!(
         "worker ready: serving {} on {}",

@@ -1,7 +1,7 @@
 //! The worker's Prometheus metrics, served as OpenMetrics text at `GET /metrics` on
 //! `metrics_listen`.
 //!
-//! Read from the engine's [`EngineStats`] at each scrape: gauges `worker_running_sequences`,
+//! Read from the engine's published [`EngineStats`] at each scrape (never waiting for a step): gauges `worker_running_sequences`,
 //! `worker_waiting_sequences`, `worker_kv_blocks_total`, `worker_kv_blocks_used`,
 //! `worker_kv_blocks_free`, `worker_kv_block_size`, `worker_kv_tokens_used`,
 //! `worker_kv_tokens_capacity`, `worker_prefix_cache_blocks`, `worker_last_batch_tokens`,
@@ -31,8 +31,6 @@ use prometheus_client::registry::Registry;
 use crate::engine::EngineHandle;
 use crate::health::Lifecycle;
 
-/// Longest wait for the engine's stats during a scrape (a step in progress delays them).
-const SCRAPE_STATS_TIMEOUT: Duration = Duration::from_secs(5);
 /// Sampling period while the engine has work, and while it is idle.
 const BUSY_PERIOD: Duration = Duration::from_millis(1);
 const IDLE_PERIOD: Duration = Duration::from_millis(10);
@@ -94,12 +92,9 @@ impl WorkerMetrics {
 
     /// Fetches the engine's stats and renders every metric as OpenMetrics text.
     pub async fn render(&self) -> String {
-        // A timeout or `None` (engine gone) keeps the last values.
-        if let Ok(Some(stats)) =
-            tokio::time::timeout(SCRAPE_STATS_TIMEOUT, self.engine.stats()).await
-        {
-            *self.snapshot.lock().expect("stats lock") = Some(stats);
-        }
+        // The engine's published state: a running step never delays a scrape (once the engine has
+        // stopped it holds the last values).
+        *self.snapshot.lock().expect("stats lock") = Some(self.engine.snapshot().stats);
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &self.registry)
             .expect("writing to a String cannot fail");

@@ -3,10 +3,13 @@
 //!
 //! While the worker drains ([`Lifecycle`]) new `Add`s are refused with `UNAVAILABLE` (the router
 //! fails them over) and `Health` says not ready; once the drain ends every stream is closed.
+//! `Health` and `Info` answer from the engine's published state ([`crate::engine::EngineSnapshot`]),
+//! so a long step never delays them.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use futures::Stream;
 use inference_proto::worker::{
@@ -17,19 +20,25 @@ use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::engine::{Command, EngineHandle};
-use crate::health::Lifecycle;
+use crate::health::{health_response, Lifecycle};
 use crate::telemetry::ConnectionSpans;
 
 /// `google.rpc.Code` UNAVAILABLE, for requests refused while draining.
 const CODE_UNAVAILABLE: i32 = 14;
+
+/// Stall timeout of a service built without [`WorkerService::with_stall_timeout`] (the default of
+/// the `engine_stall_timeout_ms` setting).
+pub const DEFAULT_STALL_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The worker gRPC service.
 pub struct WorkerService {
     engine: EngineHandle,
     /// The static part of `Info` (model and tokenizer description); stats are filled per call.
     description: Arc<InfoResponse>,
-    /// Health and drain state; `None` = always serving.
+    /// Health and drain state; `None` = never draining.
     lifecycle: Option<Arc<Lifecycle>>,
+    /// `Health` says not ready when the engine has work and made no progress for this long.
+    stall_timeout: Duration,
 }
 
 impl WorkerService {
@@ -39,7 +48,15 @@ impl WorkerService {
             engine,
             description: Arc::new(description),
             lifecycle: None,
+            stall_timeout: DEFAULT_STALL_TIMEOUT,
         }
+    }
+
+    /// `Health` reports not ready (`stalled`) when the engine has work and finished no step for
+    /// `timeout`.
+    pub fn with_stall_timeout(mut self, timeout: Duration) -> Self {
+        self.stall_timeout = timeout;
+        self
     }
 
     /// Follows `lifecycle`: refuses new requests while it drains and closes the streams when it
@@ -166,13 +183,12 @@ impl Worker for WorkerService {
     }
 
     async fn info(&self, _request: Request<InfoRequest>) -> Result<Response<InfoResponse>, Status> {
-        let stats = self
-            .engine
-            .stats()
-            .await
-            .ok_or_else(|| Status::unavailable("the engine has stopped"))?;
+        let snapshot = self.engine.snapshot();
+        if !snapshot.alive {
+            return Err(Status::unavailable("the engine has stopped"));
+        }
         let mut info = (*self.description).clone();
-        info.stats = Some(stats);
+        info.stats = Some(snapshot.stats);
         Ok(Response::new(info))
     }
 
@@ -180,17 +196,13 @@ impl Worker for WorkerService {
         &self,
         _request: Request<HealthRequest>,
     ) -> Result<Response<HealthResponse>, Status> {
-        if self.lifecycle.as_ref().is_some_and(|l| l.is_draining()) {
-            return Ok(Response::new(HealthResponse {
-                ready: false,
-                status: "draining".into(),
-            }));
-        }
-        let ready = self.engine.stats().await.is_some();
-        Ok(Response::new(HealthResponse {
-            ready,
-            status: if ready { "serving" } else { "engine stopped" }.into(),
-        }))
+        let draining = self.lifecycle.as_ref().is_some_and(|l| l.is_draining());
+        Ok(Response::new(health_response(
+            &self.engine.snapshot(),
+            Instant::now(),
+            self.stall_timeout,
+            draining,
+        )))
     }
 }
 

@@ -4,23 +4,32 @@
 //!
 //! When the stream breaks (process killed, connection cut, worker shut down), the link leaves
 //! rotation at once, every request in flight on it hears [`WorkerEvent::Lost`] (and fails over), and
-//! the task reconnects with exponential backoff. A worker whose `Health` says not ready (or does not
-//! answer within the probe interval) stays connected but takes no new requests until a probe says
-//! ready again.
+//! the task reconnects with exponential backoff. A worker whose `Health` answer says not ready stays
+//! connected but takes no new requests until an answer says ready again. A probe that gets no
+//! answer within the interval changes nothing (a busy worker is not a down one; logged at debug,
+//! counted in `router_health_probe_misses_total`); a worker that has work and shows no progress for
+//! `stall_timeout_ms` leaves rotation, its requests fail over (and are cancelled on it), and it
+//! rejoins once it moves again (see `progress`).
+//!
+//! A worker that cannot be reached is logged when it first fails (WARN, with the error), then at
+//! most once a minute while it stays unreachable, and at INFO when it is back (`unreachable`).
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use inference_proto::worker::{
     router_message, worker_client::WorkerClient, worker_message, AddRequest, CancelRequest,
-    HealthRequest, InfoRequest, LoadReport, RouterMessage, StepOutput, TokenOutput,
+    HealthRequest, HealthResponse, InfoRequest, LoadReport, RouterMessage, StepOutput, TokenOutput,
 };
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::transport::Channel;
 use tonic::Status;
 
+use super::progress::{Change, Progress};
+use super::unreachable::{Unreachable, UnreachableLog};
 use super::WorkerPool;
 use crate::affinity::LOAD_REPORT_TTL;
 use crate::model_context::ModelContext;
@@ -50,8 +59,10 @@ pub enum Origin {
 struct LinkState {
     /// Outbound half of the stream; `None` while disconnected.
     sender: Option<mpsc::UnboundedSender<RouterMessage>>,
-    /// The last health probe said ready.
+    /// The last health answer said ready.
     healthy: bool,
+    /// Progress of the connected worker (`None` while disconnected).
+    progress: Option<Progress>,
     /// The link was removed from the pool; it never becomes ready again.
     removed: bool,
     /// Requests in flight on this worker, by the router's internal request id.
@@ -69,8 +80,10 @@ pub struct WorkerSnapshot {
     pub origin: Origin,
     /// Its stream is open.
     pub connected: bool,
-    /// Its last health probe said ready.
+    /// Its last health answer said ready.
     pub healthy: bool,
+    /// It had work and showed no progress for the stall timeout (out of rotation until it moves).
+    pub stalled: bool,
     /// Requests this router has in flight on it.
     pub inflight: usize,
     /// The load used for picking (see [`crate::affinity`]).
@@ -80,9 +93,9 @@ pub struct WorkerSnapshot {
 }
 
 impl WorkerSnapshot {
-    /// Connected and healthy: it may take requests.
+    /// Connected, healthy and not stalled: it may take requests.
     pub fn ready(&self) -> bool {
-        self.connected && self.healthy
+        self.connected && self.healthy && !self.stalled
     }
 }
 
@@ -121,6 +134,7 @@ impl WorkerLink {
             origin: self.origin,
             connected: state.sender.is_some() && !state.removed,
             healthy: state.healthy,
+            stalled: state.progress.as_ref().is_some_and(Progress::is_stalled),
             inflight: state.inflight.len(),
             load: state.inflight.len().max(reported_load as usize),
             reported,
@@ -135,7 +149,8 @@ impl WorkerLink {
         cap: usize,
     ) -> Option<mpsc::UnboundedReceiver<WorkerEvent>> {
         let mut state = self.lock();
-        if state.removed || !state.healthy || state.inflight.len() >= cap {
+        let stalled = state.progress.as_ref().is_some_and(Progress::is_stalled);
+        if state.removed || !state.healthy || stalled || state.inflight.len() >= cap {
             return None;
         }
         let sender = state.sender.clone()?;
@@ -148,6 +163,10 @@ impl WorkerLink {
             return None;
         }
         let (tx, rx) = mpsc::unbounded_channel();
+        let inflight_before = state.inflight.len();
+        if let Some(progress) = state.progress.as_mut() {
+            progress.on_dispatch(Instant::now(), inflight_before);
+        }
         state.inflight.insert(request.request_id.clone(), tx);
         Some(rx)
     }
@@ -173,6 +192,7 @@ impl WorkerLink {
     pub(super) fn fail_all(&self, reason: &str) -> usize {
         let mut state = self.lock();
         state.sender = None;
+        state.progress = None;
         let n = state.inflight.len();
         for (_, tx) in state.inflight.drain() {
             let _ = tx.send(WorkerEvent::Lost(reason.to_string()));
@@ -186,15 +206,67 @@ impl WorkerLink {
         self.fail_all(reason)
     }
 
-    /// Records a health probe's answer; returns whether it changed.
+    /// Records whether the worker is ready; returns whether it changed.
     fn set_healthy(&self, healthy: bool) -> bool {
         let mut state = self.lock();
         std::mem::replace(&mut state.healthy, healthy) != healthy
     }
 
-    /// Routes one step message to its requests; returns how many requests ended (slots freed).
-    fn on_step(&self, step: StepOutput) -> usize {
+    /// Records a `Health` answer; returns whether `healthy` changed, and whether a stalled worker
+    /// moves again.
+    fn on_health(&self, answer: &HealthResponse) -> (bool, Change) {
         let mut state = self.lock();
+        let changed = std::mem::replace(&mut state.healthy, answer.ready) != answer.ready;
+        let progress = match state.progress.as_mut() {
+            Some(progress) => progress.on_health(Instant::now(), answer),
+            None => Change::None,
+        };
+        (changed, progress)
+    }
+
+    /// Applies the stall rule now: when the worker has work and showed no progress for the stall
+    /// timeout, takes it out of rotation, cancels this router's requests on it and tells them they
+    /// were lost (they fail over). Returns (time since progress, requests failed over) when it
+    /// just stalled.
+    fn check_stall(&self) -> Option<(Duration, usize)> {
+        let mut state = self.lock();
+        let now = Instant::now();
+        let inflight = state.inflight.len();
+        let progress = state.progress.as_mut()?;
+        if progress.check(now, inflight) != Change::Stalled {
+            return None;
+        }
+        let since = progress.since_progress(now);
+        let reason = format!(
+            "worker {} made no progress for {} ms (stall_timeout_ms) while the request was running",
+            self.address,
+            since.as_millis()
+        );
+        let ids: Vec<String> = state.inflight.keys().cloned().collect();
+        for id in &ids {
+            if let Some(sender) = &state.sender {
+                // Frees the sequence on the worker once it runs again.
+                let _ = sender.send(RouterMessage {
+                    kind: Some(router_message::Kind::Cancel(CancelRequest {
+                        request_id: id.clone(),
+                    })),
+                });
+            }
+        }
+        for (_, tx) in state.inflight.drain() {
+            let _ = tx.send(WorkerEvent::Lost(reason.clone()));
+        }
+        Some((since, ids.len()))
+    }
+
+    /// Routes one step message to its requests; returns how many requests ended (slots freed) and
+    /// whether a stalled worker moves again.
+    fn on_step(&self, step: StepOutput) -> (usize, bool) {
+        let mut state = self.lock();
+        let moving = state
+            .progress
+            .as_mut()
+            .is_some_and(|p| p.on_step(Instant::now()) == Change::Moving);
         let before = state.inflight.len();
         if let Some(load) = step.load {
             state.reported = Some((load, Instant::now()));
@@ -226,7 +298,7 @@ impl WorkerLink {
                 state.inflight.remove(&id);
             }
         }
-        before - state.inflight.len()
+        (before - state.inflight.len(), moving)
     }
 }
 
@@ -234,13 +306,30 @@ impl WorkerLink {
 pub(super) async fn maintain(pool: Arc<WorkerPool>, link: Arc<WorkerLink>) {
     let (initial, max) = pool.settings().backoff;
     let mut delay = initial;
+    let mut unreachable = UnreachableLog::new(UNREACHABLE_LOG_EVERY);
     loop {
-        match run(&pool, &link).await {
+        match run(&pool, &link, &mut unreachable).await {
             Ok(()) => {
                 tracing::warn!(worker = %link.address, "worker stream ended");
                 delay = initial;
             }
-            Err(e) => tracing::debug!(worker = %link.address, error = %e, "worker unreachable"),
+            Err(e) => match unreachable.failed(Instant::now()) {
+                Some(Unreachable::First) => tracing::warn!(
+                    worker = %link.address,
+                    error = %format!("{e:#}"),
+                    "worker unreachable; retrying with backoff"
+                ),
+                Some(Unreachable::Still { attempts, down_for }) => tracing::warn!(
+                    worker = %link.address,
+                    error = %format!("{e:#}"),
+                    attempts,
+                    down_for_s = down_for.as_secs(),
+                    "worker still unreachable"
+                ),
+                None => {
+                    tracing::debug!(worker = %link.address, error = %format!("{e:#}"), "worker unreachable")
+                }
+            },
         }
         let lost = link.fail_all(&format!(
             "worker {} disconnected while the request was running",
@@ -265,9 +354,20 @@ impl Drop for AbortOnDrop {
     }
 }
 
+/// How often a worker that stays unreachable is logged again.
+const UNREACHABLE_LOG_EVERY: Duration = Duration::from_secs(60);
+
+/// Longest wait for a connected worker's `Info` (answered from published state, so at once unless
+/// the process is stopped or hung).
+const INFO_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Connects once and serves the stream until it ends. Returns `Err` when the worker could not be
 /// reached or described, `Ok` when an established stream ended.
-async fn run(pool: &Arc<WorkerPool>, link: &Arc<WorkerLink>) -> anyhow::Result<()> {
+async fn run(
+    pool: &Arc<WorkerPool>,
+    link: &Arc<WorkerLink>,
+    unreachable: &mut UnreachableLog,
+) -> anyhow::Result<()> {
     let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{}", link.address))?
         .connect_timeout(Duration::from_secs(2))
         .tcp_nodelay(true)
@@ -275,7 +375,18 @@ async fn run(pool: &Arc<WorkerPool>, link: &Arc<WorkerLink>) -> anyhow::Result<(
         .keep_alive_timeout(Duration::from_secs(5));
     let channel = endpoint.connect().await?;
     let mut client = WorkerClient::new(channel).max_decoding_message_size(64 << 20);
-    let info = client.info(InfoRequest {}).await?.into_inner();
+    let info = tokio::time::timeout(INFO_TIMEOUT, client.info(InfoRequest {}))
+        .await
+        .map_err(|_| anyhow::anyhow!("no Info answer within {INFO_TIMEOUT:?}"))??
+        .into_inner();
+    if let Some((down_for, attempts)) = unreachable.reached(Instant::now()) {
+        tracing::info!(
+            worker = %link.address,
+            down_for_s = down_for.as_secs(),
+            attempts,
+            "worker reachable again"
+        );
+    }
     {
         let mut model = pool.model.write().expect("model lock");
         match model.as_ref() {
@@ -291,7 +402,11 @@ async fn run(pool: &Arc<WorkerPool>, link: &Arc<WorkerLink>) -> anyhow::Result<(
             None => *model = Some(Arc::new(ModelContext::from_info(&info)?)),
         }
     }
-    let healthy = probe(&mut client.clone(), pool.settings().health_interval).await;
+    // Not ready until a `Health` answer says so.
+    let healthy = match probe(&mut client.clone(), pool.settings().health_interval).await {
+        Ok(answer) => answer.ready,
+        Err(_) => false,
+    };
     let (tx, rx) = mpsc::unbounded_channel();
     let mut inbound = client
         .generate(UnboundedReceiverStream::new(rx))
@@ -304,6 +419,7 @@ async fn run(pool: &Arc<WorkerPool>, link: &Arc<WorkerLink>) -> anyhow::Result<(
         }
         state.sender = Some(tx);
         state.healthy = healthy;
+        state.progress = Some(Progress::new(Instant::now(), pool.settings().stall_timeout));
     }
     pool.refresh_ready();
     pool.pump();
@@ -323,27 +439,35 @@ async fn run(pool: &Arc<WorkerPool>, link: &Arc<WorkerLink>) -> anyhow::Result<(
             }
         };
         let had_errors = !step.errors.is_empty();
-        let freed = link.on_step(step);
-        if had_errors {
-            // A hand-back may have taken the worker out of rotation.
+        let (freed, moving) = link.on_step(step);
+        if moving {
+            tracing::info!(worker = %link.address, "stalled worker makes progress again; back in rotation");
+        }
+        if had_errors || moving {
+            // A hand-back may have taken the worker out of rotation; a stalled one is back.
             pool.refresh_ready();
         }
-        if freed > 0 {
+        if freed > 0 || moving {
             pool.pump();
         }
     }
     Ok(())
 }
 
-/// Whether the worker's `Health` says ready within `timeout`.
-async fn probe(client: &mut WorkerClient<Channel>, timeout: Duration) -> bool {
+/// The worker's `Health` answer within `timeout`; `Err` says why there was none.
+async fn probe(
+    client: &mut WorkerClient<Channel>,
+    timeout: Duration,
+) -> Result<HealthResponse, String> {
     match tokio::time::timeout(timeout, client.health(HealthRequest {})).await {
-        Ok(Ok(response)) => response.into_inner().ready,
-        _ => false,
+        Ok(Ok(response)) => Ok(response.into_inner()),
+        Ok(Err(status)) => Err(format!("Health failed: {status}")),
+        Err(_) => Err(format!("no Health answer within {timeout:?}")),
     }
 }
 
-/// Probes the worker every health interval and takes it out of rotation (or back) on change.
+/// Probes the worker every health interval: a "not ready" answer takes it out of rotation (a ready
+/// one puts it back), no answer changes nothing; then applies the stall rule.
 async fn probe_loop(
     pool: Arc<WorkerPool>,
     link: Arc<WorkerLink>,
@@ -352,15 +476,50 @@ async fn probe_loop(
     let interval = pool.settings().health_interval;
     loop {
         tokio::time::sleep(interval).await;
-        let healthy = probe(&mut client, interval).await;
-        if link.set_healthy(healthy) {
-            if healthy {
-                tracing::info!(worker = %link.address, "worker healthy again; back in rotation");
-            } else {
-                tracing::warn!(worker = %link.address, "worker not ready; out of rotation");
+        let mut changed = false;
+        let mut back = false;
+        match probe(&mut client, interval).await {
+            Ok(answer) => {
+                let (ready_changed, progress) = link.on_health(&answer);
+                if ready_changed {
+                    if answer.ready {
+                        tracing::info!(worker = %link.address, "worker healthy again; back in rotation");
+                    } else {
+                        tracing::warn!(worker = %link.address, status = %answer.status, "worker not ready; out of rotation");
+                    }
+                }
+                if progress == Change::Moving {
+                    tracing::info!(
+                        worker = %link.address,
+                        steps = answer.steps,
+                        "stalled worker makes progress again; back in rotation"
+                    );
+                }
+                changed = ready_changed || progress == Change::Moving;
+                back = answer.ready;
             }
+            Err(reason) => {
+                pool.counters()
+                    .health_probe_misses
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(worker = %link.address, %reason, "health probe got no answer; a busy worker is not a down one");
+            }
+        }
+        if let Some((since, failed_over)) = link.check_stall() {
+            pool.counters().stalls.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(
+                worker = %link.address,
+                since_progress_ms = since.as_millis() as u64,
+                stall_timeout_ms = pool.settings().stall_timeout.as_millis() as u64,
+                requests_failed_over = failed_over,
+                "worker has work but made no progress within the stall timeout; out of rotation"
+            );
+            changed = true;
+            back = false;
+        }
+        if changed {
             pool.refresh_ready();
-            if healthy {
+            if back {
                 pool.pump();
             }
         }

@@ -1,6 +1,9 @@
 //! The router's workers and how requests reach them.
 //!
 //! - `link` ([`WorkerLink`]): one bidirectional stream per worker, reconnected with backoff, health-probed.
+//! - `unreachable`: the rate limit of the "worker unreachable" log.
+//! - `progress`: the stall rule (a worker with work and no progress for `stall_timeout_ms` leaves
+//!   rotation; a busy one whose probes time out does not).
 //! - this module: the set of workers (static ones and DNS-discovered ones that come and go), the
 //!   served model, the admission queue ([`crate::admission`]) and dispatch by the picking policy
 //!   ([`crate::affinity`]).
@@ -13,8 +16,10 @@
 //! `await`; the link tasks release a link's state before they pump the queue.
 
 mod link;
+mod progress;
 mod session;
 mod ticket;
+mod unreachable;
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -27,8 +32,10 @@ use tokio::task::AbortHandle;
 use tonic::Status;
 
 pub use link::{Origin, WorkerEvent, WorkerLink, WorkerSnapshot};
+pub use progress::{Change, Progress};
 pub use session::Session;
 pub use ticket::{Dispatched, Ticket};
+pub use unreachable::{Unreachable, UnreachableLog};
 
 use crate::admission::{AdmissionLimits, AdmissionQueue};
 use crate::affinity::{AffinityPolicy, Candidate};
@@ -39,8 +46,11 @@ use crate::model_context::ModelContext;
 pub struct PoolSettings {
     /// First and longest reconnect delay.
     pub backoff: (Duration, Duration),
-    /// Period of the health probe (also its timeout).
+    /// Period of the health probe (also its timeout; a probe without an answer changes nothing).
     pub health_interval: Duration,
+    /// A worker with work (requests of this router in flight, or its health says `has_work`) that
+    /// shows no progress for this long leaves rotation and its requests fail over.
+    pub stall_timeout: Duration,
     /// Most requests this router has in flight on one worker.
     pub max_inflight_per_worker: usize,
     /// The admission queue's limits.
@@ -59,6 +69,7 @@ impl Default for PoolSettings {
         Self {
             backoff: (Duration::from_millis(100), Duration::from_secs(5)),
             health_interval: Duration::from_secs(2),
+            stall_timeout: Duration::from_secs(60),
             max_inflight_per_worker: 64,
             admission: AdmissionLimits {
                 max_waiting_requests: 256,
@@ -85,6 +96,10 @@ pub struct PoolCounters {
     pub failovers_exhausted: AtomicU64,
     /// Requests refused with `RESOURCE_EXHAUSTED` by the admission queue.
     pub rejected: AtomicU64,
+    /// Health probes that got no answer in time (not taken as "down").
+    pub health_probe_misses: AtomicU64,
+    /// Times a worker was taken out of rotation by the stall rule.
+    pub stalls: AtomicU64,
 }
 
 struct Waiter {
@@ -149,7 +164,7 @@ impl WorkerPool {
         self.links.read().expect("links lock").len()
     }
 
-    /// Number of workers that may take requests (connected and healthy).
+    /// Number of workers that may take requests (connected, healthy, not stalled).
     pub fn ready_workers(&self) -> usize {
         *self.ready.borrow()
     }

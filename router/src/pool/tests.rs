@@ -5,6 +5,9 @@
 //! pure function of (prompt, seed, n), like a greedy or seeded run of a real model, and it honours
 //! `generated_ids` (it continues at index `generated_ids.len()`). "Killing" one ends its streams
 //! with an error and makes `Info`/`Health` fail, as a dead process would look to the router.
+//! "Freezing" one stops its steps and holds every `Health` answer until it thaws (a hung engine, or
+//! a SIGSTOPped process); a "slow health" one keeps stepping but answers `Health` only after
+//! [`SLOW_HEALTH`] (a busy worker under the old blocking health check).
 
 use std::collections::BTreeSet;
 use std::pin::Pin;
@@ -31,11 +34,18 @@ fn expected_token(prompt: &[u32], seed: u64, index: usize) -> u32 {
     ((sum + seed + 31 * index as u64) % 200 + 3) as u32
 }
 
+/// How long a "slow health" fake takes to answer `Health` (ten probe intervals of [`settings`]).
+const SLOW_HEALTH: Duration = Duration::from_millis(500);
+
 #[derive(Clone)]
 struct Fake {
     step: Duration,
     killed: watch::Receiver<bool>,
     healthy: Arc<AtomicBool>,
+    frozen: Arc<AtomicBool>,
+    slow_health: Arc<AtomicBool>,
+    /// Request ids of every CancelRequest received.
+    cancels: Arc<Mutex<Vec<String>>>,
     /// Every AddRequest received.
     adds: Arc<Mutex<Vec<AddRequest>>>,
 }
@@ -45,6 +55,9 @@ struct FakeWorker {
     address: String,
     kill: watch::Sender<bool>,
     healthy: Arc<AtomicBool>,
+    frozen: Arc<AtomicBool>,
+    slow_health: Arc<AtomicBool>,
+    cancels: Arc<Mutex<Vec<String>>>,
     adds: Arc<Mutex<Vec<AddRequest>>>,
 }
 
@@ -57,9 +70,12 @@ impl FakeWorker {
             step,
             killed,
             healthy: Arc::new(AtomicBool::new(true)),
+            frozen: Arc::default(),
+            slow_health: Arc::default(),
+            cancels: Arc::default(),
             adds: Arc::default(),
         };
-        let (healthy, adds) = (fake.healthy.clone(), fake.adds.clone());
+        let fake_handle = fake.clone();
         tokio::spawn(
             tonic::transport::Server::builder()
                 .add_service(WorkerServer::new(fake))
@@ -68,8 +84,11 @@ impl FakeWorker {
         Self {
             address,
             kill,
-            healthy,
-            adds,
+            healthy: fake_handle.healthy,
+            frozen: fake_handle.frozen,
+            slow_health: fake_handle.slow_health,
+            cancels: fake_handle.cancels,
+            adds: fake_handle.adds,
         }
     }
 
@@ -127,6 +146,7 @@ impl Worker for Fake {
         let mut inbound = request.into_inner();
         let (tx, rx) = mpsc::unbounded_channel();
         let (step, adds, mut killed) = (self.step, self.adds.clone(), self.killed.clone());
+        let (frozen, cancels) = (self.frozen.clone(), self.cancels.clone());
         tokio::spawn(async move {
             // (request, next index)
             let mut active: Vec<(AddRequest, usize)> = Vec::new();
@@ -141,12 +161,13 @@ impl Worker for Fake {
                         }
                         Ok(Some(RouterMessage { kind: Some(router_message::Kind::Cancel(c)) })) => {
                             active.retain(|(a, _)| a.request_id != c.request_id);
+                            cancels.lock().unwrap().push(c.request_id);
                         }
                         Ok(Some(_)) => {}
                         _ => return,
                     },
                     _ = tick.tick() => {
-                        if active.is_empty() {
+                        if active.is_empty() || frozen.load(Ordering::Relaxed) {
                             continue;
                         }
                         let mut out = StepOutput::default();
@@ -191,9 +212,15 @@ impl Worker for Fake {
         if *self.killed.borrow() {
             return Err(Status::unavailable("killed"));
         }
+        if self.slow_health.load(Ordering::Relaxed) {
+            tokio::time::sleep(SLOW_HEALTH).await;
+        }
+        while self.frozen.load(Ordering::Relaxed) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         Ok(Response::new(HealthResponse {
             ready: self.healthy.load(Ordering::Relaxed),
-            status: String::new(),
+            ..Default::default()
         }))
     }
 }
@@ -443,4 +470,113 @@ async fn discovered_workers_come_and_go_and_their_requests_fail_over() {
         on_a as u64
     );
     assert!(pool.workers().iter().all(|w| w.address == b.address));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_worker_whose_probes_time_out_stays_in_rotation() {
+    let a = FakeWorker::start(Duration::from_millis(2)).await;
+    let pool = WorkerPool::start(settings(), std::slice::from_ref(&a.address));
+    wait_until("ready", || pool.ready_workers() == 1).await;
+    // Every probe now times out (500 ms answers, 50 ms interval) while steps keep coming.
+    a.slow_health.store(true, Ordering::Relaxed);
+    let sessions: Vec<_> = (0..4u32)
+        .map(|i| {
+            let mut session = start_session(&pool, request(vec![i, 9], 1, 400)).unwrap();
+            tokio::spawn(async move { run(&mut session).await })
+        })
+        .collect();
+    let mut ready = pool.ready_watch();
+    let watcher = tokio::spawn(async move {
+        // Records any moment without a ready worker.
+        while ready.changed().await.is_ok() {
+            if *ready.borrow() == 0 {
+                return false;
+            }
+        }
+        true
+    });
+    let started = Instant::now();
+    for task in sessions {
+        assert_eq!(task.await.unwrap().unwrap().len(), 400);
+    }
+    assert!(
+        started.elapsed() > SLOW_HEALTH,
+        "long enough for probes to miss"
+    );
+    assert!(
+        !watcher.is_finished(),
+        "the worker left rotation while busy"
+    );
+    watcher.abort();
+    assert_eq!(pool.ready_workers(), 1);
+    assert!(pool.counters().health_probe_misses.load(Ordering::Relaxed) > 0);
+    assert_eq!(pool.counters().stalls.load(Ordering::Relaxed), 0);
+    assert_eq!(pool.counters().failovers.load(Ordering::Relaxed), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_worker_leaves_rotation_its_requests_fail_over_and_it_rejoins() {
+    let a = FakeWorker::start(Duration::from_millis(2)).await;
+    let b = FakeWorker::start(Duration::from_millis(2)).await;
+    let s = PoolSettings {
+        stall_timeout: Duration::from_millis(300),
+        ..settings()
+    };
+    let pool = WorkerPool::start(s, &[a.address.clone(), b.address.clone()]);
+    wait_until("both ready", || pool.ready_workers() == 2).await;
+    let prompts: Vec<Vec<u32>> = (0..8u32).map(|i| vec![70 + i, 3, 80 + i]).collect();
+    let tasks: Vec<_> = prompts
+        .iter()
+        .map(|p| {
+            let mut session = start_session(&pool, request(p.clone(), 5, 400)).unwrap();
+            tokio::spawn(async move { (run(&mut session).await, session.failovers()) })
+        })
+        .collect();
+    wait_until("tokens flowing", || a.adds().len() + b.adds().len() == 8).await;
+    tokio::time::sleep(Duration::from_millis(40)).await;
+    let victim = if a.adds().is_empty() { &b } else { &a };
+    let on_victim = victim.adds().len();
+    let frozen_at = Instant::now();
+    victim.frozen.store(true, Ordering::Relaxed);
+    wait_until("the victim stalled", || {
+        pool.workers()
+            .iter()
+            .any(|w| w.address == victim.address && w.stalled)
+    })
+    .await;
+    let stalled_after = frozen_at.elapsed();
+    assert!(
+        stalled_after >= Duration::from_millis(300) && stalled_after < Duration::from_secs(2),
+        "stalled after {stalled_after:?} (stall timeout 300 ms)"
+    );
+    assert_eq!(pool.ready_workers(), 1);
+    let mut moved = 0;
+    for (task, prompt) in tasks.into_iter().zip(&prompts) {
+        let (ids, failovers) = task.await.unwrap();
+        let want: Vec<u32> = (0..400).map(|n| expected_token(prompt, 5, n)).collect();
+        assert_eq!(ids.expect("every request completes"), want);
+        moved += failovers;
+    }
+    assert_eq!(
+        moved as usize, on_victim,
+        "every request on the victim moved"
+    );
+    assert_eq!(pool.counters().stalls.load(Ordering::Relaxed), 1);
+    // Its requests were cancelled on it, for when it runs again.
+    assert_eq!(victim.cancels.lock().unwrap().len(), on_victim);
+    // Still frozen: it stays out although the router has nothing on it any more.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(pool.ready_workers(), 1);
+    victim.frozen.store(false, Ordering::Relaxed);
+    wait_until("the victim rejoined", || pool.ready_workers() == 2).await;
+    let before = victim.adds().len();
+    // Its prefix-affinity or load share brings new requests to it again.
+    for i in 0..8u32 {
+        let mut session = start_session(&pool, request(vec![200 + i], 1, 3)).unwrap();
+        run(&mut session).await.unwrap();
+    }
+    assert!(
+        victim.adds().len() > before,
+        "the rejoined worker takes requests"
+    );
 }

@@ -3,9 +3,12 @@
 //! budget and allocates KV blocks), **execute** (one `forward_batch` over the whole flattened batch),
 //! **update** (sample for sequences whose known tokens are all computed, apply stop rules, stream the
 //! tokens per connection, free what finished). Commands (add, cancel, stats) are drained between steps.
+//! After each command batch and each step (before its outputs go out) the engine publishes its state
+//! ([`super::monitor`]).
 
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::time::Instant;
 
 use inference_proto::worker::{
     AddRequest, EngineStats, LoadReport, RequestError, StepOutput, StopReason as WireStopReason,
@@ -14,6 +17,7 @@ use inference_proto::worker::{
 use tokio::sync::mpsc;
 
 use super::batch::{BatchEntry, BatchModel};
+use super::monitor::{EngineSnapshot, Publisher};
 use super::scheduler::{Chunk, Scheduler, SchedulerConfig, SeqId};
 use super::sequence::{Sequence, StopReason};
 use super::{Command, ConnId, EngineHandle};
@@ -41,11 +45,25 @@ pub struct EngineConfig {
 /// Starts the engine on its own thread and returns a handle to it.
 pub fn spawn_engine<M: BatchModel>(model: M, config: EngineConfig) -> EngineHandle {
     let (tx, rx) = mpsc::unbounded_channel();
+    let (publisher, state) = Publisher::new(EngineSnapshot::starting(initial_stats(&config)));
     std::thread::Builder::new()
         .name("engine".into())
-        .spawn(move || Engine::new(model, config).run(rx))
+        // The publisher lives on the thread: when the thread ends (or a panic unwinds it), its drop
+        // publishes `alive = false`.
+        .spawn(move || Engine::new(model, config, publisher).run(rx))
         .expect("spawning the engine thread");
-    EngineHandle { tx }
+    EngineHandle { tx, state }
+}
+
+/// The counters of an engine that has done nothing yet.
+fn initial_stats(config: &EngineConfig) -> EngineStats {
+    EngineStats {
+        kv_block_size: config.block_size as u32,
+        kv_tokens_capacity: (config.num_blocks * config.block_size) as u64,
+        kv_blocks_total: config.num_blocks as u64,
+        kv_blocks_free: config.num_blocks as u64,
+        ..Default::default()
+    }
 }
 
 struct Engine<M: BatchModel> {
@@ -59,16 +77,13 @@ struct Engine<M: BatchModel> {
     next_seq: SeqId,
     outputs: HashMap<ConnId, mpsc::UnboundedSender<StepOutput>>,
     stats: EngineStats,
+    publisher: Publisher,
 }
 
 impl<M: BatchModel> Engine<M> {
-    fn new(model: M, config: EngineConfig) -> Self {
+    fn new(model: M, config: EngineConfig, publisher: Publisher) -> Self {
         let kv = model.new_kv(config.num_blocks, config.block_size);
-        let stats = EngineStats {
-            kv_block_size: config.block_size as u32,
-            kv_tokens_capacity: (config.num_blocks * config.block_size) as u64,
-            ..Default::default()
-        };
+        let stats = initial_stats(&config);
         Self {
             model,
             kv,
@@ -79,7 +94,15 @@ impl<M: BatchModel> Engine<M> {
             next_seq: 1,
             outputs: HashMap::new(),
             stats,
+            publisher,
         }
+    }
+
+    /// Publishes the engine's state; `stepped` when a step just finished.
+    fn publish(&self, stepped: bool) {
+        let has_work = !self.seqs.is_empty();
+        self.publisher
+            .publish(Instant::now(), stepped, has_work, self.current_stats());
     }
 
     fn run(mut self, mut rx: mpsc::UnboundedReceiver<Command>) {
@@ -98,6 +121,7 @@ impl<M: BatchModel> Engine<M> {
                     Err(mpsc::error::TryRecvError::Disconnected) => return,
                 }
             }
+            self.publish(false);
             if !self.seqs.is_empty() {
                 self.step();
             }
@@ -251,6 +275,7 @@ impl<M: BatchModel> Engine<M> {
         if schedule.chunks.is_empty() {
             // Nothing fits although nothing else runs: the head of the queue cannot be served.
             self.fail_unschedulable();
+            self.publish(false);
             return;
         }
         let logits = self.execute(&schedule.chunks);
@@ -267,6 +292,8 @@ impl<M: BatchModel> Engine<M> {
         self.stats.last_batch_sequences = schedule.chunks.len() as u32;
         self.stats.last_batch_tokens = schedule.chunks.iter().map(|c| c.num_tokens as u32).sum();
         let load = self.load();
+        // Before the outputs: whoever sees a request finish reads counters that include it.
+        self.publish(true);
         for (conn, mut out) in per_conn {
             out.load = Some(load);
             out.step = self.stats.steps;

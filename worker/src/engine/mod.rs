@@ -2,20 +2,24 @@
 //! the continuously batched loop (schedule, execute one batched forward, update).
 //!
 //! RPC handlers talk to it only through [`EngineHandle`] (commands over a channel), so the hot path has
-//! no locks and cancelling is just a message.
+//! no locks and cancelling is just a message. Health, `Info` and metrics read the state the engine
+//! publishes after every step and command batch ([`EngineSnapshot`], see `monitor`), so they never
+//! wait for a step.
 
 mod batch;
 mod core;
+mod monitor;
 mod scheduler;
 mod sequence;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use inference_proto::worker::{AddRequest, EngineStats, StepOutput};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 
 pub use self::core::{spawn_engine, EngineConfig};
 pub use batch::{BatchEntry, BatchModel};
+pub use monitor::EngineSnapshot;
 pub use scheduler::{Chunk, Schedule, Scheduler, SchedulerConfig, SeqId};
 pub use sequence::{Sequence, StopReason};
 
@@ -34,7 +38,8 @@ pub enum Command {
     Cancel { conn: ConnId, request_id: String },
     /// Drop every request of a connection (the stream closed).
     CloseConnection { conn: ConnId },
-    /// Report the engine's counters.
+    /// Report the engine's counters, in order with the other commands (answered between steps; use
+    /// [`EngineHandle::snapshot`] where a step must not delay the answer).
     Stats(oneshot::Sender<EngineStats>),
 }
 
@@ -42,6 +47,7 @@ pub enum Command {
 #[derive(Clone)]
 pub struct EngineHandle {
     tx: mpsc::UnboundedSender<Command>,
+    state: watch::Receiver<EngineSnapshot>,
 }
 
 static NEXT_CONN: AtomicU64 = AtomicU64::new(1);
@@ -57,7 +63,14 @@ impl EngineHandle {
         self.tx.send(command).is_ok()
     }
 
-    /// The engine's live counters; `None` when the engine thread is gone.
+    /// The state the engine published last (after its last step or command batch); returns at once,
+    /// also while a step runs. `alive` is false once the engine thread has ended.
+    pub fn snapshot(&self) -> EngineSnapshot {
+        self.state.borrow().clone()
+    }
+
+    /// The engine's counters, answered by the engine thread after the commands sent before this
+    /// call (so it waits for a running step to finish); `None` when the engine thread is gone.
     pub async fn stats(&self) -> Option<EngineStats> {
         let (tx, rx) = oneshot::channel();
         if !self.send(Command::Stats(tx)) {

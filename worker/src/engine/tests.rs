@@ -337,3 +337,35 @@ async fn prefix_cache_reuses_shared_blocks() {
     assert!(stats.prefix_cache_hit_rate > 0.4);
     assert_eq!(stats.kv_blocks_used, 0);
 }
+
+#[tokio::test]
+async fn the_published_snapshot_is_current_when_outputs_arrive_and_marks_a_dead_engine() {
+    let mut c = Client::new(config(64, 64, true));
+    let before = c.engine.snapshot();
+    assert!(before.alive && !before.has_work && before.last_step_at.is_none());
+    let p = prompt(5, 1);
+    c.add(add("a", p.clone(), 6, vec![]));
+    assert_eq!(
+        c.collect(&["a"]).await[0],
+        Ok((expected(&p, 6), StopReason::Length))
+    );
+    // Published before the last output went out: it already counts the finished request.
+    let snapshot = c.engine.snapshot();
+    assert!(snapshot.alive && !snapshot.has_work, "{snapshot:?}");
+    assert!(snapshot.last_step_at.is_some());
+    assert_eq!(snapshot.stats, c.stats().await);
+    assert_eq!(snapshot.stats.finished_requests, 1);
+    assert_eq!(snapshot.stats.kv_blocks_used, 0);
+    // Every handle gone: the command channel closes, the engine thread returns, and the snapshot
+    // says so.
+    let state = c.engine.state.clone();
+    drop(c);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while state.borrow().alive {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the engine thread did not end"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
