@@ -102,6 +102,9 @@ async fn run(settings: RouterSettings) -> anyhow::Result<()> {
         .add_service(observability::grpc::reflection_service(&[
             "inference.v1.TextGeneration",
         ]))
+        .add_service(observability::grpc::reflection_service_v1alpha(&[
+            "inference.v1.TextGeneration",
+        ]))
         .serve_with_incoming_shutdown(
             TcpIncoming::from(listener).with_nodelay(Some(true)),
             async {
