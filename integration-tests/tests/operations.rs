@@ -324,7 +324,7 @@ async fn metrics_endpoints_parse_and_count_what_was_sent() {
     assert_eq!(metric(&w, "worker_running_sequences"), 0.0);
     assert_eq!(metric(&w, "worker_waiting_sequences"), 0.0);
     assert_eq!(metric(&w, "worker_kv_blocks_used"), 0.0);
-    assert!(metric(&w, "worker_kv_blocks_total") > 0.0);
+    assert!(metric(&w, "worker_kv_blocks_capacity") > 0.0);
     assert!(metric(&w, "worker_steps_total") >= generated);
     assert_eq!(metric(&w, "worker_serving"), 1.0);
     // Batch sizes are sampled per step (see worker::metrics): some steps, never more than ran.
