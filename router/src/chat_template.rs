@@ -240,10 +240,7 @@ fn split_marked(text: &str) -> Result<Vec<TemplatePiece>, ChatTemplateError> {
     };
     let mut pieces = Vec::new();
     let mut rest = text;
-    loop {
-        let Some(open) = rest.find([CONTENT_OPEN, CONTENT_CLOSE]) else {
-            break;
-        };
+    while let Some(open) = rest.find([CONTENT_OPEN, CONTENT_CLOSE]) {
         if rest[open..].starts_with(CONTENT_CLOSE) {
             return Err(unbalanced());
         }
