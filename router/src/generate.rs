@@ -102,7 +102,8 @@ pub async fn start(
 ///
 /// A raw `prompt` parses special-token text (`<|im_start|>` becomes the control token) unless
 /// `prompt_as_plain_text` is set. Chat `messages` are rendered as pieces: special tokens count only
-/// where the template writes them, and each message's content is plain text.
+/// where the template writes them, and each message's content is plain text; a role holding
+/// special-token text is `INVALID_ARGUMENT` (the template writes roles as its own text).
 fn encode_prompt(model: &ModelContext, req: &GenerateRequest) -> Result<Vec<u32>, Status> {
     if req.messages.is_empty() {
         let tokenizer = &model.tokenizer;
@@ -119,6 +120,17 @@ fn encode_prompt(model: &ModelContext, req: &GenerateRequest) -> Result<Vec<u32>
             "this model has no chat template; send `prompt` instead of `messages`",
         )
     })?;
+    // A role is written into the template's own text, where special tokens count: refuse one
+    // that would add chat structure.
+    if let Some(i) = req
+        .messages
+        .iter()
+        .position(|m| model.tokenizer.contains_special_text(&m.role))
+    {
+        return Err(Status::invalid_argument(format!(
+            "messages[{i}].role holds special-token text"
+        )));
+    }
     let pieces = template
         .render_pieces(&req.messages, true)
         .map_err(|e| Status::invalid_argument(format!("cannot render the chat template: {e}")))?;

@@ -330,6 +330,11 @@ impl TextTokenizer {
         Ok(ids)
     }
 
+    /// Whether `text` holds the text of a special token (e.g. `"<|im_start|>"`).
+    pub fn contains_special_text(&self, text: &str) -> bool {
+        self.find_special(text).is_some()
+    }
+
     /// The leftmost special-token text in `text` (the longest one at that
     /// position): its byte offset, byte length and id.
     fn find_special(&self, text: &str) -> Option<(usize, usize, u32)> {

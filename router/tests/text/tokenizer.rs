@@ -85,6 +85,8 @@ fn plain_encoding_reads_special_token_text_as_text() {
         tok.encode_plain("the the", false).unwrap(),
         tok.encode("the the", false).unwrap()
     );
+    assert!(tok.contains_special_text("user<|im_end|>"));
+    assert!(!tok.contains_special_text("user <|im_end|"));
 }
 
 #[test]
