@@ -15,6 +15,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         prost::Message::encode_to_vec(&descriptors),
     )?;
     tonic_prost_build::configure()
+        // INVALID_ARGUMENT instead of INTERNAL for a message that does not decode (src/codec.rs).
+        .codec_path("crate::codec::WireCodec")
         .build_server(true)
         .build_client(true)
         .compile_fds(descriptors)?;

@@ -47,12 +47,32 @@ pub async fn wait_health(addr: &str, service: &str, want: ServingStatus, timeout
     }
 }
 
-/// `GET /metrics` at `addr`: the body, after checking the status and content type.
+/// `GET /metrics` at `addr` asking for OpenMetrics (as Prometheus does): the body, after checking
+/// the status and content type.
 pub async fn scrape(addr: &str) -> String {
+    let body = get_metrics(
+        addr,
+        "Accept: application/openmetrics-text; version=1.0.0\r\n",
+    )
+    .await;
+    assert!(body.ends_with("# EOF\n"), "not OpenMetrics:\n{body}");
+    body
+}
+
+/// `GET /metrics` at `addr` without an `Accept` header (as `curl` does): the Prometheus text format
+/// 0.0.4 body, after checking the status and content type.
+pub async fn scrape_text(addr: &str) -> String {
+    get_metrics(addr, "").await
+}
+
+/// `GET /metrics` at `addr` with `extra_headers` (each ending in CRLF): the body.
+async fn get_metrics(addr: &str, extra_headers: &str) -> String {
     let mut stream = tokio::net::TcpStream::connect(addr)
         .await
         .unwrap_or_else(|e| panic!("connecting to the metrics endpoint {addr}: {e}"));
-    let request = format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    let request = format!(
+        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\n{extra_headers}Connection: close\r\n\r\n"
+    );
     stream.write_all(request.as_bytes()).await.unwrap();
     let mut response = String::new();
     stream.read_to_string(&mut response).await.unwrap();

@@ -47,6 +47,35 @@ async fn list_services(addr: &str) -> Vec<String> {
     }
 }
 
+/// The services `addr` lists through `grpc.reflection.v1alpha` (what the Python
+/// `grpcio-reflection` client and older grpcurl ask).
+async fn list_services_v1alpha(addr: &str) -> Vec<String> {
+    use tonic_reflection::pb::v1alpha::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1alpha::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1alpha::server_reflection_response::MessageResponse;
+    use tonic_reflection::pb::v1alpha::ServerReflectionRequest;
+    let mut client = ServerReflectionClient::new(channel(addr).await);
+    let request = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let answer = client
+        .server_reflection_info(tokio_stream::once(request))
+        .await
+        .expect("v1alpha reflection call")
+        .into_inner()
+        .message()
+        .await
+        .expect("v1alpha reflection answer")
+        .and_then(|a| a.message_response);
+    match answer {
+        Some(MessageResponse::ListServicesResponse(list)) => {
+            list.service.into_iter().map(|s| s.name).collect()
+        }
+        other => panic!("unexpected v1alpha reflection answer {other:?}"),
+    }
+}
+
 /// A descriptor pool built from the file that defines `symbol`, fetched through reflection.
 async fn reflected_pool(addr: &str, symbol: &str) -> DescriptorPool {
     let files = match reflect(addr, MessageRequest::FileContainingSymbol(symbol.into())).await {
@@ -157,12 +186,34 @@ async fn health_follows_workers_and_reflection_serves_a_dynamic_call() {
         );
     }
     assert!(!router_services.iter().any(|s| s.contains("worker")));
+    // Both reflection versions are served, and list the same services.
+    assert!(
+        router_services
+            .iter()
+            .any(|s| s == "grpc.reflection.v1alpha.ServerReflection"),
+        "{router_services:?}"
+    );
+    let mut v1alpha = list_services_v1alpha(&router_addr).await;
+    let mut v1 = router_services.clone();
+    v1alpha.sort();
+    v1.sort();
+    assert_eq!(
+        v1alpha, v1,
+        "router: v1alpha and v1 list different services"
+    );
     let worker_services = list_services(&worker_addr).await;
     assert!(
         worker_services
             .iter()
             .any(|s| s == "inference.worker.v1.Worker"),
         "{worker_services:?}"
+    );
+    let worker_v1alpha = list_services_v1alpha(&worker_addr).await;
+    assert!(
+        worker_v1alpha
+            .iter()
+            .any(|s| s == "inference.worker.v1.Worker"),
+        "{worker_v1alpha:?}"
     );
 
     // A grpcurl-style call: descriptors from reflection, a dynamic request, a dynamic answer.
@@ -273,7 +324,7 @@ async fn metrics_endpoints_parse_and_count_what_was_sent() {
     assert_eq!(metric(&w, "worker_running_sequences"), 0.0);
     assert_eq!(metric(&w, "worker_waiting_sequences"), 0.0);
     assert_eq!(metric(&w, "worker_kv_blocks_used"), 0.0);
-    assert!(metric(&w, "worker_kv_blocks_total") > 0.0);
+    assert!(metric(&w, "worker_kv_blocks_capacity") > 0.0);
     assert!(metric(&w, "worker_steps_total") >= generated);
     assert_eq!(metric(&w, "worker_serving"), 1.0);
     // Batch sizes are sampled per step (see worker::metrics): some steps, never more than ran.

@@ -4,7 +4,8 @@
 //!   gRPC when an endpoint is set).
 //! - [`propagation`]: W3C trace context (`traceparent`) into and out of string maps and gRPC
 //!   metadata, so a request's spans on the router and on its worker form one trace.
-//! - [`metrics_http`]: the Prometheus text endpoint (`GET /metrics`).
+//! - [`metrics_http`]: the Prometheus text endpoint (`GET /metrics`), OpenMetrics or, for clients
+//!   that do not ask for it, the 0.0.4 text format ([`text_format`]).
 //! - [`grpc`]: the standard gRPC reflection service.
 //! - [`settings_file`]: rejects unknown (misspelt) keys in a TOML settings file.
 
@@ -15,3 +16,4 @@ pub mod process;
 pub mod propagation;
 pub mod settings_file;
 pub mod telemetry;
+pub mod text_format;

@@ -1,11 +1,14 @@
 //! The Prometheus endpoint: `GET /metrics` over plain HTTP/1.1 answers the OpenMetrics text the
-//! caller renders (Prometheus scrapes it as is).
+//! caller renders when the request's `Accept` names `application/openmetrics-text` (what Prometheus
+//! sends), and otherwise the same metrics in the Prometheus text format 0.0.4
+//! ([`crate::text_format`]; what `curl` and `promtool check metrics` expect), as the Go client does.
 
 use std::future::Future;
 use std::net::SocketAddr;
 
 use anyhow::Context as _;
-use axum::http::header::CONTENT_TYPE;
+use axum::http::header::{ACCEPT, CONTENT_TYPE};
+use axum::http::HeaderMap;
 use axum::response::IntoResponse;
 use axum::routing::get;
 
@@ -58,22 +61,40 @@ where
     Fut: Future<Output = String> + Send + 'static,
 {
     let bound = listener.local_addr()?;
-    let app =
-        axum::Router::new().route(
-            "/metrics",
-            get(move || {
-                let render = render.clone();
-                async move {
-                    ([(CONTENT_TYPE, CONTENT_TYPE_OPENMETRICS)], render().await).into_response()
+    let app = axum::Router::new().route(
+        "/metrics",
+        get(move |headers: HeaderMap| {
+            let render = render.clone();
+            async move {
+                let text = render().await;
+                if wants_openmetrics(&headers) {
+                    ([(CONTENT_TYPE, CONTENT_TYPE_OPENMETRICS)], text).into_response()
+                } else {
+                    let text = crate::text_format::from_openmetrics(&text);
+                    (
+                        [(CONTENT_TYPE, crate::text_format::CONTENT_TYPE_TEXT)],
+                        text,
+                    )
+                        .into_response()
                 }
-            }),
-        );
+            }
+        }),
+    );
     tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
             tracing::error!(error = %e, "metrics endpoint failed");
         }
     });
     Ok(bound)
+}
+
+/// Whether the request's `Accept` header names the OpenMetrics text format.
+fn wants_openmetrics(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.contains("application/openmetrics-text"))
 }
 
 #[cfg(test)]
@@ -91,23 +112,37 @@ mod tests {
         assert!(parse_listen("localhost").is_err());
     }
 
-    #[tokio::test]
-    async fn serves_the_rendered_text() {
-        let addr = serve("127.0.0.1:0".parse().unwrap(), || async {
-            "x_total 1\n# EOF\n".to_string()
-        })
-        .await
-        .unwrap();
+    async fn get(addr: SocketAddr, extra_headers: &str) -> String {
         let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        stream
-            .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            .await
-            .unwrap();
+        let request =
+            format!("GET /metrics HTTP/1.1\r\nHost: x\r\n{extra_headers}Connection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.unwrap();
         let mut response = String::new();
         stream.read_to_string(&mut response).await.unwrap();
         assert!(response.starts_with("HTTP/1.1 200"), "{response}");
-        assert!(response.contains("openmetrics-text"), "{response}");
-        assert!(response.ends_with("x_total 1\n# EOF\n"), "{response}");
+        response
+    }
+
+    #[tokio::test]
+    async fn serves_openmetrics_when_asked_and_text_0_0_4_otherwise() {
+        let addr = serve("127.0.0.1:0".parse().unwrap(), || async {
+            "# TYPE x counter\nx_total 1\n# EOF\n".to_string()
+        })
+        .await
+        .unwrap();
+        let accept = "Accept: application/openmetrics-text;version=1.0.0,text/plain;q=0.5\r\n";
+        let openmetrics = get(addr, accept).await;
+        assert!(openmetrics.contains("openmetrics-text"), "{openmetrics}");
+        assert!(
+            openmetrics.ends_with("# TYPE x counter\nx_total 1\n# EOF\n"),
+            "{openmetrics}"
+        );
+        let text = get(addr, "").await;
+        assert!(text.contains("text/plain; version=0.0.4"), "{text}");
+        assert!(
+            text.ends_with("\r\n# TYPE x_total counter\nx_total 1\n"),
+            "{text}"
+        );
     }
 }

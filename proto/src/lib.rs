@@ -2,9 +2,13 @@
 //!
 //! - [`inference::v1`]: the public `TextGeneration` API the router serves.
 //! - [`inference::worker::v1`]: the bidirectional router<->worker protocol.
+//!
+//! Both are served and called through [`codec::WireCodec`], which reports a message that does not
+//! decode as `INVALID_ARGUMENT` naming the field.
 
-#![allow(clippy::all, missing_docs)]
+pub mod codec;
 
+#[allow(clippy::all, missing_docs)]
 pub mod inference {
     pub mod v1 {
         tonic::include_proto!("inference.v1");

@@ -99,11 +99,20 @@ pub async fn start(
 }
 
 /// Renders the chat template for `messages`, or takes `prompt` as is, and tokenizes it.
+///
+/// A raw `prompt` parses special-token text (`<|im_start|>` becomes the control token) unless
+/// `prompt_as_plain_text` is set. Chat `messages` are rendered as pieces: special tokens count only
+/// where the template writes them, and each message's content is plain text; a role holding
+/// special-token text is `INVALID_ARGUMENT` (the template writes roles as its own text).
 fn encode_prompt(model: &ModelContext, req: &GenerateRequest) -> Result<Vec<u32>, Status> {
     if req.messages.is_empty() {
-        return model
-            .tokenizer
-            .encode(&req.prompt, true)
+        let tokenizer = &model.tokenizer;
+        let ids = if req.prompt_as_plain_text {
+            tokenizer.encode_plain(&req.prompt, true)
+        } else {
+            tokenizer.encode(&req.prompt, true)
+        };
+        return ids
             .map_err(|e| Status::invalid_argument(format!("cannot tokenize the prompt: {e}")));
     }
     let template = model.chat_template.as_ref().ok_or_else(|| {
@@ -111,13 +120,23 @@ fn encode_prompt(model: &ModelContext, req: &GenerateRequest) -> Result<Vec<u32>
             "this model has no chat template; send `prompt` instead of `messages`",
         )
     })?;
-    let text = template
-        .render(&req.messages, true)
+    // A role is written into the template's own text, where special tokens count: refuse one
+    // that would add chat structure.
+    if let Some(i) = req
+        .messages
+        .iter()
+        .position(|m| model.tokenizer.contains_special_text(&m.role))
+    {
+        return Err(Status::invalid_argument(format!(
+            "messages[{i}].role holds special-token text"
+        )));
+    }
+    let pieces = template
+        .render_pieces(&req.messages, true)
         .map_err(|e| Status::invalid_argument(format!("cannot render the chat template: {e}")))?;
-    // The template writes the special tokens itself.
     model
         .tokenizer
-        .encode(&text, false)
+        .encode_pieces(&pieces)
         .map_err(|e| Status::invalid_argument(format!("cannot tokenize the chat prompt: {e}")))
 }
 

@@ -20,3 +20,4 @@ pub mod stop;
 pub mod telemetry;
 pub mod tokenizer;
 pub mod validation;
+pub mod wire;

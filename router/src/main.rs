@@ -13,6 +13,7 @@ use router::drain::Drain;
 use router::metrics::RouterMetrics;
 use router::pool::WorkerPool;
 use router::service::TextGenerationService;
+use router::wire::WireGuard;
 use tonic::transport::server::TcpIncoming;
 
 fn main() -> ExitCode {
@@ -76,7 +77,15 @@ async fn run(settings: RouterSettings) -> anyhow::Result<()> {
         tracing::info!(%bound, "serving Prometheus metrics at /metrics");
     }
     let service = TextGenerationService::new(pool, settings.limits.clone(), drain.clone())
-        .with_metrics(metrics);
+        .with_metrics(metrics.clone());
+    // The decode limit follows max_request_bytes; the wire guard answers an oversized message
+    // with RESOURCE_EXHAUSTED naming it, and counts and logs calls refused before the handler.
+    let max_request_bytes = settings.limits.max_request_bytes as usize;
+    let public_api = WireGuard::new(
+        TextGenerationServer::new(service).max_decoding_message_size(max_request_bytes),
+        max_request_bytes,
+        Some(metrics),
+    );
     let mut sources = settings.workers.clone();
     if let Some((target, _)) = &discovery {
         sources.push(format!("dns:{target}"));
@@ -88,9 +97,12 @@ async fn run(settings: RouterSettings) -> anyhow::Result<()> {
     );
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tonic::transport::Server::builder()
-        .add_service(TextGenerationServer::new(service))
+        .add_service(public_api)
         .add_service(health_service)
         .add_service(observability::grpc::reflection_service(&[
+            "inference.v1.TextGeneration",
+        ]))
+        .add_service(observability::grpc::reflection_service_v1alpha(&[
             "inference.v1.TextGeneration",
         ]))
         .serve_with_incoming_shutdown(

@@ -153,6 +153,12 @@ impl RouterMetrics {
         }
     }
 
+    /// Counts a `Generate` call refused before its handler ran (e.g. a message that does not decode
+    /// or is above `max_request_bytes`; see [`crate::wire`]) in `router_requests_total{code}`.
+    pub fn count_rejection(&self, code: Code) {
+        self.count_status(code);
+    }
+
     fn count_status(&self, code: Code) {
         self.requests
             .get_or_create(&[("code", code_name(code))])

@@ -2,7 +2,8 @@
 //!
 //! `Generate` is refused with `UNAVAILABLE` while the router drains ([`Drain`]); each running call is
 //! counted until its response stream ends, so a drain can wait for it. The call's `grpc-timeout`
-//! becomes the request's deadline ([`crate::deadline`]).
+//! becomes the request's deadline ([`crate::deadline`]). Every handler marks its call as reached
+//! ([`HandlerReached`]), so [`crate::wire::WireGuard`] accounts only calls refused before a handler.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -25,6 +26,7 @@ use crate::generate;
 use crate::metrics::{RequestObserver, RouterMetrics};
 use crate::model_context::ModelContext;
 use crate::pool::{no_worker_status, WorkerPool};
+use crate::wire::HandlerReached;
 
 /// The router's public service.
 pub struct TextGenerationService {
@@ -89,6 +91,7 @@ impl TextGeneration for TextGenerationService {
         &self,
         request: Request<GenerateRequest>,
     ) -> Result<Response<Self::GenerateStream>, Status> {
+        HandlerReached::mark(&request);
         let span = crate::telemetry::request_span(request.metadata());
         let observer = self.metrics.as_ref().map(|m| m.request(span.clone()));
         let started = async {
@@ -121,6 +124,7 @@ impl TextGeneration for TextGenerationService {
         &self,
         request: Request<TokenizeRequest>,
     ) -> Result<Response<TokenizeResponse>, Status> {
+        HandlerReached::mark(&request);
         let model = self.model()?;
         let req = request.into_inner();
         if req.text.len() > self.limits.max_request_bytes as usize {
@@ -139,8 +143,9 @@ impl TextGeneration for TextGenerationService {
 
     async fn model_info(
         &self,
-        _request: Request<ModelInfoRequest>,
+        request: Request<ModelInfoRequest>,
     ) -> Result<Response<ModelInfoResponse>, Status> {
+        HandlerReached::mark(&request);
         let model = self.model()?;
         let l = &self.limits;
         let max_input_tokens = if l.max_input_tokens == 0 {

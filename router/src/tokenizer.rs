@@ -19,6 +19,10 @@
 //! *special added tokens*: they are matched verbatim in input text before
 //! pre-tokenization (`"<|im_start|>"` encodes to one id, `"<|im_start|"` does
 //! not) and are dropped by [`TextTokenizer::decode`] with `skip_special`.
+//! [`TextTokenizer::encode_plain`] treats that text as ordinary text instead
+//! (`"<|im_start|>"` splits into ordinary tokens), and
+//! [`TextTokenizer::encode_pieces`] recognises special tokens only in a chat
+//! template's own text, never in message content.
 //! Byte symbols missing from the vocabulary are dropped while encoding (no
 //! unknown token), exactly as the Hugging Face BPE model does when
 //! `unk_token` is null.
@@ -35,6 +39,8 @@ use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::{
     AddedToken, DecoderWrapper, PreTokenizerWrapper, SplitDelimiterBehavior, Tokenizer,
 };
+
+use crate::chat_template::TemplatePiece;
 
 /// GGUF token type of control tokens (`<|im_start|>` …).
 const TOKEN_TYPE_CONTROL: i32 = 3;
@@ -80,6 +86,12 @@ pub enum TokenizerError {
 /// bytes, which the streaming detokenizer uses.
 pub struct TextTokenizer {
     inner: Tokenizer,
+    /// `inner` with special-token text encoded as ordinary text
+    /// (`set_encode_special_tokens(true)`).
+    plain: Tokenizer,
+    /// Each special token's text and id, longest text first (for matching in
+    /// template text).
+    special_texts: Vec<(String, u32)>,
     /// Prepended by `encode(.., add_special_tokens = true)` (GGUF specs only;
     /// a `tokenizer.json` brings its own post-processor).
     bos_to_prepend: Option<u32>,
@@ -140,13 +152,42 @@ impl TextTokenizer {
             .unwrap_or(0);
         let byte_table = matches!(inner.get_decoder(), Some(DecoderWrapper::ByteLevel(_)))
             .then(|| ByteTable::build(&inner, vocab_size));
-        Ok(Self {
+        Ok(Self::assemble(
             inner,
-            bos_to_prepend: None,
+            None,
             special_ids,
             vocab_size,
             byte_table,
-        })
+        ))
+    }
+
+    /// The tokenizer around `inner`, with its plain-text twin and the table of
+    /// special-token texts.
+    fn assemble(
+        inner: Tokenizer,
+        bos_to_prepend: Option<u32>,
+        special_ids: HashSet<u32>,
+        vocab_size: usize,
+        byte_table: Option<ByteTable>,
+    ) -> Self {
+        let mut plain = inner.clone();
+        plain.set_encode_special_tokens(true);
+        let mut special_texts: Vec<(String, u32)> = inner
+            .get_added_tokens_decoder()
+            .into_iter()
+            .filter(|(_, t)| t.special && !t.content.is_empty())
+            .map(|(id, t)| (t.content, id))
+            .collect();
+        special_texts.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.1.cmp(&b.1)));
+        Self {
+            inner,
+            plain,
+            special_texts,
+            bos_to_prepend,
+            special_ids,
+            vocab_size,
+            byte_table,
+        }
     }
 
     fn from_gguf_bpe(spec: &TokenizerSpec) -> Result<Self, TokenizerError> {
@@ -203,13 +244,13 @@ impl TextTokenizer {
         let vocab_size = spec.tokens.len();
         let bos_to_prepend = bos_to_prepend(spec)?;
         let byte_table = Some(ByteTable::build(&inner, vocab_size));
-        Ok(Self {
+        Ok(Self::assemble(
             inner,
             bos_to_prepend,
             special_ids,
             vocab_size,
             byte_table,
-        })
+        ))
     }
 
     /// A SentencePiece-style GGUF vocabulary ([`crate::sentencepiece`]).
@@ -238,6 +279,88 @@ impl TextTokenizer {
             .encode_fast(text, add_special_tokens)
             .map_err(|e| TokenizerError::Encode(e.to_string()))?;
         Ok(self.with_bos(enc.get_ids().to_vec(), add_special_tokens))
+    }
+
+    /// Like [`encode`](Self::encode), but special-token text in `text` is
+    /// ordinary text: `"<|im_start|>"` becomes the ids of its characters, not
+    /// the control token (a raw prompt with `prompt_as_plain_text`). With
+    /// `add_special_tokens` the BOS token is still prepended as in `encode`.
+    ///
+    /// # Errors
+    /// [`TokenizerError::Encode`] if the `tokenizers` library fails.
+    pub fn encode_plain(
+        &self,
+        text: &str,
+        add_special_tokens: bool,
+    ) -> Result<Vec<u32>, TokenizerError> {
+        let enc = self
+            .plain
+            .encode_fast(text, add_special_tokens)
+            .map_err(|e| TokenizerError::Encode(e.to_string()))?;
+        Ok(self.with_bos(enc.get_ids().to_vec(), add_special_tokens))
+    }
+
+    /// Encodes a rendered chat ([`ChatTemplate::render_pieces`]) without BOS
+    /// or post-processing: special tokens are recognised in the template's
+    /// [`TemplatePiece::Markup`] only; [`TemplatePiece::Content`] is plain
+    /// text. The text between two special tokens is encoded as one, as
+    /// [`encode`](Self::encode) does (the `tokenizers` library also splits
+    /// at special tokens first), so a conversation whose content holds no
+    /// special-token text gets exactly `encode(render(..), false)`.
+    ///
+    /// # Errors
+    /// [`TokenizerError::Encode`] if the `tokenizers` library fails.
+    ///
+    /// [`ChatTemplate::render_pieces`]: crate::chat_template::ChatTemplate::render_pieces
+    pub fn encode_pieces(&self, pieces: &[TemplatePiece]) -> Result<Vec<u32>, TokenizerError> {
+        let mut ids = Vec::new();
+        let mut text = String::new();
+        for piece in pieces {
+            match piece {
+                TemplatePiece::Content(content) => text.push_str(content),
+                TemplatePiece::Markup(markup) => {
+                    let mut rest = markup.as_str();
+                    while let Some((at, len, id)) = self.find_special(rest) {
+                        text.push_str(&rest[..at]);
+                        self.flush_plain(&mut text, &mut ids)?;
+                        ids.push(id);
+                        rest = &rest[at + len..];
+                    }
+                    text.push_str(rest);
+                }
+            }
+        }
+        self.flush_plain(&mut text, &mut ids)?;
+        Ok(ids)
+    }
+
+    /// Whether `text` holds the text of a special token (e.g. `"<|im_start|>"`).
+    pub fn contains_special_text(&self, text: &str) -> bool {
+        self.find_special(text).is_some()
+    }
+
+    /// The leftmost special-token text in `text` (the longest one at that
+    /// position): its byte offset, byte length and id.
+    fn find_special(&self, text: &str) -> Option<(usize, usize, u32)> {
+        let mut best: Option<(usize, usize, u32)> = None;
+        for (special, id) in &self.special_texts {
+            if let Some(at) = text.find(special.as_str()) {
+                // Longest first, so an equal offset never replaces a longer match.
+                if best.is_none_or(|(b, _, _)| at < b) {
+                    best = Some((at, special.len(), *id));
+                }
+            }
+        }
+        best
+    }
+
+    /// Appends the plain-text encoding of `text` to `ids` and empties `text`.
+    fn flush_plain(&self, text: &mut String, ids: &mut Vec<u32>) -> Result<(), TokenizerError> {
+        if !text.is_empty() {
+            ids.extend(self.encode_plain(text, false)?);
+            text.clear();
+        }
+        Ok(())
     }
 
     /// Like [`encode`](Self::encode), also returning each id's vocabulary

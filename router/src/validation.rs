@@ -61,7 +61,9 @@ impl Sampling {
 
 /// Checks everything that does not need the tokenizer. Returns the sampling parameters.
 ///
-/// Errors: `INVALID_ARGUMENT` for a request larger than `max_request_bytes`, both or neither of
+/// Errors: `INVALID_ARGUMENT` for a request larger than `max_request_bytes` (over gRPC the router's
+/// [`crate::wire::WireGuard`] already refuses such a message with `RESOURCE_EXHAUSTED` from its frame
+/// header; this check covers callers of the library), both or neither of
 /// `prompt`/`messages`, an empty message role, `max_new_tokens` of 0 or above the limit, a negative or
 /// non-finite temperature, `top_p` outside (0, 1], `min_p` outside [0, 1], `repetition_penalty`
 /// outside (0, 10] (0 is accepted and means off), `frequency_penalty` or `presence_penalty` outside

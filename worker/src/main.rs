@@ -225,6 +225,9 @@ where
         .add_service(observability::grpc::reflection_service(&[
             "inference.worker.v1.Worker",
         ]))
+        .add_service(observability::grpc::reflection_service_v1alpha(&[
+            "inference.worker.v1.Worker",
+        ]))
         .serve_with_incoming_shutdown(
             TcpIncoming::from(listener).with_nodelay(Some(true)),
             async {

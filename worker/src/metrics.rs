@@ -2,7 +2,7 @@
 //! `metrics_listen`.
 //!
 //! Read from the engine's published [`EngineStats`] at each scrape (never waiting for a step): gauges `worker_running_sequences`,
-//! `worker_waiting_sequences`, `worker_kv_blocks_total`, `worker_kv_blocks_used`,
+//! `worker_waiting_sequences`, `worker_kv_blocks_capacity` (named so because a `_total` suffix means a counter), `worker_kv_blocks_used`,
 //! `worker_kv_blocks_free`, `worker_kv_block_size`, `worker_kv_tokens_used`,
 //! `worker_kv_tokens_capacity`, `worker_prefix_cache_blocks`, `worker_last_batch_tokens`,
 //! `worker_last_batch_sequences`, `worker_serving`, `worker_draining`; counters
@@ -173,7 +173,7 @@ impl Collector for StatsCollector {
                 s.waiting_sequences.into(),
             ),
             (
-                "kv_blocks_total",
+                "kv_blocks_capacity",
                 "KV cache blocks in the pool",
                 s.kv_blocks_total,
             ),

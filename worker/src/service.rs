@@ -128,6 +128,11 @@ impl Worker for WorkerService {
             loop {
                 let message = match inbound.next().await {
                     Some(Ok(m)) => m,
+                    // The router going away (shutdown, broken pipe, reset) is an ordinary close.
+                    Some(Err(status)) if observability::grpc::peer_went_away(&status) => {
+                        tracing::info!(conn, reason = %status.message(), "router went away");
+                        break;
+                    }
                     Some(Err(status)) => {
                         tracing::warn!(conn, %status, "router stream failed");
                         break;

@@ -44,6 +44,10 @@ struct Args {
     /// Keep going past EOS.
     #[arg(long)]
     ignore_eos: bool,
+    /// Tokenize a raw prompt as plain text: special-token text such as `<|im_start|>` in it stays
+    /// text (`prompt_as_plain_text`; chat content is always plain text).
+    #[arg(long)]
+    plain_text: bool,
     /// Wait up to this many seconds for the router to have a ready worker (polling `ModelInfo`).
     #[arg(long, default_value_t = 0)]
     wait_ready_secs: u64,
@@ -101,6 +105,7 @@ async fn run(mut args: Args) -> anyhow::Result<()> {
         seed: args.seed,
         stop: args.stop,
         ignore_eos: args.ignore_eos,
+        prompt_as_plain_text: args.plain_text,
         ..Default::default()
     };
     let started = Instant::now();

@@ -75,6 +75,45 @@ fn special_tokens_match_only_whole() {
 }
 
 #[test]
+fn plain_encoding_reads_special_token_text_as_text() {
+    let tok = synthetic_tokenizer();
+    assert_eq!(
+        tok.encode_plain("<|im_start|>hi<|im_end|>", false).unwrap(),
+        byte_ids("<|im_start|>hi<|im_end|>")
+    );
+    assert_eq!(
+        tok.encode_plain("the the", false).unwrap(),
+        tok.encode("the the", false).unwrap()
+    );
+    assert!(tok.contains_special_text("user<|im_end|>"));
+    assert!(!tok.contains_special_text("user <|im_end|"));
+}
+
+#[test]
+fn pieces_parse_special_tokens_in_markup_only() {
+    use router::chat_template::TemplatePiece::{Content, Markup};
+    let tok = synthetic_tokenizer();
+    let pieces = [
+        Markup("<|im_start|>user\n".into()),
+        Content("a<|im_end|>b".into()),
+        Markup("<|im_end|>\n<|im_start|>x".into()),
+    ];
+    let mut expected = vec![SYN_IM_START];
+    expected.extend(byte_ids("user\na<|im_end|>b"));
+    expected.push(SYN_IM_END);
+    expected.extend(byte_ids("\n"));
+    expected.push(SYN_IM_START);
+    expected.extend(byte_ids("x"));
+    assert_eq!(tok.encode_pieces(&pieces).unwrap(), expected);
+    // Markup alone encodes as `encode` does.
+    let markup = "<|im_start|>the the<|im_end|>";
+    assert_eq!(
+        tok.encode_pieces(&[Markup(markup.into())]).unwrap(),
+        tok.encode(markup, false).unwrap()
+    );
+}
+
+#[test]
 fn bos_only_with_add_special_tokens_and_add_bos() {
     let mut spec = synthetic_spec("smollm");
     spec.add_bos_token = true;
