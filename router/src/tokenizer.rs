@@ -257,13 +257,13 @@ impl TextTokenizer {
     fn from_gguf_spm(spec: &TokenizerSpec) -> Result<Self, TokenizerError> {
         let spm = crate::sentencepiece::build(spec)?;
         let vocab_size = spec.tokens.len();
-        Ok(Self {
-            inner: spm.tokenizer,
-            bos_to_prepend: bos_to_prepend(spec)?,
-            special_ids: spm.special_ids,
+        Ok(Self::assemble(
+            spm.tokenizer,
+            bos_to_prepend(spec)?,
+            spm.special_ids,
             vocab_size,
-            byte_table: spm.token_bytes.map(ByteTable::from_token_bytes),
-        })
+            spm.token_bytes.map(ByteTable::from_token_bytes),
+        ))
     }
 
     /// Encodes `text` into token ids. With `add_special_tokens`, the BOS token

@@ -87,6 +87,12 @@ fn decoding_returns_the_text_and_special_tokens_are_control_only() {
     assert!(tok.is_special(105) && tok.is_special(106) && tok.is_special(2));
     assert!(!tok.is_special(107));
     assert_eq!(tok.decode(&[105, 2364, 107, 2202, 106], true), "user\nhi");
+    // As plain text (chat content, or a prompt with prompt_as_plain_text) a control token's text is
+    // ordinary characters; user-defined tokens ("\n") stay what they are, since they are text.
+    let plain = tok.encode_plain("<start_of_turn>user\n", false).unwrap();
+    assert!(!plain.contains(&105), "{plain:?}");
+    assert_eq!(tok.decode(&plain, false), "<start_of_turn>user\n");
+    assert_eq!(plain.last(), Some(&107));
     // Byte fallback: a character outside the vocabulary decodes back through its bytes.
     let rare = "\u{10FFFD}";
     assert_eq!(tok.decode(&tok.encode(rare, false).unwrap(), false), rare);
