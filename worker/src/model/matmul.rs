@@ -525,9 +525,16 @@ pub fn dot_with(path: SimdPath, a: &[f32], b: &[f32]) -> f32 {
 ///
 /// Panics if `x.len() != y.len()`.
 pub fn add_scaled(y: &mut [f32], a: f32, x: &[f32]) {
+    add_scaled_with(SimdPath::detect(), y, a, x)
+}
+
+/// [`add_scaled`] on a given path (bitwise the same result on every path).
+///
+/// Panics if `x.len() != y.len()`.
+pub fn add_scaled_with(path: SimdPath, y: &mut [f32], a: f32, x: &[f32]) {
     assert_eq!(x.len(), y.len(), "add_scaled: lengths differ");
     #[cfg(target_arch = "x86_64")]
-    if SimdPath::detect() == SimdPath::Avx512 {
+    if path == SimdPath::Avx512 {
         // SAFETY: `Avx512` is only detected with AVX-512F present; lengths checked above.
         return unsafe { avx512::add_scaled(y, a, x) };
     }
@@ -542,17 +549,30 @@ pub fn add_scaled(y: &mut [f32], a: f32, x: &[f32]) {
 ///
 /// Panics if a row's length differs from `y`'s.
 pub fn add_scaled_rows<const N: usize>(y: &mut [f32], a: &[f32; N], xs: [&[f32]; N]) {
+    add_scaled_rows_with(SimdPath::detect(), y, a, xs)
+}
+
+/// [`add_scaled_rows`] on a given path (bitwise the same result on every path).
+///
+/// Panics if a row's length differs from `y`'s.
+pub fn add_scaled_rows_with<const N: usize>(
+    path: SimdPath,
+    y: &mut [f32],
+    a: &[f32; N],
+    xs: [&[f32]; N],
+) {
     assert!(
         xs.iter().all(|x| x.len() == y.len()),
         "add_scaled_rows: lengths differ"
     );
     #[cfg(target_arch = "x86_64")]
-    if SimdPath::detect() == SimdPath::Avx512 {
-        // SAFETY: `Avx512` is only detected with AVX-512F present; lengths checked above.
+    if path == SimdPath::Avx512 {
+        // SAFETY: `Avx512` comes only from `SimdPath::available`, which
+        // detected AVX-512F; lengths checked above.
         return unsafe { avx512::add_scaled_rows(y, a, xs) };
     }
     for (x, &a) in xs.iter().zip(a) {
-        add_scaled(y, a, x);
+        add_scaled_with(path, y, a, x);
     }
 }
 
@@ -560,9 +580,28 @@ pub fn add_scaled_rows<const N: usize>(y: &mut [f32], a: &[f32; N], xs: [&[f32];
 /// detected path, computed together (independent accumulators, so the FMA
 /// latency is hidden) and each bitwise equal to [`dot`]`(a, rows[r])`.
 pub fn dot_rows<const R: usize>(a: &[f32], rows: [&[f32]; R]) -> [f32; R] {
-    let mut out = [[0.0f32; R]; 1];
-    tile::<1, R>(SimdPath::detect(), &[a], &rows, a.len(), &mut out);
-    out[0]
+    dot_tile_with::<1, R>(SimdPath::detect(), [a], rows)[0]
+}
+
+/// `out[t][r] =` [`dot_with`]`(path, a[t], rows[r])` for a `T × R` register
+/// tile (every slice as long as `a[0]`): each product bitwise equal to that
+/// [`dot_with`] (the same lane accumulators, lane reduction and tail; see the
+/// module docs), with each loaded row used for all `T` (or `R`) partners.
+/// Attention scores a block of queries against a block of keys with it.
+#[inline]
+pub fn dot_tile_with<const T: usize, const R: usize>(
+    path: SimdPath,
+    a: [&[f32]; T],
+    rows: [&[f32]; R],
+) -> [[f32; R]; T] {
+    let k = a[0].len();
+    assert!(
+        a.iter().chain(&rows).all(|x| x.len() == k),
+        "dot_tile_with: lengths differ"
+    );
+    let mut out = [[0.0f32; R]; T];
+    tile::<T, R>(path, &a, &rows, k, &mut out);
+    out
 }
 
 /// Computes the `groups * R` weight rows of `w_rows` (each `k` long, decoded
