@@ -21,7 +21,8 @@
 //! [`super::matmul::dot_with`] of the query and key rows (same lane accumulators and reduction
 //! tree, whatever tile it is computed in) times `1 / sqrt(head_dim)`; the softmax is
 //! [`softmax_in_place`](super::ops::softmax_in_place) over the query's whole score row
-//! `0..=pos`, materialised (at most the context length in floats per query head); the output is
+//! `0..=pos` (computed bitwise by [`softmax::softmax_rows`], with glibc's `expf` vectorised),
+//! materialised (at most the context length in floats per query head); the output is
 //! `Σ p_j v_j` accumulated into a zeroed row in increasing `j`, a product then a sum per element,
 //! in calls of [`WIDE_KEYS`] / [`NARROW_KEYS`] keys aligned to the absolute key index (the key
 //! blocks are multiples of both), so the grouping is the same in both kernels too.
@@ -41,6 +42,7 @@
 //! which kernel ran it, which queries shared its tile, or how the work was split between threads.
 
 mod per_query;
+mod softmax;
 mod tiled;
 
 #[cfg(test)]

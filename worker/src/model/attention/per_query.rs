@@ -7,9 +7,9 @@ use std::cell::RefCell;
 use super::super::aligned::AlignedVec;
 use super::super::kv_cache::PagedLayer;
 use super::super::matmul::{add_scaled_rows_with, add_scaled_with, dot_tile_with, dot_with};
-use super::super::ops::softmax_in_place;
 use super::super::pool;
 use super::super::SimdPath;
+use super::softmax::softmax_rows;
 use super::{key_offsets, HeadShape, QueryPos, NARROW_KEYS, WIDE_KEYS};
 
 /// Per-thread buffers of one (token, head) task, reused across calls: no allocation per task.
@@ -174,9 +174,8 @@ impl HeadsTask<'_> {
                 ph[jj] = dot_with(self.path, q(h), k) * self.scale;
             }
         }
-        for ph in p.chunks_exact_mut(n_keys) {
-            softmax_in_place(ph);
-        }
+        // Each row: `softmax_in_place` (bitwise).
+        softmax_rows(self.path, p, n_keys, p.len() / n_keys, |_| n_keys);
         // Σ p_j v_j in increasing j.
         let mut j = 0;
         while j + K <= n_keys {

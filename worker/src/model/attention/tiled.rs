@@ -6,9 +6,9 @@ use std::cell::RefCell;
 use super::super::aligned::AlignedVec;
 use super::super::kv_cache::PagedLayer;
 use super::super::matmul::{add_scaled_rows_with, add_scaled_with, dot_tile_with};
-use super::super::ops::softmax_in_place;
 use super::super::pool;
 use super::super::SimdPath;
+use super::softmax::softmax_rows;
 use super::{key_offsets, HeadShape, QueryPos, MIN_RUN, NARROW_KEYS, WIDE_KEYS};
 
 /// Keys per key block: the block's K (or V) rows, 16 KiB in f32 at head_dim 64, stay in L1
@@ -224,9 +224,8 @@ impl TaskRun<'_> {
                 _ => self.score_block::<4, 3>(&ks[..kn], kb, n_keys, scores),
             }
         }
-        for (r, row) in scores.chunks_exact_mut(n_keys).enumerate() {
-            softmax_in_place(&mut row[..row_keys(r)]);
-        }
+        // Each row over its own keys: `softmax_in_place` (bitwise).
+        softmax_rows(self.path, scores, n_keys, n_rows, row_keys);
         // Σ p_j v_j, key block by key block, each row in increasing j.
         o.fill(0.0);
         for kb in (0..n_keys).step_by(KEY_BLOCK) {
