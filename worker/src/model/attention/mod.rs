@@ -42,6 +42,8 @@
 //! which kernel ran it, which queries shared its tile, or how the work was split between threads.
 
 mod per_query;
+#[cfg(target_arch = "x86_64")]
+mod simd;
 mod softmax;
 mod tiled;
 

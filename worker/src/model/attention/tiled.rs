@@ -8,6 +8,8 @@ use super::super::kv_cache::PagedLayer;
 use super::super::matmul::{add_scaled_rows_with, add_scaled_with, dot_tile_with};
 use super::super::pool;
 use super::super::SimdPath;
+#[cfg(target_arch = "x86_64")]
+use super::simd;
 use super::softmax::softmax_rows;
 use super::{key_offsets, HeadShape, QueryPos, MIN_RUN, NARROW_KEYS, WIDE_KEYS};
 
@@ -237,10 +239,41 @@ impl TaskRun<'_> {
                 rows,
                 hd,
             );
+            // Rows whose keys cover the whole block (a suffix: positions grow with the row)
+            // go through the register-blocked kernel on AVX-512, the others key by key.
+            let mut full = (0..n_rows)
+                .find(|&r| row_keys(r) >= kb + kn)
+                .unwrap_or(n_rows);
+            #[cfg(target_arch = "x86_64")]
+            if self.path == SimdPath::Avx512 && hd % 16 == 0 {
+                let vs = &vs[..kn];
+                let p = |r: usize| &scores[r * n_keys + kb..r * n_keys + kb + kn];
+                let mut r = full;
+                // SAFETY (each call): the AVX-512 path was detected with AVX-512F; the row
+                // lengths are the kernel's shapes.
+                while r + 8 <= n_rows {
+                    let ps = std::array::from_fn(|i| p(r + i));
+                    unsafe { simd::add_values_rows::<8>(&mut o[r * hd..(r + 8) * hd], ps, vs, hd) };
+                    r += 8;
+                }
+                while r < n_rows {
+                    unsafe {
+                        simd::add_values_rows::<1>(&mut o[r * hd..(r + 1) * hd], [p(r)], vs, hd)
+                    };
+                    r += 1;
+                }
+            } else {
+                full = n_rows;
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            {
+                full = n_rows;
+            }
             for (r, (p, or)) in scores
                 .chunks_exact(n_keys)
                 .zip(o.chunks_exact_mut(hd))
                 .enumerate()
+                .take(full)
             {
                 let end = row_keys(r).min(kb + kn);
                 if end <= kb {
