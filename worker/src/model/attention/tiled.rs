@@ -5,7 +5,7 @@ use std::cell::RefCell;
 
 use super::super::aligned::AlignedVec;
 use super::super::kv_cache::PagedLayer;
-use super::super::matmul::{add_scaled_rows_with, add_scaled_with, dot_tile_with};
+use super::super::matmul::{add_scaled_rows_with, add_scaled_with, dot_block_scaled_with};
 use super::super::pool;
 use super::super::SimdPath;
 #[cfg(target_arch = "x86_64")]
@@ -109,6 +109,9 @@ struct Scratch {
     rows: AlignedVec,
     /// Offset of the KV head's row of each position `0..n_keys` in the layer.
     offsets: Vec<usize>,
+    /// The task's query rows, `[rows, head_dim]` (row `i * group + h`: query `first + i`, head
+    /// `h` of the KV head).
+    qs: AlignedVec,
 }
 
 thread_local! {
@@ -187,6 +190,7 @@ impl TaskRun<'_> {
             scores,
             rows,
             offsets,
+            qs,
         } = scratch;
         let s = self.s;
         let hd = s.head_dim;
@@ -211,7 +215,12 @@ impl TaskRun<'_> {
         // Keys of row r: 0..=pos of its query.
         let row_keys = |r: usize| first_pos + r / group + 1;
 
+        qs.clear();
+        for r in 0..n_rows {
+            qs.extend_from_slice(self.q_row(r));
+        }
         // Scores, key block by key block.
+        let scale = 1.0 / (hd as f32).sqrt();
         for kb in (0..n_keys).step_by(KEY_BLOCK) {
             let kn = KEY_BLOCK.min(n_keys - kb);
             let ks = block_rows(
@@ -221,10 +230,15 @@ impl TaskRun<'_> {
                 rows,
                 hd,
             );
-            match self.path {
-                SimdPath::Avx512 => self.score_block::<4, 4>(&ks[..kn], kb, n_keys, scores),
-                _ => self.score_block::<4, 3>(&ks[..kn], kb, n_keys, scores),
-            }
+            dot_block_scaled_with(
+                self.path,
+                qs,
+                hd,
+                &ks[..kn],
+                scale,
+                &mut scores[kb..],
+                n_keys,
+            );
         }
         // Each row over its own keys: `softmax_in_place` (bitwise).
         softmax_rows(self.path, scores, n_keys, n_rows, row_keys);
@@ -285,55 +299,6 @@ impl TaskRun<'_> {
                     }
                     _ => add_values::<NARROW_KEYS>(self.path, or, &p[kb..end], &vs[..end - kb]),
                 }
-            }
-        }
-    }
-
-    /// Scores of all query rows against the key block starting at key `kb` (rows `ks`), scaled,
-    /// into `scores` (`[rows, n_keys]`), in register tiles of `T` query rows × `R` keys.
-    fn score_block<const T: usize, const R: usize>(
-        &self,
-        ks: &[&[f32]],
-        kb: usize,
-        n_keys: usize,
-        scores: &mut [f32],
-    ) {
-        let scale = 1.0 / (self.s.head_dim as f32).sqrt();
-        let n_rows = scores.len() / n_keys;
-        let store = |r0: usize, j0: usize, tile: &[&[f32]], scores: &mut [f32]| {
-            for (i, d) in tile.iter().enumerate() {
-                let at = (r0 + i) * n_keys + kb + j0;
-                for (dst, &v) in scores[at..at + d.len()].iter_mut().zip(*d) {
-                    *dst = v * scale;
-                }
-            }
-        };
-        let mut r = 0;
-        while r + T <= n_rows {
-            let qs: [&[f32]; T] = std::array::from_fn(|i| self.q_row(r + i));
-            let mut j = 0;
-            while j + R <= ks.len() {
-                let d = dot_tile_with::<T, R>(self.path, qs, ks[j..j + R].try_into().expect("R"));
-                store(r, j, &d.each_ref().map(|x| x.as_slice()), scores);
-                j += R;
-            }
-            for (jj, k) in ks.iter().enumerate().skip(j) {
-                let d = dot_tile_with::<T, 1>(self.path, qs, [k]);
-                store(r, jj, &d.each_ref().map(|x| x.as_slice()), scores);
-            }
-            r += T;
-        }
-        for r in r..n_rows {
-            let qs = [self.q_row(r)];
-            let mut j = 0;
-            while j + R <= ks.len() {
-                let d = dot_tile_with::<1, R>(self.path, qs, ks[j..j + R].try_into().expect("R"));
-                store(r, j, &[&d[0]], scores);
-                j += R;
-            }
-            for (jj, k) in ks.iter().enumerate().skip(j) {
-                let d = dot_tile_with::<1, 1>(self.path, qs, [k]);
-                store(r, jj, &[&d[0]], scores);
             }
         }
     }
