@@ -638,7 +638,7 @@ pub fn dot_block_scaled_with(
     stride: usize,
 ) {
     assert!(
-        k > 0 && a.len() % k == 0,
+        k > 0 && a.len().is_multiple_of(k),
         "dot_block_scaled_with: a is not [m, k]"
     );
     assert!(
@@ -716,9 +716,9 @@ fn block_cols<const T: usize, const R: usize, const WIDE: bool>(
         }
         j += R;
     }
-    for j in j..b.len() {
+    for (j, &bj) in b.iter().enumerate().skip(j) {
         let mut o = [[0.0f32; 1]; T];
-        run_tile::<T, 1, WIDE>(path, x, &[b[j]], k, &mut o);
+        run_tile::<T, 1, WIDE>(path, x, &[bj], k, &mut o);
         for (t, vals) in o.iter().enumerate() {
             put(j, vals, t);
         }

@@ -23,9 +23,11 @@
 //! [`softmax_in_place`](super::ops::softmax_in_place) over the query's whole score row
 //! `0..=pos` (computed bitwise by [`softmax::softmax_rows`], with glibc's `expf` vectorised),
 //! materialised (at most the context length in floats per query head); the output is
-//! `Σ p_j v_j` accumulated into a zeroed row in increasing `j`, a product then a sum per element,
-//! in calls of [`WIDE_KEYS`] / [`NARROW_KEYS`] keys aligned to the absolute key index (the key
-//! blocks are multiples of both), so the grouping is the same in both kernels too.
+//! `Σ p_j v_j` accumulated into a zeroed row in increasing `j`, a product then a sum per element
+//! (never fused), so the grouping of keys into kernel calls cannot change a bit: the per-query
+//! kernel and the tiled kernel's edge rows use [`add_scaled_rows`](super::matmul::add_scaled_rows)
+//! over groups of [`WIDE_KEYS`] / [`NARROW_KEYS`] keys aligned to the absolute key index, the
+//! tiled kernel's other rows a register-blocked kernel over a whole key block (`simd`).
 //!
 //! Why not FlashAttention's online softmax: it rescales the running output and sum at every key
 //! block boundary, which rounds differently from the one-shot softmax of the reference (the
@@ -97,7 +99,7 @@ pub struct QueryPos<'a> {
 
 thread_local! {
     /// The tiled tasks' outputs before they are copied into place (reused across calls).
-    static TILED_OUT: RefCell<AlignedVec> = RefCell::new(AlignedVec::new());
+    static TILED_OUT: RefCell<AlignedVec> = const { RefCell::new(AlignedVec::new()) };
 }
 
 /// Attention for `queries.len()` tokens (of any number of sequences) whose keys/values, and those

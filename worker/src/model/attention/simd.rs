@@ -20,7 +20,7 @@ pub(super) unsafe fn add_values_rows<const ROWS: usize>(
     vs: &[&[f32]],
     hd: usize,
 ) {
-    assert!(hd % 16 == 0 && o.len() == ROWS * hd);
+    assert!(hd.is_multiple_of(16) && o.len() == ROWS * hd);
     assert!(p.iter().all(|pi| pi.len() == vs.len()) && vs.iter().all(|v| v.len() == hd));
     let op = o.as_mut_ptr();
     for c in (0..hd).step_by(16) {

@@ -17,7 +17,7 @@ use super::{key_offsets, HeadShape, QueryPos, MIN_RUN, NARROW_KEYS, WIDE_KEYS};
 /// while every query row of the task uses them. A multiple of [`WIDE_KEYS`] and
 /// [`NARROW_KEYS`], so value calls never straddle a block.
 pub(super) const KEY_BLOCK: usize = 64;
-const _: () = assert!(KEY_BLOCK % WIDE_KEYS == 0 && KEY_BLOCK % NARROW_KEYS == 0);
+const _: () = assert!(KEY_BLOCK.is_multiple_of(WIDE_KEYS) && KEY_BLOCK.is_multiple_of(NARROW_KEYS));
 
 /// Most queries per block (96 query rows at 3 heads per KV head: their query rows, 24 KiB at
 /// head_dim 64, and a key block fit L1 together).
@@ -259,7 +259,7 @@ impl TaskRun<'_> {
                 .find(|&r| row_keys(r) >= kb + kn)
                 .unwrap_or(n_rows);
             #[cfg(target_arch = "x86_64")]
-            if self.path == SimdPath::Avx512 && hd % 16 == 0 {
+            if self.path == SimdPath::Avx512 && hd.is_multiple_of(16) {
                 let vs = &vs[..kn];
                 let p = |r: usize| &scores[r * n_keys + kb..r * n_keys + kb + kn];
                 let mut r = full;
