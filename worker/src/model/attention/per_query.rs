@@ -27,6 +27,13 @@ thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
 }
 
+/// K and V bytes of one token's context (all KV heads, f32) past which a task takes all the
+/// query heads of a KV head even for a lone decode token: 2 MiB, a core's L2 on the test
+/// machine, reached at 1,366 positions for SmolLM2 (`kv_dim` 192). Measured, 2 threads, one
+/// stream at 8,064 positions: 9 one-head tasks each stream their KV head's 4 MiB (3 × the
+/// traffic).
+const SHARED_KV_BYTES: usize = 2 << 20;
+
 /// Attention of every query `t` with `skip[t] == false` into its row of `out`
 /// (`[n, n_heads * head_dim]`, zero on entry; the other rows are left alone), on `path`. Shapes
 /// and formulas as [`super::attention`].
@@ -61,8 +68,20 @@ pub(super) fn attention_per_query(
     let pool = pool::global();
     // Query heads per task: all the heads that share a KV head, so each K/V row
     // is loaded once and used from L1 by all of them, when that still leaves
-    // two tasks per thread; else one head per task (a single decode token).
-    let per_task = if live * s.n_kv_heads >= 2 * pool.threads() {
+    // two tasks per thread, or when a context's K/V rows outgrow L2 (then each
+    // pass over them is a trip to memory, and one pass for all the heads beats
+    // spreading the heads over threads); else one head per task (a single
+    // decode token at a short context).
+    let deepest = queries
+        .iter()
+        .zip(skip)
+        .filter(|(_, &skip)| !skip)
+        .map(|(q, _)| q.pos + 1)
+        .max()
+        .unwrap_or(0);
+    let per_task = if live * s.n_kv_heads >= 2 * pool.threads()
+        || deepest * kv_dim * 4 * 2 > SHARED_KV_BYTES
+    {
         group
     } else {
         1
