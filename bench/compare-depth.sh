@@ -15,7 +15,7 @@
 # is run as the deepest chunk that still fits (7,680 + 512, 8,064 + 128), by both engines.
 #
 # llama.cpp is built (once, cached in .cache/llamacpp-<version>/) by bench/compare-llamacpp.sh
-# (BUILD_ONLY=1), and runs with weight repacking off (`--repack 0`), which keeps it off its AMX
+# (BUILD_ONLY=1) unless its llama-bench is already there, and runs with weight repacking off (`--repack 0`), which keeps it off its AMX
 # path (SIGILL / segfault on the test VMs); for Q4_1 weights repacking has no other effect.
 # Our side: the context before a timed chunk is filled by prefilling its first 256 positions and
 # copying their K/V blocks over the rest (see `throughput_report` in worker/tests/reference.rs);
@@ -38,8 +38,11 @@ model="${SMOLLM_MODEL:-$(scripts/fetch-model | tail -n 1)}"
 [[ -f "$model" ]] || { echo "compare-depth: model $model not found" >&2; exit 2; }
 export SMOLLM_MODEL="$model"
 
-BUILD_ONLY=1 LLAMACPP_VERSION="$version" "$root/bench/compare-llamacpp.sh" >/dev/null
-llama_bench=$(find "$cache/build" -type f -name llama-bench -perm -u+x | head -n 1)
+find_bench() { find "$cache/build" -type f -name llama-bench -perm -u+x 2>/dev/null | head -n 1; }
+if [[ -z "$(find_bench)" ]]; then
+  BUILD_ONLY=1 LLAMACPP_VERSION="$version" "$root/bench/compare-llamacpp.sh" >/dev/null
+fi
+llama_bench=$(find_bench)
 [[ -x "$llama_bench" ]] || { echo "compare-depth: llama-bench not built in $cache/build" >&2; exit 2; }
 mkdir -p "$out"
 echo "model: $model; threads: $threads; repeats: $repeats; results: $out"
