@@ -262,20 +262,9 @@ impl TaskRun<'_> {
             if self.path == SimdPath::Avx512 && hd.is_multiple_of(16) {
                 let vs = &vs[..kn];
                 let p = |r: usize| &scores[r * n_keys + kb..r * n_keys + kb + kn];
-                let mut r = full;
-                // SAFETY (each call): the AVX-512 path was detected with AVX-512F; the row
-                // lengths are the kernel's shapes.
-                while r + 8 <= n_rows {
-                    let ps = std::array::from_fn(|i| p(r + i));
-                    unsafe { simd::add_values_rows::<8>(&mut o[r * hd..(r + 8) * hd], ps, vs, hd) };
-                    r += 8;
-                }
-                while r < n_rows {
-                    unsafe {
-                        simd::add_values_rows::<1>(&mut o[r * hd..(r + 1) * hd], [p(r)], vs, hd)
-                    };
-                    r += 1;
-                }
+                // SAFETY: the AVX-512 path was detected with AVX-512F; `values_from` gets
+                // the kernel's shapes.
+                unsafe { values_from(&mut o[..n_rows * hd], full, &p, vs, hd) };
             } else {
                 full = n_rows;
             }
@@ -302,6 +291,36 @@ impl TaskRun<'_> {
             }
         }
     }
+}
+
+/// The register-blocked value kernel for rows `r0..` of `o` (`[rows, hd]`), in bands of 8
+/// rows, then one band of 4, 2 and 1 for the rest (a task's 3 × block rows rarely divide by 8).
+///
+/// # Safety
+/// The CPU must support AVX-512F; `hd` a multiple of 16, each `p(r)` as long as `vs`.
+#[cfg(target_arch = "x86_64")]
+unsafe fn values_from<'p>(
+    o: &mut [f32],
+    r0: usize,
+    p: &impl Fn(usize) -> &'p [f32],
+    vs: &[&[f32]],
+    hd: usize,
+) {
+    let n_rows = o.len() / hd;
+    let mut r = r0;
+    macro_rules! band {
+        ($rows:literal) => {
+            while r + $rows <= n_rows {
+                let ps = std::array::from_fn(|i| p(r + i));
+                simd::add_values_rows::<$rows>(&mut o[r * hd..(r + $rows) * hd], ps, vs, hd);
+                r += $rows;
+            }
+        };
+    }
+    band!(8);
+    band!(4);
+    band!(2);
+    band!(1);
 }
 
 /// `o += Σ p[j] vs[j]` in increasing `j`, `K` rows per call while `K` remain, then one by one:
