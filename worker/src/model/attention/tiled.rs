@@ -306,21 +306,33 @@ unsafe fn values_from<'p>(
     vs: &[&[f32]],
     hd: usize,
 ) {
-    let n_rows = o.len() / hd;
     let mut r = r0;
-    macro_rules! band {
-        ($rows:literal) => {
-            while r + $rows <= n_rows {
-                let ps = std::array::from_fn(|i| p(r + i));
-                simd::add_values_rows::<$rows>(&mut o[r * hd..(r + $rows) * hd], ps, vs, hd);
-                r += $rows;
-            }
-        };
+    band::<8>(o, &mut r, p, vs, hd);
+    band::<4>(o, &mut r, p, vs, hd);
+    band::<2>(o, &mut r, p, vs, hd);
+    band::<1>(o, &mut r, p, vs, hd);
+}
+
+/// [`values_from`]'s bands of `ROWS` rows from row `*r` while they fit; advances `*r`.
+///
+/// # Safety
+/// As [`values_from`].
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn band<'p, const ROWS: usize>(
+    o: &mut [f32],
+    r: &mut usize,
+    p: &impl Fn(usize) -> &'p [f32],
+    vs: &[&[f32]],
+    hd: usize,
+) {
+    let n_rows = o.len() / hd;
+    while *r + ROWS <= n_rows {
+        let at = *r;
+        let ps = std::array::from_fn(|i| p(at + i));
+        simd::add_values_rows::<ROWS>(&mut o[at * hd..(at + ROWS) * hd], ps, vs, hd);
+        *r += ROWS;
     }
-    band!(8);
-    band!(4);
-    band!(2);
-    band!(1);
 }
 
 /// `o += Σ p[j] vs[j]` in increasing `j`, `K` rows per call while `K` remain, then one by one:
