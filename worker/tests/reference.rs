@@ -276,6 +276,31 @@ fn process_cpu_seconds() -> f64 {
     (ticks(11) + ticks(12)) / 100.0
 }
 
+/// Blocks of a timed chunk's context that [`fill_context`] computes for real (256 positions).
+const FILL_BLOCKS: usize = 16;
+
+/// Writes K/V for positions `0..len` of the sequence with `blocks` (`len` a multiple of
+/// [`BLOCK`] beyond the first [`FILL_BLOCKS`] blocks): prefills `tokens[..]` up to
+/// `FILL_BLOCKS * BLOCK` positions for real, then copies those blocks cyclically over the rest.
+fn fill_context(
+    model: &LlamaModel,
+    kv: &mut PagedKvCache,
+    tokens: &[u32],
+    len: usize,
+    blocks: &[u32],
+) {
+    let real = len.min(FILL_BLOCKS * BLOCK);
+    if real > 0 {
+        run(model, kv, &tokens[..real], 0, blocks);
+    }
+    if len > real {
+        assert_eq!(len % BLOCK, 0, "a copied context is whole blocks");
+        for b in FILL_BLOCKS..len / BLOCK {
+            kv.copy_block(blocks[b % FILL_BLOCKS], blocks[b]);
+        }
+    }
+}
+
 /// Median and minimum of `times` (seconds).
 fn median_min(mut times: Vec<f64>) -> (f64, f64) {
     times.sort_by(f64::total_cmp);
@@ -305,7 +330,13 @@ fn env_list(name: &str, default: &[usize]) -> Vec<usize> {
 /// sequences with 32-token contexts over 30 steps. Overrides (for `bench/compare-llamacpp.sh`):
 /// `THROUGHPUT_PREFILL` (prompt length), `THROUGHPUT_BATCHES` (e.g. `1,16,32`),
 /// `THROUGHPUT_CONTEXT` (context before decoding), `THROUGHPUT_STEPS` (decode steps),
-/// `THROUGHPUT_THREADS` (compute threads, default one per core).
+/// `THROUGHPUT_THREADS` (compute threads, default one per core), `THROUGHPUT_DEPTH` (e.g.
+/// `0,2048,8192`: the prefill is also timed as one chunk at each of these context depths, as
+/// `llama-bench -p N -d D`), `THROUGHPUT_REPEATS` (timed prefills per depth, default 5).
+///
+/// The context before a timed chunk (a depth, or a decode context) is not all computed: its first
+/// [`FILL_BLOCKS`] blocks are prefilled for real and copied over the rest of its blocks, so the
+/// chunk attends to real K/V values at the full depth without minutes of untimed prefill first.
 #[test]
 #[ignore = "timing report; run with --ignored --nocapture"]
 fn throughput_report() {
@@ -329,41 +360,60 @@ fn throughput_report() {
         .map(|i| (i * 7919 + 13) % vocab)
         .collect();
 
-    // `plen`-token prefill, one entry.
-    let blocks = table(0, plen.max(16));
-    let mut kv = model.new_kv(blocks.len(), BLOCK);
-    run(&model, &mut kv, &prompt[..16], 0, &blocks); // warm-up
-    let cpu0 = process_cpu_seconds();
-    let times = (0..5)
-        .map(|_| {
-            let t = Instant::now();
-            run(&model, &mut kv, &prompt[..plen], 0, &blocks);
-            t.elapsed().as_secs_f64()
-        })
+    let repeats = env_list("THROUGHPUT_REPEATS", &[5])[0].max(1);
+    let depths = env_list("THROUGHPUT_DEPTH", &[0]);
+    let prompt_all: Vec<u32> = (0..(plen + depths.iter().max().copied().unwrap_or(0)) as u32)
+        .map(|i| (i * 7919 + 13) % vocab)
         .collect();
-    let (med, best) = median_min(times);
-    eprintln!(
-        "prefill {plen} tokens: median {:.1} tok/s, best {:.1} tok/s, cpu {:.1} ms/token",
-        plen as f64 / med,
-        plen as f64 / best,
-        (process_cpu_seconds() - cpu0) * 1e3 / (5 * plen) as f64
-    );
+
+    // `plen`-token prefill, one entry, after `depth` positions of context.
+    for depth in depths {
+        let blocks = table(0, (depth + plen).max(16));
+        let mut kv = model.new_kv(blocks.len(), BLOCK);
+        fill_context(&model, &mut kv, &prompt_all, depth, &blocks);
+        run(
+            &model,
+            &mut kv,
+            &prompt_all[depth..depth + 16],
+            depth,
+            &blocks,
+        ); // warm-up
+        let cpu0 = process_cpu_seconds();
+        let times = (0..repeats)
+            .map(|_| {
+                let t = Instant::now();
+                run(
+                    &model,
+                    &mut kv,
+                    &prompt_all[depth..depth + plen],
+                    depth,
+                    &blocks,
+                );
+                t.elapsed().as_secs_f64()
+            })
+            .collect();
+        let (med, best) = median_min(times);
+        let at = if depth > 0 {
+            format!(" at depth {depth}")
+        } else {
+            String::new()
+        };
+        eprintln!(
+            "prefill {plen} tokens{at}: median {:.1} tok/s, best {:.1} tok/s, cpu {:.1} ms/token",
+            plen as f64 / med,
+            plen as f64 / best,
+            (process_cpu_seconds() - cpu0) * 1e3 / (repeats * plen) as f64
+        );
+    }
 
     // Decode: `n` sequences, each with a `ctx`-token context, one token each per step.
     for n in batches {
         let per = (ctx + steps).div_ceil(BLOCK);
         let tables: Vec<Vec<u32>> = (0..n).map(|i| table(i * per, ctx + steps)).collect();
         let mut kv = model.new_kv(n * per, BLOCK);
-        let prefill: Vec<BatchEntry<'_>> = tables
-            .iter()
-            .map(|t| BatchEntry {
-                tokens: &prompt[..ctx],
-                start_pos: 0,
-                block_table: t,
-                want_logits: true,
-            })
-            .collect();
-        model.forward_batch(&prefill, &mut kv).unwrap();
+        for t in &tables {
+            fill_context(&model, &mut kv, &prompt, ctx, t);
+        }
         let cpu0 = process_cpu_seconds();
         let times = (0..steps)
             .map(|step| {

@@ -20,18 +20,21 @@
 //!   alone, independent of the number of rows, the register tile it falls in
 //!   and the thread computing it (see [`matmul`]).
 //! - RoPE angles are computed from the token's absolute position only.
-//! - Attention for each (token, head) is one task doing a full pass over the
-//!   sequence's keys `0..=pos` in increasing position order (no split or
-//!   online softmax whose split points would depend on chunking), reading
-//!   them through the block table, so the physical block ids do not matter
-//!   (see [`attention()`]).
+//! - Attention for each (token, head) scores all the sequence's keys `0..=pos`
+//!   (each score one dot product), softmaxes the whole row at once and sums
+//!   the values in increasing position order (no online softmax whose block
+//!   boundaries would depend on chunking), reading them through the block
+//!   table, so the physical block ids do not matter; whether a prefill chunk's
+//!   queries are tiled together or run one by one changes no bit (see
+//!   [`attention()`]).
 //! - K/V of position `p` depend (by induction over layers and positions) only
 //!   on tokens `0..=p`, so a block written by another sequence with the same
 //!   prefix holds exactly the values this sequence would have written.
 //!
 //! The compute [`pool`] splits matmuls over weight-row blocks, attention over
-//! (token, head) pairs and RMSNorm/SwiGLU over rows or elements; no split
-//! changes any single value's reduction order.
+//! (token, head) pairs or (query block, KV head) tiles and RMSNorm/SwiGLU
+//! over rows or elements; no split changes any single value's reduction
+//! order.
 //! Results are reproducible per machine (the matmul uses 8-lane FMA with
 //! AVX2+FMA, 16-lane FMA with AVX-512F, chosen once at run time), not across
 //! machines.

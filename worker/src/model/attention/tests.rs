@@ -1,0 +1,267 @@
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use super::super::kv_cache::{KvDtype, PagedKvCache};
+use super::*;
+
+#[test]
+fn single_key_returns_its_value() {
+    let s = HeadShape {
+        n_heads: 2,
+        n_kv_heads: 1,
+        head_dim: 2,
+    };
+    let mut cache = PagedKvCache::new(1, 2, 2, 4);
+    cache.write(0, 4, &[1.0, 0.0], &[3.0, -4.0]);
+    let queries = [QueryPos {
+        pos: 0,
+        block_table: &[1],
+    }];
+    let out = attention(&[0.5, 0.5, -1.0, 2.0], &queries, cache.layer(0), 4, s);
+    assert_eq!(out, [3.0, -4.0, 3.0, -4.0]);
+}
+
+#[test]
+fn causal_and_weighted_across_blocks() {
+    let s = HeadShape {
+        n_heads: 1,
+        n_kv_heads: 1,
+        head_dim: 2,
+    };
+    // Block size 1, table [2, 0]: position 0 in slot 2, position 1 in slot 0.
+    let mut cache = PagedKvCache::new(1, 2, 3, 1);
+    cache.write(0, 2, &[1.0, 0.0], &[1.0, 0.0]);
+    cache.write(0, 0, &[0.0, 1.0], &[0.0, 1.0]);
+    let table = [2u32, 0];
+    let queries = [
+        QueryPos {
+            pos: 0,
+            block_table: &table,
+        },
+        QueryPos {
+            pos: 1,
+            block_table: &table,
+        },
+    ];
+    // Query 0 may only see position 0; query 1 (q = 0) sees both equally (a run of two: tiled).
+    let out = attention(&[5.0, 5.0, 0.0, 0.0], &queries, cache.layer(0), 1, s);
+    assert_eq!(&out[..2], &[1.0, 0.0]);
+    assert!((out[2] - 0.5).abs() < 1e-6 && (out[3] - 0.5).abs() < 1e-6);
+}
+
+const BLOCK: usize = 16;
+
+/// A one-layer cache of `blocks` blocks whose every slot holds random keys (spread wide enough
+/// that the softmax is far from uniform) and values, and `seqs` block tables over a random
+/// permutation of the blocks (`seqs[i]` blocks each).
+fn random_cache(
+    rng: &mut ChaCha8Rng,
+    dtype: KvDtype,
+    s: HeadShape,
+    seqs: &[usize],
+) -> (PagedKvCache, Vec<Vec<u32>>) {
+    let kv_dim = s.n_kv_heads * s.head_dim;
+    let blocks: usize = seqs.iter().sum();
+    let mut cache = PagedKvCache::with_dtype(dtype, 1, kv_dim, blocks, BLOCK);
+    for slot in 0..blocks * BLOCK {
+        let k: Vec<f32> = (0..kv_dim).map(|_| rng.random_range(-2.0..2.0)).collect();
+        let v: Vec<f32> = (0..kv_dim).map(|_| rng.random_range(-1.0..1.0)).collect();
+        cache.write(0, slot, &k, &v);
+    }
+    let mut ids: Vec<u32> = (0..blocks as u32).collect();
+    for i in (1..ids.len()).rev() {
+        ids.swap(i, rng.random_range(0..=i));
+    }
+    let mut tables = Vec::new();
+    let mut rest = &ids[..];
+    for &n in seqs {
+        let (t, r) = rest.split_at(n);
+        tables.push(t.to_vec());
+        rest = r;
+    }
+    (cache, tables)
+}
+
+fn random_q(rng: &mut ChaCha8Rng, n: usize, s: HeadShape) -> Vec<f32> {
+    (0..n * s.n_heads * s.head_dim)
+        .map(|_| rng.random_range(-1.0..1.0))
+        .collect()
+}
+
+/// Queries at `start..start + n` of the sequence with `table`.
+fn run_of(table: &[u32], start: usize, n: usize) -> Vec<QueryPos<'_>> {
+    (start..start + n)
+        .map(|pos| QueryPos {
+            pos,
+            block_table: table,
+        })
+        .collect()
+}
+
+/// The dispatching kernel (tiled for runs) on `path`.
+fn tiled_with(
+    path: SimdPath,
+    q: &[f32],
+    queries: &[QueryPos<'_>],
+    cache: &PagedKvCache,
+    s: HeadShape,
+) -> Vec<f32> {
+    let mut out = AlignedVec::new();
+    attention_into_with(path, q, queries, cache.layer(0), BLOCK, s, &mut out);
+    out.to_vec()
+}
+
+/// Asserts `got == want` bit for bit, naming the first differing query, head and element.
+fn assert_bitwise(got: &[f32], want: &[f32], s: HeadShape, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    let q_dim = s.n_heads * s.head_dim;
+    if let Some(i) = (0..got.len()).find(|&i| got[i].to_bits() != want[i].to_bits()) {
+        panic!(
+            "{what}: query {} head {} element {}: {} vs per-query {}",
+            i / q_dim,
+            i % q_dim / s.head_dim,
+            i % s.head_dim,
+            got[i],
+            want[i]
+        );
+    }
+}
+
+/// Tiled against per-query, bitwise, for one sequence: `n` queries from position `start`, every
+/// SIMD path, f32 and f16 caches.
+fn check_run(s: HeadShape, start: usize, n: usize, seed: u64) {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    for dtype in [KvDtype::F32, KvDtype::F16] {
+        let (cache, tables) = random_cache(&mut rng, dtype, s, &[(start + n).div_ceil(BLOCK)]);
+        let q = random_q(&mut rng, n, s);
+        let queries = run_of(&tables[0], start, n);
+        for path in SimdPath::available() {
+            let want = attention_per_query_with(path, &q, &queries, cache.layer(0), BLOCK, s);
+            let got = tiled_with(path, &q, &queries, &cache, s);
+            let what = format!("{n} queries from {start}, {dtype:?}, {path:?}, {s:?}");
+            assert_bitwise(&got, &want, s, &what);
+        }
+    }
+}
+
+const SMOLLM: HeadShape = HeadShape {
+    n_heads: 9,
+    n_kv_heads: 3,
+    head_dim: 64,
+};
+
+/// head_dim 20: lane tails on every path (20 = 16 + 4 = 2 * 8 + 4).
+const ODD: HeadShape = HeadShape {
+    n_heads: 4,
+    n_kv_heads: 2,
+    head_dim: 20,
+};
+
+#[test]
+fn tiled_equals_per_query_few_queries() {
+    for (start, n) in [(0, 1), (0, 3), (5, 3), (63, 17), (0, 64), (1, 64)] {
+        check_run(SMOLLM, start, n, 1 + start as u64 * 7 + n as u64);
+        check_run(ODD, start, n, 2 + start as u64 * 7 + n as u64);
+    }
+}
+
+#[test]
+fn tiled_equals_per_query_long_contexts() {
+    let one_kv = HeadShape {
+        n_heads: 3,
+        n_kv_heads: 1,
+        head_dim: 64,
+    };
+    // Up to 9,000 keys; a key-block and a WIDE_KEYS group boundary inside the run.
+    check_run(one_kv, 8983, 17, 11);
+    check_run(one_kv, 3000, 64, 12);
+    check_run(ODD, 4093, 3, 13);
+}
+
+#[test]
+fn tiled_equals_per_query_a_thousand_queries() {
+    let one_kv = HeadShape {
+        n_heads: 3,
+        n_kv_heads: 1,
+        head_dim: 64,
+    };
+    check_run(one_kv, 0, 1003, 21);
+    check_run(ODD, 37, 1001, 22);
+}
+
+#[test]
+fn several_sequences_in_one_batch() {
+    let mut rng = ChaCha8Rng::seed_from_u64(31);
+    for dtype in [KvDtype::F32, KvDtype::F16] {
+        let (cache, t) = random_cache(&mut rng, dtype, SMOLLM, &[8, 320, 2, 48]);
+        // A chunk, a decode, a short first chunk, a decode of the first sequence's table (not
+        // consecutive with its chunk), a longer chunk, a run broken by a position gap.
+        let mut queries = run_of(&t[0], 100, 17);
+        queries.extend(run_of(&t[1], 5000, 1));
+        queries.extend(run_of(&t[2], 0, 3));
+        queries.extend(run_of(&t[0], 40, 1));
+        queries.extend(run_of(&t[3], 700, 64));
+        queries.extend(run_of(&t[1], 4000, 5));
+        queries.extend(run_of(&t[1], 4010, 9));
+        let q = random_q(&mut rng, queries.len(), SMOLLM);
+        for path in SimdPath::available() {
+            let want = attention_per_query_with(path, &q, &queries, cache.layer(0), BLOCK, SMOLLM);
+            let got = tiled_with(path, &q, &queries, &cache, SMOLLM);
+            assert_bitwise(
+                &got,
+                &want,
+                SMOLLM,
+                &format!("mixed batch, {dtype:?}, {path:?}"),
+            );
+        }
+    }
+}
+
+/// One sequence's 2,600 positions attended to alone in one call, in chunks of 512 and of 129,
+/// and as a chunk beside other sequences' chunks and decodes: every query's output is the same
+/// bits each way.
+#[test]
+fn chunked_batched_and_alone_agree_at_long_context() {
+    let mut rng = ChaCha8Rng::seed_from_u64(41);
+    let len = 2600;
+    let (cache, t) = random_cache(&mut rng, KvDtype::F32, SMOLLM, &[len / BLOCK + 1, 40]);
+    let q_dim = SMOLLM.n_heads * SMOLLM.head_dim;
+    let q = random_q(&mut rng, len, SMOLLM);
+    let path = SimdPath::detect();
+    let whole = tiled_with(path, &q, &run_of(&t[0], 0, len), &cache, SMOLLM);
+    for chunk in [512, 129] {
+        for start in (0..len).step_by(chunk) {
+            let n = chunk.min(len - start);
+            let rows = &q[start * q_dim..(start + n) * q_dim];
+            let got = tiled_with(path, rows, &run_of(&t[0], start, n), &cache, SMOLLM);
+            let want = &whole[start * q_dim..(start + n) * q_dim];
+            assert_bitwise(&got, want, SMOLLM, &format!("chunk {chunk} at {start}"));
+        }
+    }
+    // Positions 2200..2500 beside a decode and a chunk of another sequence, both before it.
+    let other_q = random_q(&mut rng, 21, SMOLLM);
+    let mut queries = run_of(&t[1], 600, 1);
+    queries.extend(run_of(&t[1], 300, 20));
+    queries.extend(run_of(&t[0], 2200, 300));
+    let mut rows = other_q.clone();
+    rows.extend_from_slice(&q[2200 * q_dim..2500 * q_dim]);
+    let got = tiled_with(path, &rows, &queries, &cache, SMOLLM);
+    assert_bitwise(
+        &got[21 * q_dim..],
+        &whole[2200 * q_dim..2500 * q_dim],
+        SMOLLM,
+        "batched chunk",
+    );
+}
+
+#[test]
+fn query_blocks_fit_the_score_budget_and_spread_over_threads() {
+    // 8,192 keys, 3 heads per KV head: 10 queries keep 960 KiB of scores.
+    assert_eq!(tiled::query_block(512, 8192, 3, 3, 2), 10);
+    // Short contexts: capped at 32 queries.
+    assert_eq!(tiled::query_block(512, 512, 3, 3, 2), 32);
+    // A 3-query run on 2 threads and 3 KV heads: 2 blocks (4 wanted tasks / 3 heads).
+    assert_eq!(tiled::query_block(3, 3, 3, 3, 2), 2);
+    // Never 0, even for a 200,000-key context.
+    assert_eq!(tiled::query_block(5, 200_000, 3, 3, 2), 1);
+}
