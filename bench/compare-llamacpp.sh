@@ -113,18 +113,9 @@ for r in $(seq 1 "$repeats"); do
 done
 
 # ---------------------------------------------------------------- servers under load
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
-trap cleanup EXIT
-wait_for() { # file, pattern, pid
-  for _ in $(seq 1 1200); do
-    grep -q "$2" "$1" && return 0
-    kill -0 "$3" 2>/dev/null || { echo "compare: process exited; its log:" >&2; cat "$1" >&2; return 1; }
-    sleep 0.1
-  done
-  echo "compare: timed out waiting for '$2' in $1" >&2; return 1
-}
+bench_name=compare
+# shellcheck source=bench/lib.sh
+source "$root/bench/lib.sh"
 if [[ -z "${SKIP_SERVER:-}" ]]; then
   for r in $(seq 1 "$repeats"); do
     # llama-server, 16 slots of (16 + 64) tokens at least.

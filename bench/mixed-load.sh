@@ -32,18 +32,9 @@ mkdir -p "$out"
 cargo build --release --locked --bins >&2
 bin="$root/target/release"
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
-trap cleanup EXIT
-wait_for() { # file, pattern, pid
-  for _ in $(seq 1 1200); do
-    grep -q "$2" "$1" && return 0
-    kill -0 "$3" 2>/dev/null || { echo "mixed-load: process exited; its log:" >&2; cat "$1" >&2; return 1; }
-    sleep 0.1
-  done
-  echo "mixed-load: timed out waiting for '$2' in $1" >&2; return 1
-}
+bench_name=mixed-load
+# shellcheck source=bench/lib.sh
+source "$root/bench/lib.sh"
 
 wport=$(free_port); rport=$(free_port)
 # shellcheck disable=SC2086 # WORKER_ARGS is a list of flags
