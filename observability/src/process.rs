@@ -9,8 +9,8 @@ use crate::telemetry::{init, TelemetrySettings};
 /// Runs `service` on a new tokio runtime with telemetry initialised from `telemetry`.
 ///
 /// `worker_threads` sizes the runtime (`None`: one per core). Exit codes: 0 when `service` returns
-/// `Ok`, 1 when it returns an error (printed as `NAME: error`), 2 when telemetry cannot be set up
-/// (e.g. an invalid log filter). Spans still buffered are flushed before the runtime stops.
+/// `Ok`, 1 when it returns an error (printed as `NAME: error`), 2 when that error is a [`BadInput`]
+/// or when telemetry cannot be set up (e.g. an invalid log filter). Spans still buffered are flushed before the runtime stops.
 pub fn run_service<F, Fut>(
     telemetry: TelemetrySettings,
     worker_threads: Option<usize>,
@@ -48,10 +48,26 @@ where
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("{name}: {e:#}");
-            ExitCode::FAILURE
+            match e.downcast_ref::<BadInput>() {
+                Some(_) => ExitCode::from(2),
+                None => ExitCode::FAILURE,
+            }
         }
     }
 }
+
+/// An error in what the service was given rather than in the service (a model file that cannot be
+/// served, say): [`run_service`] exits with code 2 for it, as for invalid settings, instead of 1.
+#[derive(Debug)]
+pub struct BadInput(pub anyhow::Error);
+
+impl std::fmt::Display for BadInput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:#}", self.0)
+    }
+}
+
+impl std::error::Error for BadInput {}
 
 /// Prints the effective settings as pretty JSON (the `--check-config` output) and returns exit code 0.
 pub fn print_settings<S: serde::Serialize>(settings: &S) -> ExitCode {

@@ -264,6 +264,19 @@ impl RouterSettings {
                 "metrics_listen {metrics:?} is not an IP:PORT address"
             ));
         }
+        if self.health_interval_ms < 10 {
+            return Err(format!(
+                "health_interval_ms {} is below 10",
+                self.health_interval_ms
+            ));
+        }
+        if self.stall_timeout_ms < self.health_interval_ms {
+            return Err(format!(
+                "stall_timeout_ms ({}) must be at least health_interval_ms ({}): a worker's \
+                 progress is only seen that often",
+                self.stall_timeout_ms, self.health_interval_ms
+            ));
+        }
         let l = &self.limits;
         if l.max_new_tokens == 0 || l.default_max_new_tokens == 0 {
             return Err(
@@ -354,5 +367,31 @@ mod tests {
             );
             Ok(())
         });
+    }
+
+    #[test]
+    fn health_and_stall_times_are_checked() {
+        let ok = RouterSettings {
+            workers: vec!["a:1".into()],
+            ..Default::default()
+        };
+        assert!(ok.validate().is_ok());
+        let err = RouterSettings {
+            stall_timeout_ms: 0,
+            ..ok.clone()
+        }
+        .validate()
+        .unwrap_err();
+        assert!(
+            err.contains("stall_timeout_ms (0) must be at least health_interval_ms (2000)"),
+            "{err}"
+        );
+        let err = RouterSettings {
+            health_interval_ms: 0,
+            ..ok
+        }
+        .validate()
+        .unwrap_err();
+        assert!(err.contains("health_interval_ms 0 is below 10"), "{err}");
     }
 }

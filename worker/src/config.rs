@@ -105,6 +105,22 @@ pub struct Cli {
     #[arg(long)]
     #[serde(skip)]
     pub check_config: bool,
+    /// A command instead of serving (`worker inspect MODEL`).
+    #[command(subcommand)]
+    #[serde(skip)]
+    pub command: Option<WorkerCommand>,
+}
+
+/// What the `worker` binary can do besides serving.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum WorkerCommand {
+    /// Print what a GGUF file holds (architecture, sizes, tensor formats, tokenizer) and whether
+    /// this worker can serve it, by loading it as serving would. Exit code 0 when it can, 2 when
+    /// it cannot (the last line says why).
+    Inspect {
+        /// The GGUF model file.
+        model: PathBuf,
+    },
 }
 
 /// The worker's effective settings.

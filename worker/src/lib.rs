@@ -4,6 +4,7 @@ pub mod cuda;
 pub mod describe;
 pub mod engine;
 pub mod health;
+pub mod inspect;
 pub mod kv;
 pub mod metrics;
 pub mod model;

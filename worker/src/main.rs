@@ -14,8 +14,9 @@ use std::time::Duration;
 
 use clap::Parser;
 use inference_proto::worker::worker_server::WorkerServer;
+use observability::process::BadInput;
 use tonic::transport::server::TcpIncoming;
-use worker::config::{Cli, WorkerSettings};
+use worker::config::{Cli, WorkerCommand, WorkerSettings};
 use worker::cuda::{Backend, CudaModel, CudaOptions};
 use worker::describe::describe_model;
 use worker::engine::{spawn_engine, BatchModel, EngineConfig};
@@ -24,8 +25,20 @@ use worker::metrics::WorkerMetrics;
 use worker::model::LlamaModel;
 use worker::service::WorkerService;
 
+/// Reset-but-unaccepted HTTP/2 streams a connection may hold before the server closes it: at the
+/// default 2 s health interval, over two hours of a frozen worker; at 100 ms, about 7 minutes.
+const MAX_PENDING_RESETS: usize = 4096;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Some(WorkerCommand::Inspect { model }) = &cli.command {
+        let inspection = worker::inspect::inspect(model);
+        print!("{}", inspection.report);
+        return match inspection.unservable {
+            None => ExitCode::SUCCESS,
+            Some(_) => ExitCode::from(2),
+        };
+    }
     let loaded = WorkerSettings::load(&cli);
     let settings = match observability::process::checked_settings(
         "worker",
@@ -62,13 +75,18 @@ async fn run(settings: WorkerSettings, backend: Backend) -> anyhow::Result<()> {
         anyhow::bail!("no model given: pass --model PATH.gguf (or set WORKER_MODEL)");
     };
     if model_path.is_dir() {
-        anyhow::bail!(
+        return Err(BadInput(anyhow::anyhow!(
             "model path {} is a directory, not a GGUF file",
             model_path.display()
-        );
+        ))
+        .into());
     }
     if !model_path.is_file() {
-        anyhow::bail!("model file {} does not exist", model_path.display());
+        return Err(BadInput(anyhow::anyhow!(
+            "model file {} does not exist",
+            model_path.display()
+        ))
+        .into());
     }
     worker::model::pool::set_threads(settings.threads);
     let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -171,9 +189,19 @@ where
     let started = std::time::Instant::now();
     let path = model_path.clone();
     let load = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
-        let model = load(&path).map_err(Into::into)?;
-        let file = gguf::GgufFile::open(&path)?;
-        let description = describe_model(&path, &file, model.context_length(), model.vocab_size())?;
+        // A file that cannot be served is bad input (exit code 2), named in the message.
+        let bad = |e: anyhow::Error| {
+            let message = format!("{e:#}");
+            let shown = path.display().to_string();
+            match message.starts_with(&shown) {
+                true => BadInput(e),
+                false => BadInput(anyhow::anyhow!("{shown}: {message}")),
+            }
+        };
+        let model = load(&path).map_err(|e| bad(e.into()))?;
+        let file = gguf::GgufFile::open(&path).map_err(|e| bad(e.into()))?;
+        let description = describe_model(&path, &file, model.context_length(), model.vocab_size())
+            .map_err(bad)?;
         Ok((model, description))
     });
     let (model, description) = tokio::select! {
@@ -220,6 +248,12 @@ where
     );
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tonic::transport::Server::builder()
+        // A router probes health on the connection that carries its stream, and gives up on (resets)
+        // a probe after one health interval. While this process is frozen (SIGSTOP, a long GC-like
+        // pause of the host) those resets pile up unread; hyper's default allows 20 before it
+        // closes the whole connection (GOAWAY too_many_resets) on resume, dropping every stream.
+        // Routers are trusted peers, so allow a long freeze's worth of them.
+        .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_RESETS))
         .add_service(WorkerServer::new(service))
         .add_service(health_service)
         .add_service(observability::grpc::reflection_service(&[
