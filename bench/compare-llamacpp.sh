@@ -150,11 +150,13 @@ import json, pathlib, re, statistics, sys
 
 out, repeats = pathlib.Path(sys.argv[1]), int(sys.argv[2])
 med = lambda xs: statistics.median(xs) if xs else float("nan")
+# A part that was skipped (SKIP_MICRO, SKIP_SERVER) has no files: its rows print nan.
+text = lambda name: (out / name).read_text() if (out / name).exists() else ""
 
 def llama_bench(kind):  # kind: "pp" (n_prompt=512) or "tg" (n_gen=128)
     vals = []
     for r in range(1, repeats + 1):
-        for row in json.loads((out / f"llama-bench-{r}.json").read_text()):
+        for row in json.loads(text(f"llama-bench-{r}.json") or "[]"):
             if kind == "pp" and row["n_prompt"] > 0 and row["n_gen"] == 0:
                 vals.append(row["avg_ts"])
             if kind == "tg" and row["n_gen"] > 0 and row["n_prompt"] == 0:
@@ -165,7 +167,7 @@ def batched(npl):  # S_TG t/s of the markdown row with B == npl
     vals = []
     for r in range(1, repeats + 1):
         header = None
-        for line in (out / f"batched-bench-{r}.txt").read_text().splitlines():
+        for line in text(f"batched-bench-{r}.txt").splitlines():
             cells = [c.strip() for c in line.strip().strip("|").split("|")]
             if "S_TG t/s" in cells:
                 header = cells
@@ -176,7 +178,7 @@ def batched(npl):  # S_TG t/s of the markdown row with B == npl
 def ours(pattern):
     vals = []
     for r in range(1, repeats + 1):
-        m = re.search(pattern, (out / f"ours-{r}.txt").read_text())
+        m = re.search(pattern, text(f"ours-{r}.txt"))
         if m:
             vals.append(float(m.group(1)))
     return med(vals)

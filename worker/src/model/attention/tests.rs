@@ -256,12 +256,14 @@ fn chunked_batched_and_alone_agree_at_long_context() {
 
 #[test]
 fn query_blocks_fit_the_score_budget_and_spread_over_threads() {
-    // 8,192 keys, 3 heads per KV head: 10 queries keep 960 KiB of scores.
-    assert_eq!(tiled::query_block(512, 8192, 3, 3, 2), 10);
+    // 8,192 keys, 3 heads per KV head: 32 queries keep 3 MiB of scores (within 6 MiB).
+    assert_eq!(tiled::query_block(512, 8192, 3, 3, 2), 32);
+    // 32,768 keys: 16 queries keep 6 MiB.
+    assert_eq!(tiled::query_block(512, 32_768, 3, 3, 2), 16);
     // Short contexts: capped at 32 queries.
     assert_eq!(tiled::query_block(512, 512, 3, 3, 2), 32);
     // A 3-query run on 2 threads and 3 KV heads: 2 blocks (4 wanted tasks / 3 heads).
     assert_eq!(tiled::query_block(3, 3, 3, 3, 2), 2);
-    // Never 0, even for a 200,000-key context.
-    assert_eq!(tiled::query_block(5, 200_000, 3, 3, 2), 1);
+    // Never 0, even for a 1,000,000-key context.
+    assert_eq!(tiled::query_block(5, 1_000_000, 3, 3, 2), 1);
 }
