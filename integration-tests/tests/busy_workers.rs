@@ -210,6 +210,15 @@ async fn a_sigstopped_worker_is_failed_over_within_the_stall_timeout_and_rejoins
         after > before,
         "no later request reached the rejoined worker"
     );
+    // Idle again: past the load reports' 1 s lifetime, the router still shows the worker's free KV
+    // tokens from its last report (all of them: every block is free), not 0.
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    let capacity = worker_stats(&workers[victim]).await.kv_tokens_capacity as f64;
+    let m = parse_metrics(&scrape(&metrics_addr).await);
+    assert_eq!(
+        metric(&m, &format!("router_worker_free_kv_tokens{label}")),
+        capacity
+    );
 }
 
 /// A small deterministic generator (xorshift64*) for the cancel pattern.

@@ -354,8 +354,8 @@ impl Collector for PoolCollector {
             ),
             (
                 "worker_free_kv_tokens",
-                "KV cache tokens free on the worker (its last load report)",
-                |w| w.reported.map_or(0, |r| r.free_kv_tokens as i64),
+                "KV cache tokens free on the worker (its last load report, however old; 0 before the first)",
+                |w| w.last_report.map_or(0, |r| r.free_kv_tokens as i64),
             ),
         ];
         for (name, help, value) in per_worker {

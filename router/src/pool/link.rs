@@ -88,8 +88,11 @@ pub struct WorkerSnapshot {
     pub inflight: usize,
     /// The load used for picking (see [`crate::affinity`]).
     pub load: usize,
-    /// The worker's last load report, if recent.
+    /// The worker's last load report, if recent (within `LOAD_REPORT_TTL`; used for picking).
     pub reported: Option<LoadReport>,
+    /// The worker's last load report, however old: an idle worker sends none, so its last one
+    /// (sent with the step that finished its last request) still holds its free KV tokens.
+    pub last_report: Option<LoadReport>,
 }
 
 impl WorkerSnapshot {
@@ -138,6 +141,7 @@ impl WorkerLink {
             inflight: state.inflight.len(),
             load: state.inflight.len().max(reported_load as usize),
             reported,
+            last_report: state.reported.map(|(r, _)| r),
         }
     }
 
