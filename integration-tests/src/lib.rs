@@ -358,25 +358,89 @@ pub async fn generate(
     request: inference_proto::public::GenerateRequest,
 ) -> Result<Generation, tonic::Status> {
     let mut stream = client.generate(request).await?.into_inner();
-    let mut g = Generation {
-        text: String::new(),
-        token_ids: Vec::new(),
-        finish_reason: inference_proto::public::FinishReason::Unspecified,
-        stop_sequence: String::new(),
-        usage: None,
-        messages: 0,
-    };
+    let mut g = Generation::default();
     while let Some(m) = stream.message().await? {
-        g.messages += 1;
-        g.text.push_str(&m.text);
-        g.token_ids.extend(m.tokens.iter().map(|t| t.id));
-        if m.usage.is_some() {
-            g.finish_reason = m.finish_reason();
-            g.stop_sequence = m.stop_sequence.clone();
-            g.usage = m.usage;
-        }
+        g.absorb(&m);
     }
     Ok(g)
+}
+
+impl Default for Generation {
+    fn default() -> Self {
+        Generation {
+            text: String::new(),
+            token_ids: Vec::new(),
+            finish_reason: inference_proto::public::FinishReason::Unspecified,
+            stop_sequence: String::new(),
+            usage: None,
+            messages: 0,
+        }
+    }
+}
+
+impl Generation {
+    /// Adds one stream message: its text and tokens, and the finish (reason, stop string, usage)
+    /// when it carries the usage.
+    pub fn absorb(&mut self, m: &inference_proto::public::GenerateResponse) {
+        self.messages += 1;
+        self.text.push_str(&m.text);
+        self.token_ids.extend(m.tokens.iter().map(|t| t.id));
+        if m.usage.is_some() {
+            self.finish_reason = m.finish_reason();
+            self.stop_sequence = m.stop_sequence.clone();
+            self.usage = m.usage;
+        }
+    }
+}
+
+/// One streamed generation and how it went ([`stream_all`]).
+#[derive(Debug)]
+pub struct Streamed {
+    /// The generation.
+    pub generation: Generation,
+    /// `usage.failovers` of the last message (times the request moved to another worker).
+    pub failovers: u32,
+    /// Longest wait between two messages of the stream.
+    pub max_gap: Duration,
+}
+
+/// Runs `requests` concurrently through `client`, each to the end of its stream; `received` counts
+/// the tokens received over all streams as they arrive (to act while they run). One result per
+/// request, in order.
+pub async fn stream_all(
+    client: &PublicClient,
+    requests: &[inference_proto::public::GenerateRequest],
+    received: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) -> Vec<Result<Streamed, tonic::Status>> {
+    let tasks = requests.iter().cloned().map(|request| {
+        let (mut c, received) = (client.clone(), received.clone());
+        tokio::spawn(async move {
+            let mut stream = c.generate(request).await?.into_inner();
+            let mut generation = Generation::default();
+            let mut max_gap = Duration::ZERO;
+            let mut last: Option<Instant> = None;
+            while let Some(m) = stream.message().await? {
+                let now = Instant::now();
+                if let Some(last) = last {
+                    max_gap = max_gap.max(now - last);
+                }
+                last = Some(now);
+                received.fetch_add(m.tokens.len(), std::sync::atomic::Ordering::SeqCst);
+                generation.absorb(&m);
+            }
+            let failovers = generation.usage.map_or(0, |u| u.failovers);
+            Ok(Streamed {
+                generation,
+                failovers,
+                max_gap,
+            })
+        })
+    });
+    futures::future::join_all(tasks)
+        .await
+        .into_iter()
+        .map(|r| r.expect("stream task"))
+        .collect()
 }
 
 /// A greedy request for `prompt` with `max_new_tokens`, ignoring EOS.

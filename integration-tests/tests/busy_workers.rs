@@ -17,8 +17,8 @@ use futures::future::join_all;
 use inference_proto::public::{GenerateRequest, ModelInfoRequest, TokenizeRequest};
 use integration_tests::ops::{health, metric, parse_metrics, scrape};
 use integration_tests::{
-    connect_ready, free_port, greedy, start_router_with_env, start_worker_with, tiny_model,
-    worker_stats, Process, PublicClient,
+    connect_ready, free_port, greedy, start_router_with_env, start_worker_with, stream_all,
+    tiny_model, worker_stats, Process, PublicClient,
 };
 use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;
@@ -52,34 +52,6 @@ async fn wait_ready_workers(client: &mut PublicClient, n: u32, timeout: Duration
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-}
-
-/// Token ids of each stream (run concurrently); `received` counts tokens over all of them.
-async fn stream_all(
-    client: &PublicClient,
-    requests: &[GenerateRequest],
-    received: Arc<AtomicUsize>,
-) -> Vec<Result<(Vec<u32>, u32), tonic::Status>> {
-    let tasks = requests.iter().cloned().map(|request| {
-        let (mut c, received) = (client.clone(), received.clone());
-        tokio::spawn(async move {
-            let mut stream = c.generate(request).await?.into_inner();
-            let (mut ids, mut failovers) = (Vec::new(), 0);
-            while let Some(m) = stream.message().await? {
-                received.fetch_add(m.tokens.len(), Ordering::SeqCst);
-                ids.extend(m.tokens.iter().map(|t| t.id));
-                if let Some(usage) = m.usage {
-                    failovers = usage.failovers;
-                }
-            }
-            Ok((ids, failovers))
-        })
-    });
-    join_all(tasks)
-        .await
-        .into_iter()
-        .map(|r| r.unwrap())
-        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -144,8 +116,9 @@ async fn a_sigstopped_worker_is_failed_over_within_the_stall_timeout_and_rejoins
     let got = run.await.unwrap();
     let mut moved = 0;
     for (i, (want, got)) in expected.into_iter().zip(got).enumerate() {
-        let (want, _) = want.expect("reference run");
-        let (ids, failovers) = got.unwrap_or_else(|s| panic!("request {i} failed: {s:?}"));
+        let want = want.expect("reference run").generation.token_ids;
+        let got = got.unwrap_or_else(|s| panic!("request {i} failed: {s:?}"));
+        let (ids, failovers) = (got.generation.token_ids, got.failovers);
         assert_eq!(ids, want, "request {i} (moved {failovers} times)");
         assert_eq!(ids.len(), 200);
         moved += failovers;
@@ -203,7 +176,7 @@ async fn a_sigstopped_worker_is_failed_over_within_the_stall_timeout_and_rejoins
     let before = worker_stats(&workers[victim]).await.finished_requests;
     let later: Vec<GenerateRequest> = (0..8).map(|i| greedy(&format!("Again {i}"), 30)).collect();
     for r in stream_all(&client, &later, Arc::default()).await {
-        assert_eq!(r.expect("later request").0.len(), 30);
+        assert_eq!(r.expect("later request").generation.token_ids.len(), 30);
     }
     let after = worker_stats(&workers[victim]).await.finished_requests;
     assert!(

@@ -11,7 +11,7 @@ use inference_proto::public::{FinishReason, GenerateRequest, ModelInfoRequest, T
 use inference_proto::worker::EngineStats;
 use integration_tests::{
     connect_ready, free_port, generate, greedy, real_model, start_router, start_router_with_env,
-    start_worker, start_worker_with, tiny_model, worker_stats, Generation, Process, PublicClient,
+    start_worker, start_worker_with, stream_all, tiny_model, worker_stats, Process, PublicClient,
 };
 use tonic::Code;
 
@@ -108,67 +108,6 @@ async fn three_workers_share_the_load_and_a_shared_prefix_sticks_to_one() {
     );
 }
 
-/// One streamed generation and how it went.
-struct Streamed {
-    generation: Generation,
-    /// `usage.failovers` of the last message.
-    failovers: u32,
-    /// Longest wait between two messages of the stream.
-    max_gap: Duration,
-}
-
-/// Runs `requests` concurrently; `received` counts the tokens received over all streams.
-async fn run_all(
-    client: &PublicClient,
-    requests: &[GenerateRequest],
-    received: Arc<AtomicUsize>,
-) -> Vec<Result<Streamed, tonic::Status>> {
-    let tasks = requests.iter().cloned().map(|request| {
-        let mut c = client.clone();
-        let received = received.clone();
-        tokio::spawn(async move {
-            let mut stream = c.generate(request).await?.into_inner();
-            let mut g = Generation {
-                text: String::new(),
-                token_ids: Vec::new(),
-                finish_reason: FinishReason::Unspecified,
-                stop_sequence: String::new(),
-                usage: None,
-                messages: 0,
-            };
-            let mut failovers = 0;
-            let mut max_gap = Duration::ZERO;
-            let mut last: Option<Instant> = None;
-            while let Some(m) = stream.message().await? {
-                let now = Instant::now();
-                if let Some(last) = last {
-                    max_gap = max_gap.max(now - last);
-                }
-                last = Some(now);
-                received.fetch_add(m.tokens.len(), Ordering::SeqCst);
-                g.messages += 1;
-                g.text.push_str(&m.text);
-                g.token_ids.extend(m.tokens.iter().map(|t| t.id));
-                if let Some(usage) = m.usage {
-                    g.finish_reason = m.finish_reason();
-                    failovers = usage.failovers;
-                    g.usage = Some(usage);
-                }
-            }
-            Ok(Streamed {
-                generation: g,
-                failovers,
-                max_gap,
-            })
-        })
-    });
-    join_all(tasks)
-        .await
-        .into_iter()
-        .map(|r| r.unwrap())
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_a_worker_mid_stream_loses_nothing() {
     let (_dir, model) = tiny_model(22);
@@ -206,14 +145,14 @@ async fn kill_a_worker_mid_stream(
         .collect();
 
     // The reference: the same 16 on the healthy cluster.
-    let expected = run_all(&client, &requests, Arc::default()).await;
+    let expected = stream_all(&client, &requests, Arc::default()).await;
 
     // Again, and kill -9 the busiest worker once `kill_after` tokens streamed (the running requests
     // are well into their answers, others may still wait on the workers).
     let received = Arc::new(AtomicUsize::new(0));
     let run = tokio::spawn({
         let (client, requests, received) = (client.clone(), requests.clone(), received.clone());
-        async move { run_all(&client, &requests, received).await }
+        async move { stream_all(&client, &requests, received).await }
     });
     let deadline = Instant::now() + Duration::from_secs(60);
     while received.load(Ordering::SeqCst) < kill_after && !run.is_finished() {
