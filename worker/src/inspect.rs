@@ -7,7 +7,7 @@ use std::path::Path;
 
 use gguf::{GgufFile, TokenizerMetadata};
 
-use crate::model::{LlamaConfig, LlamaModel};
+use crate::model::{LlamaConfig, LlamaModel, ModelWeights};
 
 /// The outcome of [`inspect`]: a human-readable report and, when the file cannot be served, why.
 #[derive(Debug)]
@@ -58,7 +58,8 @@ pub fn inspect(path: &Path) -> Inspection {
     };
     line(&mut report, "name", text("general.name"));
     line(&mut report, "architecture", text("general.architecture"));
-    match LlamaConfig::from_gguf(&file) {
+    let config = LlamaConfig::from_gguf(&file);
+    match &config {
         Ok(c) => line(
             &mut report,
             "shape",
@@ -104,8 +105,12 @@ pub fn inspect(path: &Path) -> Inspection {
         ),
         Err(e) => line(&mut report, "tokenizer", format!("unreadable ({e})")),
     }
-    drop(file);
-    let unservable = match LlamaModel::load(path) {
+    // The rest of what serving would do with the open file: every tensor read and checked.
+    let model = config.and_then(|config| {
+        let weights = ModelWeights::load(&file, &config)?;
+        Ok(LlamaModel::from_parts(config, weights))
+    });
+    let unservable = match model {
         Ok(model) => {
             line(
                 &mut report,

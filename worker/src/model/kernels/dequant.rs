@@ -136,20 +136,14 @@ mod avx2 {
                     .expect("validated sizes");
             }
             GgmlType::Q5_0 | GgmlType::Q5_1 => {
-                let (bpb, offset) = if format == GgmlType::Q5_0 {
-                    (22, 16)
-                } else {
-                    (24, 0)
-                };
+                // Q5_0: d | qh | qs, values q - 16; Q5_1: d | m | qh | qs, values q (plus m).
+                let q5_1 = format == GgmlType::Q5_1;
+                let (bpb, qh_at, offset) = if q5_1 { (24, 4, 0) } else { (22, 2, 16) };
                 for b in 0..n / 32 {
                     let p = src.add(b * bpb);
-                    let o = dst.add(b * 32);
-                    if format == GgmlType::Q5_0 {
-                        q5_block(p.add(6), read_u32(p.add(2)), offset, f16_at(p), None, o);
-                    } else {
-                        let m = f16_at(p.add(2));
-                        q5_block(p.add(8), read_u32(p.add(4)), offset, f16_at(p), Some(m), o);
-                    }
+                    let m = q5_1.then(|| f16_at(p.add(2)));
+                    let qh = read_u32(p.add(qh_at));
+                    q5_block(p.add(qh_at + 4), qh, offset, f16_at(p), m, dst.add(b * 32));
                 }
             }
             GgmlType::Q4_K | GgmlType::Q5_K => {
