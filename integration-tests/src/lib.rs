@@ -303,6 +303,8 @@ pub struct Cluster {
     pub router: Process,
     /// The router's address.
     pub router_addr: String,
+    /// The worker's and the router's `/metrics` addresses ([`Cluster::start_with_metrics`]).
+    pub metrics: Option<(String, String)>,
 }
 
 impl Cluster {
@@ -321,6 +323,25 @@ impl Cluster {
             worker_addr,
             router,
             router_addr,
+            metrics: None,
+        }
+    }
+
+    /// Like [`Cluster::start`], with both `/metrics` endpoints on free ports (in `metrics`).
+    pub async fn start_with_metrics(model: &Path) -> Cluster {
+        let worker_metrics = format!("127.0.0.1:{}", free_port());
+        let router_metrics = format!("127.0.0.1:{}", free_port());
+        let (worker, worker_addr) =
+            start_worker_with(model, &["--metrics-listen", &worker_metrics]).await;
+        let (router, router_addr) =
+            start_router(&[&worker_addr], &["--metrics-listen", &router_metrics]).await;
+        connect_ready(&router_addr, Duration::from_secs(30)).await;
+        Cluster {
+            worker,
+            worker_addr,
+            router,
+            router_addr,
+            metrics: Some((worker_metrics, router_metrics)),
         }
     }
 

@@ -6,10 +6,7 @@
 use std::time::{Duration, Instant};
 
 use integration_tests::ops::{channel, health, metric, parse_metrics, scrape, wait_health};
-use integration_tests::{
-    connect_ready, free_port, generate, greedy, start_router, start_worker_with, tiny_model,
-    Process,
-};
+use integration_tests::{free_port, generate, greedy, start_router, tiny_model, Cluster, Process};
 use prost_reflect::{DescriptorPool, DynamicMessage, MessageDescriptor, Value};
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::Status;
@@ -251,13 +248,10 @@ async fn health_follows_workers_and_reflection_serves_a_dynamic_call() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_endpoints_parse_and_count_what_was_sent() {
     let (_dir, model) = tiny_model(12);
-    let worker_metrics = format!("127.0.0.1:{}", free_port());
-    let router_metrics = format!("127.0.0.1:{}", free_port());
-    let (_worker, worker_addr) =
-        start_worker_with(&model, &["--metrics-listen", &worker_metrics]).await;
-    let (_router, router_addr) =
-        start_router(&[&worker_addr], &["--metrics-listen", &router_metrics]).await;
-    let mut client = connect_ready(&router_addr, Duration::from_secs(30)).await;
+    let cluster = Cluster::start_with_metrics(&model).await;
+    let (worker_metrics, router_metrics) = cluster.metrics.clone().expect("metrics on");
+    let worker_addr = cluster.worker_addr.clone();
+    let mut client = cluster.client().await;
 
     let (mut prompt_tokens, mut generated) = (0.0, 0.0);
     for (prompt, n) in [("one two", 5), ("three four five", 6), ("six", 7)] {

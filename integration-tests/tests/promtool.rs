@@ -7,9 +7,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use integration_tests::ops::scrape_text;
-use integration_tests::{
-    connect_ready, free_port, generate, greedy, start_router, start_worker_with, tiny_model,
-};
+use integration_tests::{generate, greedy, tiny_model, Cluster};
 use tokio::io::AsyncWriteExt as _;
 
 /// Runs `promtool check metrics` on `text`; panics with its report on any problem it finds.
@@ -44,13 +42,9 @@ async fn promtool_check(what: &str, text: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn both_metrics_endpoints_pass_promtool_under_load() {
     let (_dir, model) = tiny_model(23);
-    let worker_metrics = format!("127.0.0.1:{}", free_port());
-    let router_metrics = format!("127.0.0.1:{}", free_port());
-    let (_worker, worker_addr) =
-        start_worker_with(&model, &["--metrics-listen", &worker_metrics]).await;
-    let (_router, router_addr) =
-        start_router(&[&worker_addr], &["--metrics-listen", &router_metrics]).await;
-    let client = connect_ready(&router_addr, Duration::from_secs(30)).await;
+    let cluster = Cluster::start_with_metrics(&model).await;
+    let (worker_metrics, router_metrics) = cluster.metrics.clone().expect("metrics on");
+    let client = cluster.client().await;
 
     // A few finished requests (and one refused), so every family has samples.
     let mut c = client.clone();
