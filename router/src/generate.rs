@@ -68,6 +68,7 @@ pub async fn start(
         stop_token_ids,
         generated_ids: Vec::new(),
         trace_context: observability::propagation::current_context(),
+        constraint: None,
     };
     let ticket = pool.admit(request.clone())?;
     let session = Session::new(pool.clone(), request, ticket);

@@ -82,6 +82,13 @@ pub fn check_request(req: &GenerateRequest, limits: &Limits) -> Result<Sampling,
         (true, true) => return invalid("prompt is empty (set prompt or messages)".into()),
         _ => {}
     }
+    if req.constraint.is_some() {
+        // Structured output lands with the llguidance work (issue 14); until then it is refused,
+        // never silently ignored.
+        return Err(Status::unimplemented(
+            "constraint: structured output is not available in this build",
+        ));
+    }
     if let Some(i) = req.messages.iter().position(|m| m.role.is_empty()) {
         return invalid(format!("messages[{i}].role is empty"));
     }
