@@ -1,11 +1,11 @@
-//! `worker inspect MODEL`: what a GGUF file holds (architecture, hyper-parameters, tensor formats,
+//! `worker inspect MODEL`: what a GGUF file or Hugging Face model folder holds (architecture, hyper-parameters, tensor formats,
 //! tokenizer) and whether this worker can serve it, checked by loading it exactly as serving would.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
-use gguf::{GgufFile, TokenizerMetadata};
+use gguf::TokenizerMetadata;
 
 use crate::model::{LlamaConfig, LlamaModel, ModelWeights};
 
@@ -18,7 +18,7 @@ pub struct Inspection {
     pub unservable: Option<String>,
 }
 
-/// Describes the GGUF file at `path` and loads it as the CPU backend would (every tensor's
+/// Describes the GGUF file or Hugging Face folder at `path` and loads it as the CPU backend would (every tensor's
 /// presence, shape and format checked; the weights are read into memory, so this takes as long as
 /// a worker's start).
 pub fn inspect(path: &Path) -> Inspection {
@@ -27,7 +27,7 @@ pub fn inspect(path: &Path) -> Inspection {
         let _ = writeln!(r, "{k:<14} {v}");
     };
     line(&mut report, "file", path.display().to_string());
-    let file = match GgufFile::open(path) {
+    let file = match model_files::open(path) {
         Ok(f) => f,
         Err(e) => {
             let reason = e.to_string();
@@ -38,17 +38,19 @@ pub fn inspect(path: &Path) -> Inspection {
             };
         }
     };
-    let size = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
-    line(
-        &mut report,
-        "format",
-        format!(
-            "GGUF v{}, {} tensors, {:.1} MiB",
-            file.version(),
-            file.tensors().len(),
-            size as f64 / (1 << 20) as f64
-        ),
-    );
+    let format = match file.origin() {
+        Some(origin) => format!("{origin}, {} tensors", file.tensors().len()),
+        None => {
+            let size = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+            format!(
+                "GGUF v{}, {} tensors, {:.1} MiB",
+                file.version(),
+                file.tensors().len(),
+                size as f64 / (1 << 20) as f64
+            )
+        }
+    };
+    line(&mut report, "format", format);
     let text = |k: &str| {
         file.get_opt_str(k)
             .ok()

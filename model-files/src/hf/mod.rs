@@ -175,4 +175,6 @@ fn rope_factors(arch: Arch, dims: &Dims, rope: &config::RopeParams) -> Result<Op
 }
 
 #[cfg(test)]
+mod folder_tests;
+#[cfg(test)]
 mod tests;

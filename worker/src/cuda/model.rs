@@ -23,7 +23,6 @@ use cudarc::driver::{
     sys as driver_sys, CudaFunction, CudaSlice, CudaStream, DeviceRepr, PushKernelArg,
 };
 use cudarc::nvrtc::Ptx;
-use gguf::GgufFile;
 
 use super::block_table::{pack_step, StepInputs};
 use super::buffers::{Capacity, StepBuffers};
@@ -72,7 +71,7 @@ pub(super) fn driver<T>(
 }
 
 impl CudaModel {
-    /// Loads the GGUF model at `path` onto `gpu`: reads and checks the config and weights like the
+    /// Loads the model at `path` (a GGUF file or a Hugging Face folder) onto `gpu`: reads and checks the config and weights like the
     /// CPU model, compiles (or takes from the cache) every kernel file for the GPU's architecture,
     /// and uploads the weights.
     ///
@@ -80,7 +79,7 @@ impl CudaModel {
     /// missing on a cache miss, or a compile error), a head size the attention kernel does not
     /// support, or a driver error (e.g. out of memory).
     pub fn load(path: &Path, gpu: GpuInfo, options: CudaOptions) -> anyhow::Result<CudaModel> {
-        let file = GgufFile::open(path).map_err(ModelError::from)?;
+        let file = model_files::open(path).map_err(ModelError::from)?;
         let config = LlamaConfig::from_gguf(&file)?;
         let host = HostWeights::load(&file, &config)?;
         drop(file);

@@ -8,6 +8,9 @@ pub enum ModelError {
     /// Reading the GGUF file or decoding a tensor failed.
     #[error(transparent)]
     Gguf(#[from] GgufError),
+    /// Opening the model (a GGUF file or a Hugging Face folder) failed.
+    #[error(transparent)]
+    ModelFile(#[from] model_files::ModelFileError),
     /// `general.architecture` is not a supported architecture.
     #[error("unsupported model architecture `{0}` (only `llama` is supported)")]
     UnsupportedArchitecture(String),

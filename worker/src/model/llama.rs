@@ -7,8 +7,6 @@
 use std::cell::RefCell;
 use std::path::Path;
 
-use gguf::GgufFile;
-
 use super::attention::{attention_into, HeadShape, QueryPos};
 use super::matmul::matmul_into;
 use super::ops::{rms_norm_into, swiglu_into, RopeTable};
@@ -75,15 +73,17 @@ struct Plan<'a> {
 }
 
 impl LlamaModel {
-    /// Opens the GGUF file at `path`, reads its config and loads all weights,
+    /// Opens the model at `path` (a GGUF file or a Hugging Face folder, see
+    /// [`model_files::open`]), reads its config and loads all weights,
     /// matrices in the file's own format (Q4_1/Q8_0/F16/BF16/F32; ~100 MB
     /// for SmolLM2-135M Q4_1), norm vectors as f32.
     ///
-    /// Errors: [`ModelError::Gguf`] (I/O, format, unsupported tensor types),
+    /// Errors: [`ModelError::ModelFile`] (I/O, format, unsupported tensor types, a bad folder),
+    /// [`ModelError::Gguf`],
     /// [`ModelError::UnsupportedArchitecture`], [`ModelError::InvalidConfig`],
     /// [`ModelError::MissingTensor`], [`ModelError::TensorShape`].
     pub fn load(path: &Path) -> Result<LlamaModel, ModelError> {
-        let file = GgufFile::open(path)?;
+        let file = model_files::open(path)?;
         let config = LlamaConfig::from_gguf(&file)?;
         let weights = ModelWeights::load(&file, &config)?;
         Ok(LlamaModel::from_parts(config, weights))
