@@ -19,7 +19,8 @@
 use gguf::{GgufFile, TensorInfo};
 
 use super::kernels::QMatrix;
-use super::{LlamaConfig, ModelError};
+use super::ModelError;
+use crate::arch::ModelDesc;
 
 /// A weight matrix `[rows, cols]` made of one or more [`QMatrix`] parts
 /// stacked by rows (e.g. Q, K and V), each in its own file format.
@@ -107,7 +108,7 @@ impl ModelWeights {
     ///
     /// Errors: [`ModelError::MissingTensor`], [`ModelError::TensorShape`], and
     /// [`ModelError::Gguf`] for unsupported types or out-of-bounds data.
-    pub fn load(file: &GgufFile, config: &LlamaConfig) -> Result<ModelWeights, ModelError> {
+    pub fn load(file: &GgufFile, config: &ModelDesc) -> Result<ModelWeights, ModelError> {
         let c = config;
         let (h, f) = (c.hidden as u64, c.ffn_dim as u64);
         let (q, kv) = (c.q_dim() as u64, c.kv_dim() as u64);

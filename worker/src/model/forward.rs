@@ -13,14 +13,15 @@ use super::attention::{attention_into, HeadShape, QueryPos};
 use super::matmul::matmul_into;
 use super::ops::{rms_norm_into, swiglu_into, RopeTable};
 use super::weights::ModelWeights;
-use super::{AlignedVec, EntryLimits, KvDtype, LlamaConfig, ModelError, PagedKvCache};
+use super::{AlignedVec, EntryLimits, KvDtype, ModelError, PagedKvCache};
+use crate::arch::ModelDesc;
 use crate::engine::BatchEntry;
 
 /// A llama model with weights in memory in their file formats, run on the CPU
 /// with f32 activations.
 #[derive(Debug)]
-pub struct LlamaModel {
-    config: LlamaConfig,
+pub struct CpuModel {
+    config: ModelDesc,
     weights: ModelWeights,
     /// Element type of the caches made by [`Self::new_kv`].
     kv_dtype: KvDtype,
@@ -74,24 +75,31 @@ struct Plan<'a> {
     logit_rows: Vec<usize>,
 }
 
-impl LlamaModel {
+impl CpuModel {
     /// Opens the GGUF file at `path`, reads its config and loads all weights,
     /// matrices in the file's own format (Q4_1/Q8_0/F16/BF16/F32; ~100 MB
     /// for SmolLM2-135M Q4_1), norm vectors as f32.
     ///
     /// Errors: [`ModelError::Gguf`] (I/O, format, unsupported tensor types),
-    /// [`ModelError::UnsupportedArchitecture`], [`ModelError::InvalidConfig`],
+    /// [`ModelError::Arch`], [`ModelError::InvalidConfig`],
     /// [`ModelError::MissingTensor`], [`ModelError::TensorShape`].
-    pub fn load(path: &Path) -> Result<LlamaModel, ModelError> {
+    pub fn load(path: &Path) -> Result<CpuModel, ModelError> {
         let file = GgufFile::open(path)?;
-        let config = LlamaConfig::from_gguf(&file)?;
+        let config = ModelDesc::from_source(&file)?;
+        if !config.is_plain_llama() {
+            return Err(ModelError::Unsupported {
+                backend: "cpu",
+                arch: config.arch.to_string(),
+                what: "not yet implemented".into(),
+            });
+        }
         let weights = ModelWeights::load(&file, &config)?;
-        Ok(LlamaModel::from_parts(config, weights))
+        Ok(CpuModel::from_parts(config, weights))
     }
 
     /// Builds a model from an already-validated config and weights.
-    pub fn from_parts(config: LlamaConfig, weights: ModelWeights) -> LlamaModel {
-        LlamaModel {
+    pub fn from_parts(config: ModelDesc, weights: ModelWeights) -> CpuModel {
+        CpuModel {
             config,
             weights,
             kv_dtype: KvDtype::F32,
@@ -101,7 +109,7 @@ impl LlamaModel {
     /// This model with caches of element type `dtype` from [`Self::new_kv`]
     /// (default [`KvDtype::F32`]). [`Self::forward_batch`] accepts a cache of
     /// either type.
-    pub fn with_kv_dtype(mut self, dtype: KvDtype) -> LlamaModel {
+    pub fn with_kv_dtype(mut self, dtype: KvDtype) -> CpuModel {
         self.kv_dtype = dtype;
         self
     }
@@ -112,7 +120,7 @@ impl LlamaModel {
     }
 
     /// The model's hyper-parameters.
-    pub fn config(&self) -> &LlamaConfig {
+    pub fn config(&self) -> &ModelDesc {
         &self.config
     }
 
