@@ -59,7 +59,7 @@ mod tests;
 mod weights;
 
 pub use aligned::AlignedVec;
-pub use attention::{attention, attention_into, HeadShape, QueryPos};
+pub use attention::{attention, attention_into, AttnOptions, HeadShape, QueryPos};
 pub use entry_limits::EntryLimits;
 pub use error::ModelError;
 pub use forward::CpuModel;
