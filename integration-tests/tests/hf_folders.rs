@@ -38,7 +38,9 @@ async fn greedy_run(model: &Path, prompt: &str) -> (Vec<u32>, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_folder_generates_exactly_what_its_gguf_generates() {
     let prompt = "the quick brown fox jumps";
-    for arch in ["llama3rope"] {
+    // llama: Q/K rows permuted, llama3 RoPE factors computed; gemma2: 1 + w norms, soft-caps,
+    // sliding window (every tiny-arch folder is checked token-exact in worker/tests/architectures.rs).
+    for arch in ["llama3rope", "gemma2"] {
         let folder = greedy_run(&fixture(arch, "hf-f32"), prompt).await;
         let gguf = greedy_run(&fixture(arch, &format!("{arch}-f32.gguf")), prompt).await;
         assert_eq!(folder.0.len(), 12, "{arch}: {folder:?}");

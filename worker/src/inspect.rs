@@ -7,7 +7,8 @@ use std::path::Path;
 
 use gguf::TokenizerMetadata;
 
-use crate::model::{LlamaConfig, LlamaModel, ModelWeights};
+use crate::arch::ModelDesc;
+use crate::model::{CpuModel, ModelError, ModelWeights};
 
 /// The outcome of [`inspect`]: a human-readable report and, when the file cannot be served, why.
 #[derive(Debug)]
@@ -60,7 +61,7 @@ pub fn inspect(path: &Path) -> Inspection {
     };
     line(&mut report, "name", text("general.name"));
     line(&mut report, "architecture", text("general.architecture"));
-    let config = LlamaConfig::from_gguf(&file);
+    let config = ModelDesc::from_source(&file).map_err(ModelError::from);
     match &config {
         Ok(c) => line(
             &mut report,
@@ -110,7 +111,7 @@ pub fn inspect(path: &Path) -> Inspection {
     // The rest of what serving would do with the open file: every tensor read and checked.
     let model = config.and_then(|config| {
         let weights = ModelWeights::load(&file, &config)?;
-        Ok(LlamaModel::from_parts(config, weights))
+        Ok(CpuModel::from_parts(config, weights))
     });
     let unservable = match model {
         Ok(model) => {

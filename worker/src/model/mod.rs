@@ -1,7 +1,7 @@
 //! The CPU llama model: config, weights, paged KV cache and the f32 forward pass.
 //!
-//! Entry point: [`LlamaModel::load`], then [`LlamaModel::forward_batch`] over a
-//! [`PagedKvCache`] from [`LlamaModel::new_kv`] (also available through
+//! Entry point: [`CpuModel::load`], then [`CpuModel::forward_batch`] over a
+//! [`PagedKvCache`] from [`CpuModel::new_kv`] (also available through
 //! [`crate::engine::BatchModel`]).
 //!
 //! # Batch invariance
@@ -46,12 +46,11 @@
 mod aligned;
 mod attention;
 mod batch_model;
-mod config;
 mod entry_limits;
 mod error;
+mod forward;
 pub mod kernels;
 mod kv_cache;
-mod llama;
 pub mod matmul;
 pub mod ops;
 pub mod pool;
@@ -60,11 +59,10 @@ mod tests;
 mod weights;
 
 pub use aligned::AlignedVec;
-pub use attention::{attention, attention_into, HeadShape, QueryPos};
-pub use config::LlamaConfig;
+pub use attention::{attention, attention_into, AttnOptions, HeadShape, QueryPos};
 pub use entry_limits::EntryLimits;
 pub use error::ModelError;
+pub use forward::CpuModel;
 pub use kernels::{QMatrix, SimdPath};
 pub use kv_cache::{KvDtype, PagedKvCache, PagedLayer};
-pub use llama::LlamaModel;
 pub use weights::{LayerWeights, Matrix, ModelWeights};
