@@ -88,3 +88,76 @@ fn arch_name(fixture: &str) -> &str {
         other => other,
     }
 }
+
+/// Gemma 3 270M's `config.json` (google/gemma-3-270m) gives the metadata and tensors of the
+/// Gemma 3 270M GGUF (values and shapes read from `gemma-3-270m-q4_k_m.gguf`, converted by an
+/// older converter that did not yet write `rope.freq_base_swa`).
+#[test]
+fn gemma3_270m_config_gives_the_published_ggufs_metadata_and_tensors() {
+    use super::arch::{self, Arch, Dims, Transform};
+    use gguf::MetadataValue::{F32, U32};
+    let layer_types: Vec<&str> = (0..18)
+        .map(|l| match (l + 1) % 6 {
+            0 => "full_attention",
+            _ => "sliding_attention",
+        })
+        .collect();
+    let config = super::HfConfig::from_value(
+        PathBuf::from("/m/config.json"),
+        serde_json::json!({
+            "architectures": ["Gemma3ForCausalLM"], "_sliding_window_pattern": 6,
+            "attention_bias": false, "attn_logit_softcapping": null, "bos_token_id": 2,
+            "eos_token_id": 1, "final_logit_softcapping": null, "head_dim": 256,
+            "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 640,
+            "intermediate_size": 2048, "layer_types": layer_types,
+            "max_position_embeddings": 32768, "model_type": "gemma3_text",
+            "num_attention_heads": 4, "num_hidden_layers": 18, "num_key_value_heads": 1,
+            "pad_token_id": 0, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06,
+            "rope_local_base_freq": 10000.0, "rope_scaling": null, "rope_theta": 1000000.0,
+            "sliding_window": 512, "torch_dtype": "bfloat16", "vocab_size": 262144
+        }),
+    );
+    let a = Arch::of(&config).unwrap();
+    assert_eq!(a, Arch::Gemma3);
+    let dims = Dims::read(a, &config).unwrap();
+    let meta = arch::metadata(a, &config, &dims, &config.rope().unwrap()).unwrap();
+    let mut got: Vec<(String, gguf::MetadataValue)> = meta;
+    got.sort_by(|x, y| x.0.cmp(&y.0));
+    let mut want = vec![
+        ("gemma3.context_length", U32(32768)),
+        ("gemma3.embedding_length", U32(640)),
+        ("gemma3.block_count", U32(18)),
+        ("gemma3.feed_forward_length", U32(2048)),
+        ("gemma3.attention.head_count", U32(4)),
+        ("gemma3.attention.layer_norm_rms_epsilon", F32(1e-6)),
+        ("gemma3.attention.key_length", U32(256)),
+        ("gemma3.attention.value_length", U32(256)),
+        ("gemma3.rope.freq_base", F32(1e6)),
+        ("gemma3.attention.sliding_window", U32(512)),
+        ("gemma3.attention.head_count_kv", U32(1)),
+        // Written by today's converter (Gemma 3's local layers' base).
+        ("gemma3.rope.freq_base_swa", F32(10000.0)),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect::<Vec<_>>();
+    want.sort_by(|x, y| x.0.cmp(&y.0));
+    assert_eq!(got, want);
+
+    let specs = arch::tensor_specs(a, &config, &dims).unwrap();
+    assert_eq!(specs.len(), 236);
+    assert!(specs.iter().all(|s| s.gguf != "output.weight"), "tied");
+    let gguf_dims = |name: &str| -> Vec<usize> {
+        let s = specs.iter().find(|s| s.gguf == name).unwrap();
+        s.shape.iter().rev().copied().collect()
+    };
+    assert_eq!(gguf_dims("blk.0.attn_q.weight"), [640, 1024]);
+    assert_eq!(gguf_dims("blk.0.attn_k.weight"), [640, 256]);
+    assert_eq!(gguf_dims("blk.0.attn_output.weight"), [1024, 640]);
+    assert_eq!(gguf_dims("blk.0.attn_q_norm.weight"), [256]);
+    assert_eq!(gguf_dims("token_embd.weight"), [640, 262144]);
+    for s in &specs {
+        let norm = s.gguf.contains("norm");
+        assert_eq!(s.transform == Transform::AddOne, norm, "{}", s.gguf);
+    }
+}
