@@ -7,10 +7,24 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use inference_proto::public::{ChatMessage, GenerateRequest, ModelInfoRequest, TokenizeRequest};
 use integration_tests::{bin_path, free_port, generate, greedy, Cluster};
+use serde_json::{json, Value};
 
 fn fixture(arch: &str, name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../fixtures/tiny-arch/{arch}/{name}"))
+}
+
+/// A copy of the fixture folder `arch/folder` in a temporary directory.
+fn copy_folder(arch: &str, folder: &str) -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("model");
+    std::fs::create_dir(&dir).unwrap();
+    for entry in std::fs::read_dir(fixture(arch, folder)).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), dir.join(entry.file_name())).unwrap();
+    }
+    (tmp, dir)
 }
 
 /// Runs the worker binary to its exit; returns (exit code, stdout + stderr).
@@ -63,13 +77,7 @@ fn inspect_describes_a_folder_and_bad_folders_exit_2_naming_the_file() {
     // Whether qwen2 is servable depends on the CPU backend's architectures; the file reads.
     assert!(matches!(code, Some(0 | 2)), "{out}");
 
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("model");
-    std::fs::create_dir(&dir).unwrap();
-    for entry in std::fs::read_dir(fixture("llama3rope", "hf-f32")).unwrap() {
-        let entry = entry.unwrap();
-        std::fs::copy(entry.path(), dir.join(entry.file_name())).unwrap();
-    }
+    let (_tmp, dir) = copy_folder("llama3rope", "hf-f32");
     let dir_str = dir.to_str().unwrap();
     let (code, out) = worker(&["inspect", dir_str]);
     assert_eq!(code, Some(0), "{out}");
@@ -104,4 +112,80 @@ fn inspect_describes_a_folder_and_bad_folders_exit_2_naming_the_file() {
         let last = out.lines().last().unwrap_or_default();
         assert!(last.starts_with(&format!("worker: {expected}")), "{out}");
     }
+}
+
+/// A folder with a `tokenizer.json` (a word-level vocabulary written here: `w0` ... `w383` and two
+/// special tokens), a chat template in `tokenizer_config.json` and two `eos_token_id`s: the router
+/// tokenizes with that `tokenizer.json`, renders chats with that template and stops on both ids.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_folders_tokenizer_json_chat_template_and_eos_list_reach_the_router() {
+    let (_tmp, dir) = copy_folder("qwen2", "hf-f32");
+    std::fs::remove_file(dir.join("tokenizer.model")).unwrap();
+    let specials = [(3, "<|im_start|>"), (4, "<|im_end|>")];
+    let mut vocab = serde_json::Map::new();
+    for id in 0..384u32 {
+        let word = specials
+            .iter()
+            .find(|s| s.0 == id)
+            .map_or(format!("w{id}"), |s| s.1.to_string());
+        vocab.insert(word, json!(id));
+    }
+    let added: Vec<Value> = specials
+        .iter()
+        .map(|(id, content)| {
+            json!({"id": id, "content": content, "single_word": false, "lstrip": false,
+                   "rstrip": false, "normalized": false, "special": true})
+        })
+        .collect();
+    let tokenizer = json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": added,
+        "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null,
+        "decoder": null, "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "w0"},
+    });
+    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
+    let template = "{% for m in messages %}<|im_start|> w7 {{ m.content }} <|im_end|> {% endfor %}\
+                    {% if add_generation_prompt %}<|im_start|> w8 {% endif %}";
+    let tok_config = json!({"chat_template": template, "eos_token": "<|im_end|>"});
+    std::fs::write(dir.join("tokenizer_config.json"), tok_config.to_string()).unwrap();
+    let config_path = dir.join("config.json");
+    let mut config: Value =
+        serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
+    config["eos_token_id"] = json!([2, 4]);
+    std::fs::write(&config_path, config.to_string()).unwrap();
+
+    let cluster = Cluster::start(&dir).await;
+    let mut client = cluster.client().await;
+    let info = client
+        .model_info(ModelInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.architecture, "qwen2");
+    assert_eq!(info.eos_token_ids, [2, 4]);
+    assert_eq!(info.chat_template, template);
+    let tokens = client
+        .tokenize(TokenizeRequest {
+            text: "w10 w11 <|im_end|> w383".into(),
+            add_special_tokens: true,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(tokens.ids, [10, 11, 4, 383]);
+    let chat = GenerateRequest {
+        messages: vec![ChatMessage {
+            role: "user".into(),
+            content: "w20 w21".into(),
+        }],
+        max_new_tokens: Some(6),
+        ..Default::default()
+    };
+    let g = generate(&mut client, chat).await.unwrap();
+    let usage = g.usage.unwrap();
+    // <|im_start|> w7 w20 w21 <|im_end|> <|im_start|> w8
+    assert_eq!(usage.prompt_tokens, 7, "{g:?}");
+    assert!(
+        !g.token_ids.is_empty() && g.token_ids.iter().all(|&id| id < 384),
+        "{g:?}"
+    );
 }
