@@ -64,6 +64,19 @@ fn table(first: usize, tokens: usize) -> Vec<u32> {
 /// Prefills `prompt` in one entry and decodes `steps` greedy tokens one per call; returns the
 /// logits after the prompt and the greedy ids.
 fn greedy(model: &CpuModel, prompt: &[u32], steps: usize) -> (Vec<f32>, Vec<u32>) {
+    let (first, ids, _) = greedy_traced(model, prompt, steps);
+    (first, ids)
+}
+
+/// A fingerprint of a logits vector's bits (FNV-1a over the f32 bit patterns).
+fn fingerprint(logits: &[f32]) -> u64 {
+    logits.iter().fold(0xcbf2_9ce4_8422_2325, |h, x| {
+        (h ^ x.to_bits() as u64).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// [`greedy`], also returning the [`fingerprint`] of the logits of every step.
+fn greedy_traced(model: &CpuModel, prompt: &[u32], steps: usize) -> (Vec<f32>, Vec<u32>, Vec<u64>) {
     let blocks = table(0, prompt.len() + steps);
     let mut kv = model.new_kv(blocks.len(), BLOCK);
     let run = |kv: &mut _, tokens: &[u32], start_pos| {
@@ -81,14 +94,16 @@ fn greedy(model: &CpuModel, prompt: &[u32], steps: usize) -> (Vec<f32>, Vec<u32>
     let first = run(&mut kv, prompt, 0);
     let mut logits = first.clone();
     let mut out = Vec::with_capacity(steps);
+    let mut prints = Vec::with_capacity(steps);
     for step in 0..steps {
+        prints.push(fingerprint(&logits));
         let next = argmax(&logits) as u32;
         out.push(next);
         if step + 1 < steps {
             logits = run(&mut kv, &[next], prompt.len() + step);
         }
     }
-    (first, out)
+    (first, out, prints)
 }
 
 /// Asserts the top-5 ids of `logits` and their values within `tol` of `want`; returns the largest
@@ -229,4 +244,88 @@ fn gemma3_270m_matches_the_reference() {
         assert_eq!(&got, want, "{name}: greedy ids");
     }
     eprintln!("Gemma 3 270M: max |logit - reference| over top-5 entries {max_err:e}");
+}
+
+/// 32 Gemma 3 sequences, prefilled together in one step and then decoded together, give bitwise
+/// the logits (and so the ids) each gives alone: the six reference prompts, the short ones also
+/// cut at several lengths, including the 634-token one whose decode steps see only the last 512
+/// positions in the local layers.
+#[test]
+fn gemma3_32_sequences_together_match_each_alone() {
+    const STEPS: usize = 4;
+    let model = gemma3();
+    let cases = gemma3_cases();
+    let long = cases
+        .iter()
+        .find(|c| c.1.len() > 512)
+        .expect("a long prompt");
+    let short: Vec<&Case> = cases.iter().filter(|c| c.1.len() <= 512).collect();
+    let mut prompts = vec![long.1.clone()];
+    for i in 0..31 {
+        let p = &short[i % short.len()].1;
+        prompts.push(p[..p.len() - (i / short.len()) * 2].to_vec());
+    }
+    let alone: Vec<(Vec<u32>, Vec<u64>)> = prompts
+        .iter()
+        .map(|p| {
+            let (_, ids, prints) = greedy_traced(&model, p, STEPS);
+            (ids, prints)
+        })
+        .collect();
+
+    // Together, in one cache, block tables interleaved and in reverse order.
+    let blocks: Vec<usize> = prompts
+        .iter()
+        .map(|p| (p.len() + STEPS).div_ceil(BLOCK))
+        .collect();
+    let total: usize = blocks.iter().sum();
+    let mut next_block = total;
+    let tables: Vec<Vec<u32>> = blocks
+        .iter()
+        .map(|&n| {
+            next_block -= n;
+            (next_block..next_block + n)
+                .rev()
+                .map(|b| b as u32)
+                .collect()
+        })
+        .collect();
+    let mut kv = model.new_kv(total, BLOCK);
+    let entries: Vec<BatchEntry> = prompts
+        .iter()
+        .zip(&tables)
+        .map(|(p, t)| BatchEntry {
+            tokens: p,
+            start_pos: 0,
+            block_table: t,
+            want_logits: true,
+        })
+        .collect();
+    let mut logits = model.forward_batch(&entries, &mut kv).expect("prefill");
+    for step in 0..STEPS {
+        let next: Vec<u32> = logits.iter().map(|l| argmax(l) as u32).collect();
+        for (s, (l, (ids, prints))) in logits.iter().zip(&alone).enumerate() {
+            assert_eq!(
+                fingerprint(l),
+                prints[step],
+                "sequence {s} step {step}: logits"
+            );
+            assert_eq!(next[s], ids[step], "sequence {s} step {step}: id");
+        }
+        if step + 1 == STEPS {
+            break;
+        }
+        let entries: Vec<BatchEntry> = next
+            .iter()
+            .zip(&prompts)
+            .zip(&tables)
+            .map(|((t, p), table)| BatchEntry {
+                tokens: std::slice::from_ref(t),
+                start_pos: p.len() + step,
+                block_table: table,
+                want_logits: true,
+            })
+            .collect();
+        logits = model.forward_batch(&entries, &mut kv).expect("decode");
+    }
 }

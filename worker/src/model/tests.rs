@@ -365,3 +365,31 @@ fn shuffled_block_ids_match_contiguous_f16_kv() {
     let (_dir, model) = tiny();
     shuffled_block_ids_match_contiguous_with(&model.with_kv_dtype(KvDtype::F16));
 }
+
+/// The tiny random-weight models of `fixtures/tiny-arch/` (GGUF f32 files from llama.cpp's
+/// converter; vocabulary 384).
+fn tiny_arch(arch: &str) -> CpuModel {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../fixtures/tiny-arch")
+        .join(arch)
+        .join(format!("{arch}-f32.gguf"));
+    CpuModel::load(&path).unwrap_or_else(|e| panic!("{arch}: {e}"))
+}
+
+/// The batch-invariance checks above on every architecture: biases, q/k norms, half-split RoPE,
+/// RoPE frequency factors, post-norms, GeGLU, soft-caps, fused projections, and Gemma 2's
+/// 8-token sliding window (its prompts here run to 14 tokens, chunked across the window's edge).
+#[test]
+fn every_architecture_is_batch_invariant() {
+    for arch in ["qwen2", "qwen3", "llama3rope", "gemma2", "phi3"] {
+        eprintln!("{arch}");
+        let model = tiny_arch(arch);
+        chunking_is_bitwise_invariant_with(&model);
+        batched_sequences_match_running_alone_with(&model);
+        shared_prefix_blocks_give_identical_results_with(&model);
+        shuffled_block_ids_match_contiguous_with(&model);
+        let f16 = model.with_kv_dtype(KvDtype::F16);
+        chunking_is_bitwise_invariant_with(&f16);
+        batched_sequences_match_running_alone_with(&f16);
+    }
+}
