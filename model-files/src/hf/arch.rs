@@ -107,7 +107,8 @@ pub struct Dims {
 }
 
 impl Dims {
-    /// Reads the sizes of `arch` from `config`. Errors: `Key` for missing or non-positive sizes.
+    /// Reads the sizes of `arch` from `config`. Errors: `Key` for missing or non-positive sizes,
+    /// or an odd head size.
     pub fn read(arch: Arch, config: &HfConfig) -> Result<Dims> {
         let gemma3 = arch == Arch::Gemma3;
         let hidden = config.first_usize(&["hidden_size", "n_embd", "dim"])?;
@@ -124,6 +125,13 @@ impl Dims {
             None if gemma3 => 256,
             None => hidden / n_heads,
         };
+        if head_dim % 2 != 0 {
+            // RoPE rotates pairs of dimensions.
+            return Err(config.bad(
+                "head_dim",
+                "an even head size (hidden_size / num_attention_heads by default)",
+            ));
+        }
         Ok(Dims {
             n_layers: config.first_usize(&["num_hidden_layers", "n_layer", "num_layers"])?,
             hidden,

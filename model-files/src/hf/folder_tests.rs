@@ -188,7 +188,19 @@ fn bad_folders_are_refused_naming_file_key_or_tensor() {
             shown(&config)
         )
     );
-    edit_config(&dir, |c| c["num_hidden_layers"] = json!(3));
+    edit_config(&dir, |c| {
+        c["num_hidden_layers"] = json!(3);
+        c["head_dim"] = json!(15);
+    });
+    let e = error(&dir);
+    assert!(
+        e.starts_with(&format!(
+            "{}: key `head_dim`: expected an even head size",
+            shown(&config)
+        )),
+        "{e}"
+    );
+    edit_config(&dir, |c| c["head_dim"] = Value::Null);
     assert!(open_folder(&dir).is_ok());
 
     // A missing tensor, then one of an unsupported dtype.

@@ -145,7 +145,10 @@ pub fn read(
         }
         (v, spm)
     } else if json.is_file() {
-        (vocab_from_json(&json, &read_json(&json)?)?, json)
+        (
+            vocab_from_json(&json, &read_json(&json)?, vocab_size)?,
+            json,
+        )
     } else {
         return Err(ModelFileError::MissingFile {
             path: json,
@@ -317,8 +320,9 @@ fn chat_template(dir: &Path, tc: Option<&(Value, PathBuf)>) -> Result<Option<Str
 
 /// The vocabulary of a `tokenizer.json`: `model.vocab` (an object of token → id for BPE, a list
 /// of `[piece, score]` for Unigram) plus `added_tokens`, and BPE `model.merges` (strings
-/// `"a b"` or pairs `["a", "b"]`).
-fn vocab_from_json(path: &Path, v: &Value) -> Result<Vocab> {
+/// `"a b"` or pairs `["a", "b"]`). Ids from `vocab_size` on, which the model cannot produce, are
+/// left out.
+fn vocab_from_json(path: &Path, v: &Value, vocab_size: usize) -> Result<Vocab> {
     let bad = |message: &str| ModelFileError::Tokenizer {
         path: path.to_path_buf(),
         message: message.to_string(),
@@ -332,13 +336,15 @@ fn vocab_from_json(path: &Path, v: &Value) -> Result<Vocab> {
                 let id = id
                     .as_u64()
                     .ok_or_else(|| bad("`model.vocab` ids must be integers"))?;
-                vocab.set(id as usize, text.clone(), None, NORMAL);
+                if (id as usize) < vocab_size {
+                    vocab.set(id as usize, text.clone(), None, NORMAL);
+                }
             }
         }
         Some(Value::Array(list)) => {
             vocab.model = "llama";
             vocab.scores = Vec::with_capacity(list.len());
-            for (id, entry) in list.iter().enumerate() {
+            for (id, entry) in list.iter().enumerate().take(vocab_size) {
                 let (Some(text), Some(score)) = (
                     entry.get(0).and_then(Value::as_str),
                     entry.get(1).and_then(Value::as_f64),
@@ -370,6 +376,9 @@ fn vocab_from_json(path: &Path, v: &Value) -> Result<Vocab> {
             ) else {
                 return Err(bad("`added_tokens` entries need `id` and `content`"));
             };
+            if id as usize >= vocab_size {
+                continue;
+            }
             let special = t.get("special").and_then(Value::as_bool).unwrap_or(false);
             vocab.set(
                 id as usize,
