@@ -27,8 +27,3 @@ pub fn open(path: &Path) -> Result<GgufFile> {
         Ok(GgufFile::open(path)?)
     }
 }
-
-/// Whether `path` is a Hugging Face model folder (a directory) rather than a GGUF file.
-pub fn is_folder(path: &Path) -> bool {
-    path.is_dir()
-}

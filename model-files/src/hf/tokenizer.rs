@@ -93,69 +93,64 @@ pub struct FolderTokenizer {
     pub source: PathBuf,
 }
 
-/// Reads the tokenizer files of `dir` for a model of `vocab_size` ids.
-///
-/// Errors: `MissingFile` when neither `tokenizer.model` nor `tokenizer.json` exists; `Io`,
-/// `Json`; `Tokenizer` for an undecodable `tokenizer.model` or a `tokenizer.json` without a
-/// vocabulary; `Key` for a mistyped `tokenizer_config.json` value.
-pub fn read(
-    dir: &Path,
-    arch: Arch,
-    config: &HfConfig,
-    vocab_size: usize,
-) -> Result<FolderTokenizer> {
-    let spm = dir.join(SPM_FILE);
-    let json = dir.join(JSON_FILE);
-    let tok_config = match dir.join(CONFIG_FILE) {
-        p if p.is_file() => Some((read_json(&p)?, p)),
-        _ => None,
-    };
-    let added_decoder = tok_config
-        .as_ref()
-        .and_then(|(v, _)| v.get("added_tokens_decoder"))
-        .and_then(Value::as_object);
-    let (mut vocab, source) = if spm.is_file() {
-        let bytes = std::fs::read(&spm).map_err(|source| ModelFileError::Io {
-            path: spm.clone(),
-            source,
-        })?;
-        let pieces = read_pieces(&bytes).map_err(|message| ModelFileError::Tokenizer {
-            path: spm.clone(),
-            message,
-        })?;
-        let mut v = Vocab {
-            model: "llama",
-            ..Vocab::default()
+/// `tokenizer_config.json`, when the folder has one.
+struct TokConfig {
+    value: Value,
+    path: PathBuf,
+}
+
+impl TokConfig {
+    fn read(dir: &Path) -> Result<Option<TokConfig>> {
+        let path = dir.join(CONFIG_FILE);
+        if !path.is_file() {
+            return Ok(None);
+        }
+        Ok(Some(TokConfig {
+            value: read_json(&path)?,
+            path,
+        }))
+    }
+
+    fn get(&self, key: &str) -> Option<&Value> {
+        self.value.get(key).filter(|v| !v.is_null())
+    }
+
+    fn bad(&self, key: &str, expected: &str) -> ModelFileError {
+        ModelFileError::Key {
+            path: self.path.clone(),
+            key: key.into(),
+            expected: expected.into(),
+            found: describe(self.get(key)),
+        }
+    }
+
+    /// The id of the token `key` names (`"<s>"` or `{"content": "<s>", ...}`), if in `vocab`.
+    fn token(&self, key: &str, vocab: &Vocab) -> Result<Option<u32>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(vocab.id(s)),
+            Some(Value::Object(o)) => Ok(o
+                .get("content")
+                .and_then(Value::as_str)
+                .and_then(|s| vocab.id(s))),
+            Some(_) => Err(self.bad(key, "a token string or an object with `content`")),
+        }
+    }
+
+    fn flag(&self, key: &str) -> Result<Option<bool>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(_) => Err(self.bad(key, "true or false")),
+        }
+    }
+
+    /// `added_tokens_decoder` (id → `{content, special}`): special tokens become control tokens,
+    /// the others user-defined with `▁` read as a space (the converter's rule).
+    fn apply_added_tokens(&self, vocab: &mut Vocab, vocab_size: usize) {
+        let Some(decoder) = self.get("added_tokens_decoder").and_then(Value::as_object) else {
+            return;
         };
-        for p in pieces.into_iter().take(vocab_size) {
-            v.tokens.push(p.text);
-            v.scores.push(p.score);
-            v.types.push(p.token_type);
-        }
-        let added = dir.join("added_tokens.json");
-        if added.is_file() {
-            if let Value::Object(map) = read_json(&added)? {
-                for (text, id) in map {
-                    match id.as_u64().map(|i| i as usize) {
-                        Some(id) if id < vocab_size => v.set(id, text, Some(-1000.0), USER_DEFINED),
-                        _ => {}
-                    }
-                }
-            }
-        }
-        (v, spm)
-    } else if json.is_file() {
-        (
-            vocab_from_json(&json, &read_json(&json)?, vocab_size)?,
-            json,
-        )
-    } else {
-        return Err(ModelFileError::MissingFile {
-            path: json,
-            what: "the tokenizer: tokenizer.json or tokenizer.model",
-        });
-    };
-    if let Some(decoder) = added_decoder {
         for (id, data) in decoder {
             let (Ok(id), Some(text)) = (
                 id.parse::<usize>(),
@@ -166,10 +161,7 @@ pub fn read(
             if id >= vocab_size {
                 continue;
             }
-            let special = data
-                .get("special")
-                .and_then(Value::as_bool)
-                .unwrap_or(false);
+            let special = data.get("special").and_then(Value::as_bool) == Some(true);
             let (text, ty) = match special {
                 true => (text.to_string(), CONTROL),
                 false => (text.replace('\u{2581}', " "), USER_DEFINED),
@@ -177,101 +169,120 @@ pub fn read(
             vocab.set(id, text, None, ty);
         }
     }
+}
+
+/// The pieces of `tokenizer.model` (up to `vocab_size`), with `added_tokens.json`'s tokens.
+fn spm_vocab(dir: &Path, path: &Path, vocab_size: usize) -> Result<Vocab> {
+    let bytes = std::fs::read(path).map_err(|source| ModelFileError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let pieces = read_pieces(&bytes).map_err(|message| ModelFileError::Tokenizer {
+        path: path.to_path_buf(),
+        message,
+    })?;
+    let mut v = Vocab {
+        model: "llama",
+        ..Vocab::default()
+    };
+    for p in pieces.into_iter().take(vocab_size) {
+        v.tokens.push(p.text);
+        v.scores.push(p.score);
+        v.types.push(p.token_type);
+    }
+    let added = dir.join("added_tokens.json");
+    if added.is_file() {
+        if let Value::Object(map) = read_json(&added)? {
+            for (text, id) in map {
+                match id.as_u64().map(|i| i as usize) {
+                    Some(id) if id < vocab_size => v.set(id, text, Some(-1000.0), USER_DEFINED),
+                    _ => {}
+                }
+            }
+        }
+    }
+    Ok(v)
+}
+
+/// Reads the tokenizer files of `dir` for a model of `vocab_size` ids.
+///
+/// Errors: `MissingFile` when neither `tokenizer.model` nor `tokenizer.json` exists; `Io`,
+/// `Json`; `Tokenizer` for an undecodable `tokenizer.model` or a `tokenizer.json` without a
+/// vocabulary; `Key` for a mistyped `tokenizer_config.json` or `config.json` value.
+pub fn read(
+    dir: &Path,
+    arch: Arch,
+    config: &HfConfig,
+    vocab_size: usize,
+) -> Result<FolderTokenizer> {
+    let (spm, json) = (dir.join(SPM_FILE), dir.join(JSON_FILE));
+    let tc = TokConfig::read(dir)?;
+    let (mut vocab, source) = if spm.is_file() {
+        (spm_vocab(dir, &spm, vocab_size)?, spm)
+    } else if json.is_file() {
+        let v = read_json(&json)?;
+        (vocab_from_json(&json, &v, vocab_size)?, json)
+    } else {
+        return Err(ModelFileError::MissingFile {
+            path: json,
+            what: "the tokenizer: tokenizer.json or tokenizer.model",
+        });
+    };
+    if let Some(tc) = &tc {
+        tc.apply_added_tokens(&mut vocab, vocab_size);
+    }
     vocab.pad(vocab_size);
 
-    let mut meta: Vec<(String, MetadataValue)> = Vec::new();
-    let mut put = |k: &str, v: MetadataValue| meta.push((format!("tokenizer.{k}"), v));
-    let string = |s: &str| MetadataValue::String(s.to_string());
-    put("ggml.model", string(vocab.model));
-    put("ggml.pre", string("default"));
-    // Special ids: the token named in tokenizer_config.json, else config.json's id.
-    let tc = tok_config.as_ref();
-    let named = |key: &str| -> Result<Option<u32>> {
-        let Some((v, path)) = tc else { return Ok(None) };
-        match v.get(key) {
-            None | Some(Value::Null) => Ok(None),
-            Some(Value::String(s)) => Ok(vocab.id(s)),
-            Some(Value::Object(o)) => Ok(o
-                .get("content")
-                .and_then(Value::as_str)
-                .and_then(|s| vocab.id(s))),
-            Some(other) => Err(ModelFileError::Key {
-                path: path.clone(),
-                key: key.into(),
-                expected: "a token string or an object with `content`".into(),
-                found: describe(Some(other)),
-            }),
-        }
-    };
-    let flag = |key: &str| -> Result<Option<bool>> {
-        let Some((v, path)) = tc else { return Ok(None) };
-        match v.get(key) {
-            None | Some(Value::Null) => Ok(None),
-            Some(Value::Bool(b)) => Ok(Some(*b)),
-            Some(other) => Err(ModelFileError::Key {
-                path: path.clone(),
-                key: key.into(),
-                expected: "true or false".into(),
-                found: describe(Some(other)),
-            }),
-        }
-    };
-    let in_vocab = |id: u32| (id as usize) < vocab.tokens.len();
+    // Special ids: the token tokenizer_config.json names, else config.json's id (the first of a
+    // list); every id of config.json's `eos_token_id` ends a generation.
+    let named = |key: &str| tc.as_ref().map_or(Ok(None), |tc| tc.token(key, &vocab));
+    let in_vocab = |id: &u32| (*id as usize) < vocab_size; // the padded vocabulary's length
     let config_eos = config.token_ids("eos_token_id")?;
     let bos = named("bos_token")?.or(config.token_ids("bos_token_id")?.first().copied());
     let eos = named("eos_token")?.or(config_eos.first().copied());
-    let pad = config
-        .token_ids("pad_token_id")?
-        .first()
-        .copied()
-        .or(named("pad_token")?);
-    let mut all_eos: Vec<u32> = eos
-        .into_iter()
-        .chain(config_eos)
-        .filter(|&i| in_vocab(i))
-        .collect();
+    let pad = match config.token_ids("pad_token_id")?.first() {
+        Some(&id) => Some(id),
+        None => named("pad_token")?,
+    };
+    let mut all_eos: Vec<u32> = eos.into_iter().chain(config_eos).filter(in_vocab).collect();
     all_eos.sort_unstable();
     all_eos.dedup();
-    put(
-        "ggml.tokens",
-        MetadataValue::Array(MetadataArray::String(vocab.tokens.clone())),
-    );
+    let flags = match &tc {
+        Some(tc) => [tc.flag("add_bos_token")?, tc.flag("add_eos_token")?],
+        None => [None, None],
+    };
+    let template = chat_template(dir, tc.as_ref())?;
+
+    let mut meta: Vec<(String, MetadataValue)> = Vec::new();
+    let mut put = |k: &str, v: MetadataValue| meta.push((format!("tokenizer.{k}"), v));
+    let array = MetadataValue::Array;
+    put("ggml.model", MetadataValue::String(vocab.model.into()));
+    put("ggml.pre", MetadataValue::String("default".into()));
+    put("ggml.tokens", array(MetadataArray::String(vocab.tokens)));
     if !vocab.scores.is_empty() {
-        put(
-            "ggml.scores",
-            MetadataValue::Array(MetadataArray::F32(vocab.scores.clone())),
-        );
+        put("ggml.scores", array(MetadataArray::F32(vocab.scores)));
     }
-    put(
-        "ggml.token_type",
-        MetadataValue::Array(MetadataArray::I32(vocab.types.clone())),
-    );
+    put("ggml.token_type", array(MetadataArray::I32(vocab.types)));
     if !vocab.merges.is_empty() {
-        put(
-            "ggml.merges",
-            MetadataValue::Array(MetadataArray::String(vocab.merges.clone())),
-        );
+        put("ggml.merges", array(MetadataArray::String(vocab.merges)));
     }
     for (key, id) in [("bos", bos), ("eos", eos), ("padding", pad)] {
-        if let Some(id) = id.filter(|&i| in_vocab(i)) {
+        if let Some(id) = id.filter(in_vocab) {
             put(&format!("ggml.{key}_token_id"), MetadataValue::U32(id));
         }
     }
     if !all_eos.is_empty() {
-        put(
-            "ggml.eos_token_ids",
-            MetadataValue::Array(MetadataArray::U32(all_eos)),
-        );
+        put("ggml.eos_token_ids", array(MetadataArray::U32(all_eos)));
     }
-    for key in ["add_bos_token", "add_eos_token"] {
-        if let Some(b) = flag(key)? {
+    for (key, flag) in ["add_bos_token", "add_eos_token"].iter().zip(flags) {
+        if let Some(b) = flag {
             put(&format!("ggml.{key}"), MetadataValue::Bool(b));
         }
     }
     if vocab.model == "llama" && matches!(arch, Arch::Gemma2 | Arch::Gemma3) {
         put("ggml.add_space_prefix", MetadataValue::Bool(false));
     }
-    if let Some(template) = chat_template(dir, tc)? {
+    if let Some(template) = template {
         put("chat_template", MetadataValue::String(template));
     }
     Ok(FolderTokenizer {
@@ -282,10 +293,10 @@ pub fn read(
 
 /// `tokenizer_config.json`'s `chat_template` (a string, or a list of `{name, template}` of which
 /// the one named `default` is taken), else `chat_template.jinja`.
-fn chat_template(dir: &Path, tc: Option<&(Value, PathBuf)>) -> Result<Option<String>> {
-    if let Some((v, path)) = tc {
-        match v.get("chat_template") {
-            None | Some(Value::Null) => {}
+fn chat_template(dir: &Path, tc: Option<&TokConfig>) -> Result<Option<String>> {
+    if let Some(tc) = tc {
+        match tc.get("chat_template") {
+            None => {}
             Some(Value::String(s)) => return Ok(Some(s.clone())),
             Some(Value::Array(list)) => {
                 let named = |n: &str| {
@@ -299,13 +310,8 @@ fn chat_template(dir: &Path, tc: Option<&(Value, PathBuf)>) -> Result<Option<Str
                     return Ok(Some(t.to_string()));
                 }
             }
-            Some(other) => {
-                return Err(ModelFileError::Key {
-                    path: path.clone(),
-                    key: "chat_template".into(),
-                    expected: "a string or a list of {name, template}".into(),
-                    found: describe(Some(other)),
-                })
+            Some(_) => {
+                return Err(tc.bad("chat_template", "a string or a list of {name, template}"))
             }
         }
     }
