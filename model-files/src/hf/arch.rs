@@ -171,6 +171,21 @@ pub struct TensorSpec {
     pub transform: Transform,
 }
 
+/// The value change of the tensor `hf` (converter: `Gemma2Model` / `Gemma3Model` add 1 to every
+/// `*norm.weight`; `LlamaModel` permutes `q_proj` over the query heads and `k_proj` over the
+/// key/value heads, weights and biases alike).
+fn transform(arch: Arch, d: &Dims, hf: &str) -> Transform {
+    if arch.shifts_norms() && hf.ends_with("norm.weight") {
+        Transform::AddOne
+    } else if arch.permutes_qk() && hf.contains(".q_proj.") {
+        Transform::Permute(d.n_heads)
+    } else if arch.permutes_qk() && hf.contains(".k_proj.") {
+        Transform::Permute(d.n_kv_heads)
+    } else {
+        Transform::None
+    }
+}
+
 /// Every tensor of the model, in GGUF file order (embeddings, blocks, output).
 ///
 /// Errors: `Key` for a mistyped `attention_bias` / `tie_word_embeddings`.
@@ -189,12 +204,7 @@ pub fn tensor_specs(arch: Arch, config: &HfConfig, d: &Dims) -> Result<Vec<Tenso
     let why_f = format!("intermediate_size {f}");
     let mut specs = Vec::new();
     let mut add = |hf: String, gguf: String, shape: Vec<usize>, why: String| {
-        let transform = match () {
-            _ if arch.shifts_norms() && hf.ends_with("norm.weight") => Transform::AddOne,
-            _ if arch.permutes_qk() && hf.contains(".q_proj.") => Transform::Permute(d.n_heads),
-            _ if arch.permutes_qk() && hf.contains(".k_proj.") => Transform::Permute(d.n_kv_heads),
-            _ => Transform::None,
-        };
+        let transform = transform(arch, d, &hf);
         specs.push(TensorSpec {
             hf,
             gguf,
