@@ -261,3 +261,70 @@ impl ModelDesc {
         Ok(())
     }
 }
+
+impl ModelDesc {
+    /// One line naming the options that set this model apart from a plain Llama, for logs and
+    /// `worker inspect` (e.g. `half-split RoPE, GeGLU, q/k norms, post-norms, embeddings x 25.3,
+    /// sliding window 512 on 15 of 18 layers (local RoPE base 10000)`); `plain Llama` when none.
+    pub fn options_summary(&self) -> String {
+        let mut parts: Vec<String> = Vec::new();
+        if self.rope_style == RopeStyle::Neox {
+            parts.push("half-split RoPE".into());
+        }
+        if self.rope_freq_factors.is_some() {
+            parts.push("RoPE frequency factors (rope_freqs.weight)".into());
+        }
+        if self.activation == Activation::GeluTanh {
+            parts.push("GeGLU".into());
+        }
+        if self.projections == Projections::Fused {
+            parts.push("fused QKV and gate|up".into());
+        }
+        for (on, what) in [
+            (self.qkv_bias, "QKV biases"),
+            (self.qk_norm, "q/k norms"),
+            (self.post_norms, "post-norms"),
+        ] {
+            if on {
+                parts.push(what.into());
+            }
+        }
+        if let Some(s) = self.embed_scale {
+            parts.push(format!("embeddings x {s:.1}"));
+        }
+        if self.attn_scale != 1.0 / (self.head_dim as f32).sqrt() {
+            parts.push(format!("attention scale {}", self.attn_scale));
+        }
+        if let Some(c) = self.attn_softcap {
+            parts.push(format!("attention soft-cap {c}"));
+        }
+        if let Some(c) = self.final_softcap {
+            parts.push(format!("logit soft-cap {c}"));
+        }
+        let local: Vec<&LayerDesc> = self
+            .layers
+            .iter()
+            .filter(|l| l.sliding_window.is_some())
+            .collect();
+        if let Some(first) = local.first() {
+            let mut s = format!(
+                "sliding window {} on {} of {} layers",
+                first.sliding_window.unwrap_or(0),
+                local.len(),
+                self.n_layers
+            );
+            if first.rope_base != self.rope_base {
+                s.push_str(&format!(" (local RoPE base {})", first.rope_base));
+            }
+            parts.push(s);
+        }
+        if let Some(l) = self.layers.iter().find(|l| l.rope_scale != 1.0) {
+            parts.push(format!("linear RoPE scaling x{}", 1.0 / l.rope_scale));
+        }
+        if parts.is_empty() {
+            "plain Llama".into()
+        } else {
+            parts.join(", ")
+        }
+    }
+}

@@ -20,7 +20,7 @@ use super::ops::{
 };
 use super::weights::ModelWeights;
 use super::{AlignedVec, EntryLimits, KvDtype, ModelError, PagedKvCache};
-use crate::arch::ModelDesc;
+use crate::arch::{ModelDesc, ModelSource};
 use crate::engine::BatchEntry;
 
 /// A model of any [`crate::arch::Arch`] with weights in memory in their file
@@ -92,8 +92,14 @@ impl CpuModel {
     /// [`ModelError::MissingTensor`], [`ModelError::TensorShape`].
     pub fn load(path: &Path) -> Result<CpuModel, ModelError> {
         let file = model_files::open(path)?;
-        let config = ModelDesc::from_source(&file)?;
-        let weights = ModelWeights::load(&file, &config)?;
+        CpuModel::from_source(&file)
+    }
+
+    /// Reads the description and loads all weights from `src` (a GGUF file, or any container
+    /// that answers GGUF's metadata keys and tensor names). Errors as [`Self::load`].
+    pub fn from_source(src: &dyn ModelSource) -> Result<CpuModel, ModelError> {
+        let config = ModelDesc::from_source(src)?;
+        let weights = ModelWeights::load(src, &config)?;
         Ok(CpuModel::from_parts(config, weights))
     }
 

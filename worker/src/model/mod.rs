@@ -1,4 +1,5 @@
-//! The CPU llama model: config, weights, paged KV cache and the f32 forward pass.
+//! The CPU backend: weights, paged KV cache and the f32 forward pass of every architecture
+//! described by [`crate::arch::ModelDesc`] (llama, qwen2, qwen3, gemma2, gemma3, phi3).
 //!
 //! Entry point: [`CpuModel::load`], then [`CpuModel::forward_batch`] over a
 //! [`PagedKvCache`] from [`CpuModel::new_kv`] (also available through
@@ -21,6 +22,7 @@
 //!   and the thread computing it (see [`matmul`]).
 //! - RoPE angles are computed from the token's absolute position only.
 //! - Attention for each (token, head) scores all the sequence's keys `0..=pos`
+//!   (or, in a sliding-window layer, `pos + 1 - window..=pos`, a range fixed by the position)
 //!   (each score one dot product), softmaxes the whole row at once and sums
 //!   the values in increasing position order (no online softmax whose block
 //!   boundaries would depend on chunking), reading them through the block

@@ -231,3 +231,111 @@ fn vector(src: &dyn ModelSource, name: &str, len: u64) -> Result<Vec<f32>, Model
     let t = find(src, name, &[len])?;
     Ok(gguf::dequantize_to_vec(t.dtype, &t.bytes, len as usize)?)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use gguf::GgufFile;
+
+    use super::*;
+    use crate::arch::ArchError;
+
+    /// A source that answers as `file` does, except that `hide` is absent and `reshape` has
+    /// other dims (the bytes are then checked against the declared shape first).
+    struct Altered<'a> {
+        file: &'a GgufFile,
+        hide: &'a str,
+        reshape: Option<(&'a str, Vec<u64>)>,
+    }
+
+    impl ModelSource for Altered<'_> {
+        fn meta_str(&self, key: &str) -> Result<Option<String>, ArchError> {
+            self.file.meta_str(key)
+        }
+        fn meta_u32(&self, key: &str) -> Result<Option<u32>, ArchError> {
+            self.file.meta_u32(key)
+        }
+        fn meta_f32(&self, key: &str) -> Result<Option<f32>, ArchError> {
+            self.file.meta_f32(key)
+        }
+        fn meta_array_len(&self, key: &str) -> Result<Option<usize>, ArchError> {
+            self.file.meta_array_len(key)
+        }
+        fn tensor(&self, name: &str) -> Result<Option<TensorData<'_>>, ArchError> {
+            if name == self.hide {
+                return Ok(None);
+            }
+            let mut t = ModelSource::tensor(self.file, name)?;
+            if let (Some(t), Some((n, dims))) = (&mut t, &self.reshape) {
+                if *n == name {
+                    t.dims = dims.clone();
+                }
+            }
+            Ok(t)
+        }
+        fn has_tensor(&self, name: &str) -> bool {
+            name != self.hide && self.file.has_tensor(name)
+        }
+    }
+
+    fn open(arch: &str) -> GgufFile {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../fixtures/tiny-arch")
+            .join(arch)
+            .join(format!("{arch}-f32.gguf"));
+        GgufFile::open(&path).unwrap()
+    }
+
+    fn load_error(arch: &str, hide: &str, reshape: Option<(&str, Vec<u64>)>) -> String {
+        let file = open(arch);
+        let src = Altered {
+            file: &file,
+            hide,
+            reshape,
+        };
+        let desc = ModelDesc::from_source(&src).unwrap();
+        ModelWeights::load(&src, &desc).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn every_architecture_tensor_is_required_by_name() {
+        for (arch, tensor) in [
+            ("qwen2", "blk.1.attn_k.bias"),
+            ("qwen3", "blk.2.attn_q_norm.weight"),
+            ("gemma2", "blk.0.post_ffw_norm.weight"),
+            ("gemma2", "blk.3.post_attention_norm.weight"),
+            ("phi3", "blk.1.attn_qkv.weight"),
+            ("llama3rope", "blk.0.ffn_gate.weight"),
+        ] {
+            let err = load_error(arch, tensor, None);
+            assert_eq!(err, format!("missing tensor `{tensor}`"), "{arch}");
+        }
+    }
+
+    #[test]
+    fn shapes_are_checked_against_the_description() {
+        // Phi-3's fused gate|up must hold 2 × 160 rows.
+        let err = load_error("phi3", "", Some(("blk.0.ffn_up.weight", vec![64, 160])));
+        assert_eq!(
+            err,
+            "tensor `blk.0.ffn_up.weight` has dims [64, 160], expected [64, 320]"
+        );
+        // Qwen 3's per-head norm is head_dim (32) wide, not hidden / heads (16).
+        let err = load_error("qwen3", "", Some(("blk.1.attn_k_norm.weight", vec![16])));
+        assert!(err.contains("expected [32]"), "{err}");
+        let err = load_error("qwen2", "", Some(("blk.0.attn_v.bias", vec![64])));
+        assert!(err.contains("`blk.0.attn_v.bias`"), "{err}");
+    }
+
+    #[test]
+    fn tied_and_untied_heads() {
+        for (arch, untied) in [("qwen2", true), ("qwen3", false), ("gemma2", false)] {
+            let file = open(arch);
+            let desc = ModelDesc::from_source(&file).unwrap();
+            let w = ModelWeights::load(&file, &desc).unwrap();
+            assert_eq!(w.output.is_some(), untied, "{arch}");
+            assert_eq!(w.lm_head().rows(), 384);
+        }
+    }
+}
