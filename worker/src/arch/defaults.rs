@@ -23,8 +23,9 @@ pub const RMS_EPS: f32 = 1e-5;
 /// global (llama.cpp does the same).
 pub const GEMMA3_SLIDING_PERIOD: usize = 6;
 
-/// RoPE base of Gemma 3's local layers (HF `Gemma3TextConfig.rope_local_base_freq = 10000.0`;
-/// llama.cpp `hparams.rope_freq_base_train_swa = 10000.0f`, with no position scaling). Global
+/// RoPE base of Gemma 3's local layers when `gemma3.rope.freq_base_swa` is absent (HF
+/// `Gemma3TextConfig.rope_local_base_freq = 10000.0`; llama.cpp
+/// `hparams.rope_freq_base_train_swa = 10000.0f`, with no position scaling). Global
 /// layers use the file's `gemma3.rope.freq_base` (1e6) and its linear scaling, if any.
 pub const GEMMA3_LOCAL_ROPE_BASE: f32 = 10000.0;
 

@@ -91,6 +91,11 @@ impl ModelDesc {
                 })?,
         };
         let rope_base = m.f32("rope.freq_base")?.unwrap_or(defaults::ROPE_BASE);
+        // Written by today's converter (and by the Hugging Face folder reader); older Gemma 3
+        // files leave it to the published default.
+        let local_rope_base = m
+            .f32("rope.freq_base_swa")?
+            .unwrap_or(defaults::GEMMA3_LOCAL_ROPE_BASE);
         let rope_scale = rope_position_scale(&m)?;
         if src.has_tensor("rope_factors_long.weight") || src.has_tensor("rope_factors_short.weight")
         {
@@ -116,7 +121,7 @@ impl ModelDesc {
                 LayerDesc {
                     sliding_window: local,
                     rope_base: if gemma3_local {
-                        defaults::GEMMA3_LOCAL_ROPE_BASE
+                        local_rope_base
                     } else {
                         rope_base
                     },

@@ -145,6 +145,16 @@ fn gemma3_pattern_local_base_and_scale() {
     .unwrap();
     assert_eq!(d.layers[5].rope_scale, 0.125);
     assert_eq!(d.layers[0].rope_scale, 1.0);
+
+    // A file that states the local layers' base (today's converter writes it).
+    let d = gemma3_header(|w| {
+        w.add_f32("gemma3.rope.freq_base_swa", 20000.0);
+    })
+    .unwrap();
+    assert_eq!(
+        (d.layers[0].rope_base, d.layers[5].rope_base),
+        (20000.0, 1e6)
+    );
 }
 
 #[test]
