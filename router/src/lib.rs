@@ -14,6 +14,7 @@ pub mod health;
 pub mod metrics;
 pub mod model_context;
 pub mod pool;
+pub mod request;
 pub mod sentencepiece;
 pub mod service;
 pub mod stop;
