@@ -13,6 +13,7 @@ pub mod generate;
 pub mod health;
 pub mod metrics;
 pub mod model_context;
+pub mod openai;
 pub mod pool;
 pub mod request;
 pub mod sentencepiece;
