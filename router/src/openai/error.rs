@@ -11,7 +11,7 @@
 //! | [`ValidationError::Unsupported`], `UNIMPLEMENTED` | 501 | `invalid_request_error` | `not_implemented` |
 //! | anything else | 500 | `server_error` | `internal_error` |
 
-use axum::http::StatusCode;
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use tonic::{Code, Status};
@@ -194,12 +194,19 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = self.body().to_string();
-        (
+        let mut response = (
             self.status,
-            [(axum::http::header::CONTENT_TYPE, "application/json")],
+            [(header::CONTENT_TYPE, "application/json")],
             body,
         )
-            .into_response()
+            .into_response();
+        if self.status == StatusCode::PAYLOAD_TOO_LARGE {
+            // The rest of the body was not read: the connection cannot carry another request.
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        response
     }
 }
 
