@@ -1,5 +1,6 @@
 //! The OpenAI-compatible HTTP front (axum, on `http_listen`): `POST /v1/chat/completions`,
-//! `POST /v1/completions`, `GET /v1/models` and `GET /health`.
+//! `POST /v1/completions`, `GET /v1/models` and `GET /health`, plus `POST /tokenize` as vLLM and
+//! llama.cpp's server have it (what `bench --openai` fits its prompts with).
 //!
 //! It shares everything behind the gRPC front: the drain, one validation pass
 //! ([`crate::generate::prepare`]), the admission queue and workers ([`crate::generate::launch`],
@@ -78,6 +79,7 @@ impl OpenAiFront {
             .route("/v1/chat/completions", post(chat))
             .route("/v1/completions", post(completions))
             .route("/v1/models", get(models))
+            .route("/tokenize", post(tokenize))
             .route("/health", get(health))
             .fallback(|uri: Uri| async move { ApiError::no_route(uri.path()) })
             .with_state(self.clone())
@@ -241,6 +243,51 @@ async fn models(State(front): State<Arc<OpenAiFront>>) -> Response {
         .map(|name| json!({"id": name, "object": "model", "created": 0, "owned_by": "inference"}))
         .collect();
     json_response(StatusCode::OK, &json!({"object": "list", "data": data}))
+}
+
+/// `POST /tokenize`: `{"content" | "prompt": TEXT, "add_special" | "add_special_tokens": BOOL}`
+/// (llama.cpp's and vLLM's names; special tokens are added by default, as a completions prompt
+/// gets them) -> `{"tokens": [ids], "count": N}`. Tokenizes on a blocking thread.
+async fn tokenize(State(front): State<Arc<OpenAiFront>>, body: Body) -> Response {
+    let result = async {
+        let limit = front.limits.max_request_bytes as usize;
+        let bytes = axum::body::to_bytes(body, limit)
+            .await
+            .map_err(|_| ApiError::too_large(limit))?;
+        let body: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| {
+            ApiError::bad_request(
+                "invalid_json",
+                None,
+                format!("the body is not valid JSON: {e}"),
+            )
+        })?;
+        let text = body
+            .get("content")
+            .or_else(|| body.get("prompt"))
+            .and_then(|v| v.as_str())
+            .ok_or_else(|| ApiError::invalid("content", "content (or prompt) must be a string"))?
+            .to_string();
+        let add_special = body
+            .get("add_special_tokens")
+            .or_else(|| body.get("add_special"))
+            .map_or(Some(true), |v| v.as_bool())
+            .ok_or_else(|| ApiError::invalid("add_special", "add_special must be a boolean"))?;
+        let model = front.pool.model().ok_or_else(|| {
+            ApiError::from_status(&crate::pool::no_worker_status(
+                front.pool.configured_workers(),
+            ))
+        })?;
+        let ids = tokio::task::spawn_blocking(move || model.tokenizer.encode(&text, add_special))
+            .await
+            .map_err(|e| ApiError::from_status(&tonic::Status::internal(e.to_string())))?
+            .map_err(|e| ApiError::invalid("content", format!("cannot tokenize: {e}")))?;
+        Ok::<_, ApiError>(json!({"count": ids.len(), "tokens": ids}))
+    }
+    .await;
+    match result {
+        Ok(value) => json_response(StatusCode::OK, &value),
+        Err(e) => e.into_response(),
+    }
 }
 
 /// `GET /health`: 200 while a worker is ready and the router is not draining, 503 otherwise.
