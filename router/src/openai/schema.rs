@@ -171,6 +171,10 @@ pub struct CompletionBody {
     pub response_format: Option<ResponseFormat>,
     /// Accepted, ignored.
     pub user: Option<String>,
+    /// Completions: echo the prompt (only `false` is served).
+    pub echo: Option<bool>,
+    /// Completions: text after the completion (not served).
+    pub suffix: Option<String>,
     /// vLLM: top-k (0 or -1 = off).
     pub top_k: Option<i64>,
     /// vLLM: min-p.
@@ -240,7 +244,8 @@ impl CompletionBody {
     /// The generation requests (one per prompt) and the response shape, for `endpoint`.
     /// `size_bytes` is the body's length.
     ///
-    /// Errors: 400 naming the field for a missing or malformed prompt, `n` outside [1, 16],
+    /// Errors: 400 naming the field for `echo: true` or a `suffix` (not served), a missing or
+    /// malformed prompt, `n` outside [1, 16],
     /// a `logprobs` of the other endpoint's kind, `top_logprobs` without `logprobs`, a logit-bias
     /// key that is not a token id, a content part that is not text, more than one structured-output
     /// field, an unknown `response_format` type or a `json_schema` without `schema`.
@@ -249,6 +254,12 @@ impl CompletionBody {
         endpoint: Endpoint,
         size_bytes: usize,
     ) -> Result<(Vec<GenerationRequest>, Shape), ApiError> {
+        if self.echo == Some(true) {
+            return Err(ApiError::invalid("echo", "echo is not supported"));
+        }
+        if self.suffix.as_ref().is_some_and(|s| !s.is_empty()) {
+            return Err(ApiError::invalid("suffix", "suffix is not supported"));
+        }
         let n = self.n.unwrap_or(1);
         if !(1..=MAX_CHOICES).contains(&n) {
             return Err(ApiError::invalid(
