@@ -441,3 +441,31 @@ async fn health_stays_200_while_a_long_prefill_runs_and_streams_come_and_go() {
     }
     wait_healthy(&base, Duration::from_secs(1)).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_the_http_front_and_running_streams_finish() {
+    let (_dir, model) = tiny_16k(16);
+    let mut h = start(&model, &[], &[], &[]).await;
+    let http = reqwest::Client::new();
+    let url = format!("{}/v1/completions", h.base);
+    let body = json!({"prompt": "a", "max_tokens": 3000, "ignore_eos": true, "stream": true});
+    let running = http.post(&url).json(&body).send().await.unwrap();
+    assert_eq!(running.status(), 200);
+    h.cluster.router.terminate();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (status, health) = get(&http, &format!("{}/health", h.base)).await;
+        if status == 503 {
+            assert_eq!(health["status"], "draining");
+            break;
+        }
+        assert!(Instant::now() < deadline, "/health still {status}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (status, answer) = post(&http, &url, &json!({"prompt": "b"})).await;
+    assert_eq!((status, error_of(&answer).1), (503, "unavailable"));
+    let chunks = events(running).await;
+    assert_eq!(joined(&chunks, 0).1, ["length"]);
+    let exit = h.cluster.router.wait_exit(Duration::from_secs(10)).await;
+    assert!(exit.is_some_and(|s| s.success()), "{exit:?}");
+}
