@@ -2,7 +2,6 @@
 
 pub mod admission;
 pub mod affinity;
-pub mod bench;
 pub mod chat_template;
 pub mod config;
 pub mod deadline;

@@ -1,4 +1,4 @@
-//! The `bench` load tool (`router/src/bin/bench.rs`): drives the public `Generate` stream of a
+//! The `bench` load tool (`tools/src/bin/bench.rs`): drives the public `Generate` stream of a
 //! router with synthetic prompts of exact token counts and reports throughput, latency percentiles
 //! and errors, as text and as JSON.
 //!
