@@ -1,11 +1,13 @@
 //! GGUF model files: a memory-mapped reader, a writer (for test models),
-//! tokenizer metadata and the reference (scalar) quantization formats.
+//! tokenizer metadata and the reference (scalar) quantization formats; models from other
+//! formats can be assembled into the same [`GgufFile`] shape ([`GgufFile::assemble`]).
 //!
 //! Format reference: the GGUF specification (`docs/gguf.md` in the ggml
 //! repository) and llama.cpp's `ggml-quants.c` for block layouts.
 
 #![warn(missing_docs)]
 
+mod assembled;
 mod error;
 mod ggml_type;
 pub mod kquant;
@@ -16,6 +18,7 @@ pub mod testing;
 mod tokenizer;
 mod writer;
 
+pub use assembled::{AssembledTensor, TensorData};
 pub use error::{GgufError, Result};
 pub use ggml_type::GgmlType;
 pub use metadata::{MetadataArray, MetadataValue, ValueType};

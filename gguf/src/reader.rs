@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
 
+use crate::assembled::TensorData;
 use crate::error::{GgufError, Result};
 use crate::metadata::{MetadataArray, MetadataValue, ValueType};
 use crate::GgmlType;
@@ -50,23 +51,37 @@ impl TensorInfo {
     }
 }
 
-/// An opened, memory-mapped GGUF file with parsed metadata and tensor infos.
+/// An opened, memory-mapped GGUF file with parsed metadata and tensor infos, or a model assembled
+/// in the same shape from other files (see [`GgufFile::assemble`]).
 pub struct GgufFile {
-    path: PathBuf,
-    mmap: Mmap,
+    pub(crate) path: PathBuf,
+    pub(crate) storage: Storage,
     version: u32,
     alignment: u64,
     data_offset: u64,
-    metadata: Vec<(String, MetadataValue)>,
-    metadata_index: HashMap<String, usize>,
-    tensors: Vec<TensorInfo>,
-    tensor_index: HashMap<String, usize>,
+    pub(crate) metadata: Vec<(String, MetadataValue)>,
+    pub(crate) metadata_index: HashMap<String, usize>,
+    pub(crate) tensors: Vec<TensorInfo>,
+    pub(crate) tensor_index: HashMap<String, usize>,
+}
+
+/// Where a [`GgufFile`]'s tensor data lives.
+pub(crate) enum Storage {
+    /// A GGUF file: tensor offsets are relative to `data_offset` in this mapping.
+    Mapped(Mmap),
+    /// An assembled model: one byte source per tensor, in tensor order; `origin` says what it was
+    /// assembled from.
+    Assembled {
+        data: Vec<TensorData>,
+        origin: String,
+    },
 }
 
 impl std::fmt::Debug for GgufFile {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GgufFile")
             .field("path", &self.path)
+            .field("origin", &self.origin())
             .field("version", &self.version)
             .field("n_metadata", &self.metadata.len())
             .field("n_tensors", &self.tensors.len())
@@ -298,7 +313,7 @@ impl GgufFile {
 
         let file = GgufFile {
             path,
-            mmap,
+            storage: Storage::Mapped(mmap),
             version,
             alignment,
             data_offset,
@@ -329,9 +344,42 @@ impl GgufFile {
         }
     }
 
-    /// The path the file was opened from.
+    /// The path the file was opened from (for an assembled model, the folder or file it was
+    /// assembled from).
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// `None` for a GGUF file; for a model built with [`GgufFile::assemble`], the description it
+    /// was given (e.g. `Hugging Face folder: 2 safetensors shards`).
+    pub fn origin(&self) -> Option<&str> {
+        match &self.storage {
+            Storage::Mapped(_) => None,
+            Storage::Assembled { origin, .. } => Some(origin),
+        }
+    }
+
+    /// Builds the parts an assembled model shares with a parsed file (version 3, default
+    /// alignment, data offset 0); used by [`GgufFile::assemble`].
+    pub(crate) fn from_assembled_parts(
+        path: PathBuf,
+        storage: Storage,
+        metadata: Vec<(String, MetadataValue)>,
+        metadata_index: HashMap<String, usize>,
+        tensors: Vec<TensorInfo>,
+        tensor_index: HashMap<String, usize>,
+    ) -> GgufFile {
+        GgufFile {
+            path,
+            storage,
+            version: 3,
+            alignment: DEFAULT_ALIGNMENT,
+            data_offset: 0,
+            metadata,
+            metadata_index,
+            tensors,
+            tensor_index,
+        }
     }
 
     /// GGUF format version (2 or 3).
@@ -500,6 +548,8 @@ impl GgufFile {
     /// unknown, [`GgufError::SizeMismatch`] if the element count is not a whole
     /// number of blocks, [`GgufError::TensorOutOfBounds`] if the data extends
     /// past the end of the file.
+    /// For an assembled model, the bytes of the tensor named `info.name` (checked against
+    /// `info`'s size).
     pub fn tensor_bytes(&self, info: &TensorInfo) -> Result<&[u8]> {
         let size = match info.byte_size() {
             Some(s) => s,
@@ -515,13 +565,15 @@ impl GgufFile {
                 )))
             }
         };
-        let file_size = self.mmap.len() as u64;
+        let mmap = match &self.storage {
+            Storage::Mapped(mmap) => mmap,
+            Storage::Assembled { data, .. } => return self.assembled_bytes(data, info, size),
+        };
+        let file_size = mmap.len() as u64;
         let start = self.data_offset.checked_add(info.offset);
         let end = start.and_then(|s| s.checked_add(size));
         match (start, end) {
-            (Some(start), Some(end)) if end <= file_size => {
-                Ok(&self.mmap[start as usize..end as usize])
-            }
+            (Some(start), Some(end)) if end <= file_size => Ok(&mmap[start as usize..end as usize]),
             _ => Err(GgufError::TensorOutOfBounds {
                 name: info.name.clone(),
                 start: start.unwrap_or(u64::MAX),

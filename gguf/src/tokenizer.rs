@@ -31,6 +31,10 @@ pub struct TokenizerMetadata {
     pub eos_token_id: Option<u32>,
     /// `tokenizer.ggml.eot_token_id` (end of turn).
     pub eot_token_id: Option<u32>,
+    /// `tokenizer.ggml.eos_token_ids`: every end-of-generation id, where the model declares
+    /// several (not a llama.cpp key: written by the `model-files` crate for Hugging Face folders
+    /// whose `config.json` lists several `eos_token_id`s); empty if absent.
+    pub eos_token_ids: Vec<u32>,
     /// `tokenizer.ggml.add_bos_token`; `false` if absent.
     pub add_bos_token: bool,
     /// `tokenizer.chat_template` (a Jinja template), if present.
@@ -89,6 +93,19 @@ impl TokenizerMetadata {
             bos_token_id: special("tokenizer.ggml.bos_token_id")?,
             eos_token_id: special("tokenizer.ggml.eos_token_id")?,
             eot_token_id: special("tokenizer.ggml.eot_token_id")?,
+            eos_token_ids: match file.get_opt_i32_array("tokenizer.ggml.eos_token_ids")? {
+                None => Vec::new(),
+                Some(ids) => ids
+                    .into_iter()
+                    .map(|id| match u32::try_from(id) {
+                        Ok(id) if (id as usize) < tokens.len() => Ok(id),
+                        _ => Err(GgufError::SizeMismatch(format!(
+                            "tokenizer.ggml.eos_token_ids: {id} is out of range for {} tokens",
+                            tokens.len()
+                        ))),
+                    })
+                    .collect::<Result<_>>()?,
+            },
             add_bos_token: file
                 .get_opt_bool("tokenizer.ggml.add_bos_token")?
                 .unwrap_or(false),

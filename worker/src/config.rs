@@ -23,7 +23,8 @@ pub struct Cli {
     #[arg(long, env = "WORKER_CONFIG")]
     #[serde(skip)]
     pub config: Option<PathBuf>,
-    /// Path of the GGUF model file.
+    /// The model: a GGUF file, or a Hugging Face model folder (`config.json`, safetensors,
+    /// tokenizer files).
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model: Option<PathBuf>,
@@ -114,11 +115,11 @@ pub struct Cli {
 /// What the `worker` binary can do besides serving.
 #[derive(Debug, Clone, clap::Subcommand)]
 pub enum WorkerCommand {
-    /// Print what a GGUF file holds (architecture, sizes, tensor formats, tokenizer) and whether
+    /// Print what a GGUF file or Hugging Face folder holds (architecture, sizes, tensor formats, tokenizer) and whether
     /// this worker can serve it, by loading it as serving would. Exit code 0 when it can, 2 when
     /// it cannot (the last line says why).
     Inspect {
-        /// The GGUF model file.
+        /// The GGUF model file or Hugging Face model folder.
         model: PathBuf,
     },
 }
@@ -126,7 +127,7 @@ pub enum WorkerCommand {
 /// The worker's effective settings.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct WorkerSettings {
-    /// GGUF model file. Required.
+    /// The model: a GGUF file or a Hugging Face model folder. Required.
     pub model: Option<PathBuf>,
     /// gRPC listen address.
     pub listen: SocketAddr,

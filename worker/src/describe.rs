@@ -12,7 +12,9 @@ use inference_proto::worker::{InfoResponse, TokenizerSpec};
 /// the end-of-turn tokens of the known chat formats when the vocabulary has them (`<|im_end|>`,
 /// `<|endoftext|>`, `<|eot_id|>`, `<|end_of_text|>`, Gemma's `<end_of_turn>`, Phi-3's `<|end|>`),
 /// since chat models end turns with them and not every file declares its `eot`.
-/// A `tokenizer.json` beside the model file is passed along verbatim and takes precedence.
+/// A `tokenizer.json` beside the model file (or in the model's Hugging Face folder) is passed
+/// along verbatim and takes precedence; a folder's `eos_token_id` list is carried by
+/// `tokenizer.ggml.eos_token_ids`.
 ///
 /// Errors: missing or malformed `tokenizer.ggml.*` metadata.
 pub fn describe_model(
@@ -25,6 +27,7 @@ pub fn describe_model(
     let mut eos: Vec<u32> = [tok.eos_token_id, tok.eot_token_id]
         .into_iter()
         .flatten()
+        .chain(tok.eos_token_ids.iter().copied())
         .collect();
     for name in [
         "<|im_end|>",
@@ -40,8 +43,11 @@ pub fn describe_model(
     }
     eos.sort_unstable();
     eos.dedup();
-    let tokenizer_json = path
-        .parent()
+    let dir = match path.is_dir() {
+        true => Some(path),
+        false => path.parent(),
+    };
+    let tokenizer_json = dir
         .map(|dir| dir.join("tokenizer.json"))
         .and_then(|p| std::fs::read_to_string(p).ok())
         .unwrap_or_default();

@@ -1,13 +1,14 @@
-//! `worker inspect MODEL`: what a GGUF file holds (architecture, hyper-parameters, tensor formats,
+//! `worker inspect MODEL`: what a GGUF file or Hugging Face model folder holds (architecture, hyper-parameters, tensor formats,
 //! tokenizer) and whether this worker can serve it, checked by loading it exactly as serving would.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
-use gguf::{GgufFile, TokenizerMetadata};
+use gguf::TokenizerMetadata;
 
-use crate::model::{LlamaConfig, LlamaModel, ModelWeights};
+use crate::arch::ModelDesc;
+use crate::model::{CpuModel, ModelError, ModelWeights};
 
 /// The outcome of [`inspect`]: a human-readable report and, when the file cannot be served, why.
 #[derive(Debug)]
@@ -18,7 +19,7 @@ pub struct Inspection {
     pub unservable: Option<String>,
 }
 
-/// Describes the GGUF file at `path` and loads it as the CPU backend would (every tensor's
+/// Describes the GGUF file or Hugging Face folder at `path` and loads it as the CPU backend would (every tensor's
 /// presence, shape and format checked; the weights are read into memory, so this takes as long as
 /// a worker's start).
 pub fn inspect(path: &Path) -> Inspection {
@@ -27,7 +28,7 @@ pub fn inspect(path: &Path) -> Inspection {
         let _ = writeln!(r, "{k:<14} {v}");
     };
     line(&mut report, "file", path.display().to_string());
-    let file = match GgufFile::open(path) {
+    let file = match model_files::open(path) {
         Ok(f) => f,
         Err(e) => {
             let reason = e.to_string();
@@ -38,17 +39,19 @@ pub fn inspect(path: &Path) -> Inspection {
             };
         }
     };
-    let size = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
-    line(
-        &mut report,
-        "format",
-        format!(
-            "GGUF v{}, {} tensors, {:.1} MiB",
-            file.version(),
-            file.tensors().len(),
-            size as f64 / (1 << 20) as f64
-        ),
-    );
+    let format = match file.origin() {
+        Some(origin) => format!("{origin}, {} tensors", file.tensors().len()),
+        None => {
+            let size = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+            format!(
+                "GGUF v{}, {} tensors, {:.1} MiB",
+                file.version(),
+                file.tensors().len(),
+                size as f64 / (1 << 20) as f64
+            )
+        }
+    };
+    line(&mut report, "format", format);
     let text = |k: &str| {
         file.get_opt_str(k)
             .ok()
@@ -58,25 +61,28 @@ pub fn inspect(path: &Path) -> Inspection {
     };
     line(&mut report, "name", text("general.name"));
     line(&mut report, "architecture", text("general.architecture"));
-    let config = LlamaConfig::from_gguf(&file);
+    let config = ModelDesc::from_source(&file).map_err(ModelError::from);
     match &config {
-        Ok(c) => line(
-            &mut report,
-            "shape",
-            format!(
-                "{} layers, hidden {}, {} heads ({} KV) of {}, ffn {}, vocab {}, context {}, \
+        Ok(c) => {
+            line(
+                &mut report,
+                "shape",
+                format!(
+                    "{} layers, hidden {}, {} heads ({} KV) of {}, ffn {}, vocab {}, context {}, \
                  rope base {}",
-                c.n_layers,
-                c.hidden,
-                c.n_heads,
-                c.n_kv_heads,
-                c.head_dim,
-                c.ffn_dim,
-                c.vocab_size,
-                c.context_length,
-                c.rope_base
-            ),
-        ),
+                    c.n_layers,
+                    c.hidden,
+                    c.n_heads,
+                    c.n_kv_heads,
+                    c.head_dim,
+                    c.ffn_dim,
+                    c.vocab_size,
+                    c.context_length,
+                    c.rope_base
+                ),
+            );
+            line(&mut report, "options", c.options_summary());
+        }
         Err(e) => line(&mut report, "shape", format!("unknown ({e})")),
     }
     let mut formats: BTreeMap<String, usize> = BTreeMap::new();
@@ -108,7 +114,7 @@ pub fn inspect(path: &Path) -> Inspection {
     // The rest of what serving would do with the open file: every tensor read and checked.
     let model = config.and_then(|config| {
         let weights = ModelWeights::load(&file, &config)?;
-        Ok(LlamaModel::from_parts(config, weights))
+        Ok(CpuModel::from_parts(config, weights))
     });
     let unservable = match model {
         Ok(model) => {
@@ -145,6 +151,21 @@ mod tests {
         assert!(i.report.contains("architecture   llama"), "{}", i.report);
         assert!(i.report.contains("servable       yes"), "{}", i.report);
         assert!(i.report.contains("tokenizer      gpt2"), "{}", i.report);
+    }
+
+    #[test]
+    fn other_architectures_show_their_options() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../fixtures/tiny-arch/gemma2/gemma2-f32.gguf");
+        let i = inspect(&path);
+        assert!(i.unservable.is_none(), "{}", i.report);
+        assert!(i.report.contains("architecture   gemma2"), "{}", i.report);
+        assert!(
+            i.report.contains("sliding window 8 on 2 of 4 layers"),
+            "{}",
+            i.report
+        );
+        assert!(i.report.contains("logit soft-cap 30"), "{}", i.report);
     }
 
     #[test]

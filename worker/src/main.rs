@@ -1,4 +1,5 @@
-//! `worker --model PATH.gguf --listen 127.0.0.1:PORT`: loads the model and serves it over gRPC.
+//! `worker --model PATH.gguf --listen 127.0.0.1:PORT`: loads the model and serves it over gRPC
+//! (`--model DIR` serves a Hugging Face model folder, see [`model_files::hf`]).
 //!
 //! Besides the `Worker` service it serves `grpc.health.v1` (SERVING once the model is loaded and
 //! the engine runs) and gRPC reflection, and optionally Prometheus metrics (`metrics_listen`) and
@@ -22,7 +23,7 @@ use worker::describe::describe_model;
 use worker::engine::{spawn_engine, BatchModel, EngineConfig};
 use worker::health::Lifecycle;
 use worker::metrics::WorkerMetrics;
-use worker::model::LlamaModel;
+use worker::model::CpuModel;
 use worker::service::WorkerService;
 
 /// Reset-but-unaccepted HTTP/2 streams a connection may hold before the server closes it: at the
@@ -74,14 +75,7 @@ async fn run(settings: WorkerSettings, backend: Backend) -> anyhow::Result<()> {
     let Some(model_path) = settings.model.clone() else {
         anyhow::bail!("no model given: pass --model PATH.gguf (or set WORKER_MODEL)");
     };
-    if model_path.is_dir() {
-        return Err(BadInput(anyhow::anyhow!(
-            "model path {} is a directory, not a GGUF file",
-            model_path.display()
-        ))
-        .into());
-    }
-    if !model_path.is_file() {
+    if !model_path.exists() {
         return Err(BadInput(anyhow::anyhow!(
             "model file {} does not exist",
             model_path.display()
@@ -116,7 +110,7 @@ async fn run(settings: WorkerSettings, backend: Backend) -> anyhow::Result<()> {
             tracing::info!(device = "cpu", %reason, "compute device chosen");
             let kv_dtype = prepared.settings.kv_cache_dtype;
             let load = move |path: &std::path::Path| {
-                LlamaModel::load(path).map(|model| model.with_kv_dtype(kv_dtype))
+                CpuModel::load(path).map(|model| model.with_kv_dtype(kv_dtype))
             };
             load_and_serve(prepared, load, |_, _| Ok(())).await
         }
@@ -199,7 +193,7 @@ where
             }
         };
         let model = load(&path).map_err(|e| bad(e.into()))?;
-        let file = gguf::GgufFile::open(&path).map_err(|e| bad(e.into()))?;
+        let file = model_files::open(&path).map_err(|e| bad(e.into()))?;
         let description = describe_model(&path, &file, model.context_length(), model.vocab_size())
             .map_err(bad)?;
         Ok((model, description))

@@ -1,0 +1,264 @@
+//! Models assembled in memory in the shape of a GGUF file: metadata under GGUF keys and tensors
+//! under GGUF names, each tensor's bytes either owned or borrowed from a shared memory map.
+//!
+//! This is how a model stored in another format (a Hugging Face safetensors folder, see the
+//! `model-files` crate) is presented to code written against [`GgufFile`]: the accessors behave
+//! exactly as for a parsed file, only [`GgufFile::origin`] tells them apart.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use memmap2::Mmap;
+
+use crate::error::{GgufError, Result};
+use crate::metadata::MetadataValue;
+use crate::reader::{GgufFile, Storage, TensorInfo};
+use crate::GgmlType;
+
+/// The bytes of one assembled tensor, laid out as a GGUF file would hold them (little-endian,
+/// `dims[0]` contiguous).
+#[derive(Clone)]
+pub enum TensorData {
+    /// Bytes computed while assembling (e.g. permuted rows, shifted norm weights).
+    Owned(Vec<u8>),
+    /// A byte range of a memory-mapped file, shared by every tensor that lies in it.
+    Mapped {
+        /// The mapping.
+        map: Arc<Mmap>,
+        /// Byte range within the mapping.
+        range: Range<usize>,
+    },
+}
+
+impl std::fmt::Debug for TensorData {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TensorData::Owned(v) => write!(f, "Owned({} bytes)", v.len()),
+            TensorData::Mapped { range, .. } => write!(f, "Mapped({range:?})"),
+        }
+    }
+}
+
+impl TensorData {
+    /// The bytes. Panics if a `Mapped` range lies outside its mapping (checked by
+    /// [`GgufFile::assemble`]).
+    pub fn bytes(&self) -> &[u8] {
+        match self {
+            TensorData::Owned(v) => v,
+            TensorData::Mapped { map, range } => &map[range.clone()],
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            TensorData::Owned(v) => v.len(),
+            TensorData::Mapped { range, .. } => range.len(),
+        }
+    }
+
+    fn in_bounds(&self) -> bool {
+        match self {
+            TensorData::Owned(_) => true,
+            TensorData::Mapped { map, range } => range.start <= range.end && range.end <= map.len(),
+        }
+    }
+}
+
+/// One tensor of an assembled model.
+#[derive(Debug, Clone)]
+pub struct AssembledTensor {
+    /// GGUF tensor name, e.g. `blk.0.attn_q.weight`.
+    pub name: String,
+    /// Dimensions in GGUF order (`dims[0]` is the row length).
+    pub dims: Vec<u64>,
+    /// Element type (F32, F16 or BF16 for the formats assembled today, any decodable type allowed).
+    pub dtype: GgmlType,
+    /// The bytes, exactly `dtype.byte_size(product of dims)` long.
+    pub data: TensorData,
+}
+
+impl GgufFile {
+    /// Builds a model from metadata and tensors assembled elsewhere; `path` is what it was read
+    /// from (shown in errors) and `origin` a short description returned by [`GgufFile::origin`].
+    ///
+    /// Errors: [`GgufError::Malformed`] (naming `path`) for a duplicate metadata key or tensor
+    /// name, or a mapped range outside its mapping; [`GgufError::SizeMismatch`] when a tensor's
+    /// byte length disagrees with its dims and type; [`GgufError::UnsupportedType`] for a type
+    /// whose size is unknown.
+    pub fn assemble(
+        path: PathBuf,
+        origin: String,
+        metadata: Vec<(String, MetadataValue)>,
+        tensors: Vec<AssembledTensor>,
+    ) -> Result<GgufFile> {
+        let malformed = |message: String| GgufError::Malformed {
+            path: path.clone(),
+            message,
+        };
+        let mut metadata_index = HashMap::with_capacity(metadata.len());
+        for (i, (key, _)) in metadata.iter().enumerate() {
+            if metadata_index.insert(key.clone(), i).is_some() {
+                return Err(malformed(format!("duplicate metadata key `{key}`")));
+            }
+        }
+        let mut infos = Vec::with_capacity(tensors.len());
+        let mut tensor_index = HashMap::with_capacity(tensors.len());
+        let mut data = Vec::with_capacity(tensors.len());
+        let mut offset = 0u64;
+        for t in tensors {
+            let info = TensorInfo {
+                name: t.name,
+                dims: t.dims,
+                dtype: t.dtype,
+                offset,
+            };
+            let size = info
+                .byte_size()
+                .ok_or(GgufError::UnsupportedType(info.dtype))?;
+            if !t.data.in_bounds() {
+                return Err(malformed(format!(
+                    "tensor `{}`: data range outside its file",
+                    info.name
+                )));
+            }
+            if t.data.len() as u64 != size {
+                return Err(GgufError::SizeMismatch(format!(
+                    "tensor `{}`: {} {:?} needs {size} bytes, got {}",
+                    info.name,
+                    info.dtype,
+                    info.dims,
+                    t.data.len()
+                )));
+            }
+            if tensor_index
+                .insert(info.name.clone(), infos.len())
+                .is_some()
+            {
+                return Err(malformed(format!("duplicate tensor name `{}`", info.name)));
+            }
+            offset += size.div_ceil(crate::DEFAULT_ALIGNMENT) * crate::DEFAULT_ALIGNMENT;
+            infos.push(info);
+            data.push(t.data);
+        }
+        Ok(GgufFile::from_assembled_parts(
+            path,
+            Storage::Assembled { data, origin },
+            metadata,
+            metadata_index,
+            infos,
+            tensor_index,
+        ))
+    }
+
+    /// The bytes of the assembled tensor named like `info`, which must be `size` long.
+    pub(crate) fn assembled_bytes<'a>(
+        &self,
+        data: &'a [TensorData],
+        info: &TensorInfo,
+        size: u64,
+    ) -> Result<&'a [u8]> {
+        let bytes = self
+            .tensor_index
+            .get(&info.name)
+            .map(|&i| data[i].bytes())
+            .ok_or_else(|| GgufError::Malformed {
+                path: self.path.clone(),
+                message: format!("no tensor `{}`", info.name),
+            })?;
+        if bytes.len() as u64 != size {
+            return Err(GgufError::SizeMismatch(format!(
+                "tensor `{}`: {size} bytes asked for, {} held",
+                info.name,
+                bytes.len()
+            )));
+        }
+        Ok(bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn f32_bytes(v: &[f32]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    #[test]
+    fn an_assembled_model_reads_like_a_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let mapped = dir.path().join("data.bin");
+        std::fs::write(&mapped, f32_bytes(&[9.0, 1.0, 2.0, 3.0, 4.0])).unwrap();
+        let map = Arc::new(unsafe { Mmap::map(&std::fs::File::open(&mapped).unwrap()) }.unwrap());
+        let file = GgufFile::assemble(
+            dir.path().to_path_buf(),
+            "test".into(),
+            vec![
+                (
+                    "general.architecture".into(),
+                    MetadataValue::String("llama".into()),
+                ),
+                ("llama.block_count".into(), MetadataValue::U32(2)),
+            ],
+            vec![
+                AssembledTensor {
+                    name: "a".into(),
+                    dims: vec![2, 2],
+                    dtype: GgmlType::F32,
+                    data: TensorData::Mapped { map, range: 4..20 },
+                },
+                AssembledTensor {
+                    name: "b".into(),
+                    dims: vec![1],
+                    dtype: GgmlType::F32,
+                    data: TensorData::Owned(f32_bytes(&[7.0])),
+                },
+            ],
+        )
+        .unwrap();
+        assert_eq!(file.origin(), Some("test"));
+        assert_eq!(file.get_str("general.architecture").unwrap(), "llama");
+        assert_eq!(file.get_u32("llama.block_count").unwrap(), 2);
+        let a = file.tensor("a").unwrap();
+        assert_eq!(
+            crate::dequantize_to_vec(a.dtype, file.tensor_bytes(a).unwrap(), 4).unwrap(),
+            [1.0, 2.0, 3.0, 4.0]
+        );
+        let b = file.tensor("b").unwrap();
+        assert_eq!(file.tensor_bytes(b).unwrap(), f32_bytes(&[7.0]));
+    }
+
+    #[test]
+    fn inconsistent_parts_are_refused() {
+        let t = |name: &str, n: usize| AssembledTensor {
+            name: name.into(),
+            dims: vec![2],
+            dtype: GgmlType::F32,
+            data: TensorData::Owned(vec![0; n]),
+        };
+        let path = PathBuf::from("/models/x");
+        let err =
+            GgufFile::assemble(path.clone(), String::new(), vec![], vec![t("a", 7)]).unwrap_err();
+        assert!(err.to_string().contains("needs 8 bytes, got 7"), "{err}");
+        let err = GgufFile::assemble(
+            path.clone(),
+            String::new(),
+            vec![],
+            vec![t("a", 8), t("a", 8)],
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string().contains("duplicate tensor name `a`"),
+            "{err}"
+        );
+        let kv = || ("k".to_string(), MetadataValue::U32(1));
+        let err = GgufFile::assemble(path, String::new(), vec![kv(), kv()], vec![]).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("/models/x: malformed GGUF file: duplicate metadata key `k`"),
+            "{err}"
+        );
+    }
+}
