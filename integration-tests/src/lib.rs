@@ -5,6 +5,7 @@
 //! README's test command builds them first). Each process's output goes to
 //! `target/<profile>/it-logs/<name>-<port>.log`.
 
+pub mod openai;
 pub mod ops;
 
 use std::path::{Path, PathBuf};

@@ -304,3 +304,44 @@ async fn bench_drives_a_worker_directly() {
     };
     assert_eq!(seeds(&report), seeds(&via_router));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_drives_an_openai_server() {
+    let (_dir, model) = tiny_model(4);
+    let h =
+        integration_tests::openai::start(&model, &[], &["--served-model-name", "tiny"], &[]).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let json = dir.path().join("bench.json");
+    let args = [
+        "--openai",
+        &format!("{}/v1", h.base),
+        "--json",
+        json.to_str().unwrap(),
+        "--requests",
+        "5",
+        "--concurrency",
+        "2",
+        "--prompt-tokens",
+        "20",
+        "--max-new-tokens",
+        "6",
+        "--temperature",
+        "0.7",
+    ];
+    let (ok, text) = run_to_exit("bench", &args, Duration::from_secs(180)).await;
+    assert!(ok, "bench failed:\n{text}");
+    assert!(text.contains("errors:              none"), "{text}");
+    let report = read_json(&json).expect("the JSON report");
+    assert_eq!(report["config"]["mode"], "openai");
+    assert_eq!(report["model"], "tiny");
+    let s = &report["summary"];
+    assert_eq!(s["succeeded"], 5, "{s}");
+    assert_eq!(s["generated_tokens"], 30, "{s}");
+    assert_eq!(s["prompt_tokens"], 100, "{s}");
+    assert_eq!(s["finish_reasons"]["length"], 5, "{s}");
+    assert_ordered(s, "ttft_ms", 5);
+    for r in report["requests"].as_array().unwrap() {
+        assert_eq!(r["prompt_tokens"], 20, "{r}");
+        assert!(r["error"].is_null(), "{r}");
+    }
+}

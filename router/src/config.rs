@@ -42,6 +42,19 @@ pub struct Cli {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub metrics_listen: Option<String>,
+    /// Address of the OpenAI-compatible HTTP API (`/v1/chat/completions`, `/v1/completions`,
+    /// `/v1/models`, `/health`), e.g. 127.0.0.1:8000; empty = off.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub http_listen: Option<String>,
+    /// The model name the HTTP API reports and accepts; empty = the worker's model name.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub served_model_name: Option<String>,
+    /// Other model names the HTTP API accepts, comma separated.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model_aliases: Option<String>,
     /// OTLP gRPC endpoint that receives the router's spans, e.g. http://127.0.0.1:4317; empty = off.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -149,6 +162,15 @@ pub struct RouterSettings {
     /// OTLP gRPC endpoint (e.g. `http://otel-collector:4317`) that receives the router's spans;
     /// empty = no trace export.
     pub otlp_endpoint: String,
+    /// Address (`IP:PORT`) of the OpenAI-compatible HTTP API ([`crate::openai`]); empty = off.
+    pub http_listen: String,
+    /// The model name the HTTP API reports (responses, `/v1/models`) and accepts in `model`;
+    /// empty = the model name the workers report.
+    pub served_model_name: String,
+    /// Other names the HTTP API accepts in `model` (listed by `/v1/models` too). A
+    /// comma-separated string is accepted too.
+    #[serde(deserialize_with = "string_or_list")]
+    pub model_aliases: Vec<String>,
     /// A Jinja chat template file used instead of the model's own template (GGUF
     /// `tokenizer.chat_template` or `tokenizer_config.json`) and the built-in one; empty = none.
     pub chat_template: String,
@@ -177,6 +199,9 @@ impl Default for RouterSettings {
             log: "info".into(),
             metrics_listen: String::new(),
             otlp_endpoint: String::new(),
+            http_listen: String::new(),
+            served_model_name: String::new(),
+            model_aliases: Vec::new(),
             chat_template: String::new(),
         }
     }
@@ -252,13 +277,27 @@ impl RouterSettings {
         })
     }
 
+    /// The OpenAI HTTP API's address, when it is on.
+    pub fn http_listen(&self) -> Option<SocketAddr> {
+        let value = self.http_listen.trim();
+        (!value.is_empty()).then(|| value.parse().expect("checked by validate"))
+    }
+
+    /// The names the HTTP API answers to.
+    pub fn model_names(&self) -> crate::openai::ModelNames {
+        crate::openai::ModelNames {
+            served: self.served_model_name.trim().to_string(),
+            aliases: self.model_aliases.clone(),
+        }
+    }
+
     /// How long a drain may take.
     pub fn drain_timeout(&self) -> Duration {
         Duration::from_millis(self.drain_timeout_ms)
     }
 
     /// Checks what the file and environment cannot type-check: a worker source is given, addresses
-    /// are `HOST:PORT`, `metrics_listen` is empty or `IP:PORT`.
+    /// are `HOST:PORT`, `metrics_listen` and `http_listen` are empty or `IP:PORT`.
     ///
     /// Errors: a message naming the setting.
     pub fn validate(&self) -> Result<(), String> {
@@ -279,11 +318,14 @@ impl RouterSettings {
         if let Some((target, _)) = self.discovery() {
             host_port("discovery_dns", &target)?;
         }
-        let metrics = self.metrics_listen.trim();
-        if !metrics.is_empty() && metrics.parse::<SocketAddr>().is_err() {
-            return Err(format!(
-                "metrics_listen {metrics:?} is not an IP:PORT address"
-            ));
+        for (setting, value) in [
+            ("metrics_listen", &self.metrics_listen),
+            ("http_listen", &self.http_listen),
+        ] {
+            let value = value.trim();
+            if !value.is_empty() && value.parse::<SocketAddr>().is_err() {
+                return Err(format!("{setting} {value:?} is not an IP:PORT address"));
+            }
         }
         if self.health_interval_ms < 10 {
             return Err(format!(
@@ -372,6 +414,27 @@ mod tests {
             let cli = Cli::parse_from(["router", "--workers", "a:1", "--stall-timeout-ms", "1200"]);
             let s = RouterSettings::load(&cli).map_err(|e| e.to_string())?;
             assert_eq!(s.stall_timeout_ms, 1200);
+            assert_eq!(s.http_listen(), None);
+            jail.set_env("ROUTER_MODEL_ALIASES", "gpt-x, smol");
+            let cli = Cli::parse_from([
+                "router",
+                "--workers",
+                "a:1",
+                "--http-listen",
+                "127.0.0.1:8000",
+                "--served-model-name",
+                "smollm2",
+            ]);
+            let s = RouterSettings::load(&cli).map_err(|e| e.to_string())?;
+            assert_eq!(s.http_listen().unwrap().port(), 8000);
+            let names = s.model_names();
+            assert_eq!(names.served, "smollm2");
+            assert_eq!(names.aliases, vec!["gpt-x", "smol"]);
+            let bad = RouterSettings {
+                http_listen: "nope".into(),
+                ..s
+            };
+            assert!(bad.validate().unwrap_err().contains("http_listen \"nope\""));
             Ok(())
         });
     }

@@ -23,68 +23,137 @@ use crate::config::Limits;
 use crate::detokenizer::IncrementalDetokenizer;
 use crate::model_context::ModelContext;
 use crate::pool::{no_worker_status, Session, WorkerPool};
+use crate::request::{validate, GenerationRequest, ValidRequest};
 use crate::stop::StopMatcher;
-use crate::validation::{check_prompt, check_request, check_vocab};
+use crate::validation::{check_request, ValidationError};
 
 /// Messages sent to the client of one `Generate` call.
 pub type ResponseSender = mpsc::Sender<Result<GenerateResponse, Status>>;
 
-/// Validates `req`, admits it and returns the channel its responses arrive on. `deadline` is when
-/// the call's gRPC deadline passes.
+/// The messages of one admitted sequence, in order; the last one carries `finish_reason` and
+/// `usage`, or is an error. Dropping it cancels the sequence on its worker within a step.
+pub type ResponseReceiver = mpsc::Receiver<Result<GenerateResponse, Status>>;
+
+/// Why a request did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum GenerateError {
+    /// The request is invalid (or asks for a feature this build lacks).
+    #[error(transparent)]
+    Invalid(#[from] ValidationError),
+    /// The router cannot take it now: `UNAVAILABLE` (no worker ready, draining), `RESOURCE_EXHAUSTED`
+    /// (admission queue full) or `INTERNAL`. The worker pool speaks the worker protocol's gRPC
+    /// statuses, so they are carried as they are.
+    #[error("{}", .0.message())]
+    Refused(Status),
+}
+
+impl From<GenerateError> for Status {
+    fn from(e: GenerateError) -> Self {
+        match e {
+            GenerateError::Invalid(e) => e.into(),
+            GenerateError::Refused(status) => status,
+        }
+    }
+}
+
+/// Validates `req` (a gRPC `Generate` call), admits it and returns the channel its responses arrive
+/// on. `deadline` is when the call's gRPC deadline passes.
 ///
-/// Errors (before any message is streamed): `INVALID_ARGUMENT` for bad input, `UNAVAILABLE` when no
-/// worker is ready, `RESOURCE_EXHAUSTED` when the admission queue is full.
+/// Errors (before any message is streamed): `INVALID_ARGUMENT` for bad input, `UNIMPLEMENTED` for a
+/// constraint, `UNAVAILABLE` when no worker is ready, `RESOURCE_EXHAUSTED` when the admission queue
+/// is full.
 pub async fn start(
     pool: &Arc<WorkerPool>,
     limits: &Limits,
     req: GenerateRequest,
     deadline: Option<Instant>,
-) -> Result<mpsc::Receiver<Result<GenerateResponse, Status>>, Status> {
+) -> Result<ResponseReceiver, Status> {
     let arrival = Instant::now();
-    let sampling = check_request(&req, limits)?;
-    let model = pool
-        .model()
-        .ok_or_else(|| no_worker_status(pool.configured_workers()))?;
-    let prompt_ids = tracing::info_span!("tokenize").in_scope(|| encode_prompt(&model, &req))?;
-    let max_new_tokens = check_prompt(
-        prompt_ids.len(),
-        req.max_new_tokens,
-        model.context_length,
-        limits,
-    )?;
-    check_vocab(&sampling, model.vocab_size)?;
-    let seed = req.seed.unwrap_or_else(rand::random);
-    let stop_token_ids = if req.ignore_eos {
-        Vec::new()
-    } else {
-        model.eos_token_ids.clone()
+    let req = GenerationRequest::try_from(req)?;
+    let (model, valid) = prepare(pool, limits, req).await?;
+    let request_id = valid.request_id.clone().unwrap_or_else(new_request_id);
+    launch(
+        pool,
+        model,
+        &valid,
+        valid.choice_seed(0),
+        request_id,
+        arrival,
+        deadline,
+    )
+}
+
+/// A fresh request id (16 hex digits).
+pub fn new_request_id() -> String {
+    format!("{:016x}", rand::random::<u64>())
+}
+
+/// Runs [`validate`] for the served model on a blocking thread (tokenization and chat-template
+/// rendering stay off the async runtime's threads).
+///
+/// Errors: [`GenerateError::Invalid`]; [`GenerateError::Refused`] with `UNAVAILABLE` when no worker
+/// is ready (after the checks that need no model, so bad input is reported as such either way).
+pub async fn prepare(
+    pool: &Arc<WorkerPool>,
+    limits: &Limits,
+    req: GenerationRequest,
+) -> Result<(Arc<ModelContext>, ValidRequest), GenerateError> {
+    let Some(model) = pool.model() else {
+        check_request(&req, limits)?;
+        return Err(GenerateError::Refused(no_worker_status(
+            pool.configured_workers(),
+        )));
     };
-    let prompt_tokens = prompt_ids.len() as u32;
+    let limits = limits.clone();
+    let context = model.clone();
+    let span = tracing::Span::current();
+    let valid =
+        tokio::task::spawn_blocking(move || span.in_scope(|| validate(req, &context, &limits)))
+            .await
+            .map_err(|e| {
+                GenerateError::Refused(Status::internal(format!("request validation failed: {e}")))
+            })??;
+    Ok((model, valid))
+}
+
+/// Admits one sequence of `valid` with sampler `seed` and streams it: the returned channel gets
+/// one message per engine step. `arrival` is when the request arrived (usage times count from
+/// it), `deadline` when it must end (`DEADLINE_EXCEEDED`). Several calls with the same prompt (the
+/// choices of an OpenAI `n`) share its KV blocks through the workers' prefix cache and the pool's
+/// prefix affinity.
+///
+/// Errors: `UNAVAILABLE` when no worker is ready, `RESOURCE_EXHAUSTED` when the admission queue is
+/// full.
+pub fn launch(
+    pool: &Arc<WorkerPool>,
+    model: Arc<ModelContext>,
+    valid: &ValidRequest,
+    seed: u64,
+    request_id: String,
+    arrival: Instant,
+    deadline: Option<Instant>,
+) -> Result<ResponseReceiver, Status> {
+    let prompt_tokens = valid.prompt_ids.len() as u32;
     let request = AddRequest {
         request_id: String::new(),
-        prompt_ids,
-        sampling: Some(sampling.to_wire(seed)),
-        max_new_tokens,
-        stop_token_ids,
+        prompt_ids: valid.prompt_ids.clone(),
+        sampling: Some(valid.sampling.to_wire(seed)),
+        max_new_tokens: valid.max_new_tokens,
+        stop_token_ids: valid.stop_token_ids.clone(),
         generated_ids: Vec::new(),
         trace_context: observability::propagation::current_context(),
-        constraint: None,
+        constraint: valid.constraint.clone(),
     };
     let ticket = pool.admit(request.clone())?;
     let session = Session::new(pool.clone(), request, ticket);
-    let request_id = req
-        .request_id
-        .clone()
-        .filter(|id| !id.is_empty())
-        .unwrap_or_else(|| format!("{:016x}", rand::random::<u64>()));
     tracing::debug!(%request_id, prompt_tokens, "admitted");
     let (tx, rx) = mpsc::channel(64);
     let stream = TokenStream {
         detokenizer: IncrementalDetokenizer::new(
             model.tokenizer.clone(),
-            !req.include_special_tokens,
+            !valid.include_special_tokens,
         ),
-        stops: StopMatcher::new(req.stop.clone()),
+        stops: StopMatcher::new(valid.stop.clone()),
         model,
         request_id,
         seed,
@@ -97,48 +166,6 @@ pub async fn start(
     };
     tokio::spawn(stream.run(session, tx, deadline).in_current_span());
     Ok(rx)
-}
-
-/// Renders the chat template for `messages`, or takes `prompt` as is, and tokenizes it.
-///
-/// A raw `prompt` parses special-token text (`<|im_start|>` becomes the control token) unless
-/// `prompt_as_plain_text` is set. Chat `messages` are rendered as pieces: special tokens count only
-/// where the template writes them, and each message's content is plain text; a role holding
-/// special-token text is `INVALID_ARGUMENT` (the template writes roles as its own text).
-fn encode_prompt(model: &ModelContext, req: &GenerateRequest) -> Result<Vec<u32>, Status> {
-    if req.messages.is_empty() {
-        let tokenizer = &model.tokenizer;
-        let ids = if req.prompt_as_plain_text {
-            tokenizer.encode_plain(&req.prompt, true)
-        } else {
-            tokenizer.encode(&req.prompt, true)
-        };
-        return ids
-            .map_err(|e| Status::invalid_argument(format!("cannot tokenize the prompt: {e}")));
-    }
-    let template = model.chat_template.as_ref().ok_or_else(|| {
-        Status::invalid_argument(
-            "this model has no chat template; send `prompt` instead of `messages`",
-        )
-    })?;
-    // A role is written into the template's own text, where special tokens count: refuse one
-    // that would add chat structure.
-    if let Some(i) = req
-        .messages
-        .iter()
-        .position(|m| model.tokenizer.contains_special_text(&m.role))
-    {
-        return Err(Status::invalid_argument(format!(
-            "messages[{i}].role holds special-token text"
-        )));
-    }
-    let pieces = template
-        .render_pieces(&req.messages, true)
-        .map_err(|e| Status::invalid_argument(format!("cannot render the chat template: {e}")))?;
-    model
-        .tokenizer
-        .encode_pieces(&pieces)
-        .map_err(|e| Status::invalid_argument(format!("cannot tokenize the chat prompt: {e}")))
 }
 
 /// State of one response stream.

@@ -2,7 +2,6 @@
 
 pub mod admission;
 pub mod affinity;
-pub mod bench;
 pub mod chat_template;
 pub mod config;
 pub mod deadline;
@@ -13,7 +12,9 @@ pub mod generate;
 pub mod health;
 pub mod metrics;
 pub mod model_context;
+pub mod openai;
 pub mod pool;
+pub mod request;
 pub mod sentencepiece;
 pub mod service;
 pub mod stop;

@@ -81,6 +81,31 @@ async fn run(settings: RouterSettings) -> anyhow::Result<()> {
                 .await?;
         tracing::info!(%bound, "serving Prometheus metrics at /metrics");
     }
+    // The OpenAI HTTP front: same pool, limits, drain and metrics; stops with the gRPC server.
+    let (http_stop_tx, http_stop_rx) = tokio::sync::watch::channel(false);
+    let http_server = match settings.http_listen() {
+        Some(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|e| anyhow::anyhow!("cannot listen on {addr} (http_listen): {e}"))?;
+            let front = router::openai::OpenAiFront::new(
+                pool.clone(),
+                settings.limits.clone(),
+                drain.clone(),
+                Some(metrics.clone()),
+                settings.model_names(),
+            );
+            let mut stop = http_stop_rx;
+            let shutdown = async move {
+                let _ = stop.wait_for(|stopped| *stopped).await;
+            };
+            tracing::info!(%addr, "serving the OpenAI HTTP API");
+            Some(tokio::spawn(router::openai::serve(
+                listener, front, shutdown,
+            )))
+        }
+        None => None,
+    };
     let service = TextGenerationService::new(pool, settings.limits.clone(), drain.clone())
         .with_metrics(metrics.clone());
     // The decode limit follows max_request_bytes; the wire guard answers an oversized message
@@ -95,8 +120,12 @@ async fn run(settings: RouterSettings) -> anyhow::Result<()> {
     if let Some((target, _)) = &discovery {
         sources.push(format!("dns:{target}"));
     }
+    let http = settings
+        .http_listen()
+        .map(|addr| format!("; OpenAI HTTP API on {addr}"))
+        .unwrap_or_default();
     println!(
-        "router ready: serving inference.v1.TextGeneration on {} (workers: {})",
+        "router ready: serving inference.v1.TextGeneration on {} (workers: {}){http}",
         settings.listen,
         sources.join(", ")
     );
@@ -140,10 +169,18 @@ async fn run(settings: RouterSettings) -> anyhow::Result<()> {
         }
     }
     let _ = stop_tx.send(());
+    let _ = http_stop_tx.send(true);
     // Graceful close of the connections; cut them if a client lingers.
     match tokio::time::timeout(Duration::from_secs(2), server).await {
         Ok(result) => result?,
         Err(_) => tracing::warn!("connections still open after shutdown; closing them"),
+    }
+    if let Some(http) = http_server {
+        match tokio::time::timeout(Duration::from_secs(2), http).await {
+            Ok(Ok(result)) => result?,
+            Ok(Err(e)) => tracing::warn!(error = %e, "the HTTP server task failed"),
+            Err(_) => tracing::warn!("HTTP connections still open after shutdown; closing them"),
+        }
     }
     Ok(())
 }

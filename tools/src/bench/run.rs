@@ -33,6 +33,7 @@ use tonic::transport::{Channel, Endpoint};
 use inference_proto::worker::{AddRequest, SamplingParams, StopReason};
 
 use super::direct::{self, Event, WorkerStream};
+use super::openai::{self, Followed, HttpTokenizer, OpenAiServer};
 use super::prompt::{build_prompts, PromptTokenizer};
 use super::report::{inter_token_gaps, Report, RequestError, RequestRecord, Summary, SCHEMA};
 use super::rng::{derive_seed, SplitMix64};
@@ -55,6 +56,8 @@ enum Target {
         /// The model's context (for the finish reason, as the router derives it).
         context_length: u32,
     },
+    /// An OpenAI-compatible HTTP server (`--openai`).
+    OpenAi(OpenAiServer),
 }
 
 /// Limit on each setup RPC (ModelInfo, Tokenize).
@@ -155,14 +158,16 @@ struct Progress {
 /// errors: they are counted in the report.
 pub async fn run(args: &BenchArgs) -> anyhow::Result<Outcome> {
     let concurrency = args.effective_concurrency();
-    let (target, info, plans, connections) = match &args.worker {
-        None => connect_router(args, concurrency).await?,
-        Some(address) => connect_worker(args, address).await?,
+    let (target, info, plans, connections) = match (&args.worker, &args.openai) {
+        (Some(address), _) => connect_worker(args, address).await?,
+        (None, Some(url)) => connect_openai(args, url).await?,
+        (None, None) => connect_router(args, concurrency).await?,
     };
     let (warmup, measured) = plans.split_at(args.warmup);
     let mode = match target {
         Target::Router(_) => "router",
         Target::Worker { .. } => "worker",
+        Target::OpenAi(_) => "openai",
     };
 
     let mut warmup_failed = 0;
@@ -220,9 +225,10 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Outcome> {
     let report = Report {
         schema: SCHEMA,
         label: args.label.clone(),
-        router: match &args.worker {
-            None => args.router.clone(),
-            Some(_) => String::new(),
+        router: match (&args.worker, &args.openai) {
+            (Some(_), _) => String::new(),
+            (None, Some(url)) => url.clone(),
+            (None, None) => args.router.clone(),
         },
         model: info.model_name.clone(),
         max_context_tokens: info.max_context_tokens,
@@ -266,6 +272,30 @@ async fn connect_worker(
         context_length: worker.info.context_length,
     };
     Ok((target, info, plans, 1))
+}
+
+/// `--openai`: waits for the server to list a model and builds the prompts with its `/tokenize`.
+/// The context is not checked here (OpenAI servers do not report it uniformly): a request that
+/// does not fit fails with the server's error.
+async fn connect_openai(
+    args: &BenchArgs,
+    url: &str,
+) -> anyhow::Result<(Target, ModelInfoResponse, Vec<Planned>, usize)> {
+    let wait = Duration::from_secs(args.wait_ready_secs);
+    let server = openai::connect(url, args.openai_model.as_deref(), wait).await?;
+    let info = ModelInfoResponse {
+        model_name: server.model.clone(),
+        ..Default::default()
+    };
+    let tokenizer = HttpTokenizer {
+        server: server.clone(),
+        calls: Arc::default(),
+    };
+    let plans = plan(args, tokenizer.clone(), "/tokenize calls", || {
+        tokenizer.calls.load(Ordering::Relaxed)
+    })
+    .await?;
+    Ok((Target::OpenAi(server), info, plans, 1))
 }
 
 /// Connects to the router, waits for a ready worker, checks the settings and builds the prompts
@@ -463,6 +493,33 @@ async fn run_phase(
                     record
                 });
             }
+            Target::OpenAi(server) => {
+                let body = openai::body(
+                    &server.model,
+                    &plan.prompt,
+                    plan.max_new_tokens,
+                    args.temperature,
+                    args.top_p,
+                    args.top_k,
+                    plan.seed,
+                    args.ignore_eos,
+                );
+                let server = server.clone();
+                tasks.spawn(async move {
+                    let record = run_one_openai(
+                        &server,
+                        &body,
+                        &plan,
+                        index,
+                        timeout,
+                        phase_start,
+                        &progress,
+                    )
+                    .await;
+                    drop(permit);
+                    record
+                });
+            }
             Target::Worker {
                 stream,
                 eos_token_ids,
@@ -607,6 +664,56 @@ async fn run_one(
             message: "the stream ended without its final message (no usage)".into(),
         }),
         Ok(Ok(())) => None,
+    };
+    record(
+        plan,
+        index,
+        ms(sent - phase_start),
+        e2e,
+        got,
+        error,
+        progress,
+    )
+}
+
+/// Sends one request to an OpenAI server (`--openai`) and follows its events to `[DONE]`.
+async fn run_one_openai(
+    server: &OpenAiServer,
+    body: &serde_json::Value,
+    plan: &Planned,
+    index: usize,
+    timeout: Duration,
+    phase_start: Instant,
+    progress: &Progress,
+) -> RequestRecord {
+    progress.sent.fetch_add(1, Ordering::Relaxed);
+    let sent = Instant::now();
+    let mut followed = Followed::default();
+    let follow = openai::follow(server, body, sent, &mut followed, |k| {
+        progress.tokens.fetch_add(k as u64, Ordering::Relaxed);
+    });
+    let outcome = tokio::time::timeout(timeout, follow).await;
+    let e2e = ms(sent.elapsed());
+    let error = match outcome {
+        Err(_) => Some(RequestError {
+            code: "DEADLINE_EXCEEDED".into(),
+            message: format!(
+                "no end of stream within {} s (--timeout-secs)",
+                timeout.as_secs()
+            ),
+        }),
+        Ok(Err(error)) => Some(error),
+        Ok(Ok(())) => None,
+    };
+    let got = Received {
+        messages: followed.messages,
+        streamed_tokens: followed
+            .completion_tokens
+            .unwrap_or(followed.streamed_tokens),
+        first_token_ms: followed.first_token_ms,
+        arrivals: followed.arrivals,
+        finish_reason: followed.finish_reason,
+        usage: None,
     };
     record(
         plan,

@@ -277,8 +277,8 @@ async fn build_one<T: PromptTokenizer>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tokenizer::TextTokenizer;
     use inference_proto::worker::TokenizerSpec;
+    use router::tokenizer::TextTokenizer;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     /// The tiny test model's tokenizer (byte-level BPE with 20 merges, SmolLM2 pre-tokenizer).

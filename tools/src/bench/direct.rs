@@ -25,7 +25,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::transport::Endpoint;
 
 use super::prompt::PromptTokenizer;
-use crate::tokenizer::TextTokenizer;
+use router::tokenizer::TextTokenizer;
 
 /// Limit on each setup RPC (Health, Info, opening the stream).
 const SETUP_RPC_TIMEOUT: Duration = Duration::from_secs(30);

@@ -2,7 +2,7 @@
 //! project's load tool. Drives the router's public `Generate` stream with synthetic prompts of an
 //! exact token count, shows progress on stderr, prints requests/s, prompt and generated tokens/s,
 //! TTFT / ITL / TPOT / end-to-end latency percentiles (ms) and errors by gRPC status code, and
-//! optionally writes it all as JSON (`--json PATH`). See `router::bench` for the definitions.
+//! optionally writes it all as JSON (`--json PATH`). See `tools::bench` for the definitions.
 //!
 //! `bench --worker 127.0.0.1:PORT ...` drives one worker's `Generate` stream directly with the same
 //! load instead (no router), to measure what the router adds.
@@ -14,7 +14,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Parser;
-use router::bench::{run::run, BenchArgs};
+use tools::bench::{run::run, BenchArgs};
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {

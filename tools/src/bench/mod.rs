@@ -1,4 +1,4 @@
-//! The `bench` load tool (`router/src/bin/bench.rs`): drives the public `Generate` stream of a
+//! The `bench` load tool (`tools/src/bin/bench.rs`): drives the public `Generate` stream of a
 //! router with synthetic prompts of exact token counts and reports throughput, latency percentiles
 //! and errors, as text and as JSON.
 //!
@@ -9,11 +9,13 @@
 //! - [`BenchArgs`]: the command line;
 //! - [`prompt`]: prompts fitted to an exact token count with the router's `Tokenize`;
 //! - [`direct`]: `--worker` mode (one `Generate` stream, prompts tokenized locally);
+//! - [`openai`]: `--openai URL` mode (any OpenAI-compatible HTTP server);
 //! - [`run`]: the load generator (closed loop at a fixed concurrency, or Poisson arrivals);
 //! - [`report`]: per-request records, the summary and the JSON layout;
 //! - [`stats`]: percentiles; [`rng`]: the seeded random stream.
 
 pub mod direct;
+pub mod openai;
 pub mod prompt;
 pub mod report;
 pub mod rng;
@@ -44,6 +46,16 @@ pub struct BenchArgs {
     /// `"mode": "worker"`. Conflicts with `--router`.
     #[arg(long, value_name = "HOST:PORT", conflicts_with = "router")]
     pub worker: Option<String>,
+    /// Drive an OpenAI-compatible HTTP server at this URL instead (this router's `http_listen`,
+    /// vLLM, llama.cpp's llama-server), e.g. `http://127.0.0.1:8000`: streamed
+    /// `/v1/completions`, prompts fitted with its `POST /tokenize`; same prompts, lengths, seeds
+    /// and sampling. The JSON config says `"mode": "openai"`. Conflicts with `--router` and
+    /// `--worker`.
+    #[arg(long, value_name = "URL", conflicts_with_all = ["router", "worker"])]
+    pub openai: Option<String>,
+    /// With `--openai`: the `model` to send (default: the first one `/v1/models` lists).
+    #[arg(long, value_name = "NAME", requires = "openai")]
+    pub openai_model: Option<String>,
     /// Measured requests (exactly this many are sent).
     #[arg(long, default_value_t = 64)]
     pub requests: usize,
@@ -224,6 +236,18 @@ mod tests {
             "127.0.0.1:7001",
         ];
         assert!(BenchArgs::try_parse_from(both).is_err());
+    }
+
+    #[test]
+    fn openai_mode_excludes_router_and_worker() {
+        let a = parse(&["--openai", "http://127.0.0.1:8000", "--openai-model", "m"]);
+        assert_eq!(a.openai.as_deref(), Some("http://127.0.0.1:8000"));
+        assert_eq!(a.openai_model.as_deref(), Some("m"));
+        for other in [["--router", "127.0.0.1:1"], ["--worker", "127.0.0.1:1"]] {
+            let args = ["bench", "--openai", "http://x", other[0], other[1]];
+            assert!(BenchArgs::try_parse_from(args).is_err(), "{other:?}");
+        }
+        assert!(BenchArgs::try_parse_from(["bench", "--openai-model", "m"]).is_err());
     }
 
     #[test]

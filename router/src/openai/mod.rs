@@ -1,0 +1,317 @@
+//! The OpenAI-compatible HTTP front (axum, on `http_listen`): `POST /v1/chat/completions`,
+//! `POST /v1/completions`, `GET /v1/models` and `GET /health`, plus `POST /tokenize` as vLLM and
+//! llama.cpp's server have it (what `bench --openai` fits its prompts with).
+//!
+//! It shares everything behind the gRPC front: the drain, one validation pass
+//! ([`crate::generate::prepare`]), the admission queue and workers ([`crate::generate::launch`],
+//! once per choice), the detokenizer and stop strings, and the metrics.
+//!
+//! - [`schema`]: request bodies and their translation into [`crate::request::GenerationRequest`]s;
+//! - [`reply`]: response documents and chunks;
+//! - [`run`]: gathering or streaming the choices;
+//! - [`error`]: OpenAI's error object and the HTTP statuses.
+
+pub mod error;
+pub mod reply;
+pub mod run;
+pub mod schema;
+
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{header, HeaderMap, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::json;
+use tracing::Instrument as _;
+
+use crate::config::Limits;
+use crate::drain::Drain;
+use crate::generate::{self, new_request_id};
+use crate::metrics::RouterMetrics;
+use crate::pool::WorkerPool;
+use error::{ApiError, Endpoint};
+use reply::Reply;
+use run::Choice;
+
+/// The names the HTTP front answers to.
+#[derive(Debug, Clone, Default)]
+pub struct ModelNames {
+    /// The name responses report and `/v1/models` lists; empty: the worker's model name.
+    pub served: String,
+    /// Other names requests may use.
+    pub aliases: Vec<String>,
+}
+
+/// What the HTTP front serves over.
+pub struct OpenAiFront {
+    pool: Arc<WorkerPool>,
+    limits: Limits,
+    drain: Arc<Drain>,
+    metrics: Option<Arc<RouterMetrics>>,
+    names: ModelNames,
+}
+
+impl OpenAiFront {
+    /// A front over `pool`, validating against `limits`, refusing new requests once `drain` has
+    /// started, recording requests in `metrics`, answering to `names`.
+    pub fn new(
+        pool: Arc<WorkerPool>,
+        limits: Limits,
+        drain: Arc<Drain>,
+        metrics: Option<Arc<RouterMetrics>>,
+        names: ModelNames,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            pool,
+            limits,
+            drain,
+            metrics,
+            names,
+        })
+    }
+
+    /// The axum application.
+    pub fn router(self: &Arc<Self>) -> axum::Router {
+        axum::Router::new()
+            .route("/v1/chat/completions", post(chat))
+            .route("/v1/completions", post(completions))
+            .route("/v1/models", get(models))
+            .route("/tokenize", post(tokenize))
+            .route("/health", get(health))
+            .fallback(|uri: Uri| async move { ApiError::no_route(uri.path()) })
+            .with_state(self.clone())
+    }
+
+    /// The served names, the reported one first; `None` while no worker has told the model's name
+    /// and `served_model_name` is empty.
+    fn served_names(&self) -> Option<Vec<String>> {
+        let served = if self.names.served.is_empty() {
+            self.pool.model()?.model_name.clone()
+        } else {
+            self.names.served.clone()
+        };
+        let mut names = vec![served];
+        names.extend(self.names.aliases.iter().cloned());
+        Some(names)
+    }
+
+    /// The name a response reports for a request naming `requested`.
+    ///
+    /// Errors: 404 `model_not_found` for a name that is not served.
+    fn resolve_model(&self, requested: Option<&str>) -> Result<String, ApiError> {
+        let Some(names) = self.served_names() else {
+            return Ok(requested.unwrap_or_default().to_string());
+        };
+        match requested {
+            None | Some("") => Ok(names[0].clone()),
+            Some(name) if names.iter().any(|n| n == name) => Ok(name.to_string()),
+            Some(name) => Err(ApiError::model_not_found(name, &names)),
+        }
+    }
+
+    /// One generation request from its body to the response.
+    async fn complete(
+        self: Arc<Self>,
+        endpoint: Endpoint,
+        headers: HeaderMap,
+        body: Body,
+    ) -> Result<Response, ApiError> {
+        let arrival = Instant::now();
+        let limit = self.limits.max_request_bytes as usize;
+        let bytes = axum::body::to_bytes(body, limit)
+            .await
+            .map_err(|_| ApiError::too_large(limit))?;
+        let body = schema::parse(&bytes)?;
+        let model = self.resolve_model(body.model.as_deref())?;
+        let (requests, shape) = body.into_requests(endpoint, bytes.len())?;
+        let call = self
+            .drain
+            .admit()
+            .map_err(|status| ApiError::from_status(&status))?;
+        let span =
+            crate::telemetry::request_span(&tonic::metadata::MetadataMap::from_headers(headers));
+        let mut prepared = Vec::with_capacity(requests.len());
+        for request in requests {
+            let result = generate::prepare(&self.pool, &self.limits, request)
+                .instrument(span.clone())
+                .await;
+            prepared.push(result.map_err(|e| ApiError::from_generate(e, endpoint))?);
+        }
+        let prefix = match endpoint {
+            Endpoint::Chat => "chatcmpl",
+            Endpoint::Completions => "cmpl",
+        };
+        let id = format!("{prefix}-{}", new_request_id());
+        let mut choices = Vec::new();
+        let mut prompt_tokens = 0u64;
+        for (model_context, valid) in &prepared {
+            prompt_tokens += valid.prompt_ids.len() as u64;
+            for n in 0..shape.n {
+                let index = choices.len();
+                let observer = self.metrics.as_ref().map(|m| m.request(span.clone()));
+                let launched = span.in_scope(|| {
+                    generate::launch(
+                        &self.pool,
+                        model_context.clone(),
+                        valid,
+                        valid.choice_seed(n.into()),
+                        format!("{id}-{index}"),
+                        arrival,
+                        None,
+                    )
+                });
+                match launched {
+                    Ok(rx) => choices.push(Choice {
+                        index,
+                        rx,
+                        observer,
+                    }),
+                    Err(status) => {
+                        if let Some(observer) = observer {
+                            observer.refused(&status);
+                        }
+                        return Err(ApiError::from_status(&status));
+                    }
+                }
+            }
+        }
+        let reply = Reply {
+            endpoint,
+            id,
+            created: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            model,
+            logprobs: shape.logprobs,
+            include_usage: shape.include_usage,
+        };
+        if shape.stream {
+            let body = run::events(reply, choices, prompt_tokens, call);
+            return Ok((
+                [
+                    (header::CONTENT_TYPE, "text/event-stream"),
+                    (header::CACHE_CONTROL, "no-cache"),
+                ],
+                body,
+            )
+                .into_response());
+        }
+        let document = run::gather(&reply, choices, prompt_tokens).await?;
+        drop(call);
+        Ok(json_response(StatusCode::OK, &document))
+    }
+}
+
+fn json_response(status: StatusCode, value: &serde_json::Value) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        value.to_string(),
+    )
+        .into_response()
+}
+
+async fn chat(State(front): State<Arc<OpenAiFront>>, headers: HeaderMap, body: Body) -> Response {
+    front
+        .complete(Endpoint::Chat, headers, body)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn completions(
+    State(front): State<Arc<OpenAiFront>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    front
+        .complete(Endpoint::Completions, headers, body)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+/// `GET /v1/models`: the served name and the aliases (503 while the name is not known yet).
+async fn models(State(front): State<Arc<OpenAiFront>>) -> Response {
+    let Some(names) = front.served_names() else {
+        let status = crate::pool::no_worker_status(front.pool.configured_workers());
+        return ApiError::from_status(&status).into_response();
+    };
+    let data: Vec<_> = names
+        .iter()
+        .map(|name| json!({"id": name, "object": "model", "created": 0, "owned_by": "inference"}))
+        .collect();
+    json_response(StatusCode::OK, &json!({"object": "list", "data": data}))
+}
+
+/// `POST /tokenize`: `{"content" | "prompt": TEXT, "add_special" | "add_special_tokens": BOOL}`
+/// (llama.cpp's and vLLM's names; special tokens are added by default, as a completions prompt
+/// gets them) -> `{"tokens": [ids], "count": N}`. Tokenizes on a blocking thread.
+async fn tokenize(State(front): State<Arc<OpenAiFront>>, body: Body) -> Response {
+    let result = async {
+        let limit = front.limits.max_request_bytes as usize;
+        let bytes = axum::body::to_bytes(body, limit)
+            .await
+            .map_err(|_| ApiError::too_large(limit))?;
+        let body: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| {
+            ApiError::bad_request(
+                "invalid_json",
+                None,
+                format!("the body is not valid JSON: {e}"),
+            )
+        })?;
+        let text = body
+            .get("content")
+            .or_else(|| body.get("prompt"))
+            .and_then(|v| v.as_str())
+            .ok_or_else(|| ApiError::invalid("content", "content (or prompt) must be a string"))?
+            .to_string();
+        let add_special = body
+            .get("add_special_tokens")
+            .or_else(|| body.get("add_special"))
+            .map_or(Some(true), |v| v.as_bool())
+            .ok_or_else(|| ApiError::invalid("add_special", "add_special must be a boolean"))?;
+        let model = front.pool.model().ok_or_else(|| {
+            ApiError::from_status(&crate::pool::no_worker_status(
+                front.pool.configured_workers(),
+            ))
+        })?;
+        let ids = tokio::task::spawn_blocking(move || model.tokenizer.encode(&text, add_special))
+            .await
+            .map_err(|e| ApiError::from_status(&tonic::Status::internal(e.to_string())))?
+            .map_err(|e| ApiError::invalid("content", format!("cannot tokenize: {e}")))?;
+        Ok::<_, ApiError>(json!({"count": ids.len(), "tokens": ids}))
+    }
+    .await;
+    match result {
+        Ok(value) => json_response(StatusCode::OK, &value),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `GET /health`: 200 while a worker is ready and the router is not draining, 503 otherwise.
+async fn health(State(front): State<Arc<OpenAiFront>>) -> Response {
+    let ready_workers = front.pool.ready_workers();
+    let draining = front.drain.is_draining();
+    let (status, state) = match (ready_workers > 0, draining) {
+        (_, true) => (StatusCode::SERVICE_UNAVAILABLE, "draining"),
+        (true, false) => (StatusCode::OK, "ready"),
+        (false, false) => (StatusCode::SERVICE_UNAVAILABLE, "no_ready_worker"),
+    };
+    json_response(
+        status,
+        &json!({"status": state, "ready_workers": ready_workers}),
+    )
+}
+
+/// Serves `front` on `listener` until `shutdown` resolves (then finishes the open responses).
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    front: Arc<OpenAiFront>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, front.router())
+        .with_graceful_shutdown(shutdown)
+        .await
+}

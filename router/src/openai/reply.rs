@@ -1,0 +1,313 @@
+//! The response documents of the generation endpoints, as OpenAI documents them: the whole
+//! `chat.completion` / `text_completion` object, and the streamed `chat.completion.chunk` /
+//! `text_completion` chunks, built from the router's per-step [`GenerateResponse`]s.
+//!
+//! Finish reasons: an EOS token or a stop string is `stop`; `max_new_tokens` or the context's end
+//! is `length`. The EOS token itself is never shown (as its text is never emitted). Token texts
+//! are the router's per-token texts (a partial UTF-8 character reads as U+FFFD); `bytes` are their
+//! UTF-8 bytes. A completions `text_offset` is the character offset of the text emitted before the
+//! token's step.
+
+use inference_proto::public::{FinishReason, GenerateResponse, Token};
+use serde_json::{json, Value};
+
+use super::error::Endpoint;
+
+/// What every document of one response shares.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    /// Chat or completions.
+    pub endpoint: Endpoint,
+    /// `chatcmpl-...` / `cmpl-...`.
+    pub id: String,
+    /// Unix time of the request, in seconds.
+    pub created: u64,
+    /// The model name the response reports.
+    pub model: String,
+    /// Whether log probabilities were asked for.
+    pub logprobs: bool,
+    /// Whether streamed chunks carry `usage` (null until the last chunk).
+    pub include_usage: bool,
+}
+
+/// OpenAI's finish reason for the router's.
+pub fn finish_reason(reason: FinishReason) -> &'static str {
+    match reason {
+        FinishReason::EosToken | FinishReason::StopSequence | FinishReason::Unspecified => "stop",
+        FinishReason::MaxNewTokens | FinishReason::ContextLength => "length",
+    }
+}
+
+/// The tokens of a step that are shown: all but an EOS token that ended the sequence.
+fn shown_tokens(message: &GenerateResponse) -> &[Token] {
+    let tokens = &message.tokens[..];
+    match tokens.split_last() {
+        Some((_, rest)) if message.finish_reason() == FinishReason::EosToken => rest,
+        _ => tokens,
+    }
+}
+
+/// One choice as it accumulates (the whole response) or as one step of it (a chunk).
+#[derive(Debug, Clone, Default)]
+pub struct ChoiceText {
+    /// Text.
+    pub text: String,
+    /// Shown tokens with their text offsets (characters into the choice's text).
+    tokens: Vec<(Token, usize)>,
+    /// Characters of text so far (the offset of the next step).
+    chars: usize,
+}
+
+impl ChoiceText {
+    /// Adds one step's text and tokens.
+    pub fn push(&mut self, message: &GenerateResponse) {
+        let offset = self.chars;
+        self.tokens
+            .extend(shown_tokens(message).iter().map(|t| (t.clone(), offset)));
+        self.text.push_str(&message.text);
+        self.chars += message.text.chars().count();
+    }
+
+    /// Whether there is nothing to show.
+    pub fn is_empty(&self) -> bool {
+        self.text.is_empty() && self.tokens.is_empty()
+    }
+
+    /// Empties the text and tokens (the character offset stays).
+    pub fn take(&mut self) -> ChoiceText {
+        let chars = self.chars;
+        let taken = std::mem::take(self);
+        self.chars = chars;
+        taken
+    }
+}
+
+impl Reply {
+    /// The `logprobs` value of a choice (`null` unless asked for).
+    fn logprobs(&self, text: &ChoiceText) -> Value {
+        if !self.logprobs {
+            return Value::Null;
+        }
+        match self.endpoint {
+            Endpoint::Chat => {
+                let entry = |text: &str, logprob: f32| json!({"token": text, "logprob": logprob, "bytes": text.as_bytes()});
+                let content: Vec<Value> = text
+                    .tokens
+                    .iter()
+                    .map(|(t, _)| {
+                        let mut e = entry(&t.text, t.logprob);
+                        e["top_logprobs"] = t
+                            .top_logprobs
+                            .iter()
+                            .map(|a| entry(&a.text, a.logprob))
+                            .collect();
+                        e
+                    })
+                    .collect();
+                json!({"content": content, "refusal": null})
+            }
+            Endpoint::Completions => {
+                let tokens = &text.tokens;
+                json!({
+                    "tokens": tokens.iter().map(|(t, _)| t.text.as_str()).collect::<Vec<_>>(),
+                    "token_logprobs": tokens.iter().map(|(t, _)| t.logprob).collect::<Vec<_>>(),
+                    "top_logprobs": tokens.iter().map(|(t, _)| {
+                        t.top_logprobs
+                            .iter()
+                            .map(|a| (a.text.clone(), json!(a.logprob)))
+                            .collect::<serde_json::Map<_, _>>()
+                    }).collect::<Vec<_>>(),
+                    "text_offset": tokens.iter().map(|(_, o)| *o).collect::<Vec<_>>(),
+                })
+            }
+        }
+    }
+
+    /// A choice of the whole response.
+    pub fn choice(&self, index: usize, text: &ChoiceText, reason: &str) -> Value {
+        let logprobs = self.logprobs(text);
+        match self.endpoint {
+            Endpoint::Chat => json!({
+                "index": index,
+                "message": {"role": "assistant", "content": text.text, "refusal": null},
+                "logprobs": logprobs,
+                "finish_reason": reason,
+            }),
+            Endpoint::Completions => json!({
+                "index": index,
+                "text": text.text,
+                "logprobs": logprobs,
+                "finish_reason": reason,
+            }),
+        }
+    }
+
+    /// The whole response.
+    pub fn response(&self, choices: Vec<Value>, usage: Value) -> Value {
+        let object = match self.endpoint {
+            Endpoint::Chat => "chat.completion",
+            Endpoint::Completions => "text_completion",
+        };
+        json!({
+            "id": self.id,
+            "object": object,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            "usage": usage,
+            "system_fingerprint": null,
+        })
+    }
+
+    /// The first chunk of a streamed chat choice: its role.
+    pub fn role_choice(&self, index: usize) -> Value {
+        json!({
+            "index": index,
+            "delta": {"role": "assistant", "content": ""},
+            "logprobs": null,
+            "finish_reason": null,
+        })
+    }
+
+    /// A streamed step of a choice (text and, when asked, its tokens' log probabilities).
+    pub fn delta_choice(&self, index: usize, text: &ChoiceText) -> Value {
+        let logprobs = self.logprobs(text);
+        match self.endpoint {
+            Endpoint::Chat => json!({
+                "index": index,
+                "delta": {"content": text.text},
+                "logprobs": logprobs,
+                "finish_reason": null,
+            }),
+            Endpoint::Completions => json!({
+                "index": index,
+                "text": text.text,
+                "logprobs": logprobs,
+                "finish_reason": null,
+            }),
+        }
+    }
+
+    /// The last streamed chunk of a choice: its finish reason.
+    pub fn finish_choice(&self, index: usize, reason: &str) -> Value {
+        match self.endpoint {
+            Endpoint::Chat => json!({
+                "index": index,
+                "delta": {},
+                "logprobs": null,
+                "finish_reason": reason,
+            }),
+            Endpoint::Completions => json!({
+                "index": index,
+                "text": "",
+                "logprobs": null,
+                "finish_reason": reason,
+            }),
+        }
+    }
+
+    /// A streamed chunk with `choices`; `usage` is set on the usage chunk only (and is `null`
+    /// on the others when `include_usage` is set, absent otherwise).
+    pub fn chunk(&self, choices: Vec<Value>, usage: Option<Value>) -> Value {
+        let object = match self.endpoint {
+            Endpoint::Chat => "chat.completion.chunk",
+            Endpoint::Completions => "text_completion",
+        };
+        let mut chunk = json!({
+            "id": self.id,
+            "object": object,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": null,
+            "choices": choices,
+        });
+        if self.include_usage {
+            chunk["usage"] = usage.unwrap_or(Value::Null);
+        }
+        chunk
+    }
+}
+
+/// OpenAI's `usage` object.
+pub fn usage(prompt_tokens: u64, completion_tokens: u64) -> Value {
+    json!({
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use inference_proto::public::TopLogprob;
+
+    fn reply(endpoint: Endpoint) -> Reply {
+        Reply {
+            endpoint,
+            id: "x".into(),
+            created: 1,
+            model: "m".into(),
+            logprobs: true,
+            include_usage: false,
+        }
+    }
+
+    fn token(id: u32, text: &str, logprob: f32) -> Token {
+        Token {
+            id,
+            text: text.into(),
+            logprob,
+            special: false,
+            top_logprobs: vec![TopLogprob {
+                id: 9,
+                text: "z".into(),
+                logprob: -0.5,
+            }],
+        }
+    }
+
+    #[test]
+    fn eos_is_hidden_and_offsets_count_characters() {
+        let mut c = ChoiceText::default();
+        c.push(&GenerateResponse {
+            text: "hé".into(),
+            tokens: vec![token(1, "hé", -1.0)],
+            ..Default::default()
+        });
+        c.push(&GenerateResponse {
+            text: "!".into(),
+            tokens: vec![token(2, "!", -2.0), token(0, "", -0.1)],
+            finish_reason: FinishReason::EosToken as i32,
+            ..Default::default()
+        });
+        let lp = reply(Endpoint::Completions).logprobs(&c);
+        assert_eq!(lp["tokens"], json!(["hé", "!"]));
+        assert_eq!(lp["token_logprobs"], json!([-1.0, -2.0]));
+        assert_eq!(lp["text_offset"], json!([0, 2]));
+        assert_eq!(lp["top_logprobs"][1], json!({"z": -0.5}));
+        let chat = reply(Endpoint::Chat).logprobs(&c);
+        assert_eq!(chat["content"][0]["bytes"], json!("hé".as_bytes()));
+        assert_eq!(chat["content"][1]["top_logprobs"][0]["token"], "z");
+        assert_eq!(chat["content"].as_array().unwrap().len(), 2);
+        let taken = c.take();
+        assert_eq!(taken.text, "hé!");
+        assert!(c.is_empty());
+        assert_eq!(c.chars, 3);
+    }
+
+    #[test]
+    fn finish_reasons_and_usage_chunks() {
+        assert_eq!(finish_reason(FinishReason::EosToken), "stop");
+        assert_eq!(finish_reason(FinishReason::StopSequence), "stop");
+        assert_eq!(finish_reason(FinishReason::MaxNewTokens), "length");
+        assert_eq!(finish_reason(FinishReason::ContextLength), "length");
+        let mut r = reply(Endpoint::Chat);
+        assert!(r.chunk(vec![], None).get("usage").is_none());
+        r.include_usage = true;
+        assert_eq!(r.chunk(vec![], None)["usage"], Value::Null);
+        let u = r.chunk(vec![], Some(usage(3, 4)));
+        assert_eq!(u["usage"]["total_tokens"], 7);
+        assert_eq!(u["object"], "chat.completion.chunk");
+    }
+}

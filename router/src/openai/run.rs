@@ -1,0 +1,204 @@
+//! Runs the admitted choices of one request to the end: gathered into one response document, or
+//! streamed as server-sent events (`data: {chunk}` lines, then `data: [DONE]`).
+//!
+//! Every choice is one sequence of [`crate::generate::launch`], so stop strings, holdback, UTF-8
+//! and special tokens behave exactly as on gRPC. Dropping the response (the client went away)
+//! drops the choices' channels, which cancels their sequences on the workers within a step.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+
+use axum::body::Body;
+use bytes::Bytes;
+use futures::stream::{self, BoxStream, SelectAll, StreamExt as _};
+use inference_proto::public::{FinishReason, GenerateResponse};
+use serde_json::Value;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::Status;
+
+use super::error::ApiError;
+use super::reply::{finish_reason, usage, ChoiceText, Reply};
+use crate::drain::ActiveCall;
+use crate::generate::ResponseReceiver;
+use crate::metrics::RequestObserver;
+
+/// One admitted choice: its index in the response, its messages and its metrics observer.
+pub struct Choice {
+    /// Index in `choices` (prompt index × `n` + choice number).
+    pub index: usize,
+    /// The sequence's messages.
+    pub rx: ResponseReceiver,
+    /// Records the sequence in the router's metrics.
+    pub observer: Option<RequestObserver>,
+}
+
+type Item = (usize, Result<GenerateResponse, Status>);
+
+/// The choices' messages, interleaved as they come.
+fn merge(choices: Vec<Choice>) -> SelectAll<BoxStream<'static, Item>> {
+    stream::select_all(choices.into_iter().map(|choice| {
+        let Choice {
+            index,
+            rx,
+            mut observer,
+        } = choice;
+        ReceiverStream::new(rx)
+            .map(move |item| {
+                if let Some(observer) = observer.as_mut() {
+                    observer.on_item(&item);
+                }
+                (index, item)
+            })
+            .boxed()
+    }))
+}
+
+/// Runs `choices` to their ends and returns the whole response. `prompt_tokens` is the usage's
+/// prompt count (each prompt once, whatever `n`).
+///
+/// Errors: the first error of any choice (the others are cancelled), mapped by
+/// [`ApiError::from_status`].
+pub async fn gather(
+    reply: &Reply,
+    choices: Vec<Choice>,
+    prompt_tokens: u64,
+) -> Result<Value, ApiError> {
+    let count = choices.len();
+    let mut texts = vec![ChoiceText::default(); count];
+    let mut reasons: Vec<Option<&'static str>> = vec![None; count];
+    let mut completion_tokens = 0u64;
+    let mut merged = merge(choices);
+    while let Some((index, item)) = merged.next().await {
+        let message = item.map_err(|status| ApiError::from_status(&status))?;
+        texts[index].push(&message);
+        if let Some(reason) = finished(&message) {
+            reasons[index] = Some(reason);
+            completion_tokens += message
+                .usage
+                .as_ref()
+                .map_or(0, |u| u.generated_tokens.into());
+        }
+    }
+    let mut out = Vec::with_capacity(count);
+    for (index, (text, reason)) in texts.iter().zip(&reasons).enumerate() {
+        let reason = reason.ok_or_else(|| {
+            ApiError::from_status(&Status::internal(format!(
+                "choice {index} ended without a finish reason"
+            )))
+        })?;
+        out.push(reply.choice(index, text, reason));
+    }
+    Ok(reply.response(out, usage(prompt_tokens, completion_tokens)))
+}
+
+/// OpenAI's finish reason when `message` is its sequence's last.
+fn finished(message: &GenerateResponse) -> Option<&'static str> {
+    (message.finish_reason() != FinishReason::Unspecified)
+        .then(|| finish_reason(message.finish_reason()))
+}
+
+/// State of one event stream.
+struct EventStream {
+    reply: Reply,
+    merged: SelectAll<BoxStream<'static, Item>>,
+    texts: Vec<ChoiceText>,
+    pending: VecDeque<Bytes>,
+    prompt_tokens: u64,
+    completion_tokens: u64,
+    done: bool,
+    /// Counts the request as running (for the drain) until the stream is dropped.
+    _call: ActiveCall,
+}
+
+impl EventStream {
+    fn event(&mut self, data: &Value) {
+        self.pending
+            .push_back(Bytes::from(format!("data: {data}\n\n")));
+    }
+
+    fn on_message(&mut self, index: usize, message: GenerateResponse) {
+        let text = &mut self.texts[index];
+        text.push(&message);
+        let show = !text.text.is_empty() || (self.reply.logprobs && !text.is_empty());
+        let step = text.take();
+        if show {
+            let chunk = self
+                .reply
+                .chunk(vec![self.reply.delta_choice(index, &step)], None);
+            self.event(&chunk);
+        }
+        if let Some(reason) = finished(&message) {
+            self.completion_tokens += message
+                .usage
+                .as_ref()
+                .map_or(0, |u| u.generated_tokens.into());
+            let chunk = self
+                .reply
+                .chunk(vec![self.reply.finish_choice(index, reason)], None);
+            self.event(&chunk);
+        }
+    }
+
+    fn end(&mut self) {
+        if self.reply.include_usage {
+            let chunk = self.reply.chunk(
+                Vec::new(),
+                Some(usage(self.prompt_tokens, self.completion_tokens)),
+            );
+            self.event(&chunk);
+        }
+        self.pending
+            .push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+        self.done = true;
+    }
+}
+
+/// Streams `choices` as server-sent events: (chat) a role chunk per choice, then a chunk per
+/// step with new text, one finish chunk per choice, the usage chunk with empty `choices` when
+/// `include_usage` is set, and `data: [DONE]`. An error of any choice is sent as one
+/// `data: {"error": ...}` event before `[DONE]`, and cancels the others.
+pub fn events(reply: Reply, choices: Vec<Choice>, prompt_tokens: u64, call: ActiveCall) -> Body {
+    let count = choices.len();
+    let mut state = EventStream {
+        merged: merge(choices),
+        texts: vec![ChoiceText::default(); count],
+        pending: VecDeque::new(),
+        prompt_tokens,
+        completion_tokens: 0,
+        done: false,
+        _call: call,
+        reply,
+    };
+    if state.reply.endpoint == super::error::Endpoint::Chat {
+        for index in 0..count {
+            let chunk = state
+                .reply
+                .chunk(vec![state.reply.role_choice(index)], None);
+            state.event(&chunk);
+        }
+    }
+    let body = stream::unfold(state, |mut state| async move {
+        loop {
+            if let Some(bytes) = state.pending.pop_front() {
+                return Some((Ok::<_, Infallible>(bytes), state));
+            }
+            if state.done {
+                return None;
+            }
+            match state.merged.next().await {
+                Some((index, Ok(message))) => state.on_message(index, message),
+                Some((_, Err(status))) => {
+                    state.merged = SelectAll::new();
+                    let error = ApiError::from_status(&status).body();
+                    state.event(&error);
+                    state
+                        .pending
+                        .push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+                    state.done = true;
+                }
+                None => state.end(),
+            }
+        }
+    });
+    Body::from_stream(body)
+}

@@ -1,0 +1,4 @@
+//! Command-line tools over the service's public APIs: the `bench` load tool ([`bench`],
+//! `src/bin/bench.rs`) and the `client` caller (`src/bin/client.rs`).
+
+pub mod bench;
