@@ -179,16 +179,16 @@ mod tests {
             meta.tokens.len(),
         )
         .unwrap();
-        for id in 0..3 {
-            assert_eq!(bytes[id][0], TokTrie::SPECIAL_TOKEN_MARKER);
-            assert_eq!(&bytes[id][1..], meta.tokens[id].as_bytes());
+        for (b, token) in bytes.iter().zip(&meta.tokens).take(3) {
+            assert_eq!(b[0], TokTrie::SPECIAL_TOKEN_MARKER);
+            assert_eq!(&b[1..], token.as_bytes());
         }
         let mut singles: Vec<u8> = bytes[3..259].iter().map(|b| b[0]).collect();
         assert!(bytes[3..259].iter().all(|b| b.len() == 1));
         singles.sort_unstable();
         assert_eq!(singles, (0..=255u8).collect::<Vec<_>>());
-        for id in 3..meta.tokens.len() {
-            assert_eq!(byte_level_encode(&bytes[id]), meta.tokens[id], "token {id}");
+        for (id, (b, token)) in bytes.iter().zip(&meta.tokens).enumerate().skip(3) {
+            assert_eq!(&byte_level_encode(b), token, "token {id}");
         }
     }
 
