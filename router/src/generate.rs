@@ -24,7 +24,7 @@ use crate::detokenizer::IncrementalDetokenizer;
 use crate::model_context::ModelContext;
 use crate::pool::{no_worker_status, Session, WorkerPool};
 use crate::stop::StopMatcher;
-use crate::validation::{check_prompt, check_request, check_vocab};
+use crate::validation::{check_constraint, check_prompt, check_request, check_vocab};
 
 /// Messages sent to the client of one `Generate` call.
 pub type ResponseSender = mpsc::Sender<Result<GenerateResponse, Status>>;
@@ -53,6 +53,7 @@ pub async fn start(
         limits,
     )?;
     check_vocab(&sampling, model.vocab_size)?;
+    tracing::info_span!("constraint").in_scope(|| check_constraint(&req, &model))?;
     let seed = req.seed.unwrap_or_else(rand::random);
     let stop_token_ids = if req.ignore_eos {
         Vec::new()
@@ -68,7 +69,7 @@ pub async fn start(
         stop_token_ids,
         generated_ids: Vec::new(),
         trace_context: observability::propagation::current_context(),
-        constraint: None,
+        constraint: req.constraint.clone(),
     };
     let ticket = pool.admit(request.clone())?;
     let session = Session::new(pool.clone(), request, ticket);
@@ -265,6 +266,7 @@ impl TokenStream {
         match reason {
             StopReason::StopToken => FinishReason::EosToken,
             StopReason::ContextFull => FinishReason::ContextLength,
+            StopReason::ConstraintComplete => FinishReason::ConstraintComplete,
             // The default budget is capped by the context; when that cap is what bound, say so.
             StopReason::Length if total >= self.model.context_length => FinishReason::ContextLength,
             StopReason::Length | StopReason::Unspecified => FinishReason::MaxNewTokens,

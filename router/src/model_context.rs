@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use inference_proto::worker::InfoResponse;
+use structured_output::ConstraintCompiler;
 
 use crate::chat_template::ChatTemplate;
 use crate::tokenizer::TextTokenizer;
@@ -30,6 +31,9 @@ pub struct ModelContext {
     pub chat_template: Option<ChatTemplate>,
     /// The tokenizer.
     pub tokenizer: Arc<TextTokenizer>,
+    /// Structured output over the model's vocabulary (the same token environment the worker
+    /// builds), or why this model cannot have it.
+    pub constraints: Result<Arc<ConstraintCompiler>, String>,
 }
 
 impl ModelContext {
@@ -55,7 +59,14 @@ impl ModelContext {
                 token_string(eos),
             )?)
         };
+        let constraints = ConstraintCompiler::from_info(info)
+            .map(Arc::new)
+            .map_err(|e| e.to_string());
+        if let Err(reason) = &constraints {
+            tracing::warn!(%reason, "structured output unavailable for this model");
+        }
         Ok(Self {
+            constraints,
             model_name: info.model_name.clone(),
             architecture: info.architecture.clone(),
             context_length: info.context_length,

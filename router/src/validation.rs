@@ -12,6 +12,7 @@ use prost::Message;
 use tonic::Status;
 
 use crate::config::Limits;
+use crate::model_context::ModelContext;
 
 pub use inference_proto::sampling_limits::{
     MAX_ABS_LOGIT_BIAS, MAX_ABS_PENALTY, MAX_LOGIT_BIAS_ENTRIES, MAX_MIN_P, MAX_REPETITION_PENALTY,
@@ -81,13 +82,6 @@ pub fn check_request(req: &GenerateRequest, limits: &Limits) -> Result<Sampling,
         (false, false) => return invalid("set either prompt or messages, not both".into()),
         (true, true) => return invalid("prompt is empty (set prompt or messages)".into()),
         _ => {}
-    }
-    if req.constraint.is_some() {
-        // Structured output lands with the llguidance work (issue 14); until then it is refused,
-        // never silently ignored.
-        return Err(Status::unimplemented(
-            "constraint: structured output is not available in this build",
-        ));
     }
     if let Some(i) = req.messages.iter().position(|m| m.role.is_empty()) {
         return invalid(format!("messages[{i}].role is empty"));
@@ -205,6 +199,37 @@ pub fn check_vocab(sampling: &Sampling, vocab_size: u32) -> Result<(), Status> {
         )),
         None => Ok(()),
     }
+}
+
+/// Checks a request's structured-output `constraint` (when it has one) by compiling it against the
+/// model's vocabulary, as the worker will: the request is refused before any work when the worker
+/// could not follow it.
+///
+/// Errors: `INVALID_ARGUMENT` naming the problem for an empty constraint, a schema that is not JSON
+/// or that llguidance cannot compile (unsupported keyword, unresolvable `$ref`, contradictory
+/// bounds, ...), an invalid regex or Lark grammar, an empty choice list or choice; with
+/// `ignore_eos` (a complete output ends with EOS); and for a model whose vocabulary cannot have
+/// structured output (the message says why).
+pub fn check_constraint(req: &GenerateRequest, model: &ModelContext) -> Result<(), Status> {
+    let Some(constraint) = &req.constraint else {
+        return Ok(());
+    };
+    if req.ignore_eos {
+        return invalid(
+            "ignore_eos cannot be combined with a constraint (a complete structured output ends \
+             with EOS)"
+                .into(),
+        );
+    }
+    let compiler = model.constraints.as_ref().map_err(|reason| {
+        Status::invalid_argument(format!(
+            "constraint: structured output is not available for this model: {reason}"
+        ))
+    })?;
+    compiler
+        .compile(constraint)
+        .map(drop)
+        .map_err(|e| Status::invalid_argument(e.to_string()))
 }
 
 /// Checks the tokenized prompt and returns the effective `max_new_tokens`.

@@ -1,6 +1,7 @@
 //! Compiling a request's [`Constraint`] against one model's vocabulary.
 
 use inference_proto::public::{constraint::Kind, Constraint};
+use inference_proto::worker::InfoResponse;
 use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::{ApproximateTokEnv, TokEnv, TokRxInfo, TokTrie};
 use llguidance::{Matcher, ParserFactory};
@@ -41,6 +42,24 @@ impl std::fmt::Debug for ConstraintCompiler {
 }
 
 impl ConstraintCompiler {
+    /// Builds the compiler of the model a worker's `Info` describes (its GGUF tokenizer, vocabulary
+    /// size and EOS ids); the router and the worker build the same one.
+    ///
+    /// Errors: `Info` without a tokenizer, and those of [`ConstraintCompiler::new`].
+    pub fn from_info(info: &InfoResponse) -> Result<Self, VocabError> {
+        let spec = info
+            .tokenizer
+            .as_ref()
+            .ok_or_else(|| VocabError::Environment("the model's Info has no tokenizer".into()))?;
+        Self::new(VocabSource {
+            model: &spec.model,
+            tokens: &spec.tokens,
+            token_types: &spec.token_types,
+            vocab_size: info.vocab_size as usize,
+            eos_token_ids: &info.eos_token_ids,
+        })
+    }
+
     /// Builds the token environment of `source` (see [`crate::vocab`] for the byte conversion).
     ///
     /// Errors: an unsupported tokenizer model or malformed byte token, no EOS id inside the

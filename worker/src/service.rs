@@ -19,12 +19,17 @@ use inference_proto::worker::{
 use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
 
+use inference_proto::worker::AddRequest;
+use structured_output::{ConstraintCompiler, ConstraintState};
+
 use crate::engine::{Command, EngineHandle};
 use crate::health::{health_response, Lifecycle};
 use crate::telemetry::ConnectionSpans;
 
 /// `google.rpc.Code` UNAVAILABLE, for requests refused while draining.
 const CODE_UNAVAILABLE: i32 = 14;
+/// `google.rpc.Code` INVALID_ARGUMENT, for a constraint that cannot be followed.
+const CODE_INVALID_ARGUMENT: i32 = 3;
 
 /// Stall timeout of a service built without [`WorkerService::with_stall_timeout`] (the default of
 /// the `engine_stall_timeout_ms` setting).
@@ -39,16 +44,30 @@ pub struct WorkerService {
     lifecycle: Option<Arc<Lifecycle>>,
     /// `Health` says not ready when the engine has work and made no progress for this long.
     stall_timeout: Duration,
+    /// Structured output over the model's vocabulary, or why this model cannot have it.
+    constraints: Arc<Result<ConstraintCompiler, String>>,
 }
 
 impl WorkerService {
-    /// Serves `engine`; `description` is the model's `Info` (its `stats` field is ignored).
+    /// Serves `engine`; `description` is the model's `Info` (its `stats` field is ignored). Builds
+    /// the structured-output token environment of its vocabulary (once; a vocabulary that cannot
+    /// have one is logged, and its constrained requests are refused).
     pub fn new(engine: EngineHandle, description: InfoResponse) -> Self {
+        let started = Instant::now();
+        let constraints = ConstraintCompiler::from_info(&description).map_err(|e| e.to_string());
+        match &constraints {
+            Ok(_) => tracing::info!(
+                ms = started.elapsed().as_millis() as u64,
+                "structured output ready"
+            ),
+            Err(reason) => tracing::warn!(%reason, "structured output unavailable for this model"),
+        }
         Self {
             engine,
             description: Arc::new(description),
             lifecycle: None,
             stall_timeout: DEFAULT_STALL_TIMEOUT,
+            constraints: Arc::new(constraints),
         }
     }
 
@@ -90,16 +109,42 @@ fn until_stopped<T: Send + 'static>(
     )
 }
 
-/// The step message that refuses `request_id` because the worker is shutting down.
-fn refusal(request_id: String) -> StepOutput {
+/// The step message that refuses `request_id` with `code` and `message`.
+fn refusal(request_id: String, code: i32, message: String) -> StepOutput {
     StepOutput {
         errors: vec![RequestError {
             request_id,
-            code: CODE_UNAVAILABLE,
-            message: "the worker is shutting down and takes no new requests".into(),
+            code,
+            message,
         }],
         ..Default::default()
     }
+}
+
+/// The request's constraint compiled and advanced by its `generated_ids` (`None` when it has
+/// none). Errors (the request's `INVALID_ARGUMENT` message): no structured output for this model,
+/// no stop token to end a complete output with, an invalid constraint, or generated tokens the
+/// constraint does not allow.
+fn compile_constraint(
+    constraints: &Result<ConstraintCompiler, String>,
+    request: &AddRequest,
+) -> Result<Option<Box<ConstraintState>>, String> {
+    let Some(constraint) = &request.constraint else {
+        return Ok(None);
+    };
+    let compiler = constraints
+        .as_ref()
+        .map_err(|reason| format!("structured output is not available for this model: {reason}"))?;
+    if request.stop_token_ids.is_empty() {
+        return Err(
+            "a constrained request needs stop_token_ids (they end a complete output)".into(),
+        );
+    }
+    let mut state = compiler.compile(constraint).map_err(|e| e.to_string())?;
+    state
+        .replay(&request.generated_ids)
+        .map_err(|e| format!("generated_ids do not follow the constraint: {e}"))?;
+    Ok(Some(Box::new(state)))
 }
 
 type WorkerStream = Pin<Box<dyn Stream<Item = Result<WorkerMessage, Status>> + Send>>;
@@ -120,6 +165,7 @@ impl Worker for WorkerService {
         let spans = ConnectionSpans::new_if_enabled().map(Arc::new);
         let inbound_spans = spans.clone();
         let lifecycle = self.lifecycle.clone();
+        let constraints = self.constraints.clone();
         let draining = {
             let lifecycle = lifecycle.clone();
             move || lifecycle.as_ref().is_some_and(|l| l.is_draining())
@@ -142,15 +188,28 @@ impl Worker for WorkerService {
                 let command = match message.kind {
                     Some(router_message::Kind::Add(request)) => {
                         if draining() {
-                            let _ = out_tx.send(refusal(request.request_id));
+                            let message = "the worker is shutting down and takes no new requests";
+                            let refused =
+                                refusal(request.request_id, CODE_UNAVAILABLE, message.into());
+                            let _ = out_tx.send(refused);
                             continue;
                         }
+                        let constraint = match compile_constraint(&constraints, &request) {
+                            Ok(constraint) => constraint,
+                            Err(message) => {
+                                let refused =
+                                    refusal(request.request_id, CODE_INVALID_ARGUMENT, message);
+                                let _ = out_tx.send(refused);
+                                continue;
+                            }
+                        };
                         if let Some(spans) = &inbound_spans {
                             spans.on_add(&request);
                         }
                         Command::Add {
                             conn,
                             request: Box::new(request),
+                            constraint,
                             out: out_tx.clone(),
                         }
                     }
