@@ -430,13 +430,14 @@ async fn constrained_sequences_follow_their_constraint_alone_batched_and_preempt
     // and the unconstrained ones exactly their own.
     for (blocks, budget) in [(128, 64), (128, 6), (12, 7)] {
         let mut c = Client::new(config(blocks, budget, false));
+        for (id, p) in ids.iter().zip(&prompts).skip(1) {
+            c.add(add(id, p.clone(), 20, vec![]));
+        }
+        // Admitted last: the first a full pool preempts.
         c.add_constrained(
             add("c0", prompts[0].clone(), 20, vec![0]),
             regex("[a-e]{6}(xy|z)"),
         );
-        for (id, p) in ids.iter().zip(&prompts).skip(1) {
-            c.add(add(id, p.clone(), 20, vec![]));
-        }
         let got = c.collect(&ids).await;
         assert_eq!(got[0], alone, "{blocks} {budget}");
         for i in 1..ids.len() {
