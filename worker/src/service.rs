@@ -292,4 +292,66 @@ mod tests {
         assert_eq!(stream.next().await, None);
         drop(tx);
     }
+
+    /// A compiler over the vocabulary `<eos>` (control, id 0), `a`, `b`, `c`.
+    fn abc() -> Result<ConstraintCompiler, String> {
+        let tokens: Vec<String> = ["<eos>", "a", "b", "c"].map(String::from).to_vec();
+        Ok(ConstraintCompiler::new(structured_output::VocabSource {
+            model: "gpt2",
+            tokens: &tokens,
+            token_types: &[3, 1, 1, 1],
+            vocab_size: 4,
+            eos_token_ids: &[0],
+        })
+        .unwrap())
+    }
+
+    fn regex_request(regex: &str, generated: Vec<u32>, stops: Vec<u32>) -> AddRequest {
+        use inference_proto::public::{constraint::Kind, Constraint};
+        AddRequest {
+            request_id: "r".into(),
+            prompt_ids: vec![1],
+            max_new_tokens: 10,
+            stop_token_ids: stops,
+            generated_ids: generated,
+            constraint: Some(Constraint {
+                kind: Some(Kind::Regex(regex.into())),
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn constraints_compile_and_replay_generated_ids_or_are_refused_with_the_reason() {
+        let compiler = abc();
+        let unconstrained = AddRequest::default();
+        assert!(compile_constraint(&compiler, &unconstrained)
+            .unwrap()
+            .is_none());
+        // Resumed after "ab": only "c" may follow, then the output is complete.
+        let mut state = compile_constraint(&compiler, &regex_request("abc", vec![1, 2], vec![0]))
+            .unwrap()
+            .unwrap();
+        assert_eq!(state.generated(), 2);
+        let mask = state.compute_mask().unwrap();
+        assert!(mask.allows(3) && mask.num_allowed() == 1);
+        let refused = |request: AddRequest| compile_constraint(&compiler, &request).unwrap_err();
+        let e = refused(regex_request("abc", vec![2], vec![0]));
+        assert!(
+            e.starts_with(
+                "generated_ids do not follow the constraint: token 2 at generated index 0"
+            ),
+            "{e}"
+        );
+        let e = refused(regex_request("abc", vec![], vec![]));
+        assert!(e.contains("needs stop_token_ids"), "{e}");
+        let e = refused(regex_request("(", vec![], vec![0]));
+        assert!(e.starts_with("constraint.regex is invalid"), "{e}");
+        let unavailable: Result<ConstraintCompiler, String> = Err("no tokenizer".into());
+        let e = compile_constraint(&unavailable, &regex_request("a", vec![], vec![0])).unwrap_err();
+        assert_eq!(
+            e,
+            "structured output is not available for this model: no tokenizer"
+        );
+    }
 }

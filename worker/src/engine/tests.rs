@@ -451,6 +451,16 @@ async fn constrained_sequences_follow_their_constraint_alone_batched_and_preempt
             assert!(c.stats().await.preemptions > 0);
         }
     }
+    // Resumed elsewhere (a failover) after 3 tokens, with the state replayed from them: the same
+    // continuation.
+    let mut resumed = Client::new(config(128, 64, false));
+    let mut request = add("c0", prompts[0].clone(), 20, vec![0]);
+    request.generated_ids = tokens[..3].to_vec();
+    let mut state = regex("[a-e]{6}(xy|z)").unwrap();
+    state.replay(&tokens[..3]).unwrap();
+    resumed.add_constrained(request, Some(state));
+    let rest = resumed.collect(&["c0"]).await.remove(0).unwrap();
+    assert_eq!(rest, (tokens[3..].to_vec(), StopReason::ConstraintComplete));
     // A constraint that cannot be complete within max_new_tokens ends with `length`.
     let mut c = Client::new(config(128, 64, false));
     c.add_constrained(add("long", prompts[1].clone(), 4, vec![0]), regex("a{10}"));
