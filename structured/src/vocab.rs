@@ -288,4 +288,47 @@ mod tests {
         let space_the = meta.tokens.iter().position(|t| t == "Ġthe").unwrap();
         assert_eq!(bytes[space_the], b" the");
     }
+
+    /// The real Gemma 3 vocabulary (SentencePiece): the 256 byte tokens are the 256 bytes, every
+    /// normal piece round-trips through `▁` <-> space, and the control tokens are special.
+    #[test]
+    fn gemma3_vocabulary_round_trips() {
+        let path = gguf::testing::gemma3_model_path();
+        if !path.is_file() {
+            eprintln!("skipping: {} is missing", path.display());
+            return;
+        }
+        let file = gguf::GgufFile::open(&path).unwrap();
+        let meta = gguf::TokenizerMetadata::from_gguf(&file).unwrap();
+        assert_eq!(meta.model, "llama");
+        let n = meta.tokens.len();
+        let bytes =
+            token_bytes(VocabKind::SentencePiece, &meta.tokens, &meta.token_types, n).unwrap();
+        let mut byte_tokens = Vec::new();
+        for (id, token) in meta.tokens.iter().enumerate() {
+            match meta.token_types[id] {
+                1 => assert_eq!(
+                    String::from_utf8(bytes[id].clone())
+                        .unwrap()
+                        .replace(' ', "\u{2581}"),
+                    *token,
+                    "token {id}"
+                ),
+                3 => assert_eq!(bytes[id][0], TokTrie::SPECIAL_TOKEN_MARKER, "token {id}"),
+                6 => {
+                    assert_eq!(format!("<0x{:02X}>", bytes[id][0]), *token);
+                    byte_tokens.push(bytes[id][0]);
+                }
+                _ => {}
+            }
+        }
+        byte_tokens.sort_unstable();
+        assert_eq!(byte_tokens, (0..=255u8).collect::<Vec<_>>());
+        let eot = meta
+            .tokens
+            .iter()
+            .position(|t| t == "<end_of_turn>")
+            .unwrap();
+        assert_eq!(bytes[eot], b"\xff<end_of_turn>");
+    }
 }
