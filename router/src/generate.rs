@@ -53,7 +53,14 @@ pub async fn start(
         limits,
     )?;
     check_vocab(&sampling, model.vocab_size)?;
-    tracing::info_span!("constraint").in_scope(|| check_constraint(&req, &model))?;
+    if req.constraint.is_some() {
+        // Compiling takes milliseconds (and waits for the model's compiler right after start).
+        let (req, model) = (req.clone(), model.clone());
+        let span = tracing::info_span!("constraint");
+        tokio::task::spawn_blocking(move || span.in_scope(|| check_constraint(&req, &model)))
+            .await
+            .map_err(|e| Status::internal(format!("checking the constraint failed: {e}")))??;
+    }
     let seed = req.seed.unwrap_or_else(rand::random);
     let stop_token_ids = if req.ignore_eos {
         Vec::new()

@@ -203,7 +203,8 @@ pub fn check_vocab(sampling: &Sampling, vocab_size: u32) -> Result<(), Status> {
 
 /// Checks a request's structured-output `constraint` (when it has one) by compiling it against the
 /// model's vocabulary, as the worker will: the request is refused before any work when the worker
-/// could not follow it.
+/// could not follow it. Blocks while the model's compiler is still being built, and compiling takes
+/// milliseconds: call it off the async runtime.
 ///
 /// Errors: `INVALID_ARGUMENT` naming the problem for an empty constraint, a schema that is not JSON
 /// or that llguidance cannot compile (unsupported keyword, unresolvable `$ref`, contradictory
@@ -221,7 +222,7 @@ pub fn check_constraint(req: &GenerateRequest, model: &ModelContext) -> Result<(
                 .into(),
         );
     }
-    let compiler = model.constraints.as_ref().map_err(|reason| {
+    let compiler = model.constraints.wait().map_err(|reason| {
         Status::invalid_argument(format!(
             "constraint: structured output is not available for this model: {reason}"
         ))
