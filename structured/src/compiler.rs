@@ -127,11 +127,14 @@ fn grammar_of(constraint: &Constraint) -> Result<(&'static str, TopLevelGrammar)
         Kind::JsonSchema(text) => {
             let schema = serde_json::from_str(text)
                 .map_err(|e| ConstraintError::SchemaNotJson(e.to_string()))?;
-            Ok(("json_schema", TopLevelGrammar::from_json_schema(schema)))
+            Ok((
+                "json_schema",
+                TopLevelGrammar::from_json_schema(compact(schema)),
+            ))
         }
         Kind::JsonObject(_) => Ok((
             "json_object",
-            TopLevelGrammar::from_json_schema(serde_json::json!({ "type": "object" })),
+            TopLevelGrammar::from_json_schema(compact(serde_json::json!({ "type": "object" }))),
         )),
         Kind::Regex(regex) => Ok(("regex", TopLevelGrammar::from_regex(regex))),
         Kind::Lark(grammar) => Ok(("lark", TopLevelGrammar::from_lark(grammar.clone()))),
@@ -151,4 +154,16 @@ fn grammar_of(constraint: &Constraint) -> Result<(&'static str, TopLevelGrammar)
             Ok(("choice", TopLevelGrammar::from_regex(&regex)))
         }
     }
+}
+
+/// Compact JSON by default: no whitespace between tokens (`{"a":1,"b":[2]}`), unless the schema sets
+/// llguidance's own options (`"x-guidance": {"whitespace_flexible": true}` and the like). Free
+/// whitespace lets a small model sampled at temperature 1 spend its whole budget on line breaks.
+fn compact(mut schema: serde_json::Value) -> serde_json::Value {
+    if let Some(object) = schema.as_object_mut() {
+        object
+            .entry("x-guidance")
+            .or_insert_with(|| serde_json::json!({ "whitespace_flexible": false }));
+    }
+    schema
 }

@@ -106,6 +106,7 @@ fn json_schema_output_parses_and_fits() {
     for seed in 0..4 {
         let (text, _, done) = walk(&t, &c, seed, 400);
         assert!(done, "{text:?}");
+        assert!(!text.contains([' ', '\n']), "compact by default: {text:?}");
         let v: serde_json::Value = serde_json::from_str(&text).unwrap();
         let n = v["n"].as_i64().unwrap();
         assert!((0..=9).contains(&n), "{text}");
