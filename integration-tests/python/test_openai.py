@@ -166,12 +166,33 @@ class Errors(unittest.TestCase):
             client().completions.create(model=MODEL, prompt="x" * (2 << 20))
         self.check(e.exception, 413, "request_too_large")
 
-    def test_501_structured_output_in_this_build(self):
-        with self.assertRaises(openai.InternalServerError) as e:
-            client().chat.completions.create(
-                model=MODEL, messages=CHAT, response_format={"type": "json_object"}
-            )
-        self.check(e.exception, 501, "not_implemented", "response_format")
+    def test_structured_output_json_object_and_schema(self):
+        c = client()
+        r = c.chat.completions.create(
+            model=MODEL, messages=CHAT, response_format={"type": "json_object"}, max_tokens=200, seed=3
+        )
+        self.assertIsInstance(json.loads(r.choices[0].message.content), dict)
+        self.assertEqual(r.choices[0].finish_reason, "stop")
+        schema = {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 20}, "rank": {"type": "integer"}},
+            "required": ["city", "rank"],
+            "additionalProperties": False,
+        }
+        r = c.chat.completions.create(
+            model=MODEL,
+            messages=CHAT,
+            max_tokens=200,
+            temperature=1.0,
+            seed=5,
+            response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema}},
+        )
+        value = json.loads(r.choices[0].message.content)
+        self.assertEqual(set(value), {"city", "rank"})
+        self.assertIsInstance(value["rank"], int)
+        with self.assertRaises(openai.BadRequestError) as e:
+            c.chat.completions.create(model=MODEL, messages=CHAT, extra_body={"guided_regex": "(a"})
+        self.check(e.exception, 400, "invalid_value", "response_format")
 
     def test_429_when_the_queue_is_full(self):
         c = client(os.environ["OVERLOAD_BASE"])

@@ -7,7 +7,8 @@
 //!   stream's shape (role first, one finish per choice, usage chunk, `[DONE]`), `/v1/models`,
 //!   aliases, `/health`;
 //! - every error status with OpenAI's error object: 400 (wrong type, wrong value), 404 (model,
-//!   path), 413, 429 (queue full), 501 (structured output in this build), 503 (no worker);
+//!   path), 413, 429 (queue full), 503 (no worker); structured output (guided_choice) through
+//!   the HTTP front;
 //! - a client that disconnects mid-stream cancels its sequences on the worker;
 //! - while the worker prefills a long prompt and streams come and go (half disconnected), every
 //!   request is served and `/health` stays 200.
@@ -249,15 +250,15 @@ async fn http_front_matches_grpc_and_speaks_openai() {
             Some("model"),
         ),
         (
-            json!({"prompt": "x", "response_format": {"type": "json_object"}}),
-            501,
-            "not_implemented",
+            json!({"prompt": "x", "guided_regex": "(unclosed"}),
+            400,
+            "invalid_value",
             Some("response_format"),
         ),
         (
-            json!({"prompt": "x", "guided_choice": ["a", "b"]}),
-            501,
-            "not_implemented",
+            json!({"prompt": "x", "guided_choice": []}),
+            400,
+            "invalid_value",
             Some("response_format"),
         ),
     ];
@@ -266,6 +267,17 @@ async fn http_front_matches_grpc_and_speaks_openai() {
         assert_eq!(got, status, "{body} -> {answer}");
         let (_, got_code, got_param) = error_of(&answer);
         assert_eq!((got_code, got_param), (code, param), "{body} -> {answer}");
+    }
+    // Structured output through the HTTP front: a guided choice ends on one of the choices.
+    for seed in 0..3 {
+        let body = json!({"prompt": "Pick:", "guided_choice": ["yes", "no"], "max_tokens": 8,
+                          "temperature": 1.0, "seed": seed});
+        let (status, answer) = post(&http, &url, &body).await;
+        assert_eq!(status, 200, "{answer}");
+        let choice = &answer["choices"][0];
+        let text = choice["text"].as_str().unwrap();
+        assert!(text == "yes" || text == "no", "{answer}");
+        assert_eq!(choice["finish_reason"], "stop", "{answer}");
     }
     let (status, answer) = post(&http, &chat_url, &json!({"messages": "hi"})).await;
     assert_eq!((status, error_of(&answer).2), (400, Some("messages")));

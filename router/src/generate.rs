@@ -292,6 +292,7 @@ impl TokenStream {
         match reason {
             StopReason::StopToken => FinishReason::EosToken,
             StopReason::ContextFull => FinishReason::ContextLength,
+            StopReason::ConstraintComplete => FinishReason::ConstraintComplete,
             // The default budget is capped by the context; when that cap is what bound, say so.
             StopReason::Length if total >= self.model.context_length => FinishReason::ContextLength,
             StopReason::Length | StopReason::Unspecified => FinishReason::MaxNewTokens,

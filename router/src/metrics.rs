@@ -282,6 +282,7 @@ pub fn finish_reason_name(reason: FinishReason) -> &'static str {
         FinishReason::MaxNewTokens => "max_new_tokens",
         FinishReason::StopSequence => "stop_sequence",
         FinishReason::ContextLength => "context_length",
+        FinishReason::ConstraintComplete => "constraint_complete",
     }
 }
 

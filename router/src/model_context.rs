@@ -1,9 +1,10 @@
 //! What the router knows about the served model, built from a worker's `Info`: the tokenizer, the chat
 //! template, the EOS ids and the context length.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use inference_proto::worker::InfoResponse;
+use structured_output::ConstraintCompiler;
 
 use crate::chat_template::{builtin_template, ChatTemplate};
 use crate::tokenizer::TextTokenizer;
@@ -59,6 +60,9 @@ pub struct ModelContext {
     pub chat_template: Option<ChatTemplate>,
     /// The tokenizer.
     pub tokenizer: Arc<TextTokenizer>,
+    /// Structured output over the model's vocabulary (the same token environment the worker
+    /// builds), built on its own thread.
+    pub constraints: StructuredOutput,
 }
 
 impl ModelContext {
@@ -104,7 +108,9 @@ impl ModelContext {
                 token_string(eos),
             )?)
         };
+        let constraints = StructuredOutput::build(info.clone());
         Ok(Self {
+            constraints,
             model_name: info.model_name.clone(),
             architecture: info.architecture.clone(),
             context_length: info.context_length,
@@ -125,5 +131,48 @@ impl ModelContext {
             && self.vocab_size == info.vocab_size
             && self.context_length == info.context_length
             && self.eos_token_ids == info.eos_token_ids
+    }
+}
+
+/// The model's structured-output compiler, built on a thread of its own when the model becomes
+/// known (0.2 s for a 49k-token vocabulary, seconds for a 262k one: not on the async runtime, nor
+/// under the pool's model lock).
+#[derive(Clone)]
+pub struct StructuredOutput {
+    compiler: Arc<OnceLock<Result<ConstraintCompiler, String>>>,
+}
+
+impl StructuredOutput {
+    /// Starts building the compiler of the model `info` describes.
+    fn build(info: InfoResponse) -> Self {
+        let compiler = Arc::new(OnceLock::new());
+        let cell = compiler.clone();
+        let build = move || {
+            let started = std::time::Instant::now();
+            let built = ConstraintCompiler::from_info(&info).map_err(|e| e.to_string());
+            match &built {
+                Ok(_) => tracing::info!(
+                    ms = started.elapsed().as_millis() as u64,
+                    "structured output ready"
+                ),
+                Err(reason) => {
+                    tracing::warn!(%reason, "structured output unavailable for this model")
+                }
+            }
+            let _ = cell.set(built);
+        };
+        if let Err(e) = std::thread::Builder::new()
+            .name("structured-output".into())
+            .spawn(build)
+        {
+            let _ = compiler.set(Err(format!("cannot start its build thread: {e}")));
+        }
+        Self { compiler }
+    }
+
+    /// The compiler, or why this model cannot have one; blocks until it is built (call it off the
+    /// async runtime).
+    pub fn wait(&self) -> Result<&ConstraintCompiler, &str> {
+        self.compiler.wait().as_ref().map_err(String::as_str)
     }
 }

@@ -12,7 +12,8 @@ use crate::chat_template::ChatMessage;
 use crate::config::Limits;
 use crate::model_context::ModelContext;
 use crate::validation::{
-    check_prompt, check_prompt_ids, check_request, check_vocab, Sampling, ValidationError,
+    check_constraint, check_prompt, check_prompt_ids, check_request, check_vocab, Sampling,
+    ValidationError,
 };
 
 /// What the model continues.
@@ -209,6 +210,7 @@ pub fn validate(
         limits,
     )?;
     check_vocab(&sampling, model.vocab_size)?;
+    tracing::info_span!("constraint").in_scope(|| check_constraint(&req, model))?;
     Ok(ValidRequest {
         prompt_ids,
         sampling,

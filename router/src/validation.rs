@@ -14,6 +14,7 @@ use inference_proto::worker::SamplingParams;
 use tonic::Status;
 
 use crate::config::Limits;
+use crate::model_context::ModelContext;
 use crate::request::{GenerationRequest, Prompt};
 
 pub use inference_proto::sampling_limits::{
@@ -119,8 +120,7 @@ impl Sampling {
 /// negative or non-finite temperature, `top_p` outside (0, 1], `min_p` outside [0, 1],
 /// `repetition_penalty` outside (0, 10] (0 is accepted and means off), `frequency_penalty` or
 /// `presence_penalty` outside [-2, 2], more than 300 `logit_bias` entries or a bias outside
-/// [-100, 100], `top_logprobs` above 20, too many, empty or too long stop strings;
-/// [`ValidationError::Unsupported`] for a `constraint` (structured output is not in this build).
+/// [-100, 100], `top_logprobs` above 20, too many, empty or too long stop strings.
 pub fn check_request(
     req: &GenerationRequest,
     limits: &Limits,
@@ -146,14 +146,6 @@ pub fn check_request(
             return invalid("prompt", "prompt is empty (no token ids)".into())
         }
         _ => {}
-    }
-    if req.constraint.is_some() {
-        // Structured output lands with the llguidance work (issue 14); until then it is refused,
-        // never silently ignored.
-        return Err(ValidationError::Unsupported {
-            field: "constraint",
-            message: "constraint: structured output is not available in this build".into(),
-        });
     }
     if let Prompt::Chat(messages) = &req.prompt {
         if let Some(i) = messages.iter().position(|m| m.role.is_empty()) {
@@ -380,3 +372,40 @@ fn invalid<T>(field: &'static str, message: String) -> Result<T, ValidationError
 
 #[cfg(test)]
 mod tests;
+
+/// Checks a request's structured-output `constraint` (when it has one) by compiling it against the
+/// model's vocabulary, as the worker will: the request is refused before any work when the worker
+/// could not follow it. Blocks while the model's compiler is still being built, and compiling takes
+/// milliseconds: call it off the async runtime (as [`crate::request::validate`] is).
+///
+/// Errors: [`ValidationError::Invalid`] (field `constraint`) naming the problem for an empty
+/// constraint, a schema that is not JSON or that llguidance cannot compile (unsupported keyword,
+/// unresolvable `$ref`, contradictory bounds, ...), an invalid regex or Lark grammar, an empty
+/// choice list or choice; with `ignore_eos` (a complete output ends with EOS); and for a model whose
+/// vocabulary cannot have structured output (the message says why).
+pub fn check_constraint(
+    req: &GenerationRequest,
+    model: &ModelContext,
+) -> Result<(), ValidationError> {
+    let Some(constraint) = &req.constraint else {
+        return Ok(());
+    };
+    if req.ignore_eos {
+        return invalid(
+            "constraint",
+            "ignore_eos cannot be combined with a constraint (a complete structured output ends \
+             with EOS)"
+                .into(),
+        );
+    }
+    let compiler = model.constraints.wait().map_err(|reason| {
+        ValidationError::invalid(
+            "constraint",
+            format!("constraint: structured output is not available for this model: {reason}"),
+        )
+    })?;
+    compiler
+        .compile(constraint)
+        .map(drop)
+        .map_err(|e| ValidationError::invalid("constraint", e.to_string()))
+}

@@ -315,6 +315,7 @@ mod tests {
                 }),
                 ..Default::default()
             }),
+            constraint: None,
             out,
         }));
         // Busy with steps: serving. Then its steps hang: NOT_SERVING after the stall timeout.

@@ -11,6 +11,9 @@
 //! `worker_prefix_cache_hit_tokens_total`, `worker_finished_requests_total`,
 //! `worker_cancelled_requests_total`, `worker_failed_requests_total`.
 //!
+//! Structured output: histogram `worker_constraint_mask_seconds`, the time to compute one constrained
+//! sequence's allowed-token mask (observed by the engine for every mask, see `engine::masks`).
+//!
 //! Per engine step ([`WorkerMetrics::sample_steps`]): histograms `worker_step_duration_seconds`,
 //! `worker_batch_tokens` and `worker_batch_sequences`. The sampler asks the engine for its stats
 //! again as soon as the previous answer arrived (at most every millisecond); the engine answers
@@ -74,6 +77,11 @@ impl WorkerMetrics {
             "batch_sequences",
             "Sequences in an engine step's batch",
             batch_sequences.clone(),
+        );
+        registry.register(
+            "constraint_mask_seconds",
+            "Time to compute one constrained sequence's allowed-token mask (structured output)",
+            crate::engine::mask_seconds(),
         );
         let snapshot = Arc::new(Mutex::new(None));
         registry.register_collector(Box::new(StatsCollector {

@@ -19,12 +19,17 @@ use inference_proto::worker::{
 use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
 
+use inference_proto::worker::AddRequest;
+use structured_output::{ConstraintCompiler, ConstraintState};
+
 use crate::engine::{Command, EngineHandle};
 use crate::health::{health_response, Lifecycle};
 use crate::telemetry::ConnectionSpans;
 
 /// `google.rpc.Code` UNAVAILABLE, for requests refused while draining.
 const CODE_UNAVAILABLE: i32 = 14;
+/// `google.rpc.Code` INVALID_ARGUMENT, for a constraint that cannot be followed.
+const CODE_INVALID_ARGUMENT: i32 = 3;
 
 /// Stall timeout of a service built without [`WorkerService::with_stall_timeout`] (the default of
 /// the `engine_stall_timeout_ms` setting).
@@ -39,16 +44,30 @@ pub struct WorkerService {
     lifecycle: Option<Arc<Lifecycle>>,
     /// `Health` says not ready when the engine has work and made no progress for this long.
     stall_timeout: Duration,
+    /// Structured output over the model's vocabulary, or why this model cannot have it.
+    constraints: Arc<Result<ConstraintCompiler, String>>,
 }
 
 impl WorkerService {
-    /// Serves `engine`; `description` is the model's `Info` (its `stats` field is ignored).
+    /// Serves `engine`; `description` is the model's `Info` (its `stats` field is ignored). Builds
+    /// the structured-output token environment of its vocabulary (once; a vocabulary that cannot
+    /// have one is logged, and its constrained requests are refused).
     pub fn new(engine: EngineHandle, description: InfoResponse) -> Self {
+        let started = Instant::now();
+        let constraints = ConstraintCompiler::from_info(&description).map_err(|e| e.to_string());
+        match &constraints {
+            Ok(_) => tracing::info!(
+                ms = started.elapsed().as_millis() as u64,
+                "structured output ready"
+            ),
+            Err(reason) => tracing::warn!(%reason, "structured output unavailable for this model"),
+        }
         Self {
             engine,
             description: Arc::new(description),
             lifecycle: None,
             stall_timeout: DEFAULT_STALL_TIMEOUT,
+            constraints: Arc::new(constraints),
         }
     }
 
@@ -90,16 +109,42 @@ fn until_stopped<T: Send + 'static>(
     )
 }
 
-/// The step message that refuses `request_id` because the worker is shutting down.
-fn refusal(request_id: String) -> StepOutput {
+/// The step message that refuses `request_id` with `code` and `message`.
+fn refusal(request_id: String, code: i32, message: String) -> StepOutput {
     StepOutput {
         errors: vec![RequestError {
             request_id,
-            code: CODE_UNAVAILABLE,
-            message: "the worker is shutting down and takes no new requests".into(),
+            code,
+            message,
         }],
         ..Default::default()
     }
+}
+
+/// The request's constraint compiled and advanced by its `generated_ids` (`None` when it has
+/// none). Errors (the request's `INVALID_ARGUMENT` message): no structured output for this model,
+/// no stop token to end a complete output with, an invalid constraint, or generated tokens the
+/// constraint does not allow.
+fn compile_constraint(
+    constraints: &Result<ConstraintCompiler, String>,
+    request: &AddRequest,
+) -> Result<Option<Box<ConstraintState>>, String> {
+    let Some(constraint) = &request.constraint else {
+        return Ok(None);
+    };
+    let compiler = constraints
+        .as_ref()
+        .map_err(|reason| format!("structured output is not available for this model: {reason}"))?;
+    if request.stop_token_ids.is_empty() {
+        return Err(
+            "a constrained request needs stop_token_ids (they end a complete output)".into(),
+        );
+    }
+    let mut state = compiler.compile(constraint).map_err(|e| e.to_string())?;
+    state
+        .replay(&request.generated_ids)
+        .map_err(|e| format!("generated_ids do not follow the constraint: {e}"))?;
+    Ok(Some(Box::new(state)))
 }
 
 type WorkerStream = Pin<Box<dyn Stream<Item = Result<WorkerMessage, Status>> + Send>>;
@@ -120,6 +165,7 @@ impl Worker for WorkerService {
         let spans = ConnectionSpans::new_if_enabled().map(Arc::new);
         let inbound_spans = spans.clone();
         let lifecycle = self.lifecycle.clone();
+        let constraints = self.constraints.clone();
         let draining = {
             let lifecycle = lifecycle.clone();
             move || lifecycle.as_ref().is_some_and(|l| l.is_draining())
@@ -142,15 +188,28 @@ impl Worker for WorkerService {
                 let command = match message.kind {
                     Some(router_message::Kind::Add(request)) => {
                         if draining() {
-                            let _ = out_tx.send(refusal(request.request_id));
+                            let message = "the worker is shutting down and takes no new requests";
+                            let refused =
+                                refusal(request.request_id, CODE_UNAVAILABLE, message.into());
+                            let _ = out_tx.send(refused);
                             continue;
                         }
+                        let constraint = match compile_constraint(&constraints, &request) {
+                            Ok(constraint) => constraint,
+                            Err(message) => {
+                                let refused =
+                                    refusal(request.request_id, CODE_INVALID_ARGUMENT, message);
+                                let _ = out_tx.send(refused);
+                                continue;
+                            }
+                        };
                         if let Some(spans) = &inbound_spans {
                             spans.on_add(&request);
                         }
                         Command::Add {
                             conn,
                             request: Box::new(request),
+                            constraint,
                             out: out_tx.clone(),
                         }
                     }
@@ -232,5 +291,67 @@ mod tests {
         assert_eq!(stream.next().await, Some(3));
         assert_eq!(stream.next().await, None);
         drop(tx);
+    }
+
+    /// A compiler over the vocabulary `<eos>` (control, id 0), `a`, `b`, `c`.
+    fn abc() -> Result<ConstraintCompiler, String> {
+        let tokens: Vec<String> = ["<eos>", "a", "b", "c"].map(String::from).to_vec();
+        Ok(ConstraintCompiler::new(structured_output::VocabSource {
+            model: "gpt2",
+            tokens: &tokens,
+            token_types: &[3, 1, 1, 1],
+            vocab_size: 4,
+            eos_token_ids: &[0],
+        })
+        .unwrap())
+    }
+
+    fn regex_request(regex: &str, generated: Vec<u32>, stops: Vec<u32>) -> AddRequest {
+        use inference_proto::public::{constraint::Kind, Constraint};
+        AddRequest {
+            request_id: "r".into(),
+            prompt_ids: vec![1],
+            max_new_tokens: 10,
+            stop_token_ids: stops,
+            generated_ids: generated,
+            constraint: Some(Constraint {
+                kind: Some(Kind::Regex(regex.into())),
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn constraints_compile_and_replay_generated_ids_or_are_refused_with_the_reason() {
+        let compiler = abc();
+        let unconstrained = AddRequest::default();
+        assert!(compile_constraint(&compiler, &unconstrained)
+            .unwrap()
+            .is_none());
+        // Resumed after "ab": only "c" may follow, then the output is complete.
+        let mut state = compile_constraint(&compiler, &regex_request("abc", vec![1, 2], vec![0]))
+            .unwrap()
+            .unwrap();
+        assert_eq!(state.generated(), 2);
+        let mask = state.compute_mask().unwrap();
+        assert!(mask.allows(3) && mask.num_allowed() == 1);
+        let refused = |request: AddRequest| compile_constraint(&compiler, &request).unwrap_err();
+        let e = refused(regex_request("abc", vec![2], vec![0]));
+        assert!(
+            e.starts_with(
+                "generated_ids do not follow the constraint: token 2 at generated index 0"
+            ),
+            "{e}"
+        );
+        let e = refused(regex_request("abc", vec![], vec![]));
+        assert!(e.contains("needs stop_token_ids"), "{e}");
+        let e = refused(regex_request("(", vec![], vec![0]));
+        assert!(e.starts_with("constraint.regex is invalid"), "{e}");
+        let unavailable: Result<ConstraintCompiler, String> = Err("no tokenizer".into());
+        let e = compile_constraint(&unavailable, &regex_request("a", vec![], vec![0])).unwrap_err();
+        assert_eq!(
+            e,
+            "structured output is not available for this model: no tokenizer"
+        );
     }
 }

@@ -33,7 +33,10 @@ pub struct Reply {
 /// OpenAI's finish reason for the router's.
 pub fn finish_reason(reason: FinishReason) -> &'static str {
     match reason {
-        FinishReason::EosToken | FinishReason::StopSequence | FinishReason::Unspecified => "stop",
+        FinishReason::EosToken
+        | FinishReason::StopSequence
+        | FinishReason::ConstraintComplete
+        | FinishReason::Unspecified => "stop",
         FinishReason::MaxNewTokens | FinishReason::ContextLength => "length",
     }
 }

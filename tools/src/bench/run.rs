@@ -763,6 +763,7 @@ async fn run_one_direct(
                         let reason = match last.stop_reason() {
                             StopReason::StopToken => FinishReason::EosToken,
                             StopReason::ContextFull => FinishReason::ContextLength,
+                            StopReason::ConstraintComplete => FinishReason::ConstraintComplete,
                             StopReason::Length if total >= context_length => {
                                 FinishReason::ContextLength
                             }

@@ -1,7 +1,8 @@
 //! `client --router 127.0.0.1:PORT "prompt"`: calls `Generate` and prints the text as it arrives,
 //! then the finish reason, token counts, time to first token and tokens/s on stderr. A prompt of
 //! `-` is read from standard input (for prompts too long for a command line), less one final line
-//! break.
+//! break. `--json-schema FILE`, `--json-object`, `--regex REGEX`, `--lark FILE` or `--choice TEXT`
+//! (repeatable) constrain the output (structured output).
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -9,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use inference_proto::public::{
-    text_generation_client::TextGenerationClient, ChatMessage, FinishReason, GenerateRequest,
-    ModelInfoRequest,
+    constraint::Kind, text_generation_client::TextGenerationClient, ChatMessage, ChoiceList,
+    Constraint, FinishReason, GenerateRequest, ModelInfoRequest,
 };
 use tonic::transport::Channel;
 
@@ -48,11 +49,50 @@ struct Args {
     /// text (`prompt_as_plain_text`; chat content is always plain text).
     #[arg(long)]
     plain_text: bool,
+    /// Structured output: the text is one JSON value valid against the JSON Schema in this file.
+    #[arg(long, value_name = "FILE", group = "constraint")]
+    json_schema: Option<std::path::PathBuf>,
+    /// Structured output: the text is one JSON object.
+    #[arg(long, group = "constraint")]
+    json_object: bool,
+    /// Structured output: the whole text matches this regular expression.
+    #[arg(long, value_name = "REGEX", group = "constraint")]
+    regex: Option<String>,
+    /// Structured output: the text is one sentence of the Lark grammar in this file (rule `start`).
+    #[arg(long, value_name = "FILE", group = "constraint")]
+    lark: Option<std::path::PathBuf>,
+    /// Structured output: the text is exactly one of these strings (repeatable).
+    #[arg(long, value_name = "TEXT", group = "constraint")]
+    choice: Vec<String>,
     /// Wait up to this many seconds for the router to have a ready worker (polling `ModelInfo`).
     #[arg(long, default_value_t = 0)]
     wait_ready_secs: u64,
     /// The prompt; `-` reads it from standard input (one final line break dropped).
     prompt: String,
+}
+
+/// The structured-output constraint the flags ask for (files read here).
+fn constraint(args: &Args) -> anyhow::Result<Option<Constraint>> {
+    let read = |path: &std::path::Path| {
+        std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))
+    };
+    let kind = if let Some(path) = &args.json_schema {
+        Kind::JsonSchema(read(path)?)
+    } else if args.json_object {
+        Kind::JsonObject(true)
+    } else if let Some(regex) = &args.regex {
+        Kind::Regex(regex.clone())
+    } else if let Some(path) = &args.lark {
+        Kind::Lark(read(path)?)
+    } else if !args.choice.is_empty() {
+        Kind::Choice(ChoiceList {
+            choices: args.choice.clone(),
+        })
+    } else {
+        return Ok(None);
+    };
+    Ok(Some(Constraint { kind: Some(kind) }))
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -86,6 +126,7 @@ async fn run(mut args: Args) -> anyhow::Result<()> {
     wait_ready(&mut client, Duration::from_secs(args.wait_ready_secs))
         .await
         .map_err(|e| anyhow::anyhow!("router at {address}: {e:#}"))?;
+    let constraint = constraint(&args)?;
     let (prompt, messages) = if args.chat {
         let user = ChatMessage {
             role: "user".into(),
@@ -96,6 +137,7 @@ async fn run(mut args: Args) -> anyhow::Result<()> {
         (args.prompt, Vec::new())
     };
     let request = GenerateRequest {
+        constraint,
         prompt,
         messages,
         max_new_tokens: args.max_new_tokens,

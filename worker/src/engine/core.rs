@@ -17,12 +17,14 @@ use inference_proto::worker::{
 use tokio::sync::mpsc;
 
 use super::batch::{BatchEntry, BatchModel};
+use super::masks::{self, MaskJobs};
 use super::monitor::{EngineSnapshot, Publisher};
 use super::scheduler::{Chunk, Scheduler, SchedulerConfig, SeqId};
 use super::sequence::{Sequence, StopReason};
 use super::{Command, ConnId, EngineHandle};
 use crate::kv::BlockPool;
 use crate::sampler::{Sampler, SamplingConfig};
+use structured_output::ConstraintState;
 
 /// gRPC status codes used in [`RequestError::code`].
 const CODE_INVALID_ARGUMENT: i32 = 3;
@@ -130,10 +132,15 @@ impl<M: BatchModel> Engine<M> {
 
     fn handle(&mut self, cmd: Command) {
         match cmd {
-            Command::Add { conn, request, out } => {
+            Command::Add {
+                conn,
+                request,
+                constraint,
+                out,
+            } => {
                 self.outputs.insert(conn, out);
                 let request_id = request.request_id.clone();
-                if let Err((code, message)) = self.admit(conn, *request) {
+                if let Err((code, message)) = self.admit(conn, *request, constraint) {
                     self.stats.failed_requests += 1;
                     let mut step = StepOutput::default();
                     step.errors.push(RequestError {
@@ -171,8 +178,14 @@ impl<M: BatchModel> Engine<M> {
         self.outputs.remove(&conn);
     }
 
-    /// Validates a request and queues it.
-    fn admit(&mut self, conn: ConnId, req: AddRequest) -> Result<(), (i32, String)> {
+    /// Validates a request and queues it (with its compiled constraint, already advanced by its
+    /// `generated_ids`).
+    fn admit(
+        &mut self,
+        conn: ConnId,
+        req: AddRequest,
+        constraint: Option<Box<ConstraintState>>,
+    ) -> Result<(), (i32, String)> {
         let invalid = |m: String| (CODE_INVALID_ARGUMENT, m);
         let ctx = self.model.context_length();
         let vocab = self.model.vocab_size();
@@ -251,6 +264,7 @@ impl<M: BatchModel> Engine<M> {
             ctx,
         );
         seq.tokens.extend_from_slice(&req.generated_ids);
+        seq.constraint = constraint;
         self.seqs.insert(id, seq);
         self.scheduler.enqueue(id);
         Ok(())
@@ -278,7 +292,11 @@ impl<M: BatchModel> Engine<M> {
             self.publish(false);
             return;
         }
-        let logits = self.execute(&schedule.chunks);
+        // Structured output: the constrained sequences' masks are computed during the forward pass.
+        let jobs = MaskJobs::take(&schedule.chunks, &mut self.seqs);
+        let lent = jobs.ids();
+        let (logits, outcomes) = jobs.overlap(|| self.execute(&schedule.chunks));
+        masks::restore(outcomes, &lent, &mut self.seqs);
         let mut per_conn: HashMap<ConnId, StepOutput> = HashMap::new();
         match logits {
             Ok(logits) => self.update(&schedule.chunks, logits, &mut per_conn),
@@ -347,7 +365,14 @@ impl<M: BatchModel> Engine<M> {
                 self.fail(chunk.seq, CODE_INTERNAL, message, per_conn);
                 continue;
             };
-            let (sampled, stop) = seq.accept_logits(&row);
+            let (sampled, stop) = match seq.accept_logits(&row) {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    // llguidance failed for this sequence: it fails, the engine goes on.
+                    self.fail(chunk.seq, CODE_INTERNAL, e.to_string(), per_conn);
+                    continue;
+                }
+            };
             self.stats.generated_tokens += 1;
             per_conn
                 .entry(seq.conn)
@@ -461,5 +486,6 @@ fn wire_reason(reason: Option<StopReason>) -> WireStopReason {
         Some(StopReason::StopToken) => WireStopReason::StopToken,
         Some(StopReason::Length) => WireStopReason::Length,
         Some(StopReason::ContextFull) => WireStopReason::ContextFull,
+        Some(StopReason::ConstraintComplete) => WireStopReason::ConstraintComplete,
     }
 }

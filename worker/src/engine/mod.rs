@@ -8,6 +8,7 @@
 
 mod batch;
 mod core;
+mod masks;
 mod monitor;
 mod scheduler;
 mod sequence;
@@ -15,10 +16,12 @@ mod sequence;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use inference_proto::worker::{AddRequest, EngineStats, StepOutput};
+use structured_output::ConstraintState;
 use tokio::sync::{mpsc, oneshot, watch};
 
 pub use self::core::{spawn_engine, EngineConfig};
 pub use batch::{BatchEntry, BatchModel};
+pub use masks::mask_seconds;
 pub use monitor::EngineSnapshot;
 pub use scheduler::{Chunk, Schedule, Scheduler, SchedulerConfig, SeqId};
 pub use sequence::{Sequence, StopReason};
@@ -28,10 +31,12 @@ pub type ConnId = u64;
 
 /// Messages from RPC handlers to the engine thread.
 pub enum Command {
-    /// Admit a request; its outputs go to `out`.
+    /// Admit a request; its outputs go to `out`. `constraint` is its compiled structured-output
+    /// constraint, already advanced by its `generated_ids` (compiled off the engine thread).
     Add {
         conn: ConnId,
         request: Box<AddRequest>,
+        constraint: Option<Box<ConstraintState>>,
         out: mpsc::UnboundedSender<StepOutput>,
     },
     /// Drop one request (no further output is sent for it).

@@ -1,7 +1,9 @@
 //! One request's state inside the engine: its tokens, how many are in the KV cache, its block table,
-//! its sampler and its stop policy.
+//! its sampler, its structured-output constraint and its stop policy.
 
 use std::collections::HashSet;
+
+use structured_output::{ConstraintState, MatchError, Progress, TokenMask};
 
 use crate::kv::SequenceBlocks;
 use crate::sampler::{SampledToken, Sampler};
@@ -17,6 +19,8 @@ pub enum StopReason {
     Length,
     /// Prompt plus generated tokens reached the model's context length.
     ContextFull,
+    /// The request's constraint is complete: nothing may follow.
+    ConstraintComplete,
 }
 
 /// A request being generated.
@@ -36,6 +40,12 @@ pub struct Sequence {
     pub computed: usize,
     /// The block table, while admitted.
     pub blocks: Option<SequenceBlocks>,
+    /// Structured output: the constraint's state, advanced by every generated token (`None` =
+    /// unconstrained). It lives with the tokens, so a preemption (which keeps them) keeps it too.
+    pub constraint: Option<Box<ConstraintState>>,
+    /// The tokens the constraint allows at the next position (or why they could not be computed),
+    /// computed for the step that samples it.
+    pub mask: Option<Result<TokenMask, MatchError>>,
     sampler: Sampler,
     max_new_tokens: usize,
     stop_token_ids: HashSet<u32>,
@@ -63,6 +73,8 @@ impl Sequence {
             tokens: prompt,
             computed: 0,
             blocks: None,
+            constraint: None,
+            mask: None,
             sampler,
             max_new_tokens,
             stop_token_ids: stop_token_ids.into_iter().collect(),
@@ -86,19 +98,47 @@ impl Sequence {
         self.remaining() > 1
     }
 
-    /// Samples the next token from `logits` (`[vocab]` f32, of the last known token) and applies the
-    /// stop policy. Returns the token and, when the sequence is finished, why.
+    /// Samples the next token from `logits` (`[vocab]` f32, of the last known token), restricted to
+    /// the constraint's `mask` when the sequence is constrained, advances the constraint, and
+    /// applies the stop policy. Returns the token and, when the sequence is finished, why.
     ///
-    /// Order of checks: a stop token wins over the length limit, which wins over the context limit.
-    /// The draw depends only on (seed, number of generated tokens), so a recomputed sequence draws
-    /// exactly what it would have drawn.
-    pub fn accept_logits(&mut self, logits: &[f32]) -> (SampledToken, Option<StopReason>) {
+    /// Order of checks: a stop token wins over a complete constraint, which wins over the length
+    /// limit, which wins over the context limit. The draw depends only on (seed, number of generated
+    /// tokens, mask), so a recomputed sequence draws exactly what it would have drawn.
+    ///
+    /// Errors: a constrained sequence without a computed mask, or llguidance failing to advance.
+    pub fn accept_logits(
+        &mut self,
+        logits: &[f32],
+    ) -> Result<(SampledToken, Option<StopReason>), MatchError> {
+        let mask = match (self.mask.take(), &self.constraint) {
+            (Some(mask), _) => Some(mask?),
+            (None, Some(_)) => {
+                return Err(MatchError::Internal(
+                    "no token mask was computed for this step".into(),
+                ))
+            }
+            (None, None) => None,
+        };
         let (prompt, generated) = self.tokens.split_at(self.prompt_len);
-        let sampled = self.sampler.sample(logits, prompt, generated);
+        let allowed = mask.as_ref().map(TokenMask::words);
+        let sampled = self
+            .sampler
+            .sample_masked(logits, prompt, generated, allowed);
         self.tokens.push(sampled.token_id);
         let generated = self.tokens.len() - self.prompt_len;
-        let reason = if self.stop_token_ids.contains(&sampled.token_id) {
+        let stop_token = self.stop_token_ids.contains(&sampled.token_id);
+        let complete = match self.constraint.as_mut() {
+            // A stop token ends the sequence; the constraint allowed it only where complete.
+            Some(constraint) if !stop_token => {
+                constraint.advance(sampled.token_id)? == Progress::Complete
+            }
+            _ => false,
+        };
+        let reason = if stop_token {
             Some(StopReason::StopToken)
+        } else if complete {
+            Some(StopReason::ConstraintComplete)
         } else if generated >= self.max_new_tokens {
             Some(StopReason::Length)
         } else if self.tokens.len() >= self.context_length {
@@ -106,7 +146,7 @@ impl Sequence {
         } else {
             None
         };
-        (sampled, reason)
+        Ok((sampled, reason))
     }
 }
 
@@ -131,7 +171,7 @@ mod tests {
         let mut s = seq(5, 100);
         assert!(s.in_prefill());
         s.computed = 3;
-        let (t, r) = s.accept_logits(&logits_for(4));
+        let (t, r) = s.accept_logits(&logits_for(4)).unwrap();
         assert_eq!((t.token_id, r), (4, None));
         assert!(!s.in_prefill());
         assert_eq!(s.generated(), &[4]);
@@ -141,7 +181,7 @@ mod tests {
     fn stop_token_wins_over_length() {
         let mut s = seq(1, 100);
         assert_eq!(
-            s.accept_logits(&logits_for(2)).1,
+            s.accept_logits(&logits_for(2)).unwrap().1,
             Some(StopReason::StopToken)
         );
     }
@@ -149,12 +189,15 @@ mod tests {
     #[test]
     fn length_then_context() {
         let mut s = seq(2, 100);
-        assert_eq!(s.accept_logits(&logits_for(4)).1, None);
-        assert_eq!(s.accept_logits(&logits_for(4)).1, Some(StopReason::Length));
-        let mut s = seq(10, 5);
-        assert_eq!(s.accept_logits(&logits_for(4)).1, None);
+        assert_eq!(s.accept_logits(&logits_for(4)).unwrap().1, None);
         assert_eq!(
-            s.accept_logits(&logits_for(4)).1,
+            s.accept_logits(&logits_for(4)).unwrap().1,
+            Some(StopReason::Length)
+        );
+        let mut s = seq(10, 5);
+        assert_eq!(s.accept_logits(&logits_for(4)).unwrap().1, None);
+        assert_eq!(
+            s.accept_logits(&logits_for(4)).unwrap().1,
             Some(StopReason::ContextFull)
         );
     }

@@ -4,7 +4,9 @@
 
 use std::time::Duration;
 
+use inference_proto::public::{constraint::Kind, Constraint};
 use inference_proto::worker::{AddRequest, SamplingParams, StepOutput, StopReason};
+use structured_output::{ConstraintCompiler, ConstraintState, VocabSource};
 use tokio::sync::mpsc;
 
 use super::*;
@@ -129,10 +131,15 @@ impl Client {
     }
 
     fn add(&self, request: AddRequest) {
+        self.add_constrained(request, None);
+    }
+
+    fn add_constrained(&self, request: AddRequest, constraint: Option<Box<ConstraintState>>) {
         let out = self.tx.clone();
         assert!(self.engine.send(Command::Add {
             conn: self.conn,
             request: Box::new(request),
+            constraint,
             out
         }));
     }
@@ -250,6 +257,7 @@ async fn cancel_and_closed_connections_free_every_block() {
     c.engine.send(Command::Add {
         conn: conn2,
         request: Box::new(add("c", vec![1], 50, vec![])),
+        constraint: None,
         out: tx2,
     });
     drop(rx2);
@@ -368,4 +376,94 @@ async fn the_published_snapshot_is_current_when_outputs_arrive_and_marks_a_dead_
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+}
+
+/// [`SumModel`]'s vocabulary as text: id 0 is the control token `<eos>`, ids 1.. are the letters
+/// `a`, `b`, ... (so id `i` is the byte `b'a' + i - 1`).
+fn letters_compiler() -> ConstraintCompiler {
+    let mut tokens = vec!["<eos>".to_string()];
+    tokens.extend((1..VOCAB).map(|i| char::from(b'a' + (i - 1) as u8).to_string()));
+    let mut types = vec![1; tokens.len()];
+    types[0] = 3;
+    ConstraintCompiler::new(VocabSource {
+        model: "gpt2",
+        tokens: &tokens,
+        token_types: &types,
+        vocab_size: VOCAB as usize,
+        eos_token_ids: &[0],
+    })
+    .unwrap()
+}
+
+fn letters(ids: &[u32]) -> String {
+    ids.iter()
+        .map(|&i| char::from(b'a' + (i - 1) as u8))
+        .collect()
+}
+
+#[tokio::test]
+async fn constrained_sequences_follow_their_constraint_alone_batched_and_preempted() {
+    let compiler = letters_compiler();
+    let regex = |r: &str| {
+        let c = Constraint {
+            kind: Some(Kind::Regex(r.into())),
+        };
+        Some(Box::new(compiler.compile(&c).unwrap()))
+    };
+    let prompts: Vec<Vec<u32>> = (0..5).map(|i| prompt(5 + 3 * i, 1 + i as u32)).collect();
+    let ids = ["c0", "u1", "u2", "u3", "u4"];
+    let mut solo = Client::new(config(128, 64, false));
+    solo.add_constrained(
+        add("c0", prompts[0].clone(), 20, vec![0]),
+        regex("[a-e]{6}(xy|z)"),
+    );
+    let alone = solo.collect(&["c0"]).await.remove(0);
+    let (tokens, reason) = alone.clone().expect("constrained run");
+    assert_eq!(reason, StopReason::ConstraintComplete, "{tokens:?}");
+    let text = letters(&tokens);
+    assert!(
+        text.len() >= 7 && text[..6].bytes().all(|b| (b'a'..=b'e').contains(&b)),
+        "{text}"
+    );
+    assert!(text.ends_with("xy") || text.ends_with('z'), "{text}");
+    // Beside unconstrained sequences, with chunked prefills and with preemptions: the same tokens,
+    // and the unconstrained ones exactly their own.
+    for (blocks, budget) in [(128, 64), (128, 6), (12, 7)] {
+        let mut c = Client::new(config(blocks, budget, false));
+        for (id, p) in ids.iter().zip(&prompts).skip(1) {
+            c.add(add(id, p.clone(), 20, vec![]));
+        }
+        // Admitted last: the first a full pool preempts.
+        c.add_constrained(
+            add("c0", prompts[0].clone(), 20, vec![0]),
+            regex("[a-e]{6}(xy|z)"),
+        );
+        let got = c.collect(&ids).await;
+        assert_eq!(got[0], alone, "{blocks} {budget}");
+        for i in 1..ids.len() {
+            assert_eq!(
+                got[i],
+                Ok((expected(&prompts[i], 20), StopReason::Length)),
+                "{blocks} {budget} {i}"
+            );
+        }
+        if blocks == 12 {
+            assert!(c.stats().await.preemptions > 0);
+        }
+    }
+    // Resumed elsewhere (a failover) after 3 tokens, with the state replayed from them: the same
+    // continuation.
+    let mut resumed = Client::new(config(128, 64, false));
+    let mut request = add("c0", prompts[0].clone(), 20, vec![0]);
+    request.generated_ids = tokens[..3].to_vec();
+    let mut state = regex("[a-e]{6}(xy|z)").unwrap();
+    state.replay(&tokens[..3]).unwrap();
+    resumed.add_constrained(request, Some(state));
+    let rest = resumed.collect(&["c0"]).await.remove(0).unwrap();
+    assert_eq!(rest, (tokens[3..].to_vec(), StopReason::ConstraintComplete));
+    // A constraint that cannot be complete within max_new_tokens ends with `length`.
+    let mut c = Client::new(config(128, 64, false));
+    c.add_constrained(add("long", prompts[1].clone(), 4, vec![0]), regex("a{10}"));
+    let got = c.collect(&["long"]).await.remove(0).unwrap();
+    assert_eq!(got, (vec![1; 4], StopReason::Length));
 }

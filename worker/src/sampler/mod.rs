@@ -21,6 +21,10 @@
 //! 9. Renormalise, and draw by inverse CDF: with `u` the request's uniform number for this position,
 //!    the first kept token in ascending id order whose cumulative probability exceeds `u`.
 //!
+//! With an allowed-token mask (structured output, [`Sampler::sample_masked`]), every token the mask
+//! does not allow gets `-inf` after step 3, so steps 4-9 only ever see allowed tokens; without one
+//! the steps run exactly as above (an unconstrained sequence is bitwise unaffected by the feature).
+//!
 //! NaN logits count as `-inf` (probability 0). Tokens whose weight underflows to 0 in step 5 are
 //! never drawn. When the highest processed logit is not finite (all `-inf`, or a `+inf`), the result
 //! is the greedy one.
@@ -51,6 +55,7 @@
 //! in a fixed order, so results are deterministic.
 
 mod config;
+mod mask;
 mod math;
 mod penalties;
 mod rng;
@@ -63,6 +68,7 @@ use std::cmp::Ordering;
 pub use config::{
     SamplingConfig, MAX_ABS_LOGIT_BIAS, MAX_ABS_PENALTY, MAX_REPETITION_PENALTY, MAX_TOP_LOGPROBS,
 };
+pub use mask::apply_mask;
 pub use rng::{stream_key, uniform};
 
 use penalties::Penalties;
@@ -156,22 +162,36 @@ impl Sampler {
     ///
     /// Panics if `logits` is empty.
     pub fn sample(&mut self, logits: &[f32], prompt: &[u32], generated: &[u32]) -> SampledToken {
+        self.sample_masked(logits, prompt, generated, None)
+    }
+
+    /// [`sample`](Self::sample) restricted to the tokens `allowed` allows: a bitset, token `i`
+    /// allowed iff bit `i % 32` of `allowed[i / 32]` is set (ids past the words are not allowed).
+    /// The logprobs stay those of the raw distribution. `None` is [`sample`](Self::sample).
+    ///
+    /// Panics if `logits` is empty.
+    pub fn sample_masked(
+        &mut self,
+        logits: &[f32],
+        prompt: &[u32],
+        generated: &[u32],
+        allowed: Option<&[u32]>,
+    ) -> SampledToken {
         assert!(!logits.is_empty(), "sample: empty logits");
-        let token_id =
-            with_scratch(
-                |scratch| match self.prepare(scratch, logits, prompt, generated) {
-                    Choice::Token(id) => id,
-                    Choice::Draw { total } => {
-                        let u = uniform(&self.key, generated.len() as u64);
-                        pick(scratch.cand.iter().copied(), u * total)
-                    }
-                    Choice::DrawAll { total } => {
-                        let u = uniform(&self.key, generated.len() as u64);
-                        let weights = scratch.weights.iter().enumerate();
-                        pick(weights.map(|(i, &w)| (i as u32, w)), u * total)
-                    }
-                },
-            );
+        let token_id = with_scratch(|scratch| {
+            match self.prepare(scratch, logits, prompt, generated, allowed) {
+                Choice::Token(id) => id,
+                Choice::Draw { total } => {
+                    let u = uniform(&self.key, generated.len() as u64);
+                    pick(scratch.cand.iter().copied(), u * total)
+                }
+                Choice::DrawAll { total } => {
+                    let u = uniform(&self.key, generated.len() as u64);
+                    let weights = scratch.weights.iter().enumerate();
+                    pick(weights.map(|(i, &w)| (i as u32, w)), u * total)
+                }
+            }
+        });
         let raw = RawDistribution::of(logits);
         SampledToken {
             token_id: token_id as u32,
@@ -193,7 +213,7 @@ impl Sampler {
     ) -> Vec<(u32, f64)> {
         assert!(!logits.is_empty(), "distribution: empty logits");
         with_scratch(
-            |scratch| match self.prepare(scratch, logits, prompt, generated) {
+            |scratch| match self.prepare(scratch, logits, prompt, generated, None) {
                 Choice::Token(id) => vec![(id as u32, 1.0)],
                 Choice::Draw { total } => scratch
                     .cand
@@ -218,6 +238,7 @@ impl Sampler {
         logits: &[f32],
         prompt: &[u32],
         generated: &[u32],
+        allowed: Option<&[u32]>,
     ) -> Choice {
         let Sampler {
             config, penalties, ..
@@ -227,7 +248,7 @@ impl Sampler {
             weights,
             cand,
         } = scratch;
-        let scores: &[f32] = if config.processes_logits() {
+        let scores: &[f32] = if config.processes_logits() || allowed.is_some() {
             work.clear();
             work.extend_from_slice(logits);
             for &(id, bias) in &config.logit_bias {
@@ -236,6 +257,9 @@ impl Sampler {
                 }
             }
             penalties.apply(config, work, prompt, generated);
+            if let Some(allowed) = allowed {
+                apply_mask(work, allowed);
+            }
             work
         } else {
             logits

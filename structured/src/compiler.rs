@@ -1,0 +1,169 @@
+//! Compiling a request's [`Constraint`] against one model's vocabulary.
+
+use inference_proto::public::{constraint::Kind, Constraint};
+use inference_proto::worker::InfoResponse;
+use llguidance::api::TopLevelGrammar;
+use llguidance::toktrie::{ApproximateTokEnv, TokEnv, TokRxInfo, TokTrie};
+use llguidance::{Matcher, ParserFactory};
+
+use crate::error::{ConstraintError, VocabError};
+use crate::state::ConstraintState;
+use crate::vocab::{token_bytes, VocabKind};
+
+/// What a model's vocabulary looks like: GGUF `tokenizer.ggml.*` metadata plus the ids that end a
+/// sequence.
+#[derive(Debug, Clone, Copy)]
+pub struct VocabSource<'a> {
+    /// `tokenizer.ggml.model` (`"gpt2"` or `"llama"`).
+    pub model: &'a str,
+    /// `tokenizer.ggml.tokens`.
+    pub tokens: &'a [String],
+    /// `tokenizer.ggml.token_type` (may be empty: all normal).
+    pub token_types: &'a [i32],
+    /// Width of the model's logits (at least `tokens.len()`; ids past the tokens are never allowed).
+    pub vocab_size: usize,
+    /// End-of-sequence ids: allowed exactly where the constraint is complete.
+    pub eos_token_ids: &'a [u32],
+}
+
+/// One model's llguidance environment (token trie and parser factory), built once at load and
+/// shared by every request; compiles constraints into per-sequence [`ConstraintState`]s.
+pub struct ConstraintCompiler {
+    factory: ParserFactory,
+    vocab_size: usize,
+}
+
+impl std::fmt::Debug for ConstraintCompiler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConstraintCompiler")
+            .field("vocab_size", &self.vocab_size)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ConstraintCompiler {
+    /// Builds the compiler of the model a worker's `Info` describes (its GGUF tokenizer, vocabulary
+    /// size and EOS ids); the router and the worker build the same one.
+    ///
+    /// Errors: `Info` without a tokenizer, and those of [`ConstraintCompiler::new`].
+    pub fn from_info(info: &InfoResponse) -> Result<Self, VocabError> {
+        let spec = info
+            .tokenizer
+            .as_ref()
+            .ok_or_else(|| VocabError::Environment("the model's Info has no tokenizer".into()))?;
+        Self::new(VocabSource {
+            model: &spec.model,
+            tokens: &spec.tokens,
+            token_types: &spec.token_types,
+            vocab_size: info.vocab_size as usize,
+            eos_token_ids: &info.eos_token_ids,
+        })
+    }
+
+    /// Builds the token environment of `source` (see [`crate::vocab`] for the byte conversion).
+    ///
+    /// Errors: an unsupported tokenizer model or malformed byte token, no EOS id inside the
+    /// vocabulary, or llguidance refusing the environment.
+    pub fn new(source: VocabSource<'_>) -> Result<Self, VocabError> {
+        let kind = VocabKind::from_gguf_model(source.model)?;
+        let words = token_bytes(kind, source.tokens, source.token_types, source.vocab_size)?;
+        let vocab_size = words.len();
+        let eos: Vec<u32> = source
+            .eos_token_ids
+            .iter()
+            .copied()
+            .filter(|&id| (id as usize) < vocab_size)
+            .collect();
+        let Some(&first_eos) = eos.first() else {
+            return Err(VocabError::NoEos(vocab_size));
+        };
+        let info = TokRxInfo::new(vocab_size as u32, first_eos);
+        let trie = TokTrie::from(&info, &words).with_eos_tokens(&eos);
+        let env: TokEnv = std::sync::Arc::new(ApproximateTokEnv::new(trie));
+        let mut factory =
+            ParserFactory::new_simple(&env).map_err(|e| VocabError::Environment(e.to_string()))?;
+        factory.quiet();
+        // Errors name the problem, not the whole parser state and grammar.
+        factory.limits_mut().verbose_errors = false;
+        Ok(Self {
+            factory,
+            vocab_size,
+        })
+    }
+
+    /// Width of the masks this compiler's states produce (the model's logits width).
+    pub fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+
+    /// Compiles `constraint` into a fresh state (nothing generated yet).
+    ///
+    /// - `json_schema`: a JSON Schema document (llguidance's supported subset: `$ref` within the
+    ///   document, `anyOf`/`oneOf`, enums and consts, numeric and length bounds, formats, ...);
+    /// - `json_object`: the schema `{"type": "object"}`;
+    /// - `regex`: the whole output matches it (Rust `regex` syntax);
+    /// - `lark`: llguidance's Lark dialect, from rule `start`;
+    /// - `choice`: exactly one of the strings (compiled as an escaped regex alternation).
+    ///
+    /// Errors: [`ConstraintError`] naming the field and llguidance's explanation.
+    pub fn compile(&self, constraint: &Constraint) -> Result<ConstraintState, ConstraintError> {
+        let (field, grammar) = grammar_of(constraint)?;
+        let invalid = |message: String| ConstraintError::Invalid { field, message };
+        let parser = self
+            .factory
+            .create_parser(grammar)
+            .map_err(|e| invalid(e.to_string()))?;
+        let matcher = Matcher::new(Ok(parser));
+        if let Some(message) = matcher.get_error() {
+            return Err(invalid(message));
+        }
+        Ok(ConstraintState::new(matcher))
+    }
+}
+
+/// The llguidance grammar of `constraint`, with the name of the field it came from.
+fn grammar_of(constraint: &Constraint) -> Result<(&'static str, TopLevelGrammar), ConstraintError> {
+    match constraint.kind.as_ref().ok_or(ConstraintError::Empty)? {
+        Kind::JsonSchema(text) => {
+            let schema = serde_json::from_str(text)
+                .map_err(|e| ConstraintError::SchemaNotJson(e.to_string()))?;
+            Ok((
+                "json_schema",
+                TopLevelGrammar::from_json_schema(compact(schema)),
+            ))
+        }
+        Kind::JsonObject(_) => Ok((
+            "json_object",
+            TopLevelGrammar::from_json_schema(compact(serde_json::json!({ "type": "object" }))),
+        )),
+        Kind::Regex(regex) => Ok(("regex", TopLevelGrammar::from_regex(regex))),
+        Kind::Lark(grammar) => Ok(("lark", TopLevelGrammar::from_lark(grammar.clone()))),
+        Kind::Choice(list) => {
+            if list.choices.is_empty() {
+                return Err(ConstraintError::NoChoices);
+            }
+            if let Some(i) = list.choices.iter().position(|c| c.is_empty()) {
+                return Err(ConstraintError::EmptyChoice(i));
+            }
+            let alternatives: Vec<String> = list
+                .choices
+                .iter()
+                .map(|c| regex_syntax::escape(c))
+                .collect();
+            let regex = format!("({})", alternatives.join("|"));
+            Ok(("choice", TopLevelGrammar::from_regex(&regex)))
+        }
+    }
+}
+
+/// Compact JSON by default: no whitespace between tokens (`{"a":1,"b":[2]}`), unless the schema sets
+/// llguidance's own options (`"x-guidance": {"whitespace_flexible": true}` and the like). Free
+/// whitespace lets a small model sampled at temperature 1 spend its whole budget on line breaks.
+fn compact(mut schema: serde_json::Value) -> serde_json::Value {
+    if let Some(object) = schema.as_object_mut() {
+        object
+            .entry("x-guidance")
+            .or_insert_with(|| serde_json::json!({ "whitespace_flexible": false }));
+    }
+    schema
+}

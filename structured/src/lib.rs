@@ -1,0 +1,22 @@
+//! Structured output: the generated text is kept inside a language (a JSON Schema, any JSON object,
+//! a regular expression, a Lark grammar, or one of a list of strings) by masking, at every position,
+//! the tokens that would leave it. Built on llguidance (Microsoft's guidance project, MIT), over the
+//! model's own vocabulary bytes.
+//!
+//! - [`vocab`]: GGUF token strings back to the bytes they stand for.
+//! - [`ConstraintCompiler`]: one per model; checks and compiles a request's
+//!   [`Constraint`](inference_proto::public::Constraint) (the router to refuse a bad one with
+//!   `INVALID_ARGUMENT`, the worker to follow it).
+//! - [`ConstraintState`]: one per constrained sequence; the [`TokenMask`] of allowed tokens for the
+//!   next position, and advancing by the chosen token.
+
+mod compiler;
+mod error;
+mod state;
+pub mod vocab;
+
+pub use compiler::{ConstraintCompiler, VocabSource};
+pub use error::{ConstraintError, MatchError, VocabError};
+pub use state::{ConstraintState, Progress, TokenMask};
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,220 @@
+//! Compiling and following constraints over the tiny test model's byte-level vocabulary.
+
+use inference_proto::public::{constraint::Kind, ChoiceList, Constraint};
+
+use crate::vocab::{token_bytes, VocabKind};
+use crate::{ConstraintCompiler, ConstraintError, MatchError, Progress, VocabSource};
+
+/// The tiny model's vocabulary (`<|endoftext|>`, `<|im_start|>`, `<|im_end|>` control, the 256
+/// byte symbols, merges), EOS 2.
+struct Tiny {
+    tokens: Vec<String>,
+    types: Vec<i32>,
+}
+
+const EOS: u32 = 2;
+
+fn tiny() -> Tiny {
+    let dir = std::env::temp_dir().join(format!("structured-tests-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("tiny-{:?}.gguf", std::thread::current().id()));
+    gguf::testing::write_tiny_llama(&path, 1).unwrap();
+    let file = gguf::GgufFile::open(&path).unwrap();
+    let meta = gguf::TokenizerMetadata::from_gguf(&file).unwrap();
+    let _ = std::fs::remove_file(&path);
+    Tiny {
+        tokens: meta.tokens,
+        types: meta.token_types,
+    }
+}
+
+fn compiler(t: &Tiny) -> ConstraintCompiler {
+    ConstraintCompiler::new(VocabSource {
+        model: "gpt2",
+        tokens: &t.tokens,
+        token_types: &t.types,
+        vocab_size: t.tokens.len() + 5,
+        eos_token_ids: &[EOS],
+    })
+    .unwrap()
+}
+
+fn constraint(kind: Kind) -> Constraint {
+    Constraint { kind: Some(kind) }
+}
+
+/// Follows `c` choosing, at each step, an allowed token by a fixed pseudo-random rule (EOS only
+/// when nothing else is allowed); returns the text and how it ended.
+fn walk(t: &Tiny, c: &Constraint, seed: u64, max_tokens: usize) -> (String, Vec<u32>, bool) {
+    let bytes = token_bytes(VocabKind::ByteLevelBpe, &t.tokens, &t.types, t.tokens.len()).unwrap();
+    let mut state = compiler(t).compile(c).unwrap();
+    let (mut text, mut ids, mut x) = (Vec::new(), Vec::new(), seed);
+    for _ in 0..max_tokens {
+        let mask = state.compute_mask().unwrap();
+        let allowed: Vec<u32> = (0..t.tokens.len() as u32)
+            .filter(|&id| mask.allows(id) && id != EOS)
+            .collect();
+        if allowed.is_empty() {
+            assert!(mask.allows(EOS), "nothing allowed, not even EOS");
+            return (String::from_utf8(text).unwrap(), ids, true);
+        }
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let id = allowed[(x >> 33) as usize % allowed.len()];
+        text.extend_from_slice(&bytes[id as usize]);
+        ids.push(id);
+        if state.advance(id).unwrap() == Progress::Complete {
+            return (String::from_utf8(text).unwrap(), ids, true);
+        }
+    }
+    (String::from_utf8(text).unwrap(), ids, false)
+}
+
+#[test]
+fn regex_output_matches() {
+    let t = tiny();
+    let c = constraint(Kind::Regex("[0-9]{3}-(ab|cd)".into()));
+    for seed in 0..5 {
+        let (text, _, done) = walk(&t, &c, seed, 50);
+        assert!(done, "{text:?}");
+        let (digits, rest) = text.split_at(3);
+        assert!(digits.bytes().all(|b| b.is_ascii_digit()), "{text:?}");
+        assert!(rest == "-ab" || rest == "-cd", "{text:?}");
+    }
+}
+
+#[test]
+fn choice_gives_one_of_the_strings() {
+    let t = tiny();
+    let choices = vec!["yes".to_string(), "no (x)".into(), "maybe.*".into()];
+    let c = constraint(Kind::Choice(ChoiceList {
+        choices: choices.clone(),
+    }));
+    for seed in 0..6 {
+        let (text, _, done) = walk(&t, &c, seed, 20);
+        assert!(done && choices.contains(&text), "{text:?}");
+    }
+}
+
+#[test]
+fn json_schema_output_parses_and_fits() {
+    let t = tiny();
+    let schema = r#"{"type":"object","properties":{"n":{"type":"integer","minimum":0,"maximum":9},
+        "tag":{"enum":["a","b"]}},"required":["n","tag"],"additionalProperties":false}"#;
+    let c = constraint(Kind::JsonSchema(schema.into()));
+    for seed in 0..4 {
+        let (text, _, done) = walk(&t, &c, seed, 400);
+        assert!(done, "{text:?}");
+        assert!(!text.contains([' ', '\n']), "compact by default: {text:?}");
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let n = v["n"].as_i64().unwrap();
+        assert!((0..=9).contains(&n), "{text}");
+        assert!(v["tag"] == "a" || v["tag"] == "b", "{text}");
+    }
+    let (text, _, done) = walk(&t, &constraint(Kind::JsonObject(true)), 7, 400);
+    assert!(
+        !done
+            || serde_json::from_str::<serde_json::Value>(&text)
+                .unwrap()
+                .is_object()
+    );
+}
+
+#[test]
+fn replay_rebuilds_the_same_state() {
+    let t = tiny();
+    let c = constraint(Kind::Regex("(ab|cd)+x".into()));
+    let (_, ids, _) = walk(&t, &c, 3, 6);
+    let comp = compiler(&t);
+    let mut original = comp.compile(&c).unwrap();
+    for &id in &ids {
+        original.compute_mask().unwrap();
+        original.advance(id).unwrap();
+    }
+    let mut replayed = comp.compile(&c).unwrap();
+    replayed.replay(&ids).unwrap();
+    assert_eq!(replayed.generated(), ids.len());
+    assert_eq!(
+        original.compute_mask().unwrap().words(),
+        replayed.compute_mask().unwrap().words()
+    );
+    // A token the constraint does not allow is refused with its index.
+    let mut fresh = comp.compile(&c).unwrap();
+    let z = t.tokens.iter().position(|s| s == "z").unwrap() as u32;
+    assert!(matches!(
+        fresh.replay(&[z]),
+        Err(MatchError::Rejected { index: 0, token, .. }) if token == z
+    ));
+}
+
+#[test]
+fn eos_only_where_complete_and_never_past_the_vocabulary() {
+    let t = tiny();
+    let comp = compiler(&t);
+    assert_eq!(comp.vocab_size(), t.tokens.len() + 5);
+    let mut s = comp.compile(&constraint(Kind::Regex("a+".into()))).unwrap();
+    let a = t.tokens.iter().position(|s| s == "a").unwrap() as u32;
+    let m = s.compute_mask().unwrap();
+    assert!(m.allows(a) && !m.allows(EOS));
+    assert!(!m.allows(t.tokens.len() as u32 + 1));
+    assert_eq!(s.advance(a).unwrap(), Progress::Open);
+    let m = s.compute_mask().unwrap();
+    assert!(m.allows(a) && m.allows(EOS));
+    // The special tokens other than EOS are never text.
+    assert!(!m.allows(1) && !m.allows(0));
+}
+
+#[test]
+fn invalid_constraints_name_the_problem() {
+    let t = tiny();
+    let comp = compiler(&t);
+    let err = |kind: Option<Kind>| comp.compile(&Constraint { kind }).unwrap_err();
+    assert!(matches!(err(None), ConstraintError::Empty));
+    let e = err(Some(Kind::JsonSchema("{not json".into())));
+    assert!(matches!(e, ConstraintError::SchemaNotJson(_)), "{e}");
+    let e = err(Some(Kind::JsonSchema(
+        r##"{"$ref":"#/$defs/missing"}"##.into(),
+    )));
+    assert!(
+        e.to_string()
+            .starts_with("constraint.json_schema is invalid: "),
+        "{e}"
+    );
+    let e = err(Some(Kind::JsonSchema(
+        r#"{"type":"integer","minimum":5,"maximum":1}"#.into(),
+    )));
+    assert!(e.to_string().contains("json_schema"), "{e}");
+    let e = err(Some(Kind::Regex("(unclosed".into())));
+    assert!(
+        e.to_string().starts_with("constraint.regex is invalid: "),
+        "{e}"
+    );
+    let e = err(Some(Kind::Lark("start: undefined_rule".into())));
+    assert!(
+        e.to_string().starts_with("constraint.lark is invalid: "),
+        "{e}"
+    );
+    let e = err(Some(Kind::Choice(ChoiceList { choices: vec![] })));
+    assert!(matches!(e, ConstraintError::NoChoices));
+    let e = err(Some(Kind::Choice(ChoiceList {
+        choices: vec!["a".into(), String::new()],
+    })));
+    assert!(matches!(e, ConstraintError::EmptyChoice(1)));
+}
+
+#[test]
+fn a_model_without_eos_or_with_another_tokenizer_is_refused() {
+    let t = tiny();
+    let source = |model, eos: &'static [u32]| VocabSource {
+        model,
+        tokens: &t.tokens,
+        token_types: &t.types,
+        vocab_size: t.tokens.len(),
+        eos_token_ids: eos,
+    };
+    let e = ConstraintCompiler::new(source("gpt2", &[])).unwrap_err();
+    assert!(e.to_string().contains("no end-of-sequence token"), "{e}");
+    let e = ConstraintCompiler::new(source("bert", &[2])).unwrap_err();
+    assert!(e.to_string().contains("unsupported tokenizer model"), "{e}");
+}
