@@ -2,7 +2,8 @@
 # Side-by-side CPU comparison of this project and llama.cpp on the same GGUF and the same cores
 # (issue 4). Not part of CI: the first run builds llama.cpp (~10 minutes on 2 cores).
 #
-#   bench/compare-llamacpp.sh            # everything
+#   bench/compare-llamacpp.sh            # everything, on the default model (SmolLM2 Q4_1)
+#   bench/compare-llamacpp.sh gemma3-270m   # another model: a scripts/fetch-model name or a GGUF path
 #   SKIP_SERVER=1 bench/compare-llamacpp.sh   # without the router / llama-server load test
 #   BUILD_ONLY=1 bench/compare-llamacpp.sh    # only build llama.cpp into the cache, run nothing
 #   RESULTS=<dir> SKIP_MICRO=1 bench/compare-llamacpp.sh  # only the server part, into an
@@ -42,45 +43,26 @@ build="$cache/build"
 out="${RESULTS:-$cache/results-$(date -u +%Y%m%dT%H%M%SZ)}"
 mkdir -p "$cache" "$out"
 
-model="${SMOLLM_MODEL:-$(scripts/fetch-model | tail -n 1)}"
+# The model: the first argument (a GGUF path, or a name scripts/fetch-model knows), else SMOLLM_MODEL,
+# else the default model.
+model="${1:-${SMOLLM_MODEL:-}}"
+if [[ -z "$model" ]]; then
+  model=$(scripts/fetch-model | tail -n 1)
+elif [[ ! -f "$model" ]]; then
+  model=$(scripts/fetch-model "$model" | tail -n 1)
+fi
 [[ -f "$model" ]] || { echo "compare: model $model not found" >&2; exit 2; }
 echo "model: $model; threads: $threads; repeats: $repeats; results: $out"
 
 # ---------------------------------------------------------------- llama.cpp build (cached)
-find_bin() { # name -> path of the built binary, or nothing
-  find "$build" -type f -name "$1" -perm -u+x 2>/dev/null | head -n 1
-}
-if [[ -z "$(find_bin llama-bench)" || -z "$(find_bin llama-batched-bench)" || -z "$(find_bin llama-server)" ]]; then
-  src_dir="$cache/src"
-  if [[ ! -d "$src_dir" ]]; then
-    mkdir -p "$cache/sdist"
-    # The source distribution only (its build tools come as wheels; `--no-binary :all:` would
-    # also compile cmake itself from source just to read the package's metadata).
-    pip download "llama-cpp-python==$version" --no-binary llama-cpp-python --no-deps \
-      -d "$cache/sdist"
-    tarball=$(find "$cache/sdist" -name "llama_cpp_python-$version.tar.gz" -o -name "llama-cpp-python-$version.tar.gz" | head -n 1)
-    [[ -n "$tarball" ]] || { echo "compare: sdist not found in $cache/sdist" >&2; exit 2; }
-    mkdir -p "$src_dir.tmp"
-    tar -xzf "$tarball" -C "$src_dir.tmp" --strip-components=1
-    mv "$src_dir.tmp" "$src_dir"
-  fi
-  llama_src="$src_dir/vendor/llama.cpp"
-  [[ -f "$llama_src/CMakeLists.txt" ]] || { echo "compare: no llama.cpp in $llama_src" >&2; exit 2; }
-  if ! command -v cmake >/dev/null; then # cmake from its PyPI wheel, in a venv in the cache
-    [[ -x "$cache/tools/bin/cmake" ]] || {
-      python3 -m venv "$cache/tools" && "$cache/tools/bin/pip" install -q cmake
-    }
-    export PATH="$cache/tools/bin:$PATH"
-  fi
-  cmake -S "$llama_src" -B "$build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
-    -DLLAMA_BUILD_TESTS=OFF -DBUILD_SHARED_LIBS=OFF
-  cmake --build "$build" --config Release -j "$threads" \
-    --target llama-bench llama-batched-bench llama-server
-fi
+# shellcheck source=bench/llamacpp-build.sh
+source "$root/bench/llamacpp-build.sh"
+llamacpp_build llama-bench llama-batched-bench llama-server
+build="$llamacpp_build_dir"
 [[ -z "${BUILD_ONLY:-}" ]] || { echo "compare: llama.cpp built in $build"; exit 0; }
-llama_bench=$(find_bin llama-bench)
-batched_bench=$(find_bin llama-batched-bench)
-llama_server=$(find_bin llama-server)
+llama_bench=$(llamacpp_bin llama-bench)
+batched_bench=$(llamacpp_bin llama-batched-bench)
+llama_server=$(llamacpp_bin llama-server)
 
 # ---------------------------------------------------------------- floors (bandwidth, FMA peak)
 gcc -O3 -march=native -pthread "$root/bench/floors.c" -o "$cache/floors"

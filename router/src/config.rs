@@ -11,6 +11,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::admission::AdmissionLimits;
 use crate::affinity::AffinityPolicy;
+use crate::model_context::ChatTemplateFile;
 use crate::pool::PoolSettings;
 
 /// Command-line flags. Every flag is optional here so that the file and environment can supply it.
@@ -63,6 +64,10 @@ pub struct Cli {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stall_timeout_ms: Option<u64>,
+    /// A Jinja chat template file that replaces the model's own (and the built-in one).
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub chat_template: Option<String>,
     /// Load and validate the settings, print the effective settings (JSON) and exit: 0 when they
     /// are valid, 2 with the error otherwise. Starts nothing.
     #[arg(long)]
@@ -166,6 +171,9 @@ pub struct RouterSettings {
     /// comma-separated string is accepted too.
     #[serde(deserialize_with = "string_or_list")]
     pub model_aliases: Vec<String>,
+    /// A Jinja chat template file used instead of the model's own template (GGUF
+    /// `tokenizer.chat_template` or `tokenizer_config.json`) and the built-in one; empty = none.
+    pub chat_template: String,
 }
 
 impl Default for RouterSettings {
@@ -194,6 +202,7 @@ impl Default for RouterSettings {
             http_listen: String::new(),
             served_model_name: String::new(),
             model_aliases: Vec::new(),
+            chat_template: String::new(),
         }
     }
 }
@@ -242,7 +251,19 @@ impl RouterSettings {
             },
             failover_timeout: Duration::from_millis(self.failover_timeout_ms),
             max_failovers: self.max_failovers,
+            chat_template: None,
         }
+    }
+
+    /// The `chat_template` setting's file, read and compiled; `None` when the setting is empty.
+    ///
+    /// Errors: a message naming the file and the problem.
+    pub fn chat_template_file(&self) -> Result<Option<ChatTemplateFile>, String> {
+        let path = self.chat_template.trim();
+        if path.is_empty() {
+            return Ok(None);
+        }
+        ChatTemplateFile::read(path).map(Some)
     }
 
     /// The DNS discovery target and period, when discovery is on.
@@ -319,6 +340,7 @@ impl RouterSettings {
                 self.stall_timeout_ms, self.health_interval_ms
             ));
         }
+        self.chat_template_file()?;
         let l = &self.limits;
         if l.max_new_tokens == 0 || l.default_max_new_tokens == 0 {
             return Err(

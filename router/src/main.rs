@@ -50,7 +50,12 @@ async fn run(settings: RouterSettings) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", settings.listen))?;
-    let pool = WorkerPool::start(settings.pool_settings(), &settings.workers);
+    let mut pool_settings = settings.pool_settings();
+    pool_settings.chat_template = settings
+        .chat_template_file()
+        .map_err(anyhow::Error::msg)?
+        .map(std::sync::Arc::new);
+    let pool = WorkerPool::start(pool_settings, &settings.workers);
     if let Some((target, interval)) = discovery.clone() {
         tokio::spawn(router::discovery::run(pool.clone(), target, interval));
     }

@@ -5,8 +5,35 @@ use std::sync::Arc;
 
 use inference_proto::worker::InfoResponse;
 
-use crate::chat_template::ChatTemplate;
+use crate::chat_template::{builtin_template, ChatTemplate};
 use crate::tokenizer::TextTokenizer;
+
+/// A chat template read from the file named by the router's `chat_template` setting; it overrides
+/// the model's own and the built-in ones.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChatTemplateFile {
+    /// The file, as the setting names it.
+    pub path: String,
+    /// Its Jinja source.
+    pub source: String,
+}
+
+impl ChatTemplateFile {
+    /// Reads and compiles the template at `path`.
+    ///
+    /// Errors: a message naming the file (unreadable, not UTF-8, or a template that does not
+    /// compile).
+    pub fn read(path: &str) -> Result<Self, String> {
+        let source = std::fs::read_to_string(path)
+            .map_err(|e| format!("chat_template {path:?}: cannot read it: {e}"))?;
+        ChatTemplate::new(&source, None, None)
+            .map_err(|e| format!("chat_template {path:?}: {e}"))?;
+        Ok(Self {
+            path: path.to_string(),
+            source,
+        })
+    }
+}
 
 /// The served model as the router sees it. Shared (read-only) by every request.
 pub struct ModelContext {
@@ -24,8 +51,10 @@ pub struct ModelContext {
     pub bos_token_id: Option<u32>,
     /// Whether the tokenizer prepends BOS to prompts.
     pub add_bos_token: bool,
-    /// The template's Jinja source (empty when the model has none).
+    /// The template's Jinja source (empty when there is none).
     pub chat_template_source: String,
+    /// Where the template comes from: `"setting FILE"`, `"model file"`, `"built-in NAME"`, or empty.
+    pub chat_template_origin: String,
     /// The compiled chat template, when the model has one.
     pub chat_template: Option<ChatTemplate>,
     /// The tokenizer.
@@ -33,11 +62,17 @@ pub struct ModelContext {
 }
 
 impl ModelContext {
-    /// Builds the tokenizer and chat template from a worker's `Info`.
+    /// Builds the tokenizer and chat template from a worker's `Info`. The template is, in order of
+    /// precedence: `template_file` (the `chat_template` setting), the model file's own
+    /// (`Info.chat_template`), or the built-in one for the architecture
+    /// ([`crate::chat_template::builtin_template`]); none when none applies.
     ///
     /// Errors: no tokenizer in `Info`, a tokenizer that cannot be built, or a template that does not
     /// compile.
-    pub fn from_info(info: &InfoResponse) -> anyhow::Result<Self> {
+    pub fn from_info(
+        info: &InfoResponse,
+        template_file: Option<&ChatTemplateFile>,
+    ) -> anyhow::Result<Self> {
         let spec = info
             .tokenizer
             .as_ref()
@@ -46,11 +81,25 @@ impl ModelContext {
         let token_string =
             |id: Option<u32>| id.and_then(|id| spec.tokens.get(id as usize).cloned());
         let eos = info.eos_token_ids.first().copied();
-        let chat_template = if info.chat_template.is_empty() {
+        let (source, origin) = if let Some(file) = template_file {
+            (file.source.clone(), format!("setting {}", file.path))
+        } else if !info.chat_template.is_empty() {
+            (info.chat_template.clone(), "model file".to_string())
+        } else if let Some(builtin) = builtin_template(&info.architecture, |text| {
+            tokenizer.token_id(text).is_some()
+        }) {
+            (
+                builtin.source.to_string(),
+                format!("built-in {}", builtin.name),
+            )
+        } else {
+            (String::new(), String::new())
+        };
+        let chat_template = if source.is_empty() {
             None
         } else {
             Some(ChatTemplate::new(
-                &info.chat_template,
+                &source,
                 token_string(info.bos_token_id),
                 token_string(eos),
             )?)
@@ -63,7 +112,8 @@ impl ModelContext {
             eos_token_ids: info.eos_token_ids.clone(),
             bos_token_id: info.bos_token_id,
             add_bos_token: spec.add_bos_token,
-            chat_template_source: info.chat_template.clone(),
+            chat_template_source: source,
+            chat_template_origin: origin,
             chat_template,
             tokenizer,
         })

@@ -169,6 +169,7 @@ impl TextGeneration for TextGenerationService {
             bos_token_id: model.bos_token_id,
             add_bos_token: model.add_bos_token,
             chat_template: model.chat_template_source.clone(),
+            chat_template_origin: model.chat_template_origin.clone(),
             architecture: model.architecture.clone(),
             ready_workers: self.pool.ready_workers() as u32,
         }))

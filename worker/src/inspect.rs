@@ -7,7 +7,8 @@ use std::path::Path;
 
 use gguf::{GgufFile, TokenizerMetadata};
 
-use crate::model::{LlamaConfig, LlamaModel, ModelWeights};
+use crate::arch::ModelDesc;
+use crate::model::{CpuModel, ModelError, ModelWeights};
 
 /// The outcome of [`inspect`]: a human-readable report and, when the file cannot be served, why.
 #[derive(Debug)]
@@ -58,25 +59,28 @@ pub fn inspect(path: &Path) -> Inspection {
     };
     line(&mut report, "name", text("general.name"));
     line(&mut report, "architecture", text("general.architecture"));
-    let config = LlamaConfig::from_gguf(&file);
+    let config = ModelDesc::from_source(&file).map_err(ModelError::from);
     match &config {
-        Ok(c) => line(
-            &mut report,
-            "shape",
-            format!(
-                "{} layers, hidden {}, {} heads ({} KV) of {}, ffn {}, vocab {}, context {}, \
+        Ok(c) => {
+            line(
+                &mut report,
+                "shape",
+                format!(
+                    "{} layers, hidden {}, {} heads ({} KV) of {}, ffn {}, vocab {}, context {}, \
                  rope base {}",
-                c.n_layers,
-                c.hidden,
-                c.n_heads,
-                c.n_kv_heads,
-                c.head_dim,
-                c.ffn_dim,
-                c.vocab_size,
-                c.context_length,
-                c.rope_base
-            ),
-        ),
+                    c.n_layers,
+                    c.hidden,
+                    c.n_heads,
+                    c.n_kv_heads,
+                    c.head_dim,
+                    c.ffn_dim,
+                    c.vocab_size,
+                    c.context_length,
+                    c.rope_base
+                ),
+            );
+            line(&mut report, "options", c.options_summary());
+        }
         Err(e) => line(&mut report, "shape", format!("unknown ({e})")),
     }
     let mut formats: BTreeMap<String, usize> = BTreeMap::new();
@@ -108,7 +112,7 @@ pub fn inspect(path: &Path) -> Inspection {
     // The rest of what serving would do with the open file: every tensor read and checked.
     let model = config.and_then(|config| {
         let weights = ModelWeights::load(&file, &config)?;
-        Ok(LlamaModel::from_parts(config, weights))
+        Ok(CpuModel::from_parts(config, weights))
     });
     let unservable = match model {
         Ok(model) => {
@@ -145,6 +149,21 @@ mod tests {
         assert!(i.report.contains("architecture   llama"), "{}", i.report);
         assert!(i.report.contains("servable       yes"), "{}", i.report);
         assert!(i.report.contains("tokenizer      gpt2"), "{}", i.report);
+    }
+
+    #[test]
+    fn other_architectures_show_their_options() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../fixtures/tiny-arch/gemma2/gemma2-f32.gguf");
+        let i = inspect(&path);
+        assert!(i.unservable.is_none(), "{}", i.report);
+        assert!(i.report.contains("architecture   gemma2"), "{}", i.report);
+        assert!(
+            i.report.contains("sliding window 8 on 2 of 4 layers"),
+            "{}",
+            i.report
+        );
+        assert!(i.report.contains("logit soft-cap 30"), "{}", i.report);
     }
 
     #[test]

@@ -1,4 +1,5 @@
 //! The worker library.
+pub mod arch;
 pub mod config;
 pub mod cuda;
 pub mod describe;

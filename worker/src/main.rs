@@ -22,7 +22,7 @@ use worker::describe::describe_model;
 use worker::engine::{spawn_engine, BatchModel, EngineConfig};
 use worker::health::Lifecycle;
 use worker::metrics::WorkerMetrics;
-use worker::model::LlamaModel;
+use worker::model::CpuModel;
 use worker::service::WorkerService;
 
 /// Reset-but-unaccepted HTTP/2 streams a connection may hold before the server closes it: at the
@@ -116,7 +116,7 @@ async fn run(settings: WorkerSettings, backend: Backend) -> anyhow::Result<()> {
             tracing::info!(device = "cpu", %reason, "compute device chosen");
             let kv_dtype = prepared.settings.kv_cache_dtype;
             let load = move |path: &std::path::Path| {
-                LlamaModel::load(path).map(|model| model.with_kv_dtype(kv_dtype))
+                CpuModel::load(path).map(|model| model.with_kv_dtype(kv_dtype))
             };
             load_and_serve(prepared, load, |_, _| Ok(())).await
         }

@@ -688,7 +688,7 @@ fn tiny_model_against_cpu() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tiny.gguf");
     gguf::testing::write_tiny_llama(&path, 1).unwrap();
-    let cpu = worker::model::LlamaModel::load(&path).unwrap();
+    let cpu = worker::model::CpuModel::load(&path).unwrap();
     let vocab = cpu.vocab_size() as u32;
     let mut rng = ChaCha8Rng::seed_from_u64(11);
     let prompts: Vec<Vec<u32>> = (0..64)

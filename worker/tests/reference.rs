@@ -1,5 +1,5 @@
 //! End-to-end checks of the f32 llama forward pass through
-//! [`LlamaModel::forward_batch`] over a paged KV cache (block size 16).
+//! [`CpuModel::forward_batch`] over a paged KV cache (block size 16).
 //!
 //! - Against `fixtures/reference.json` (an independent float32 numpy
 //!   implementation of SmolLM2-135M-Instruct with exactly dequantized weights):
@@ -19,7 +19,7 @@ use std::time::Instant;
 
 use serde_json::Value;
 use worker::engine::BatchEntry;
-use worker::model::{KvDtype, LlamaModel, PagedKvCache};
+use worker::model::{CpuModel, KvDtype, PagedKvCache};
 use worker::sampler::argmax;
 
 const BLOCK: usize = 16;
@@ -88,7 +88,7 @@ fn table(first: usize, tokens: usize) -> Vec<u32> {
 
 #[test]
 fn matches_numpy_reference() {
-    let model = LlamaModel::load(&real_model_path()).expect("loading the model");
+    let model = CpuModel::load(&real_model_path()).expect("loading the model");
     let cases = cases();
     let mut max_err = 0.0f32;
     let mut greedy_alone = Vec::new();
@@ -202,7 +202,7 @@ fn matches_numpy_reference() {
 
 /// Runs `tokens` at positions `first..` as one entry and returns the last token's logits.
 fn run(
-    model: &LlamaModel,
+    model: &CpuModel,
     kv: &mut PagedKvCache,
     tokens: &[u32],
     first: usize,
@@ -227,7 +227,7 @@ fn tiny_prefill_then_decode_equals_one_by_one() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tiny.gguf");
     let info = gguf::testing::write_tiny_llama(&path, 3).unwrap();
-    let model = LlamaModel::load(&path).unwrap();
+    let model = CpuModel::load(&path).unwrap();
     assert_eq!(model.config().vocab_size, info.vocab_size());
     let tokens: Vec<u32> = (0..40u32)
         .map(|i| (i * 37 + 11) % info.vocab_size() as u32)
@@ -283,7 +283,7 @@ const FILL_BLOCKS: usize = 16;
 /// [`BLOCK`] beyond the first [`FILL_BLOCKS`] blocks): prefills `tokens[..]` up to
 /// `FILL_BLOCKS * BLOCK` positions for real, then copies those blocks cyclically over the rest.
 fn fill_context(
-    model: &LlamaModel,
+    model: &CpuModel,
     kv: &mut PagedKvCache,
     tokens: &[u32],
     len: usize,
@@ -346,7 +346,7 @@ fn throughput_report() {
         Ok("f16") => KvDtype::F16,
         _ => KvDtype::F32,
     };
-    let model = LlamaModel::load(&real_model_path())
+    let model = CpuModel::load(&real_model_path())
         .expect("loading the model")
         .with_kv_dtype(kv_dtype);
     eprintln!("kv cache: {kv_dtype:?}");
@@ -450,8 +450,8 @@ fn throughput_report() {
 #[test]
 #[ignore = "report; run with --ignored --nocapture"]
 fn f16_kv_report() {
-    let exact = LlamaModel::load(&real_model_path()).expect("loading the model");
-    let half = LlamaModel::load(&real_model_path())
+    let exact = CpuModel::load(&real_model_path()).expect("loading the model");
+    let half = CpuModel::load(&real_model_path())
         .expect("loading the model")
         .with_kv_dtype(KvDtype::F16);
     let mut exact_prompts = 0;

@@ -403,7 +403,10 @@ async fn run(
                 );
             }
             Some(_) => {}
-            None => *model = Some(Arc::new(ModelContext::from_info(&info)?)),
+            None => {
+                let template_file = pool.settings().chat_template.as_deref();
+                *model = Some(Arc::new(ModelContext::from_info(&info, template_file)?));
+            }
         }
     }
     // Not ready until a `Health` answer says so.

@@ -39,7 +39,7 @@ pub use unreachable::{Unreachable, UnreachableLog};
 
 use crate::admission::{AdmissionLimits, AdmissionQueue};
 use crate::affinity::{AffinityPolicy, Candidate};
-use crate::model_context::ModelContext;
+use crate::model_context::{ChatTemplateFile, ModelContext};
 
 /// How the pool connects, picks, queues and fails over.
 #[derive(Debug, Clone)]
@@ -62,6 +62,9 @@ pub struct PoolSettings {
     pub failover_timeout: Duration,
     /// Most failovers of one request (a request that keeps losing workers fails).
     pub max_failovers: u32,
+    /// The `chat_template` setting's template, which overrides the model's (see
+    /// [`ModelContext::from_info`]).
+    pub chat_template: Option<Arc<ChatTemplateFile>>,
 }
 
 impl Default for PoolSettings {
@@ -81,6 +84,7 @@ impl Default for PoolSettings {
             },
             failover_timeout: Duration::from_secs(10),
             max_failovers: 3,
+            chat_template: None,
         }
     }
 }

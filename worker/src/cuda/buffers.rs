@@ -9,7 +9,7 @@ use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
 
 use super::compile::Numerics;
 use super::model::driver;
-use crate::model::LlamaConfig;
+use crate::arch::ModelDesc;
 
 /// Sizes of the step buffers, in elements of rows / logit rows / block-table entries / tile ints.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -80,7 +80,7 @@ pub(super) struct StepBuffers {
 impl StepBuffers {
     pub(super) fn alloc(
         stream: &Arc<CudaStream>,
-        c: &LlamaConfig,
+        c: &ModelDesc,
         numerics: Numerics,
         cap: Capacity,
     ) -> Result<StepBuffers, String> {

@@ -35,9 +35,10 @@ use super::kernels::FILES;
 use super::kv::{GpuKv, KvBlocks};
 use super::launch::{self, MatmulKernel, DEFAULT_SMEM_LIMIT, ROW_THREADS};
 use super::weights::{format_suffix, GpuPart, GpuWeights, HostWeights};
+use crate::arch::ModelDesc;
 use crate::engine::{BatchEntry, BatchModel};
 use crate::model::EntryLimits;
-use crate::model::{LlamaConfig, ModelError};
+use crate::model::ModelError;
 
 /// Options of the CUDA backend (from the worker settings).
 #[derive(Debug, Clone)]
@@ -54,7 +55,7 @@ pub struct CudaOptions {
 
 /// The llama model on a GPU.
 pub struct CudaModel {
-    config: LlamaConfig,
+    config: ModelDesc,
     gpu: GpuInfo,
     stream: Arc<CudaStream>,
     funcs: HashMap<&'static str, CudaFunction>,
@@ -81,7 +82,18 @@ impl CudaModel {
     /// support, or a driver error (e.g. out of memory).
     pub fn load(path: &Path, gpu: GpuInfo, options: CudaOptions) -> anyhow::Result<CudaModel> {
         let file = GgufFile::open(path).map_err(ModelError::from)?;
-        let config = LlamaConfig::from_gguf(&file)?;
+        let config = ModelDesc::from_source(&file).map_err(ModelError::from)?;
+        if !config.is_plain_llama() {
+            return Err(ModelError::Unsupported {
+                backend: "cuda",
+                arch: config.arch.to_string(),
+                what: "only plain Llama models (no biases, Q/K norms, post-norms, soft-caps, \
+                       sliding windows, RoPE frequency factors or scaling) run on CUDA; use the \
+                       CPU backend"
+                    .into(),
+            }
+            .into());
+        }
         let host = HostWeights::load(&file, &config)?;
         drop(file);
         let ctx = gpu.ctx.clone();
@@ -175,7 +187,7 @@ impl CudaModel {
     }
 
     /// The model's hyper-parameters.
-    pub fn config(&self) -> &LlamaConfig {
+    pub fn config(&self) -> &ModelDesc {
         &self.config
     }
 

@@ -12,7 +12,8 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, CudaStream};
 use gguf::{GgmlType, GgufFile};
 
-use crate::model::{LlamaConfig, ModelError};
+use crate::arch::ModelDesc;
+use crate::model::ModelError;
 
 /// One matrix part on the host: the file's bytes of a row-major `[rows, cols]` matrix.
 #[derive(Debug, Clone)]
@@ -94,7 +95,7 @@ impl HostWeights {
     /// Errors: [`ModelError::MissingTensor`], [`ModelError::TensorShape`], [`ModelError::Gguf`], and
     /// [`ModelError::InvalidConfig`] for a format the kernels do not decode or rows that are not whole
     /// blocks.
-    pub fn load(file: &GgufFile, config: &LlamaConfig) -> Result<HostWeights, ModelError> {
+    pub fn load(file: &GgufFile, config: &ModelDesc) -> Result<HostWeights, ModelError> {
         let c = config;
         let (h, f, q, kv) = (c.hidden, c.ffn_dim, c.q_dim(), c.kv_dim());
         let mut layers = Vec::with_capacity(c.n_layers);
@@ -312,7 +313,7 @@ mod tests {
         let path = dir.path().join("tiny.gguf");
         gguf::testing::write_tiny_llama(&path, 1).unwrap();
         let file = GgufFile::open(&path).unwrap();
-        let config = LlamaConfig::from_gguf(&file).unwrap();
+        let config = ModelDesc::from_source(&file).unwrap();
         let w = HostWeights::load(&file, &config).unwrap();
         assert_eq!(w.layers.len(), config.n_layers);
         let l = &w.layers[0];

@@ -1,18 +1,18 @@
 //! [`crate::engine::BatchModel`] for the CPU llama model: a thin adapter over
-//! [`LlamaModel::forward_batch`] and [`PagedKvCache`].
+//! [`CpuModel::forward_batch`] and [`PagedKvCache`].
 
-use super::{LlamaModel, PagedKvCache};
+use super::{CpuModel, PagedKvCache};
 use crate::engine::{BatchEntry, BatchModel};
 
-impl BatchModel for LlamaModel {
+impl BatchModel for CpuModel {
     type Kv = PagedKvCache;
 
     fn kv_bytes_per_token(&self) -> usize {
-        LlamaModel::kv_bytes_per_token(self)
+        CpuModel::kv_bytes_per_token(self)
     }
 
     fn new_kv(&self, num_blocks: usize, block_size: usize) -> PagedKvCache {
-        LlamaModel::new_kv(self, num_blocks, block_size)
+        CpuModel::new_kv(self, num_blocks, block_size)
     }
 
     fn forward_batch(
@@ -20,7 +20,7 @@ impl BatchModel for LlamaModel {
         batch: &[BatchEntry<'_>],
         kv: &mut PagedKvCache,
     ) -> anyhow::Result<Vec<Vec<f32>>> {
-        Ok(LlamaModel::forward_batch(self, batch, kv)?)
+        Ok(CpuModel::forward_batch(self, batch, kv)?)
     }
 
     fn context_length(&self) -> usize {

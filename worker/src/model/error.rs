@@ -2,18 +2,32 @@
 
 use gguf::GgufError;
 
-/// Everything that can go wrong while loading or running a [`super::LlamaModel`].
+use crate::arch::ArchError;
+
+/// Everything that can go wrong while loading or running a [`super::CpuModel`].
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
     /// Reading the GGUF file or decoding a tensor failed.
     #[error(transparent)]
     Gguf(#[from] GgufError),
-    /// `general.architecture` is not a supported architecture.
-    #[error("unsupported model architecture `{0}` (only `llama` is supported)")]
-    UnsupportedArchitecture(String),
-    /// Hyper-parameters are missing, inconsistent or unsupported.
+    /// The model description could not be read (unknown architecture, missing or inconsistent
+    /// metadata).
+    #[error(transparent)]
+    Arch(#[from] ArchError),
+    /// A tensor cannot be used as the description needs it (rows not whole blocks, a format the
+    /// backend does not decode); the message names the tensor.
     #[error("invalid model config: {0}")]
     InvalidConfig(String),
+    /// The model is valid but this backend does not implement one of its features.
+    #[error("the {backend} backend cannot run this `{arch}` model: {what}")]
+    Unsupported {
+        /// `cpu` or `cuda`.
+        backend: &'static str,
+        /// The model's architecture.
+        arch: String,
+        /// The missing feature.
+        what: String,
+    },
     /// A required tensor is absent from the file.
     #[error("missing tensor `{0}`")]
     MissingTensor(String),

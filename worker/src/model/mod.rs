@@ -1,7 +1,8 @@
-//! The CPU llama model: config, weights, paged KV cache and the f32 forward pass.
+//! The CPU backend: weights, paged KV cache and the f32 forward pass of every architecture
+//! described by [`crate::arch::ModelDesc`] (llama, qwen2, qwen3, gemma2, gemma3, phi3).
 //!
-//! Entry point: [`LlamaModel::load`], then [`LlamaModel::forward_batch`] over a
-//! [`PagedKvCache`] from [`LlamaModel::new_kv`] (also available through
+//! Entry point: [`CpuModel::load`], then [`CpuModel::forward_batch`] over a
+//! [`PagedKvCache`] from [`CpuModel::new_kv`] (also available through
 //! [`crate::engine::BatchModel`]).
 //!
 //! # Batch invariance
@@ -21,6 +22,7 @@
 //!   and the thread computing it (see [`matmul`]).
 //! - RoPE angles are computed from the token's absolute position only.
 //! - Attention for each (token, head) scores all the sequence's keys `0..=pos`
+//!   (or, in a sliding-window layer, `pos + 1 - window..=pos`, a range fixed by the position)
 //!   (each score one dot product), softmaxes the whole row at once and sums
 //!   the values in increasing position order (no online softmax whose block
 //!   boundaries would depend on chunking), reading them through the block
@@ -46,12 +48,11 @@
 mod aligned;
 mod attention;
 mod batch_model;
-mod config;
 mod entry_limits;
 mod error;
+mod forward;
 pub mod kernels;
 mod kv_cache;
-mod llama;
 pub mod matmul;
 pub mod ops;
 pub mod pool;
@@ -60,11 +61,10 @@ mod tests;
 mod weights;
 
 pub use aligned::AlignedVec;
-pub use attention::{attention, attention_into, HeadShape, QueryPos};
-pub use config::LlamaConfig;
+pub use attention::{attention, attention_into, AttnOptions, HeadShape, QueryPos};
 pub use entry_limits::EntryLimits;
 pub use error::ModelError;
+pub use forward::CpuModel;
 pub use kernels::{QMatrix, SimdPath};
 pub use kv_cache::{KvDtype, PagedKvCache, PagedLayer};
-pub use llama::LlamaModel;
 pub use weights::{LayerWeights, Matrix, ModelWeights};

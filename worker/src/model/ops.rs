@@ -1,6 +1,7 @@
-//! Elementwise and per-row building blocks of the llama forward pass (all f32).
+//! Elementwise and per-row building blocks of the forward pass (all f32).
 
 use super::aligned::AlignedVec;
+use crate::arch::{Activation, RopeStyle};
 
 /// RMSNorm (Zhang & Sennrich 2019, as in Hugging Face `LlamaRMSNorm`) of every
 /// row of `x` (`[n, dim]` row-major, `dim = weight.len()`):
@@ -24,8 +25,7 @@ pub fn rms_norm_into(x: &[f32], weight: &[f32], eps: f32, out: &mut AlignedVec) 
     super::pool::global().for_each_chunk_mut(out, block, |i, outs| {
         let rows = &x[i * block..i * block + outs.len()];
         for (row, o) in rows.chunks_exact(dim).zip(outs.chunks_exact_mut(dim)) {
-            let ms = row.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / dim as f64;
-            let scale = (1.0 / (ms + eps as f64).sqrt()) as f32;
+            let scale = rms_scale(row, eps);
             for ((o, &v), &w) in o.iter_mut().zip(row).zip(weight) {
                 *o = (v * scale) * w;
             }
@@ -33,11 +33,37 @@ pub fn rms_norm_into(x: &[f32], weight: &[f32], eps: f32, out: &mut AlignedVec) 
     });
 }
 
+/// `1 / sqrt(mean(x²) + eps)` of one row, the mean accumulated sequentially in f64.
+fn rms_scale(row: &[f32], eps: f32) -> f32 {
+    let ms = row.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / row.len() as f64;
+    (1.0 / (ms + eps as f64).sqrt()) as f32
+}
+
+/// [`rms_norm`] of each `weight.len()`-wide chunk of `x` in place (the per-head Q/K norm of
+/// Qwen 3 and Gemma 3: `x` is one token's heads, `weight` is `[head_dim]`).
+pub fn rms_norm_chunks_in_place(x: &mut [f32], weight: &[f32], eps: f32) {
+    for head in x.chunks_exact_mut(weight.len()) {
+        let scale = rms_scale(head, eps);
+        for (v, &w) in head.iter_mut().zip(weight) {
+            *v = (*v * scale) * w;
+        }
+    }
+}
+
+/// `x = cap * tanh(x / cap)` for every element (Gemma 2's final logit soft-capping).
+pub fn softcap_in_place(x: &mut [f32], cap: f32) {
+    for v in x {
+        *v = (*v / cap).tanh() * cap;
+    }
+}
+
 /// Rotary position embedding tables for a list of positions.
 ///
 /// For position `p` and pair `i < head_dim / 2` the angle is
 /// `p * base^(-2i / head_dim)` (Su et al. 2021, RoFormer), computed in f64
-/// and rounded to f32 cos/sin. The values for a position do not depend on the
+/// and rounded to f32 cos/sin; [`RopeTable::with_options`] also divides each
+/// frequency by a factor (Llama 3's `rope_freqs.weight`) and scales positions
+/// (linear RoPE scaling). The values for a position do not depend on the
 /// other positions in the table.
 #[derive(Debug, Clone)]
 pub struct RopeTable {
@@ -62,14 +88,33 @@ impl RopeTable {
         head_dim: usize,
         base: f32,
     ) -> RopeTable {
+        RopeTable::with_options(positions, head_dim, base, 1.0, None)
+    }
+
+    /// Tables for the given positions with frequency `base^(-2i / head_dim) / factors[i]`
+    /// (`factors`: `[head_dim / 2]`, `None` for all ones) at position `p * position_scale`.
+    pub fn with_options(
+        positions: impl IntoIterator<Item = usize>,
+        head_dim: usize,
+        base: f32,
+        position_scale: f32,
+        factors: Option<&[f32]>,
+    ) -> RopeTable {
         let half = head_dim / 2;
         let inv_freq: Vec<f64> = (0..half)
-            .map(|i| (base as f64).powf(-2.0 * i as f64 / head_dim as f64))
+            .map(|i| {
+                let f = (base as f64).powf(-2.0 * i as f64 / head_dim as f64);
+                match factors {
+                    Some(d) => f / d[i] as f64,
+                    None => f,
+                }
+            })
             .collect();
+        let scale = position_scale as f64;
         let (mut cos, mut sin) = (Vec::new(), Vec::new());
         for p in positions {
             for &f in &inv_freq {
-                let a = p as f64 * f;
+                let a = p as f64 * scale * f;
                 cos.push(a.cos() as f32);
                 sin.push(a.sin() as f32);
             }
@@ -82,6 +127,33 @@ impl RopeTable {
     /// used by llama.cpp for GGUF llama weights: pair `(x[2i], x[2i+1])` of
     /// each head is rotated by angle `i`.
     pub fn apply(&self, x: &mut [f32], t: usize) {
+        self.apply_interleaved(x, t)
+    }
+
+    /// Rotates every head in `x` in place in `style`'s pairing.
+    pub fn apply_style(&self, style: RopeStyle, x: &mut [f32], t: usize) {
+        match style {
+            RopeStyle::Interleaved => self.apply_interleaved(x, t),
+            RopeStyle::Neox => self.apply_neox(x, t),
+        }
+    }
+
+    /// Rotates every head in `x` in place in the *half-split* (GPT-NeoX, Hugging Face
+    /// `rotate_half`) form: pair `(x[i], x[i + head_dim/2])` of each head by angle `i`.
+    pub fn apply_neox(&self, x: &mut [f32], t: usize) {
+        let cos = &self.cos[t * self.half..(t + 1) * self.half];
+        let sin = &self.sin[t * self.half..(t + 1) * self.half];
+        for head in x.chunks_exact_mut(2 * self.half) {
+            let (lo, hi) = head.split_at_mut(self.half);
+            for i in 0..self.half {
+                let (a, b) = (lo[i], hi[i]);
+                lo[i] = a * cos[i] - b * sin[i];
+                hi[i] = b * cos[i] + a * sin[i];
+            }
+        }
+    }
+
+    fn apply_interleaved(&self, x: &mut [f32], t: usize) {
         let cos = &self.cos[t * self.half..(t + 1) * self.half];
         let sin = &self.sin[t * self.half..(t + 1) * self.half];
         for head in x.chunks_exact_mut(2 * self.half) {
@@ -127,6 +199,37 @@ const SWIGLU_CHUNK: usize = 1024;
 /// in parallel over chunks of elements on the [`super::pool`] (each element
 /// has one formula, so the split changes no value).
 pub fn swiglu_into(gate_up: &[f32], ffn: usize, out: &mut AlignedVec) {
+    gated_with(gate_up, ffn, out, silu)
+}
+
+/// The gated feed-forward activation `act(g) * u` of each row of `gate_up` (`[n, 2 * ffn]`,
+/// gate half first) into `out` (`[n, ffn]`): SwiGLU for [`Activation::Silu`] (exactly
+/// [`swiglu_into`]), GeGLU with the tanh GELU for [`Activation::GeluTanh`].
+pub fn gated_into(gate_up: &[f32], ffn: usize, act: Activation, out: &mut AlignedVec) {
+    match act {
+        Activation::Silu => gated_with(gate_up, ffn, out, silu),
+        Activation::GeluTanh => gated_with(gate_up, ffn, out, gelu_tanh),
+    }
+}
+
+/// SiLU, `g / (1 + e^-g)`.
+#[inline(always)]
+fn silu(g: f32) -> f32 {
+    g / (1.0 + (-g).exp())
+}
+
+/// GELU, tanh approximation, in f32 as PyTorch's `gelu(approximate="tanh")` computes it:
+/// `0.5 x (1 + tanh(sqrt(2/π) (x + 0.044715 x³)))`.
+#[inline(always)]
+pub fn gelu_tanh(x: f32) -> f32 {
+    const BETA: f32 = 0.797_884_6; // sqrt(2 / π)
+    const KAPPA: f32 = 0.044715;
+    let inner = BETA * (x + KAPPA * (x * x * x));
+    0.5 * x * (1.0 + inner.tanh())
+}
+
+/// `act(g) * u` per element, in parallel over chunks of [`SWIGLU_CHUNK`] elements.
+fn gated_with(gate_up: &[f32], ffn: usize, out: &mut AlignedVec, act: impl Fn(f32) -> f32 + Sync) {
     assert_eq!(
         gate_up.len() % (2 * ffn),
         0,
@@ -140,7 +243,7 @@ pub fn swiglu_into(gate_up: &[f32], ffn: usize, out: &mut AlignedVec) {
         for o in o.iter_mut() {
             let g = gate_up[row * 2 * ffn + col];
             let u = gate_up[row * 2 * ffn + ffn + col];
-            *o = g / (1.0 + (-g).exp()) * u;
+            *o = act(g) * u;
             col += 1;
             if col == ffn {
                 (row, col) = (row + 1, 0);
@@ -186,6 +289,57 @@ mod tests {
         softmax_in_place(&mut x);
         assert!((x.iter().sum::<f32>() - 1.0).abs() < 1e-6);
         assert!(x[3] > 0.99 && x[4] == 0.0);
+    }
+
+    #[test]
+    fn neox_rope_rotates_half_split_pairs() {
+        let table = RopeTable::new(3, 1, 4, 10000.0);
+        let mut x = [1.0, 0.0, 0.0, 1.0];
+        table.apply_neox(&mut x, 0);
+        // Pair 0 is (x[0], x[2]) at angle 3; pair 1 is (x[1], x[3]) at angle 0.03.
+        assert!((x[0] - 3.0f32.cos()).abs() < 1e-6 && (x[2] - 3.0f32.sin()).abs() < 1e-6);
+        let a = 0.03f64;
+        assert!((x[1] + a.sin() as f32).abs() < 1e-6 && (x[3] - a.cos() as f32).abs() < 1e-6);
+    }
+
+    #[test]
+    fn rope_factors_and_scale_divide_frequencies() {
+        let plain = RopeTable::at_positions([8], 4, 10000.0);
+        let scaled = RopeTable::with_options([16], 4, 10000.0, 0.5, None);
+        assert_eq!(plain.cos, scaled.cos);
+        let factors = RopeTable::with_options([8], 4, 10000.0, 1.0, Some(&[1.0, 2.0]));
+        let half = RopeTable::at_positions([4], 4, 10000.0);
+        assert_eq!(factors.cos[0], plain.cos[0]);
+        assert!((factors.cos[1] - half.cos[1]).abs() < 1e-7);
+    }
+
+    #[test]
+    fn gated_activations() {
+        let gu = [0.5, -1.0, 2.0, 3.0];
+        assert_eq!(gated_with_act(&gu, Activation::Silu), swiglu(&gu, 2));
+        let y = gated_with_act(&gu, Activation::GeluTanh);
+        // torch.nn.functional.gelu(torch.tensor([0.5, -1.0]), approximate="tanh")
+        assert!((y[0] - 0.345_714_3 * 2.0).abs() < 1e-6, "{}", y[0]);
+        assert!((y[1] + 0.158_808 * 3.0).abs() < 1e-6, "{}", y[1]);
+    }
+
+    fn gated_with_act(gu: &[f32], act: Activation) -> Vec<f32> {
+        let mut out = AlignedVec::new();
+        gated_into(gu, 2, act, &mut out);
+        out.to_vec()
+    }
+
+    #[test]
+    fn per_head_norm_and_softcap() {
+        let mut x = [3.0, 4.0, 1.0, 1.0];
+        rms_norm_chunks_in_place(&mut x, &[1.0, 2.0], 0.0);
+        let s = 1.0 / 12.5f32.sqrt();
+        assert!((x[0] - 3.0 * s).abs() < 1e-6 && (x[1] - 8.0 * s).abs() < 1e-6);
+        assert_eq!(&x[2..], &[1.0, 2.0]);
+        let mut z = [0.0, 30.0, -1e6];
+        softcap_in_place(&mut z, 30.0);
+        assert_eq!(z[0], 0.0);
+        assert!((z[1] - 30.0 * 1f32.tanh()).abs() < 1e-5 && z[2] == -30.0);
     }
 
     #[test]

@@ -1,14 +1,14 @@
-//! Batch-invariance and validation tests of [`LlamaModel::forward_batch`] on the tiny random model
+//! Batch-invariance and validation tests of [`CpuModel::forward_batch`] on the tiny random model
 //! (2 layers, hidden 64, 4 query / 2 KV heads of 16, context 256).
 
-use super::{KvDtype, LlamaModel, ModelError, PagedKvCache};
+use super::{CpuModel, KvDtype, ModelError, PagedKvCache};
 use crate::engine::BatchEntry;
 
-fn tiny() -> (tempfile::TempDir, LlamaModel) {
+fn tiny() -> (tempfile::TempDir, CpuModel) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tiny.gguf");
     gguf::testing::write_tiny_llama(&path, 42).unwrap();
-    let model = LlamaModel::load(&path).unwrap();
+    let model = CpuModel::load(&path).unwrap();
     (dir, model)
 }
 
@@ -24,7 +24,7 @@ fn entry<'a>(tokens: &'a [u32], start_pos: usize, table: &'a [u32], want: bool) 
 /// Runs `prompt` alone in consecutive chunks of the given sizes (which must sum to its length)
 /// and returns the logits of the last token.
 fn run_chunked(
-    model: &LlamaModel,
+    model: &CpuModel,
     kv: &mut PagedKvCache,
     prompt: &[u32],
     chunks: &[usize],
@@ -78,7 +78,7 @@ type ErrorCheck = fn(&ModelError) -> bool;
 
 const PROMPT: [u32; 10] = [1, 40, 77, 100, 200, 5, 9, 250, 255, 33];
 
-fn chunking_is_bitwise_invariant_with(model: &LlamaModel) {
+fn chunking_is_bitwise_invariant_with(model: &CpuModel) {
     let table = [0u32, 1, 2];
     let mut whole = model.new_kv(3, 4);
     let a = run_chunked(model, &mut whole, &PROMPT, &[10], &table);
@@ -111,7 +111,7 @@ fn chunking_is_bitwise_invariant_with(model: &LlamaModel) {
     }
 }
 
-fn batched_sequences_match_running_alone_with(model: &LlamaModel) {
+fn batched_sequences_match_running_alone_with(model: &CpuModel) {
     let a: Vec<u32> = (0..7).map(|i| (i * 31 + 4) % 259).collect();
     let b: Vec<u32> = (0..12).map(|i| (i * 17 + 90) % 259).collect();
     let (ta, tb) = ([0u32, 1], [2u32, 3, 4]);
@@ -148,7 +148,7 @@ fn batched_sequences_match_running_alone_with(model: &LlamaModel) {
     assert_eq!(seq_kv(&kv, &tb, 12), seq_kv(&kv_b, &tb, 12));
 }
 
-fn shared_prefix_blocks_give_identical_results_with(model: &LlamaModel) {
+fn shared_prefix_blocks_give_identical_results_with(model: &CpuModel) {
     let prompt: Vec<u32> = (0..11).map(|i| (i * 53 + 7) % 259).collect();
     // Reference: the second sequence computes everything itself, in its own cache.
     let mut own = model.new_kv(3, 4);
@@ -183,7 +183,7 @@ fn shared_prefix_blocks_give_identical_results_with(model: &LlamaModel) {
     assert_eq!(bits(&out[0]), bits(&a8));
 }
 
-fn shuffled_block_ids_match_contiguous_with(model: &LlamaModel) {
+fn shuffled_block_ids_match_contiguous_with(model: &CpuModel) {
     let prompt: Vec<u32> = (0..14).map(|i| (i * 71 + 3) % 259).collect();
     let mut contiguous = model.new_kv(5, 3);
     let want = run_chunked(model, &mut contiguous, &prompt, &[6, 8], &[0, 1, 2, 3, 4]);
@@ -364,4 +364,32 @@ fn shuffled_block_ids_match_contiguous() {
 fn shuffled_block_ids_match_contiguous_f16_kv() {
     let (_dir, model) = tiny();
     shuffled_block_ids_match_contiguous_with(&model.with_kv_dtype(KvDtype::F16));
+}
+
+/// The tiny random-weight models of `fixtures/tiny-arch/` (GGUF f32 files from llama.cpp's
+/// converter; vocabulary 384).
+fn tiny_arch(arch: &str) -> CpuModel {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../fixtures/tiny-arch")
+        .join(arch)
+        .join(format!("{arch}-f32.gguf"));
+    CpuModel::load(&path).unwrap_or_else(|e| panic!("{arch}: {e}"))
+}
+
+/// The batch-invariance checks above on every architecture: biases, q/k norms, half-split RoPE,
+/// RoPE frequency factors, post-norms, GeGLU, soft-caps, fused projections, and Gemma 2's
+/// 8-token sliding window (its prompts here run to 14 tokens, chunked across the window's edge).
+#[test]
+fn every_architecture_is_batch_invariant() {
+    for arch in ["qwen2", "qwen3", "llama3rope", "gemma2", "phi3"] {
+        eprintln!("{arch}");
+        let model = tiny_arch(arch);
+        chunking_is_bitwise_invariant_with(&model);
+        batched_sequences_match_running_alone_with(&model);
+        shared_prefix_blocks_give_identical_results_with(&model);
+        shuffled_block_ids_match_contiguous_with(&model);
+        let f16 = model.with_kv_dtype(KvDtype::F16);
+        chunking_is_bitwise_invariant_with(&f16);
+        batched_sequences_match_running_alone_with(&f16);
+    }
 }

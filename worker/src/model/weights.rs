@@ -4,22 +4,25 @@
 //! [`QMatrix`]es decoded tile by tile inside [`super::matmul`]; norm vectors
 //! are dequantized to f32.
 //!
-//! Tensor names and GGUF shapes follow llama.cpp's llama layout
+//! Tensor names and GGUF shapes follow llama.cpp's converter
 //! (`token_embd`, `blk.N.attn_{norm,q,k,v,output}`, `blk.N.ffn_{norm,gate,up,down}`,
-//! `output_norm`, optional `output`). A GGUF matrix with dims `[in, out]` is a
+//! `output_norm`, optional `output`; per architecture also `blk.N.attn_{q,k,v}.bias`,
+//! `blk.N.attn_{q,k}_norm`, `blk.N.post_attention_norm`, `blk.N.post_ffw_norm`, and Phi-3's
+//! fused `blk.N.attn_qkv` and `blk.N.ffn_up` holding gate then up), looked up through a
+//! [`ModelSource`]. A GGUF matrix with dims `[in, out]` is a
 //! row-major `[out, in]` matrix: row `o` holds the `in` weights of output `o`.
 //!
-//! RoPE layout: llama.cpp's converter permutes the rows of `attn_q` / `attn_k`
+//! RoPE layout (`llama` only; the other architectures keep Hugging Face's
+//! half-split order, see [`crate::arch::RopeStyle`]): llama.cpp's converter permutes the rows of `attn_q` / `attn_k`
 //! so that each head's rotation pairs are *adjacent* dimensions
 //! `(2i, 2i+1)` instead of Hugging Face's half-split `(i, i + head_dim/2)`.
 //! We keep the rows as stored and apply RoPE in the adjacent-pair form (see
 //! [`super::ops::RopeTable::apply`]); since Q and K are permuted identically, the
 //! attention scores equal the Hugging Face model's.
 
-use gguf::{GgufFile, TensorInfo};
-
 use super::kernels::QMatrix;
-use super::{LlamaConfig, ModelError};
+use super::ModelError;
+use crate::arch::{ModelDesc, ModelSource, Projections, TensorData};
 
 /// A weight matrix `[rows, cols]` made of one or more [`QMatrix`] parts
 /// stacked by rows (e.g. Q, K and V), each in its own file format.
@@ -71,19 +74,27 @@ pub struct LayerWeights {
     /// RMSNorm weight before attention, `[hidden]`.
     pub attn_norm: Vec<f32>,
     /// Q, K and V projections stacked: `[q_dim + 2 * kv_dim, hidden]`
-    /// (rows `0..q_dim` are Q, then K, then V; Q/K rows in GGUF's RoPE order).
+    /// (rows `0..q_dim` are Q, then K, then V; Q/K rows in the file's RoPE order).
     pub wqkv: Matrix,
+    /// Q, K and V biases stacked, `[q_dim + 2 * kv_dim]` (Qwen 2).
+    pub qkv_bias: Option<Vec<f32>>,
+    /// Per-head RMSNorm weights of Q and of K, `[head_dim]` each (Qwen 3, Gemma 3).
+    pub qk_norm: Option<(Vec<f32>, Vec<f32>)>,
     /// Attention output projection, `[hidden, q_dim]`.
     pub wo: Matrix,
+    /// RMSNorm weight of the attention output before its residual add, `[hidden]` (Gemma).
+    pub post_attn_norm: Option<Vec<f32>>,
     /// RMSNorm weight before the FFN, `[hidden]`.
     pub ffn_norm: Vec<f32>,
     /// Gate and up projections stacked: `[2 * ffn_dim, hidden]` (gate rows first).
     pub w_gate_up: Matrix,
     /// Down projection, `[hidden, ffn_dim]`.
     pub w_down: Matrix,
+    /// RMSNorm weight of the FFN output before its residual add, `[hidden]` (Gemma).
+    pub post_ffn_norm: Option<Vec<f32>>,
 }
 
-/// All weights of a llama model.
+/// All weights of a model.
 #[derive(Debug, Clone)]
 pub struct ModelWeights {
     /// Token embeddings, `[vocab_size, hidden]`.
@@ -103,87 +114,228 @@ impl ModelWeights {
         self.output.as_ref().unwrap_or(&self.token_embd)
     }
 
-    /// Loads every tensor of `file` (matrices in their file format, norms as f32), checking shapes against `config`.
+    /// Loads every tensor `desc` needs from `src` (matrices in their file format, norms and
+    /// biases as f32), checking each shape against `desc`.
     ///
-    /// Errors: [`ModelError::MissingTensor`], [`ModelError::TensorShape`], and
-    /// [`ModelError::Gguf`] for unsupported types or out-of-bounds data.
-    pub fn load(file: &GgufFile, config: &LlamaConfig) -> Result<ModelWeights, ModelError> {
-        let c = config;
-        let (h, f) = (c.hidden as u64, c.ffn_dim as u64);
+    /// Errors: [`ModelError::MissingTensor`], [`ModelError::TensorShape`] (both naming the
+    /// tensor), [`ModelError::InvalidConfig`] for rows that are not whole blocks,
+    /// [`ModelError::Gguf`] / [`ModelError::Arch`] for unsupported types or out-of-bounds data.
+    pub fn load(src: &dyn ModelSource, desc: &ModelDesc) -> Result<ModelWeights, ModelError> {
+        let c = desc;
+        let (h, f, hd) = (c.hidden as u64, c.ffn_dim as u64, c.head_dim as u64);
         let (q, kv) = (c.q_dim() as u64, c.kv_dim() as u64);
         let mut layers = Vec::with_capacity(c.n_layers);
         for l in 0..c.n_layers {
             let name = |s: &str| format!("blk.{l}.{s}.weight");
+            let norm = |s: &str| vector(src, &name(s), h);
+            let (wqkv, w_gate_up) = match c.projections {
+                Projections::Separate => (
+                    vec![
+                        matrix(src, &name("attn_q"), h, q)?,
+                        matrix(src, &name("attn_k"), h, kv)?,
+                        matrix(src, &name("attn_v"), h, kv)?,
+                    ],
+                    vec![
+                        matrix(src, &name("ffn_gate"), h, f)?,
+                        matrix(src, &name("ffn_up"), h, f)?,
+                    ],
+                ),
+                Projections::Fused => (
+                    vec![matrix(src, &name("attn_qkv"), h, q + 2 * kv)?],
+                    vec![matrix(src, &name("ffn_up"), h, 2 * f)?],
+                ),
+            };
+            let qkv_bias = if c.qkv_bias {
+                let bias = |s: &str, n| vector(src, &format!("blk.{l}.{s}.bias"), n);
+                let mut b = bias("attn_q", q)?;
+                b.extend(bias("attn_k", kv)?);
+                b.extend(bias("attn_v", kv)?);
+                Some(b)
+            } else {
+                None
+            };
+            let qk_norm = if c.qk_norm {
+                Some((
+                    vector(src, &name("attn_q_norm"), hd)?,
+                    vector(src, &name("attn_k_norm"), hd)?,
+                ))
+            } else {
+                None
+            };
+            let post = |s: &str| c.post_norms.then(|| norm(s)).transpose();
             layers.push(LayerWeights {
-                attn_norm: vector(file, &name("attn_norm"), h)?,
-                wqkv: Matrix {
-                    parts: vec![
-                        matrix(file, &name("attn_q"), h, q)?,
-                        matrix(file, &name("attn_k"), h, kv)?,
-                        matrix(file, &name("attn_v"), h, kv)?,
-                    ],
-                },
-                wo: Matrix::single(matrix(file, &name("attn_output"), q, h)?),
-                ffn_norm: vector(file, &name("ffn_norm"), h)?,
-                w_gate_up: Matrix {
-                    parts: vec![
-                        matrix(file, &name("ffn_gate"), h, f)?,
-                        matrix(file, &name("ffn_up"), h, f)?,
-                    ],
-                },
-                w_down: Matrix::single(matrix(file, &name("ffn_down"), f, h)?),
+                attn_norm: norm("attn_norm")?,
+                wqkv: Matrix { parts: wqkv },
+                qkv_bias,
+                qk_norm,
+                wo: Matrix::single(matrix(src, &name("attn_output"), q, h)?),
+                post_attn_norm: post("post_attention_norm")?,
+                ffn_norm: norm("ffn_norm")?,
+                w_gate_up: Matrix { parts: w_gate_up },
+                w_down: Matrix::single(matrix(src, &name("ffn_down"), f, h)?),
+                post_ffn_norm: post("post_ffw_norm")?,
             });
         }
         let vocab = c.vocab_size as u64;
-        let output = match file.tensor("output.weight") {
-            Some(_) => Some(Matrix::single(matrix(file, "output.weight", h, vocab)?)),
-            None => None,
+        let output = if src.has_tensor("output.weight") {
+            Some(Matrix::single(matrix(src, "output.weight", h, vocab)?))
+        } else {
+            None
         };
         Ok(ModelWeights {
-            token_embd: Matrix::single(matrix(file, "token_embd.weight", h, vocab)?),
+            token_embd: Matrix::single(matrix(src, "token_embd.weight", h, vocab)?),
             layers,
-            output_norm: vector(file, "output_norm.weight", h)?,
+            output_norm: vector(src, "output_norm.weight", h)?,
             output,
         })
     }
 }
 
-fn find<'a>(file: &'a GgufFile, name: &str, dims: &[u64]) -> Result<&'a TensorInfo, ModelError> {
-    let info = file
-        .tensor(name)
+/// The tensor `name` of `src`, checked to have GGUF dims `dims`.
+fn find<'a>(
+    src: &'a dyn ModelSource,
+    name: &str,
+    dims: &[u64],
+) -> Result<TensorData<'a>, ModelError> {
+    let t = src
+        .tensor(name)?
         .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
-    if info.dims != dims {
+    if t.dims != dims {
         return Err(ModelError::TensorShape {
             name: name.to_string(),
             expected: dims.to_vec(),
-            found: info.dims.clone(),
+            found: t.dims,
         });
     }
-    Ok(info)
+    Ok(t)
 }
 
 /// Loads a GGUF `[cols, rows]` tensor as a row-major `[rows, cols]`
-/// [`QMatrix`] in the file's format (bytes copied out of the mapping).
-fn matrix(file: &GgufFile, name: &str, cols: u64, rows: u64) -> Result<QMatrix, ModelError> {
-    let info = find(file, name, &[cols, rows])?;
-    let bytes = file.tensor_bytes(info)?;
+/// [`QMatrix`] in the file's format (bytes copied out of the source).
+fn matrix(src: &dyn ModelSource, name: &str, cols: u64, rows: u64) -> Result<QMatrix, ModelError> {
+    let t = find(src, name, &[cols, rows])?;
     let (rows, cols) = (rows as usize, cols as usize);
-    let block = info.dtype.block_size().unwrap_or(1);
+    let block = t.dtype.block_size().unwrap_or(1);
     if !cols.is_multiple_of(block) {
         return Err(ModelError::InvalidConfig(format!(
             "tensor `{name}`: row length {cols} is not a multiple of the {} block size {block}",
-            info.dtype
+            t.dtype
         )));
     }
-    QMatrix::from_bytes(info.dtype, rows, cols, bytes)
+    QMatrix::from_bytes(t.dtype, rows, cols, &t.bytes)
         .map_err(|e| ModelError::InvalidConfig(format!("tensor `{name}`: {e}")))
 }
 
-fn vector(file: &GgufFile, name: &str, len: u64) -> Result<Vec<f32>, ModelError> {
-    let info = find(file, name, &[len])?;
-    Ok(gguf::dequantize_to_vec(
-        info.dtype,
-        file.tensor_bytes(info)?,
-        len as usize,
-    )?)
+/// Loads a `[len]` tensor as f32.
+fn vector(src: &dyn ModelSource, name: &str, len: u64) -> Result<Vec<f32>, ModelError> {
+    let t = find(src, name, &[len])?;
+    Ok(gguf::dequantize_to_vec(t.dtype, &t.bytes, len as usize)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use gguf::GgufFile;
+
+    use super::*;
+    use crate::arch::ArchError;
+
+    /// A source that answers as `file` does, except that `hide` is absent and `reshape` has
+    /// other dims (the bytes are then checked against the declared shape first).
+    struct Altered<'a> {
+        file: &'a GgufFile,
+        hide: &'a str,
+        reshape: Option<(&'a str, Vec<u64>)>,
+    }
+
+    impl ModelSource for Altered<'_> {
+        fn meta_str(&self, key: &str) -> Result<Option<String>, ArchError> {
+            self.file.meta_str(key)
+        }
+        fn meta_u32(&self, key: &str) -> Result<Option<u32>, ArchError> {
+            self.file.meta_u32(key)
+        }
+        fn meta_f32(&self, key: &str) -> Result<Option<f32>, ArchError> {
+            self.file.meta_f32(key)
+        }
+        fn meta_array_len(&self, key: &str) -> Result<Option<usize>, ArchError> {
+            self.file.meta_array_len(key)
+        }
+        fn tensor(&self, name: &str) -> Result<Option<TensorData<'_>>, ArchError> {
+            if name == self.hide {
+                return Ok(None);
+            }
+            let mut t = ModelSource::tensor(self.file, name)?;
+            if let (Some(t), Some((n, dims))) = (&mut t, &self.reshape) {
+                if *n == name {
+                    t.dims = dims.clone();
+                }
+            }
+            Ok(t)
+        }
+        fn has_tensor(&self, name: &str) -> bool {
+            name != self.hide && self.file.has_tensor(name)
+        }
+    }
+
+    fn open(arch: &str) -> GgufFile {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../fixtures/tiny-arch")
+            .join(arch)
+            .join(format!("{arch}-f32.gguf"));
+        GgufFile::open(&path).unwrap()
+    }
+
+    fn load_error(arch: &str, hide: &str, reshape: Option<(&str, Vec<u64>)>) -> String {
+        let file = open(arch);
+        let src = Altered {
+            file: &file,
+            hide,
+            reshape,
+        };
+        let desc = ModelDesc::from_source(&src).unwrap();
+        ModelWeights::load(&src, &desc).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn every_architecture_tensor_is_required_by_name() {
+        for (arch, tensor) in [
+            ("qwen2", "blk.1.attn_k.bias"),
+            ("qwen3", "blk.2.attn_q_norm.weight"),
+            ("gemma2", "blk.0.post_ffw_norm.weight"),
+            ("gemma2", "blk.3.post_attention_norm.weight"),
+            ("phi3", "blk.1.attn_qkv.weight"),
+            ("llama3rope", "blk.0.ffn_gate.weight"),
+        ] {
+            let err = load_error(arch, tensor, None);
+            assert_eq!(err, format!("missing tensor `{tensor}`"), "{arch}");
+        }
+    }
+
+    #[test]
+    fn shapes_are_checked_against_the_description() {
+        // Phi-3's fused gate|up must hold 2 × 160 rows.
+        let err = load_error("phi3", "", Some(("blk.0.ffn_up.weight", vec![64, 160])));
+        assert_eq!(
+            err,
+            "tensor `blk.0.ffn_up.weight` has dims [64, 160], expected [64, 320]"
+        );
+        // Qwen 3's per-head norm is head_dim (32) wide, not hidden / heads (16).
+        let err = load_error("qwen3", "", Some(("blk.1.attn_k_norm.weight", vec![16])));
+        assert!(err.contains("expected [32]"), "{err}");
+        let err = load_error("qwen2", "", Some(("blk.0.attn_v.bias", vec![64])));
+        assert!(err.contains("`blk.0.attn_v.bias`"), "{err}");
+    }
+
+    #[test]
+    fn tied_and_untied_heads() {
+        for (arch, untied) in [("qwen2", true), ("qwen3", false), ("gemma2", false)] {
+            let file = open(arch);
+            let desc = ModelDesc::from_source(&file).unwrap();
+            let w = ModelWeights::load(&file, &desc).unwrap();
+            assert_eq!(w.output.is_some(), untied, "{arch}");
+            assert_eq!(w.lm_head().rows(), 384);
+        }
+    }
 }

@@ -37,10 +37,22 @@
 //! inputs only; the price is the materialised score rows, kept L2-sized by choosing the query
 //! block size from the context length ([`tiled::query_block`]).
 //!
+//! # Options: scale, soft-cap, sliding window
+//!
+//! [`AttnOptions`] set the score scale (`1 / sqrt(head_dim)` unless the architecture says
+//! otherwise), an optional soft-cap of each scaled score `s -> c * tanh(s / c)` (Gemma 2; applied
+//! to each score alone, so both kernels apply it identically) and an optional sliding window: a
+//! query at `pos` then sees only keys `pos + 1 - window ..= pos` ([`AttnOptions::keys`]). The
+//! window's first key is a function of the query's position alone; the per-query kernel scores,
+//! softmaxes and sums exactly that range in increasing order, and the tiled kernel, whose key
+//! blocks stay at absolute multiples of [`tiled::KEY_BLOCK`], gives each row the same range (a
+//! row's softmax and value sums start at its own first key), so the two stay bitwise equal and
+//! batch invariant with a window too.
+//!
 //! # Batch invariance
 //!
 //! A query's output depends only on its query row, its position and the K/V values of
-//! positions `0..=pos`: never on the other queries, their number, how the prompt was chunked,
+//! its key range: never on the other queries, their number, how the prompt was chunked,
 //! which kernel ran it, which queries shared its tile, or how the work was split between threads.
 
 mod per_query;
@@ -87,6 +99,45 @@ pub struct HeadShape {
     pub head_dim: usize,
 }
 
+/// How a layer scores its keys (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttnOptions {
+    /// Scores are `q·k * scale`.
+    pub scale: f32,
+    /// Scaled scores `s` become `softcap * tanh(s / softcap)`.
+    pub softcap: Option<f32>,
+    /// A query at `pos` attends to keys `pos + 1 - window ..= pos` only (`None`: all of `0..=pos`).
+    pub window: Option<usize>,
+}
+
+impl AttnOptions {
+    /// Plain causal attention scaled by `1 / sqrt(head_dim)`.
+    pub fn plain(head_dim: usize) -> AttnOptions {
+        AttnOptions {
+            scale: 1.0 / (head_dim as f32).sqrt(),
+            softcap: None,
+            window: None,
+        }
+    }
+
+    /// The positions a query at `pos` attends to.
+    pub fn keys(&self, pos: usize) -> std::ops::Range<usize> {
+        let first = match self.window {
+            Some(w) => (pos + 1).saturating_sub(w),
+            None => 0,
+        };
+        first..pos + 1
+    }
+}
+
+/// `s = cap * tanh(s / cap)` for every score (Gemma 2's attention soft-capping; one formula per
+/// element, so every kernel gets the same bits).
+pub(super) fn softcap_in_place(scores: &mut [f32], cap: f32) {
+    for s in scores {
+        *s = (*s / cap).tanh() * cap;
+    }
+}
+
 /// Where one query token sits: its position in its sequence and the sequence's block table.
 #[derive(Debug, Clone, Copy)]
 pub struct QueryPos<'a> {
@@ -106,10 +157,11 @@ thread_local! {
 /// of all earlier positions of their sequences, are already in `layer`.
 ///
 /// `q` is `[n, n_heads * head_dim]` (RoPE applied), row `t` belonging to `queries[t]`. Query `t`
-/// attends to its sequence's positions `0..=pos`, read through its block table from `layer`
-/// (`[num_slots, n_kv_heads * head_dim]`, slots of `block_size` tokens per block). Scores are
-/// `q·k / sqrt(head_dim)` (with [`dot`](super::matmul::dot)), softmax in f32 over all `pos + 1`
-/// scores at once, output `Σ p_j v_j` accumulated in increasing `j`. Returns
+/// attends to its sequence's positions `opts.keys(pos)` (`0..=pos` without a window), read
+/// through its block table from `layer` (`[num_slots, n_kv_heads * head_dim]`, slots of
+/// `block_size` tokens per block). Scores are `q·k * opts.scale` (with
+/// [`dot`](super::matmul::dot)), soft-capped if `opts.softcap`, softmax in f32 over all of the
+/// query's scores at once, output `Σ p_j v_j` accumulated in increasing `j`. Returns
 /// `[n, n_heads * head_dim]`.
 ///
 /// Consecutive queries of one sequence at consecutive positions (a prefill chunk, as the model
@@ -121,9 +173,10 @@ pub fn attention(
     layer: &PagedLayer,
     block_size: usize,
     s: HeadShape,
+    opts: AttnOptions,
 ) -> Vec<f32> {
     let mut out = AlignedVec::new();
-    attention_into(q, queries, layer, block_size, s, &mut out);
+    attention_into(q, queries, layer, block_size, s, opts, &mut out);
     out.to_vec()
 }
 
@@ -134,12 +187,23 @@ pub fn attention_into(
     layer: &PagedLayer,
     block_size: usize,
     s: HeadShape,
+    opts: AttnOptions,
     out: &mut AlignedVec,
 ) {
-    attention_into_with(SimdPath::detect(), q, queries, layer, block_size, s, out)
+    attention_into_with(
+        SimdPath::detect(),
+        q,
+        queries,
+        layer,
+        block_size,
+        s,
+        opts,
+        out,
+    )
 }
 
 /// [`attention_into`] on a given SIMD path (tests force each one).
+#[allow(clippy::too_many_arguments)]
 fn attention_into_with(
     path: SimdPath,
     q: &[f32],
@@ -147,6 +211,7 @@ fn attention_into_with(
     layer: &PagedLayer,
     block_size: usize,
     s: HeadShape,
+    opts: AttnOptions,
     out: &mut AlignedVec,
 ) {
     let n = queries.len();
@@ -155,13 +220,29 @@ fn attention_into_with(
     out.clear();
     out.resize(n * q_dim, 0.0);
     let mut tiled_rows = vec![false; n];
-    let plan = tiled::plan(queries, s, pool::global().threads(), &mut tiled_rows);
+    let plan = tiled::plan(queries, s, opts, pool::global().threads(), &mut tiled_rows);
     if !plan.tasks.is_empty() {
         TILED_OUT.with_borrow_mut(|buf| {
-            tiled::run(path, &plan, q, queries, layer, block_size, s, buf, out)
+            let at = tiled::At {
+                q,
+                queries,
+                layer,
+                block_size,
+                s,
+                opts,
+            };
+            tiled::run(path, &plan, &at, buf, out)
         });
     }
-    per_query::attention_per_query(path, q, queries, layer, block_size, s, out, &tiled_rows);
+    let at = per_query::At {
+        q,
+        queries,
+        layer,
+        block_size,
+        s,
+        opts,
+    };
+    per_query::attention_per_query(path, &at, out, &tiled_rows);
 }
 
 /// The per-query reference on a given path: every query by [`per_query`], none tiled.
@@ -173,37 +254,43 @@ fn attention_per_query_with(
     layer: &PagedLayer,
     block_size: usize,
     s: HeadShape,
+    opts: AttnOptions,
 ) -> Vec<f32> {
     let mut out = vec![0.0; queries.len() * s.n_heads * s.head_dim];
     let skip = vec![false; queries.len()];
-    per_query::attention_per_query(path, q, queries, layer, block_size, s, &mut out, &skip);
+    let at = per_query::At {
+        q,
+        queries,
+        layer,
+        block_size,
+        s,
+        opts,
+    };
+    per_query::attention_per_query(path, &at, &mut out, &skip);
     out
 }
 
 /// Fills `offsets` with the offset in the layer (`[num_slots, kv_dim]`) of the row of the KV
-/// head starting at column `kv_off`, for positions `0..n_keys` in order, block by block through
+/// head starting at column `kv_off`, for positions `keys` in order, block by block through
 /// `block_table` (no division per key: at 4096 keys, two divisions per key and pass cost more
 /// than the dot products).
+///
+/// Panics if `block_table` does not cover `keys` (checked by the model before).
 fn key_offsets(
     block_table: &[u32],
     block_size: usize,
     kv_dim: usize,
     kv_off: usize,
-    n_keys: usize,
+    keys: std::ops::Range<usize>,
     offsets: &mut Vec<usize>,
 ) {
     offsets.clear();
-    for &block in block_table {
-        if offsets.len() == n_keys {
-            break;
-        }
-        let first = block as usize * block_size * kv_dim + kv_off;
-        let take = block_size.min(n_keys - offsets.len());
+    let mut pos = keys.start;
+    while pos < keys.end {
+        let (block, within) = (pos / block_size, pos % block_size);
+        let first = (block_table[block] as usize * block_size + within) * kv_dim + kv_off;
+        let take = (block_size - within).min(keys.end - pos);
         offsets.extend((0..take).map(|i| first + i * kv_dim));
+        pos += take;
     }
-    assert_eq!(
-        offsets.len(),
-        n_keys,
-        "block table covers 0..=pos (checked by the caller)"
-    );
 }

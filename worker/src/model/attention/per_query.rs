@@ -10,7 +10,25 @@ use super::super::matmul::{add_scaled_rows_with, add_scaled_with, dot_tile_with,
 use super::super::pool;
 use super::super::SimdPath;
 use super::softmax::softmax_rows;
-use super::{key_offsets, HeadShape, QueryPos, NARROW_KEYS, WIDE_KEYS};
+use super::{
+    key_offsets, softcap_in_place, AttnOptions, HeadShape, QueryPos, NARROW_KEYS, WIDE_KEYS,
+};
+
+/// The inputs of one attention call (as [`super::attention`]'s arguments).
+pub(super) struct At<'a> {
+    /// Query rows, `[n, n_heads * head_dim]`.
+    pub q: &'a [f32],
+    /// Position and block table of each query.
+    pub queries: &'a [QueryPos<'a>],
+    /// The layer's K/V.
+    pub layer: &'a PagedLayer,
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// Head shape.
+    pub s: HeadShape,
+    /// Scale, soft-cap and window.
+    pub opts: AttnOptions,
+}
 
 /// Per-thread buffers of one (token, head) task, reused across calls: no allocation per task.
 #[derive(Default)]
@@ -38,26 +56,23 @@ const SHARED_KV_BYTES: usize = 2 << 20;
 /// (`[n, n_heads * head_dim]`, zero on entry; the other rows are left alone), on `path`. Shapes
 /// and formulas as [`super::attention`].
 ///
-/// Each (token, head) output is computed by one pool task in one full pass over keys `0..=pos`
-/// in increasing order (a task takes one head, or all heads of a KV head when there are enough
-/// tasks; the operations per head are the same either way).
-#[allow(clippy::too_many_arguments)]
-pub(super) fn attention_per_query(
-    path: SimdPath,
-    q: &[f32],
-    queries: &[QueryPos<'_>],
-    layer: &PagedLayer,
-    block_size: usize,
-    s: HeadShape,
-    out: &mut [f32],
-    skip: &[bool],
-) {
+/// Each (token, head) output is computed by one pool task in one full pass over the query's keys
+/// (`opts.keys(pos)`) in increasing order (a task takes one head, or all heads of a KV head when
+/// there are enough tasks; the operations per head are the same either way).
+pub(super) fn attention_per_query(path: SimdPath, at: &At<'_>, out: &mut [f32], skip: &[bool]) {
+    let At {
+        q,
+        queries,
+        layer,
+        block_size,
+        s,
+        opts,
+    } = *at;
     let n = queries.len();
     let hd = s.head_dim;
     let q_dim = s.n_heads * hd;
     let kv_dim = s.n_kv_heads * hd;
     let group = s.n_heads / s.n_kv_heads;
-    let scale = 1.0 / (hd as f32).sqrt();
     debug_assert_eq!(q.len(), n * q_dim);
     debug_assert_eq!(out.len(), n * q_dim);
     let live = skip.iter().filter(|&&x| !x).count();
@@ -76,7 +91,7 @@ pub(super) fn attention_per_query(
         .iter()
         .zip(skip)
         .filter(|(_, &skip)| !skip)
-        .map(|(q, _)| q.pos + 1)
+        .map(|(q, _)| opts.keys(q.pos).len())
         .max()
         .unwrap_or(0);
     let per_task = if live * s.n_kv_heads >= 2 * pool.threads()
@@ -95,7 +110,8 @@ pub(super) fn attention_per_query(
         let QueryPos { pos, block_table } = queries[t];
         let kv_off = (h0 / group) * hd;
         let qs = &q[t * q_dim + h0 * hd..t * q_dim + (h0 + per_task) * hd];
-        let n_keys = pos + 1;
+        let keys = opts.keys(pos);
+        let n_keys = keys.len();
         SCRATCH.with_borrow_mut(
             |Scratch {
                  scores: p,
@@ -104,14 +120,15 @@ pub(super) fn attention_per_query(
              }| {
                 p.clear();
                 p.resize(per_task * n_keys, 0.0);
-                key_offsets(block_table, block_size, kv_dim, kv_off, n_keys, offsets);
+                key_offsets(block_table, block_size, kv_dim, kv_off, keys, offsets);
                 let task = HeadsTask {
                     path,
                     layer,
                     offsets,
                     qs,
                     head_dim: hd,
-                    scale,
+                    scale: opts.scale,
+                    softcap: opts.softcap,
                 };
                 if wide {
                     task.run::<WIDE_KEYS>(p, rows, o);
@@ -136,8 +153,10 @@ struct HeadsTask<'a> {
     /// The queries, `[heads, head_dim]`.
     qs: &'a [f32],
     head_dim: usize,
-    /// `1 / sqrt(head_dim)`.
+    /// Score scale.
     scale: f32,
+    /// Score soft-cap.
+    softcap: Option<f32>,
 }
 
 impl HeadsTask<'_> {
@@ -159,7 +178,7 @@ impl HeadsTask<'_> {
         })
     }
 
-    /// For each head `h`: scores all `n_keys` keys into `p[h]` (`p` is
+    /// For each head `h`: scores all `n_keys` keys (the query's key range) into `p[h]` (`p` is
     /// `[heads, n_keys]`), softmaxes them in place and adds `Σ p_j v_j` to
     /// `o[h]` (`o` is `[heads, head_dim]`), `K` keys or values per kernel call,
     /// each row loaded once for all heads. Every value is bitwise the same for
@@ -193,8 +212,11 @@ impl HeadsTask<'_> {
                 ph[jj] = dot_with(self.path, q(h), k) * self.scale;
             }
         }
+        if let Some(cap) = self.softcap {
+            softcap_in_place(p, cap);
+        }
         // Each row: `softmax_in_place` (bitwise).
-        softmax_rows(self.path, p, n_keys, p.len() / n_keys, |_| n_keys);
+        softmax_rows(self.path, p, n_keys, p.len() / n_keys, |_| 0..n_keys);
         // Σ p_j v_j in increasing j.
         let mut j = 0;
         while j + K <= n_keys {

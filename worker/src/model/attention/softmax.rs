@@ -15,6 +15,7 @@
 //!
 //! [`softmax_in_place`]: super::super::ops::softmax_in_place
 
+use std::ops::Range;
 use std::sync::OnceLock;
 
 use super::super::SimdPath;
@@ -23,32 +24,38 @@ use super::super::SimdPath;
 const SUM_ROWS: usize = 8;
 
 /// Softmax in place of rows `r = 0..n_rows` of `data`, row `r` being
-/// `data[r * stride..r * stride + len(r)]` (`len(r) >= 1`), each bitwise
+/// `data[r * stride + range(r).start..r * stride + range(r).end]` (non-empty), each bitwise
 /// [`softmax_in_place`](super::super::ops::softmax_in_place) of that row.
 pub(super) fn softmax_rows(
     path: SimdPath,
     data: &mut [f32],
     stride: usize,
     n_rows: usize,
-    len: impl Fn(usize) -> usize,
+    range: impl Fn(usize) -> Range<usize>,
 ) {
     let vector = path == SimdPath::Avx512 && vector_exp_ok();
+    let row_at = |r: usize| {
+        let k = range(r);
+        r * stride + k.start..r * stride + k.end
+    };
     for r in 0..n_rows {
-        let row = &mut data[r * stride..r * stride + len(r)];
+        let row = &mut data[row_at(r)];
         let max = row_max(row);
         exp_sub(vector, row, max);
     }
     for r0 in (0..n_rows).step_by(SUM_ROWS) {
         let rows = SUM_ROWS.min(n_rows - r0);
-        let common = (r0..r0 + rows).map(&len).min().unwrap_or(0);
+        let starts: [usize; SUM_ROWS] =
+            std::array::from_fn(|i| if i < rows { row_at(r0 + i).start } else { 0 });
+        let common = (r0..r0 + rows).map(|r| row_at(r).len()).min().unwrap_or(0);
         let mut sums = [0.0f32; SUM_ROWS];
         for j in 0..common {
-            for (i, sum) in sums[..rows].iter_mut().enumerate() {
-                *sum += data[(r0 + i) * stride + j];
+            for (sum, &start) in sums[..rows].iter_mut().zip(&starts) {
+                *sum += data[start + j];
             }
         }
         for (i, &sum) in sums[..rows].iter().enumerate() {
-            let row = &mut data[(r0 + i) * stride..(r0 + i) * stride + len(r0 + i)];
+            let row = &mut data[row_at(r0 + i)];
             let mut sum = sum;
             for &v in &row[common..] {
                 sum += v;
@@ -286,7 +293,10 @@ mod tests {
     fn softmax_rows_is_softmax_in_place_per_row() {
         let mut rng = ChaCha8Rng::seed_from_u64(5);
         let stride = 300;
-        let lens = |r: usize| 1 + (r * 37) % stride;
+        // Rows of every length, starting at various columns (a sliding window's rows).
+        // (Rows 0..5 start at 0, so the awkward values below stay inside them.)
+        let starts = |r: usize| if r < 5 { 0 } else { (r * 11) % 40 };
+        let lens = |r: usize| 1 + (r * 37) % (stride - 40);
         for path in SimdPath::available() {
             let n_rows = 19;
             let mut data: Vec<f32> = (0..n_rows * stride)
@@ -301,11 +311,14 @@ mod tests {
             data[4 * stride..4 * stride + 40].fill(7.0);
             let mut want = data.clone();
             for r in 0..n_rows {
-                softmax_in_place(&mut want[r * stride..r * stride + lens(r)]);
+                let at = r * stride + starts(r);
+                softmax_in_place(&mut want[at..at + lens(r)]);
             }
-            softmax_rows(path, &mut data, stride, n_rows, lens);
+            softmax_rows(path, &mut data, stride, n_rows, |r| {
+                starts(r)..starts(r) + lens(r)
+            });
             for r in 0..n_rows {
-                for j in 0..lens(r) {
+                for j in starts(r)..starts(r) + lens(r) {
                     let (g, w) = (data[r * stride + j], want[r * stride + j]);
                     assert!(
                         g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),

@@ -17,7 +17,14 @@ fn single_key_returns_its_value() {
         pos: 0,
         block_table: &[1],
     }];
-    let out = attention(&[0.5, 0.5, -1.0, 2.0], &queries, cache.layer(0), 4, s);
+    let out = attention(
+        &[0.5, 0.5, -1.0, 2.0],
+        &queries,
+        cache.layer(0),
+        4,
+        s,
+        AttnOptions::plain(2),
+    );
     assert_eq!(out, [3.0, -4.0, 3.0, -4.0]);
 }
 
@@ -44,7 +51,14 @@ fn causal_and_weighted_across_blocks() {
         },
     ];
     // Query 0 may only see position 0; query 1 (q = 0) sees both equally (a run of two: tiled).
-    let out = attention(&[5.0, 5.0, 0.0, 0.0], &queries, cache.layer(0), 1, s);
+    let out = attention(
+        &[5.0, 5.0, 0.0, 0.0],
+        &queries,
+        cache.layer(0),
+        1,
+        s,
+        AttnOptions::plain(2),
+    );
     assert_eq!(&out[..2], &[1.0, 0.0]);
     assert!((out[2] - 0.5).abs() < 1e-6 && (out[3] - 0.5).abs() < 1e-6);
 }
@@ -106,8 +120,20 @@ fn tiled_with(
     cache: &PagedKvCache,
     s: HeadShape,
 ) -> Vec<f32> {
+    tiled_opts(path, q, queries, cache, s, AttnOptions::plain(s.head_dim))
+}
+
+/// [`tiled_with`] with options.
+fn tiled_opts(
+    path: SimdPath,
+    q: &[f32],
+    queries: &[QueryPos<'_>],
+    cache: &PagedKvCache,
+    s: HeadShape,
+    opts: AttnOptions,
+) -> Vec<f32> {
     let mut out = AlignedVec::new();
-    attention_into_with(path, q, queries, cache.layer(0), BLOCK, s, &mut out);
+    attention_into_with(path, q, queries, cache.layer(0), BLOCK, s, opts, &mut out);
     out.to_vec()
 }
 
@@ -130,15 +156,20 @@ fn assert_bitwise(got: &[f32], want: &[f32], s: HeadShape, what: &str) {
 /// Tiled against per-query, bitwise, for one sequence: `n` queries from position `start`, every
 /// SIMD path, f32 and f16 caches.
 fn check_run(s: HeadShape, start: usize, n: usize, seed: u64) {
+    check_run_with(s, start, n, seed, AttnOptions::plain(s.head_dim));
+}
+
+/// [`check_run`] with options.
+fn check_run_with(s: HeadShape, start: usize, n: usize, seed: u64, opts: AttnOptions) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     for dtype in [KvDtype::F32, KvDtype::F16] {
         let (cache, tables) = random_cache(&mut rng, dtype, s, &[(start + n).div_ceil(BLOCK)]);
         let q = random_q(&mut rng, n, s);
         let queries = run_of(&tables[0], start, n);
         for path in SimdPath::available() {
-            let want = attention_per_query_with(path, &q, &queries, cache.layer(0), BLOCK, s);
-            let got = tiled_with(path, &q, &queries, &cache, s);
-            let what = format!("{n} queries from {start}, {dtype:?}, {path:?}, {s:?}");
+            let want = attention_per_query_with(path, &q, &queries, cache.layer(0), BLOCK, s, opts);
+            let got = tiled_opts(path, &q, &queries, &cache, s, opts);
+            let what = format!("{n} queries from {start}, {dtype:?}, {path:?}, {s:?}, {opts:?}");
             assert_bitwise(&got, &want, s, &what);
         }
     }
@@ -205,7 +236,15 @@ fn several_sequences_in_one_batch() {
         queries.extend(run_of(&t[1], 4010, 9));
         let q = random_q(&mut rng, queries.len(), SMOLLM);
         for path in SimdPath::available() {
-            let want = attention_per_query_with(path, &q, &queries, cache.layer(0), BLOCK, SMOLLM);
+            let want = attention_per_query_with(
+                path,
+                &q,
+                &queries,
+                cache.layer(0),
+                BLOCK,
+                SMOLLM,
+                AttnOptions::plain(64),
+            );
             let got = tiled_with(path, &q, &queries, &cache, SMOLLM);
             assert_bitwise(
                 &got,
@@ -266,4 +305,95 @@ fn query_blocks_fit_the_score_budget_and_spread_over_threads() {
     assert_eq!(tiled::query_block(3, 3, 3, 3, 2), 2);
     // Never 0, even for a 1,000,000-key context.
     assert_eq!(tiled::query_block(5, 1_000_000, 3, 3, 2), 1);
+}
+
+/// Gemma 3 270M's heads: 4 query heads on one KV head of 256.
+const GEMMA3: HeadShape = HeadShape {
+    n_heads: 4,
+    n_kv_heads: 1,
+    head_dim: 256,
+};
+
+fn windowed(head_dim: usize, window: usize, softcap: Option<f32>) -> AttnOptions {
+    AttnOptions {
+        window: Some(window),
+        softcap,
+        ..AttnOptions::plain(head_dim)
+    }
+}
+
+#[test]
+fn sliding_window_tiled_equals_per_query() {
+    // Windows shorter and longer than a key block, runs starting before and after the window
+    // fills, crossing key-block boundaries (the window's first key is rarely block-aligned).
+    for (window, start, n) in [
+        (8, 0, 30),
+        (8, 5, 3),
+        (100, 0, 150),
+        (100, 37, 200),
+        (512, 400, 300),
+    ] {
+        let seed = (window * 1000 + start * 10 + n) as u64;
+        check_run_with(SMOLLM, start, n, seed, windowed(64, window, None));
+        check_run_with(ODD, start, n, seed + 1, windowed(20, window, Some(50.0)));
+    }
+    check_run_with(GEMMA3, 500, 40, 7, windowed(256, 512, None));
+    check_run_with(SMOLLM, 90, 70, 8, windowed(64, 64, None));
+}
+
+#[test]
+fn softcap_tiled_equals_per_query() {
+    let capped = AttnOptions {
+        softcap: Some(5.0),
+        ..AttnOptions::plain(64)
+    };
+    check_run_with(SMOLLM, 0, 70, 3, capped);
+    check_run_with(SMOLLM, 130, 20, 4, capped);
+}
+
+/// Window and soft-cap against a direct computation: scores `5 tanh(q·k / (4 · 5))`
+/// over keys `pos + 1 - window ..= pos` only, softmax, weighted sum of values.
+#[test]
+fn sliding_window_and_softcap_follow_the_definition() {
+    let mut rng = ChaCha8Rng::seed_from_u64(9);
+    let s = HeadShape {
+        n_heads: 2,
+        n_kv_heads: 1,
+        head_dim: 16,
+    };
+    let opts = windowed(16, 5, Some(5.0));
+    let (cache, t) = random_cache(&mut rng, KvDtype::F32, s, &[2]);
+    let queries = run_of(&t[0], 0, 20);
+    let q = random_q(&mut rng, 20, s);
+    let got = attention(&q, &queries, cache.layer(0), BLOCK, s, opts);
+    for (i, qp) in queries.iter().enumerate() {
+        for h in 0..2 {
+            let qh = &q[(i * 2 + h) * 16..(i * 2 + h + 1) * 16];
+            let keys: Vec<usize> = (qp.pos.saturating_sub(4)..=qp.pos).collect();
+            let slot = |p: usize| cache.slot(qp.block_table, p);
+            let scores: Vec<f64> = keys
+                .iter()
+                .map(|&p| {
+                    let k = cache.key(0, slot(p));
+                    let d: f64 = qh.iter().zip(k).map(|(&a, b)| a as f64 * b as f64).sum();
+                    5.0 * (d * 0.25 / 5.0).tanh()
+                })
+                .collect();
+            let max = scores.iter().cloned().fold(f64::MIN, f64::max);
+            let e: Vec<f64> = scores.iter().map(|x| (x - max).exp()).collect();
+            let sum: f64 = e.iter().sum();
+            for d in 0..16 {
+                let want: f64 = keys
+                    .iter()
+                    .zip(&e)
+                    .map(|(&p, &w)| w / sum * cache.value(0, slot(p))[d] as f64)
+                    .sum();
+                let g = got[(i * 2 + h) * 16 + d] as f64;
+                assert!(
+                    (g - want).abs() < 1e-5,
+                    "query {i} head {h} dim {d}: {g} vs {want}"
+                );
+            }
+        }
+    }
 }

@@ -8,10 +8,14 @@ use super::super::kv_cache::PagedLayer;
 use super::super::matmul::{add_scaled_rows_with, add_scaled_with, dot_block_scaled_with};
 use super::super::pool;
 use super::super::SimdPath;
+pub(super) use super::per_query::At;
 #[cfg(target_arch = "x86_64")]
 use super::simd;
 use super::softmax::softmax_rows;
-use super::{key_offsets, HeadShape, QueryPos, MIN_RUN, NARROW_KEYS, WIDE_KEYS};
+use super::{
+    key_offsets, softcap_in_place, AttnOptions, HeadShape, QueryPos, MIN_RUN, NARROW_KEYS,
+    WIDE_KEYS,
+};
 
 /// Keys per key block: the block's K (or V) rows, 16 KiB in f32 at head_dim 64, stay in L1
 /// while every query row of the task uses them. A multiple of [`WIDE_KEYS`] and
@@ -67,6 +71,7 @@ pub(super) fn query_block(
 pub(super) fn plan(
     queries: &[QueryPos<'_>],
     s: HeadShape,
+    opts: AttnOptions,
     threads: usize,
     tiled: &mut [bool],
 ) -> Plan {
@@ -84,7 +89,13 @@ pub(super) fn plan(
         }
         if j - i >= MIN_RUN {
             tiled[i..j].fill(true);
-            let b = query_block(j - i, queries[j - 1].pos + 1, group, s.n_kv_heads, threads);
+            // A task's score rows span the first query's keys to the last query's.
+            let last = queries[j - 1].pos;
+            let widest = match opts.window {
+                Some(w) => (last + 1).min(w + MAX_QUERY_BLOCK),
+                None => last + 1,
+            };
+            let b = query_block(j - i, widest, group, s.n_kv_heads, threads);
             block = block.max(b);
             for first in (i..j).step_by(b) {
                 for kv_head in 0..s.n_kv_heads {
@@ -98,8 +109,8 @@ pub(super) fn plan(
         }
         i = j;
     }
-    // Cost ~ keys × queries; the last position of a task stands for its keys.
-    tasks.sort_by_key(|t| std::cmp::Reverse((queries[t.first + t.n - 1].pos + 1) * t.n));
+    // Cost ~ keys × queries; the last query's keys stand for the task's.
+    tasks.sort_by_key(|t| std::cmp::Reverse(opts.keys(queries[t.first + t.n - 1].pos).len() * t.n));
     Plan { tasks, block }
 }
 
@@ -123,18 +134,8 @@ thread_local! {
 
 /// Runs `plan`'s tasks on the pool into `buf` (scratch, `[tasks, block, group, head_dim]`), then
 /// copies each into its queries' rows of `out` (`[n, n_heads * head_dim]`).
-#[allow(clippy::too_many_arguments)]
-pub(super) fn run(
-    path: SimdPath,
-    plan: &Plan,
-    q: &[f32],
-    queries: &[QueryPos<'_>],
-    layer: &PagedLayer,
-    block_size: usize,
-    s: HeadShape,
-    buf: &mut AlignedVec,
-    out: &mut [f32],
-) {
+pub(super) fn run(path: SimdPath, plan: &Plan, at: &At<'_>, buf: &mut AlignedVec, out: &mut [f32]) {
+    let s = at.s;
     let hd = s.head_dim;
     let group = s.n_heads / s.n_kv_heads;
     let chunk = plan.block * group * hd;
@@ -143,15 +144,7 @@ pub(super) fn run(
     pool::global().for_each_chunk_mut(buf, chunk, |i, o| {
         let task = plan.tasks[i];
         SCRATCH.with_borrow_mut(|scratch| {
-            let t = TaskRun {
-                path,
-                q,
-                queries,
-                layer,
-                block_size,
-                s,
-                task,
-            };
+            let t = TaskRun { path, at, task };
             t.run(scratch, &mut o[..task.n * group * hd]);
         });
     });
@@ -168,11 +161,7 @@ pub(super) fn run(
 /// One task with everything it reads.
 struct TaskRun<'a> {
     path: SimdPath,
-    q: &'a [f32],
-    queries: &'a [QueryPos<'a>],
-    layer: &'a PagedLayer,
-    block_size: usize,
-    s: HeadShape,
+    at: &'a At<'a>,
     task: Task,
 }
 
@@ -180,11 +169,12 @@ impl TaskRun<'_> {
     /// Query row `r` of the task (`r = i * group + h`: query `first + i`, head `h` of the KV
     /// head), `[head_dim]`.
     fn q_row(&self, r: usize) -> &[f32] {
-        let hd = self.s.head_dim;
-        let group = self.s.n_heads / self.s.n_kv_heads;
+        let s = self.at.s;
+        let hd = s.head_dim;
+        let group = s.n_heads / s.n_kv_heads;
         let (i, h) = (r / group, r % group);
-        let at = (self.task.first + i) * self.s.n_heads * hd + (self.task.kv_head * group + h) * hd;
-        &self.q[at..at + hd]
+        let at = (self.task.first + i) * s.n_heads * hd + (self.task.kv_head * group + h) * hd;
+        &self.at.q[at..at + hd]
     }
 
     /// Writes the task's output into `o` (`[n, group, head_dim]`, the order of its query rows).
@@ -195,101 +185,116 @@ impl TaskRun<'_> {
             offsets,
             qs,
         } = scratch;
-        let s = self.s;
+        let At {
+            queries,
+            layer,
+            block_size,
+            s,
+            opts,
+            ..
+        } = *self.at;
         let hd = s.head_dim;
         let group = s.n_heads / s.n_kv_heads;
-        let first_pos = self.queries[self.task.first].pos;
+        let first_pos = queries[self.task.first].pos;
         let n_rows = self.task.n * group;
-        // Keys of the last query; earlier queries use a prefix of them (the scores past a
-        // query's position are computed with the block but never read).
-        let n_keys = first_pos + self.task.n;
+        // The task's keys: from the first query's first key to the last query's position. Score
+        // columns are relative to `k0`; a row's scores outside its own key range are computed
+        // with the block but never read.
+        let k0 = opts.keys(first_pos).start;
+        let k_end = first_pos + self.task.n;
+        let n_keys = k_end - k0;
         let kv_dim = s.n_kv_heads * hd;
         key_offsets(
-            self.queries[self.task.first].block_table,
-            self.block_size,
+            queries[self.task.first].block_table,
+            block_size,
             kv_dim,
             self.task.kv_head * hd,
-            n_keys,
+            k0..k_end,
             offsets,
         );
         rows.resize(KEY_BLOCK * hd, 0.0);
         scores.clear();
         scores.resize(n_rows * n_keys, 0.0);
-        // Keys of row r: 0..=pos of its query.
-        let row_keys = |r: usize| first_pos + r / group + 1;
+        // Keys of row r (query `first + r / group`), relative to `k0`; both ends grow with r.
+        let row_keys = |r: usize| {
+            let k = opts.keys(first_pos + r / group);
+            k.start - k0..k.end - k0
+        };
+        // Key blocks at absolute multiples of KEY_BLOCK, clipped to the task's keys (relative).
+        let key_blocks = || {
+            (k0 / KEY_BLOCK * KEY_BLOCK..k_end)
+                .step_by(KEY_BLOCK)
+                .map(move |kb| kb.max(k0) - k0..(kb + KEY_BLOCK).min(k_end) - k0)
+        };
 
         qs.clear();
         for r in 0..n_rows {
             qs.extend_from_slice(self.q_row(r));
         }
         // Scores, key block by key block.
-        let scale = 1.0 / (hd as f32).sqrt();
-        for kb in (0..n_keys).step_by(KEY_BLOCK) {
-            let kn = KEY_BLOCK.min(n_keys - kb);
-            let ks = block_rows(
-                self.layer,
-                PagedLayer::key_row,
-                &offsets[kb..kb + kn],
-                rows,
-                hd,
-            );
+        for b in key_blocks() {
+            let ks = block_rows(layer, PagedLayer::key_row, &offsets[b.clone()], rows, hd);
             dot_block_scaled_with(
                 self.path,
                 qs,
                 hd,
-                &ks[..kn],
-                scale,
-                &mut scores[kb..],
+                &ks[..b.len()],
+                opts.scale,
+                &mut scores[b.start..],
                 n_keys,
             );
+        }
+        if let Some(cap) = opts.softcap {
+            for r in 0..n_rows {
+                let k = row_keys(r);
+                softcap_in_place(&mut scores[r * n_keys + k.start..r * n_keys + k.end], cap);
+            }
         }
         // Each row over its own keys: `softmax_in_place` (bitwise).
         softmax_rows(self.path, scores, n_keys, n_rows, row_keys);
         // Σ p_j v_j, key block by key block, each row in increasing j.
         o.fill(0.0);
-        for kb in (0..n_keys).step_by(KEY_BLOCK) {
-            let kn = KEY_BLOCK.min(n_keys - kb);
-            let vs = block_rows(
-                self.layer,
-                PagedLayer::value_row,
-                &offsets[kb..kb + kn],
-                rows,
-                hd,
-            );
-            // Rows whose keys cover the whole block (a suffix: positions grow with the row)
-            // go through the register-blocked kernel on AVX-512, the others key by key.
-            let mut full = (0..n_rows)
-                .find(|&r| row_keys(r) >= kb + kn)
+        for b in key_blocks() {
+            let kn = b.len();
+            let vs = block_rows(layer, PagedLayer::value_row, &offsets[b.clone()], rows, hd);
+            // Rows whose keys cover the whole block (a contiguous band: both ends of a row's
+            // keys grow with the row) go through the register-blocked kernel on AVX-512, the
+            // others key by key over their part of the block.
+            let full_from = (0..n_rows)
+                .find(|&r| row_keys(r).end >= b.end)
                 .unwrap_or(n_rows);
+            let full_to = (full_from..n_rows)
+                .find(|&r| row_keys(r).start > b.start)
+                .unwrap_or(n_rows);
+            #[allow(unused_mut)]
+            let mut full = full_from..full_from;
             #[cfg(target_arch = "x86_64")]
             if self.path == SimdPath::Avx512 && hd.is_multiple_of(16) {
                 let vs = &vs[..kn];
-                let p = |r: usize| &scores[r * n_keys + kb..r * n_keys + kb + kn];
+                let p = |r: usize| &scores[r * n_keys + b.start..r * n_keys + b.end];
                 // SAFETY: the AVX-512 path was detected with AVX-512F; `values_from` gets
                 // the kernel's shapes.
-                unsafe { values_from(&mut o[..n_rows * hd], full, &p, vs, hd) };
-            } else {
-                full = n_rows;
-            }
-            #[cfg(not(target_arch = "x86_64"))]
-            {
-                full = n_rows;
+                unsafe { values_from(&mut o[..full_to * hd], full_from, &p, vs, hd) };
+                full = full_from..full_to;
             }
             for (r, (p, or)) in scores
                 .chunks_exact(n_keys)
                 .zip(o.chunks_exact_mut(hd))
                 .enumerate()
-                .take(full)
+                .take(n_rows)
             {
-                let end = row_keys(r).min(kb + kn);
-                if end <= kb {
+                if full.contains(&r) {
                     continue;
                 }
+                let k = row_keys(r);
+                let (lo, hi) = (k.start.max(b.start), k.end.min(b.end));
+                if hi <= lo {
+                    continue;
+                }
+                let vs = &vs[lo - b.start..hi - b.start];
                 match self.path {
-                    SimdPath::Avx512 => {
-                        add_values::<WIDE_KEYS>(self.path, or, &p[kb..end], &vs[..end - kb])
-                    }
-                    _ => add_values::<NARROW_KEYS>(self.path, or, &p[kb..end], &vs[..end - kb]),
+                    SimdPath::Avx512 => add_values::<WIDE_KEYS>(self.path, or, &p[lo..hi], vs),
+                    _ => add_values::<NARROW_KEYS>(self.path, or, &p[lo..hi], vs),
                 }
             }
         }

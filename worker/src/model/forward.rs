@@ -1,6 +1,12 @@
-//! The llama forward pass (Touvron et al. 2023; pre-norm RMSNorm, RoPE,
-//! grouped-query attention, SwiGLU FFN), f32 throughout, over a flattened
-//! batch of sequences and a paged KV cache (Kwon et al. 2023, PagedAttention).
+//! The CPU forward pass of every architecture in [`crate::arch`]: the Llama
+//! block (Touvron et al. 2023; pre-norm RMSNorm, RoPE, grouped-query
+//! attention, gated FFN) with each architecture's options (Q/K/V biases, Q/K
+//! norms, half-split RoPE, RoPE frequency factors, post-norms, GeGLU,
+//! embedding scale, soft-caps, sliding windows; see [`ModelDesc`]), f32
+//! throughout, over a flattened batch of sequences and a paged KV cache (Kwon
+//! et al. 2023, PagedAttention). The options are decided per layer or per
+//! step, never inside a kernel's inner loop, so a plain Llama runs exactly the
+//! operations it ran before they existed.
 //!
 //! Batch invariant: see the [`crate::model`] module docs.
 
@@ -9,18 +15,21 @@ use std::path::Path;
 
 use gguf::GgufFile;
 
-use super::attention::{attention_into, HeadShape, QueryPos};
+use super::attention::{attention_into, AttnOptions, HeadShape, QueryPos};
 use super::matmul::matmul_into;
-use super::ops::{rms_norm_into, swiglu_into, RopeTable};
+use super::ops::{
+    gated_into, rms_norm_chunks_in_place, rms_norm_into, softcap_in_place, RopeTable,
+};
 use super::weights::ModelWeights;
-use super::{AlignedVec, EntryLimits, KvDtype, LlamaConfig, ModelError, PagedKvCache};
+use super::{AlignedVec, EntryLimits, KvDtype, ModelError, PagedKvCache};
+use crate::arch::{ModelDesc, ModelSource};
 use crate::engine::BatchEntry;
 
-/// A llama model with weights in memory in their file formats, run on the CPU
-/// with f32 activations.
+/// A model of any [`crate::arch::Arch`] with weights in memory in their file
+/// formats, run on the CPU with f32 activations.
 #[derive(Debug)]
-pub struct LlamaModel {
-    config: LlamaConfig,
+pub struct CpuModel {
+    config: ModelDesc,
     weights: ModelWeights,
     /// Element type of the caches made by [`Self::new_kv`].
     kv_dtype: KvDtype,
@@ -43,7 +52,7 @@ struct Workspace {
     proj: Vec<f32>,
     /// Fused gate/up projections, `[rows, 2 * ffn_dim]`.
     gate_up: Vec<f32>,
-    /// SwiGLU output, `[rows, ffn_dim]`.
+    /// Gated activation output, `[rows, ffn_dim]`.
     h: AlignedVec,
     /// Logits, `[logit rows, vocab]`.
     logits: Vec<f32>,
@@ -74,24 +83,30 @@ struct Plan<'a> {
     logit_rows: Vec<usize>,
 }
 
-impl LlamaModel {
-    /// Opens the GGUF file at `path`, reads its config and loads all weights,
-    /// matrices in the file's own format (Q4_1/Q8_0/F16/BF16/F32; ~100 MB
-    /// for SmolLM2-135M Q4_1), norm vectors as f32.
+impl CpuModel {
+    /// Opens the GGUF file at `path`, reads its description and loads all
+    /// weights, matrices in the file's own format (~100 MB for SmolLM2-135M
+    /// Q4_1), norm vectors and biases as f32.
     ///
     /// Errors: [`ModelError::Gguf`] (I/O, format, unsupported tensor types),
-    /// [`ModelError::UnsupportedArchitecture`], [`ModelError::InvalidConfig`],
+    /// [`ModelError::Arch`], [`ModelError::InvalidConfig`],
     /// [`ModelError::MissingTensor`], [`ModelError::TensorShape`].
-    pub fn load(path: &Path) -> Result<LlamaModel, ModelError> {
+    pub fn load(path: &Path) -> Result<CpuModel, ModelError> {
         let file = GgufFile::open(path)?;
-        let config = LlamaConfig::from_gguf(&file)?;
-        let weights = ModelWeights::load(&file, &config)?;
-        Ok(LlamaModel::from_parts(config, weights))
+        CpuModel::from_source(&file)
+    }
+
+    /// Reads the description and loads all weights from `src` (a GGUF file, or any container
+    /// that answers GGUF's metadata keys and tensor names). Errors as [`Self::load`].
+    pub fn from_source(src: &dyn ModelSource) -> Result<CpuModel, ModelError> {
+        let config = ModelDesc::from_source(src)?;
+        let weights = ModelWeights::load(src, &config)?;
+        Ok(CpuModel::from_parts(config, weights))
     }
 
     /// Builds a model from an already-validated config and weights.
-    pub fn from_parts(config: LlamaConfig, weights: ModelWeights) -> LlamaModel {
-        LlamaModel {
+    pub fn from_parts(config: ModelDesc, weights: ModelWeights) -> CpuModel {
+        CpuModel {
             config,
             weights,
             kv_dtype: KvDtype::F32,
@@ -101,7 +116,7 @@ impl LlamaModel {
     /// This model with caches of element type `dtype` from [`Self::new_kv`]
     /// (default [`KvDtype::F32`]). [`Self::forward_batch`] accepts a cache of
     /// either type.
-    pub fn with_kv_dtype(mut self, dtype: KvDtype) -> LlamaModel {
+    pub fn with_kv_dtype(mut self, dtype: KvDtype) -> CpuModel {
         self.kv_dtype = dtype;
         self
     }
@@ -112,7 +127,7 @@ impl LlamaModel {
     }
 
     /// The model's hyper-parameters.
-    pub fn config(&self) -> &LlamaConfig {
+    pub fn config(&self) -> &ModelDesc {
         &self.config
     }
 
@@ -238,8 +253,28 @@ impl LlamaModel {
             n_kv_heads: c.n_kv_heads,
             head_dim: c.head_dim,
         };
-        let rope =
-            RopeTable::at_positions(plan.queries.iter().map(|q| q.pos), c.head_dim, c.rope_base);
+        // One RoPE table per distinct (base, position scale) of the layers: one for most
+        // models, two for Gemma 3 (local and global layers).
+        let mut ropes: Vec<((f32, f32), RopeTable)> = Vec::new();
+        let mut rope_of = Vec::with_capacity(c.n_layers);
+        for ld in &c.layers {
+            let key = (ld.rope_base, ld.rope_scale);
+            let i = match ropes.iter().position(|(k, _)| *k == key) {
+                Some(i) => i,
+                None => {
+                    let table = RopeTable::with_options(
+                        plan.queries.iter().map(|q| q.pos),
+                        c.head_dim,
+                        ld.rope_base,
+                        ld.rope_scale,
+                        c.rope_freq_factors.as_deref(),
+                    );
+                    ropes.push((key, table));
+                    ropes.len() - 1
+                }
+            };
+            rope_of.push(i);
+        }
         let bs = kv.block_size();
         let n_layers = self.weights.layers.len();
 
@@ -247,22 +282,37 @@ impl LlamaModel {
         for (&t, row) in plan.tokens.iter().zip(x.chunks_exact_mut(hidden)) {
             self.weights.token_embd.row_into(t as usize, row);
         }
+        if let Some(scale) = c.embed_scale {
+            for v in &mut x {
+                *v *= scale;
+            }
+        }
         // Rows still being computed: all tokens, except in the last layer, where
         // only the rows that need logits go on past the K/V writes.
         let mut queries = plan.queries.clone();
         with_workspace(|ws| {
             for (l, layer) in self.weights.layers.iter().enumerate() {
                 let rows = queries.len();
+                let rope = &ropes[rope_of[l]].1;
                 // Attention block.
                 rms_norm_into(&x, &layer.attn_norm, c.rms_eps, &mut ws.xn);
                 matmul_into(&ws.xn, rows, hidden, &layer.wqkv.parts, &mut ws.qkv);
                 let width = q_dim + 2 * kv_dim;
+                if let Some(bias) = &layer.qkv_bias {
+                    for r in ws.qkv.chunks_exact_mut(width) {
+                        add_in_place(r, bias);
+                    }
+                }
                 ws.q.clear();
                 for (t, r) in ws.qkv.chunks_exact_mut(width).enumerate() {
                     let (qt, kvt) = r.split_at_mut(q_dim);
                     let (k, v) = kvt.split_at_mut(kv_dim);
-                    rope.apply(qt, t);
-                    rope.apply(k, t);
+                    if let Some((q_norm, k_norm)) = &layer.qk_norm {
+                        rms_norm_chunks_in_place(qt, q_norm, c.rms_eps);
+                        rms_norm_chunks_in_place(k, k_norm, c.rms_eps);
+                    }
+                    rope.apply_style(c.rope_style, qt, t);
+                    rope.apply_style(c.rope_style, k, t);
                     ws.q.extend_from_slice(qt);
                     kv.write(l, plan.slots[t], k, v);
                 }
@@ -277,9 +327,20 @@ impl LlamaModel {
                     }
                 }
                 let rows = queries.len();
-                attention_into(&ws.q, &queries, kv.layer(l), bs, heads, &mut ws.att);
+                let opts = AttnOptions {
+                    scale: c.attn_scale,
+                    softcap: c.attn_softcap,
+                    window: c.layers[l].sliding_window,
+                };
+                attention_into(&ws.q, &queries, kv.layer(l), bs, heads, opts, &mut ws.att);
                 matmul_into(&ws.att, rows, q_dim, &layer.wo.parts, &mut ws.proj);
-                add_in_place(&mut x, &ws.proj);
+                add_residual(
+                    &mut x,
+                    &ws.proj,
+                    layer.post_attn_norm.as_deref(),
+                    c.rms_eps,
+                    &mut ws.xn,
+                );
 
                 // Feed-forward block.
                 rms_norm_into(&x, &layer.ffn_norm, c.rms_eps, &mut ws.xn);
@@ -290,9 +351,15 @@ impl LlamaModel {
                     &layer.w_gate_up.parts,
                     &mut ws.gate_up,
                 );
-                swiglu_into(&ws.gate_up, c.ffn_dim, &mut ws.h);
+                gated_into(&ws.gate_up, c.ffn_dim, c.activation, &mut ws.h);
                 matmul_into(&ws.h, rows, c.ffn_dim, &layer.w_down.parts, &mut ws.proj);
-                add_in_place(&mut x, &ws.proj);
+                add_residual(
+                    &mut x,
+                    &ws.proj,
+                    layer.post_ffn_norm.as_deref(),
+                    c.rms_eps,
+                    &mut ws.xn,
+                );
             }
 
             // After the last layer `x` holds exactly the logit rows, in batch order.
@@ -309,6 +376,9 @@ impl LlamaModel {
                 &self.weights.lm_head().parts,
                 &mut ws.logits,
             );
+            if let Some(cap) = c.final_softcap {
+                softcap_in_place(&mut ws.logits, cap);
+            }
             Ok(ws
                 .logits
                 .chunks_exact(c.vocab_size)
@@ -325,6 +395,24 @@ fn gather_rows(src: &[f32], width: usize, rows: &[usize]) -> Vec<f32> {
         out.extend_from_slice(&src[r * width..(r + 1) * width]);
     }
     out
+}
+
+/// `x += y`, or `x += rms_norm(y, norm)` with a post-norm (Gemma), `scratch` holding the normed
+/// rows.
+fn add_residual(
+    x: &mut [f32],
+    y: &[f32],
+    norm: Option<&[f32]>,
+    eps: f32,
+    scratch: &mut AlignedVec,
+) {
+    match norm {
+        Some(w) => {
+            rms_norm_into(y, w, eps, scratch);
+            add_in_place(x, scratch);
+        }
+        None => add_in_place(x, y),
+    }
 }
 
 fn add_in_place(x: &mut [f32], y: &[f32]) {

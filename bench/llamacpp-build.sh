@@ -1,0 +1,55 @@
+# Builds llama.cpp tools once into .cache/llamacpp-<version>/build (sourced, not run).
+#
+#   llamacpp_build TARGET...   builds the cmake targets that are not built yet (llama-bench,
+#                              llama-server, llama-quantize, ...)
+#   llamacpp_bin NAME          prints the path of a built binary (nothing when absent)
+#
+# The source is the llama.cpp that the PyPI sdist of llama-cpp-python vendors
+# (`pip download --no-binary llama-cpp-python --no-deps`); cmake comes from its PyPI wheel when the
+# machine has none. The caller sets `root` (the repository) and may set LLAMACPP_VERSION (0.3.36)
+# and THREADS (build jobs; default nproc).
+
+llamacpp_version="${LLAMACPP_VERSION:-0.3.36}"
+llamacpp_cache="$root/.cache/llamacpp-$llamacpp_version"
+llamacpp_build_dir="$llamacpp_cache/build"
+
+llamacpp_bin() {
+  find "$llamacpp_build_dir" -type f -name "$1" -perm -u+x 2>/dev/null | head -n 1
+}
+
+llamacpp_build() {
+  local missing=() t
+  for t in "$@"; do [[ -n "$(llamacpp_bin "$t")" ]] || missing+=("$t"); done
+  [[ ${#missing[@]} -gt 0 ]] || return 0
+  local src_dir="$llamacpp_cache/src"
+  if [[ ! -d "$src_dir" ]]; then
+    mkdir -p "$llamacpp_cache/sdist"
+    # The source distribution only (its build tools come as wheels; `--no-binary :all:` would
+    # also compile cmake itself from source just to read the package's metadata).
+    pip download "llama-cpp-python==$llamacpp_version" --no-binary llama-cpp-python --no-deps \
+      -d "$llamacpp_cache/sdist"
+    local tarball
+    tarball=$(find "$llamacpp_cache/sdist" -name "llama_cpp_python-$llamacpp_version.tar.gz" -o -name "llama-cpp-python-$llamacpp_version.tar.gz" | head -n 1)
+    [[ -n "$tarball" ]] || { echo "llama.cpp build: sdist not found in $llamacpp_cache/sdist" >&2; return 2; }
+    mkdir -p "$src_dir.tmp"
+    tar -xzf "$tarball" -C "$src_dir.tmp" --strip-components=1
+    mv "$src_dir.tmp" "$src_dir"
+  fi
+  local llama_src="$src_dir/vendor/llama.cpp"
+  [[ -f "$llama_src/CMakeLists.txt" ]] || { echo "llama.cpp build: no llama.cpp in $llama_src" >&2; return 2; }
+  if ! command -v cmake >/dev/null; then # cmake from its PyPI wheel, in a venv in the cache
+    "$llamacpp_cache/tools/bin/cmake" --version >/dev/null 2>&1 || {
+      rm -rf "$llamacpp_cache/tools"
+      python3 -m venv "$llamacpp_cache/tools" && "$llamacpp_cache/tools/bin/pip" install -q cmake
+    }
+    export PATH="$llamacpp_cache/tools/bin:$PATH"
+  fi
+  # A build folder configured from another checkout's path cannot be reconfigured: start it over.
+  if [[ -f "$llamacpp_build_dir/CMakeCache.txt" ]] &&
+    ! grep -qx "CMAKE_HOME_DIRECTORY:INTERNAL=$llama_src" "$llamacpp_build_dir/CMakeCache.txt"; then
+    rm -rf "$llamacpp_build_dir/CMakeCache.txt" "$llamacpp_build_dir/CMakeFiles"
+  fi
+  cmake -S "$llama_src" -B "$llamacpp_build_dir" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+    -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DBUILD_SHARED_LIBS=OFF
+  cmake --build "$llamacpp_build_dir" --config Release -j "${THREADS:-$(nproc)}" --target "${missing[@]}"
+}

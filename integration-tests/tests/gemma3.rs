@@ -1,0 +1,139 @@
+//! Gemma 3 270M Q4_K_M end to end through real router and CPU worker processes: the reference
+//! prompts of `fixtures/gemma3-270m.json` (an independent float32 implementation) token-exact,
+//! ids and text, and 32 concurrent requests (sliding window included) giving each one's solo
+//! tokens.
+
+use inference_proto::public::{FinishReason, GenerateRequest, TokenizeRequest};
+use integration_tests::{generate, greedy, Cluster, Generation, PublicClient};
+use serde_json::Value;
+
+fn reference() -> Value {
+    let text = include_str!("../../fixtures/gemma3-270m.json");
+    serde_json::from_str(text).expect("gemma3-270m.json is valid JSON")
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .expect("id array")
+        .iter()
+        .map(|x| x.as_u64().expect("id") as u32)
+        .collect()
+}
+
+/// The model file; panics with the fix when it has not been fetched (the test fails, it is not
+/// skipped).
+fn model() -> std::path::PathBuf {
+    let path = gguf::testing::gemma3_model_path();
+    assert!(
+        path.is_file(),
+        "{} not found: run scripts/fetch-model gemma3-270m",
+        path.display()
+    );
+    path
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reference_prompts_are_token_exact() {
+    let cluster = Cluster::start(&model()).await;
+    let mut client = cluster.client().await;
+    let reference = reference();
+    let prompts = reference["prompts"].as_array().expect("prompts");
+    assert_eq!(prompts.len(), 6);
+    for prompt in prompts {
+        let name = prompt["name"].as_str().unwrap();
+        let text = prompt["text"].as_str().unwrap();
+        let expected_prompt = ids(&prompt["prompt_ids"]);
+        let expected = ids(&prompt["greedy_ids"]);
+        let tokenized = client
+            .tokenize(TokenizeRequest {
+                text: text.into(),
+                add_special_tokens: true,
+            })
+            .await
+            .expect("Tokenize")
+            .into_inner();
+        assert_eq!(tokenized.ids, expected_prompt, "{name}: prompt ids");
+
+        let mut request = greedy(text, expected.len() as u32);
+        request.include_special_tokens = true;
+        let g = generate(&mut client, request).await.expect("Generate");
+        assert_eq!(g.token_ids, expected, "{name}: greedy ids");
+        assert_eq!(g.finish_reason, FinishReason::MaxNewTokens, "{name}");
+        assert_eq!(
+            g.usage.expect("usage").prompt_tokens as usize,
+            expected_prompt.len(),
+            "{name}"
+        );
+        assert_eq!(
+            g.text,
+            prompt["greedy_text"].as_str().unwrap(),
+            "{name}: text"
+        );
+    }
+}
+
+/// 32 requests: the reference prompts (the 634-token one twice, so it runs past the 512-token
+/// window beside others) and shortened variants, greedy and seeded sampling.
+fn requests() -> Vec<GenerateRequest> {
+    let reference = reference();
+    let texts: Vec<&str> = reference["prompts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["text"].as_str().unwrap())
+        .collect();
+    (0..32)
+        .map(|i| {
+            let text = texts[i % texts.len()];
+            // Drop a few words from the end of the later copies.
+            let words: Vec<&str> = text.split(' ').collect();
+            let keep = words.len().saturating_sub(i / texts.len()).max(1);
+            let mut r = greedy(&words[..keep].join(" "), 6);
+            if i % 4 == 3 {
+                r.temperature = 0.9;
+                r.seed = Some(100 + i as u64);
+            }
+            r
+        })
+        .collect()
+}
+
+async fn run_concurrently(client: &PublicClient, requests: &[GenerateRequest]) -> Vec<Generation> {
+    let tasks: Vec<_> = requests
+        .iter()
+        .cloned()
+        .map(|r| {
+            let mut c = client.clone();
+            tokio::spawn(async move { generate(&mut c, r).await })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.expect("task").expect("generation"));
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thirty_two_concurrent_requests_equal_their_solo_runs() {
+    let model = model();
+    let requests = requests();
+    let solo_cluster = Cluster::start_with(&model, &["--prefix-caching", "false"]).await;
+    let mut client = solo_cluster.client().await;
+    let mut solo = Vec::new();
+    for r in &requests {
+        solo.push(generate(&mut client, r.clone()).await.unwrap());
+    }
+    drop(solo_cluster);
+
+    // All at once, prompts prefilled in chunks of at most 256 tokens beside the others' decodes.
+    let cluster = Cluster::start_with(&model, &["--max-batch-tokens", "256"]).await;
+    let client = cluster.client().await;
+    let batched = run_concurrently(&client, &requests).await;
+    for (i, (got, want)) in batched.iter().zip(&solo).enumerate() {
+        assert_eq!(got.token_ids, want.token_ids, "request {i}");
+        assert_eq!(got.text, want.text, "request {i}");
+    }
+    let stats = cluster.worker_stats().await;
+    assert_eq!(stats.kv_blocks_used, 0, "every block returned: {stats:?}");
+}
