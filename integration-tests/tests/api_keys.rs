@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 use inference_proto::public::text_generation_client::TextGenerationClient;
 use inference_proto::public::ModelInfoRequest;
 use integration_tests::openai::wait_healthy;
-use integration_tests::{free_port, greedy, start_router_with_env, start_worker, tiny_model};
+use integration_tests::{
+    free_port, greedy, run_to_exit, start_router_with_env, start_worker, tiny_model,
+};
 use serde_json::{json, Value};
 use tonic::transport::Channel;
 
@@ -173,6 +175,32 @@ async fn api_keys_guard_both_fronts_and_rotate_without_restart() {
         assert_eq!(status, 200, "{body}");
         assert_eq!(body["choices"][0]["text"], grpc_text.as_str(), "{body}");
     }
+
+    // The command-line client sends `--api-key`.
+    let (ok, output) = run_to_exit(
+        "client",
+        &[
+            "--router",
+            &router_addr,
+            "--api-key",
+            ENV_KEY,
+            "--ignore-eos",
+            "--max-new-tokens",
+            "4",
+            "Hello",
+        ],
+        Duration::from_secs(30),
+    )
+    .await;
+    assert!(ok, "{output}");
+    assert!(output.contains(&grpc_text), "{output}");
+    let (ok, output) = run_to_exit(
+        "client",
+        &["--router", &router_addr, "--max-new-tokens", "4", "Hello"],
+        Duration::from_secs(30),
+    )
+    .await;
+    assert!(!ok && output.contains("no API key"), "{output}");
 
     // Rotation: the new key is accepted within a few seconds, then the old one is refused.
     std::fs::write(&key_file, format!("{FILE_KEY_NEW}\n")).unwrap();
