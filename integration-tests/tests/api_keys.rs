@@ -224,6 +224,19 @@ async fn api_keys_guard_both_fronts_and_rotate_without_restart() {
     );
     grpc_model_info(&mut client, Some(ENV_KEY)).await.unwrap();
 
+    // The refused Generate calls are counted like any other refusal.
+    let page = reqwest::get(format!("http://{metrics}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.lines()
+            .any(|l| l.starts_with("router_requests_total") && l.contains("UNAUTHENTICATED")),
+        "{page}"
+    );
+
     // An unreadable file keeps the last good keys.
     std::fs::remove_file(&key_file).unwrap();
     tokio::time::sleep(Duration::from_millis(2500)).await;
