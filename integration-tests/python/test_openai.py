@@ -23,9 +23,9 @@ with open(os.environ["EXPECTED"], encoding="utf-8") as f:
 CHAT = [{"role": "user", "content": EXPECTED["chat_prompt"]}]
 
 
-def client(base=BASE):
+def client(base=BASE, api_key="unused"):
     # No retries: every status must reach the test as the server sent it.
-    return openai.OpenAI(base_url=base, api_key="unused", max_retries=0, timeout=120)
+    return openai.OpenAI(base_url=base, api_key=api_key, max_retries=0, timeout=120)
 
 
 def joined(chunks, index=0):
@@ -204,6 +204,16 @@ class Errors(unittest.TestCase):
             c.completions.create(model=MODEL, prompt="Hi", max_tokens=2)
         self.check(e.exception, 429, "overloaded")
         running.close()
+
+    def test_401_without_the_right_api_key(self):
+        base = os.environ["KEYED_BASE"]
+        for key in ["wrong-key", "unused"]:
+            with self.assertRaises(openai.AuthenticationError) as e:
+                client(base, key).models.list()
+            self.check(e.exception, 401, "invalid_api_key")
+            self.assertNotIn(key, e.exception.body["message"])
+        ids = [m.id for m in client(base, os.environ["KEYED_KEY"]).models.list()]
+        self.assertEqual(ids, [MODEL])
 
     def test_503_without_a_worker(self):
         with self.assertRaises(openai.InternalServerError) as e:

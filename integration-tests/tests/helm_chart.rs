@@ -973,3 +973,95 @@ fn check_config_reports_bad_settings_and_exits_non_zero() {
     assert_eq!(settings["max_num_seqs"], 5);
     assert_eq!(settings["model"], "m.gguf");
 }
+
+#[test]
+fn api_keys_secret_and_worker_network_policy() {
+    let m = Manifests::render(
+        "access",
+        &[
+            "--set".into(),
+            "router.apiKeys.existingSecret=router-keys".into(),
+            "--set".into(),
+            "networkPolicy.enabled=true".into(),
+        ],
+    );
+    // The router reads the key file from the Secret, mounted as a directory (no subPath, so a
+    // rotated Secret reaches the pod).
+    let deployment = m.one("Deployment", "router");
+    let pod = &deployment["spec"]["template"]["spec"];
+    let router = items(&pod["containers"])
+        .iter()
+        .find(|c| c["name"] == "router")
+        .expect("a router container");
+    let args: Vec<&str> = items(&router["args"])
+        .iter()
+        .map(|a| str_of(a, "an argument"))
+        .collect();
+    let at = args
+        .iter()
+        .position(|a| *a == "--api-keys-file")
+        .unwrap_or_else(|| panic!("no --api-keys-file in {args:?}"));
+    let (dir, file) = args[at + 1].rsplit_once('/').expect("a path");
+    let mount = items(&router["volumeMounts"])
+        .iter()
+        .find(|vm| vm["mountPath"] == dir)
+        .unwrap_or_else(|| panic!("nothing mounted at {dir}"));
+    assert_eq!(mount["readOnly"], true);
+    assert!(mount.get("subPath").is_none(), "{mount:?}");
+    let volume = items(&pod["volumes"])
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+        .expect("the key volume");
+    assert_eq!(volume["secret"]["secretName"], "router-keys");
+    assert!(items(&volume["secret"]["items"])
+        .iter()
+        .any(|i| i["key"] == "api-keys" && i["path"] == file));
+
+    // Only router pods reach the workers' gRPC port; the metrics port stays open.
+    let policy = m.one("NetworkPolicy", "worker");
+    let sts = m.one("StatefulSet", "worker");
+    let worker_labels = &sts["spec"]["template"]["metadata"]["labels"];
+    let router_labels = &deployment["spec"]["template"]["metadata"]["labels"];
+    assert!(pod_labels_match(
+        &policy["spec"]["podSelector"]["matchLabels"],
+        worker_labels
+    ));
+    let worker = items(&sts["spec"]["template"]["spec"]["containers"])
+        .iter()
+        .find(|c| c["name"] == "worker")
+        .expect("a worker container");
+    let grpc = container_port(worker, "grpc").expect("the worker's grpc port");
+    let metrics = container_port(worker, "metrics").expect("the worker's metrics port");
+    let rules = items(&policy["spec"]["ingress"]);
+    let grpc_rules: Vec<&Value> = rules
+        .iter()
+        .filter(|r| {
+            items(&r["ports"])
+                .iter()
+                .any(|p| u64_of(&p["port"], "port") == grpc)
+        })
+        .collect();
+    assert_eq!(grpc_rules.len(), 1, "{rules:?}");
+    let from = items(&grpc_rules[0]["from"]);
+    assert_eq!(from.len(), 1, "{from:?}");
+    assert!(pod_labels_match(
+        &from[0]["podSelector"]["matchLabels"],
+        router_labels
+    ));
+    assert!(
+        !pod_labels_match(&from[0]["podSelector"]["matchLabels"], worker_labels),
+        "workers may not reach each other"
+    );
+    assert!(rules.iter().any(|r| r.get("from").is_none()
+        && items(&r["ports"])
+            .iter()
+            .any(|p| u64_of(&p["port"], "port") == metrics)));
+
+    // Both off by default.
+    let m = Manifests::render("default", &[]);
+    assert_eq!(m.of_kind("NetworkPolicy").count(), 0);
+    let router = &m.one("Deployment", "router")["spec"]["template"]["spec"]["containers"][0];
+    assert!(!items(&router["args"])
+        .iter()
+        .any(|a| a == "--api-keys-file"));
+}

@@ -1,7 +1,8 @@
 //! The OpenAI HTTP API with the official `openai` Python SDK and with `curl -N`, on the real SmolLM2
-//! model (issue 14): this test starts a worker and three routers (the API under test, one that
-//! admits a single request with no queue, one with no reachable worker), computes the gRPC front's
-//! texts for the requests the Python test makes, and runs integration-tests/python/test_openai.py
+//! model (issue 14): this test starts a worker and four routers (the API under test, one that
+//! admits a single request with no queue, one with no reachable worker, one that requires an API
+//! key), computes the gRPC front's texts for the requests the Python test makes, and runs
+//! integration-tests/python/test_openai.py
 //! with the SDK that scripts/install-openai-sdk installs (scripts/test runs it first).
 
 use std::path::PathBuf;
@@ -15,6 +16,8 @@ use serde_json::json;
 const MODEL: &str = "smollm2";
 const CHAT_PROMPT: &str = "What is the capital of France?";
 const COMPLETION_PROMPT: &str = "The three primary colors are";
+/// The API key of the router that requires one.
+const KEYED_KEY: &str = "sk-sdk-test-7c41";
 
 /// The SDK's Python; panics with the fix when it is not installed.
 fn sdk_python() -> PathBuf {
@@ -117,12 +120,24 @@ async fn the_official_sdk_and_curl_against_the_real_model() {
     )
     .await;
 
+    // A router over the same worker that requires an API key.
+    let keyed_http = format!("127.0.0.1:{}", free_port());
+    let (_keyed, _) = start_router_with_env(
+        &[&h.cluster.worker_addr],
+        &["--http-listen", &keyed_http, "--served-model-name", MODEL],
+        &[("ROUTER_API_KEYS", KEYED_KEY)],
+    )
+    .await;
+    wait_healthy(&format!("http://{keyed_http}"), Duration::from_secs(30)).await;
+
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/test_openai.py");
     let output = tokio::process::Command::new(&python)
         .arg(script)
         .env("OPENAI_BASE", format!("{}/v1", h.base))
         .env("OVERLOAD_BASE", format!("http://{overload_http}/v1"))
         .env("DEAD_BASE", format!("http://{dead_http}/v1"))
+        .env("KEYED_BASE", format!("http://{keyed_http}/v1"))
+        .env("KEYED_KEY", KEYED_KEY)
         .env("MODEL", MODEL)
         .env("EXPECTED", &expected_path)
         .output()
@@ -134,7 +149,7 @@ async fn the_official_sdk_and_curl_against_the_real_model() {
         "the openai SDK test failed:\n{report}\nrouter log:\n{}",
         h.cluster.router.log_text()
     );
-    assert!(report.contains("Ran 12 tests"), "{report}");
+    assert!(report.contains("Ran 13 tests"), "{report}");
 
     // The raw event stream, as `curl -N` shows it.
     let body = json!({"model": MODEL, "prompt": COMPLETION_PROMPT, "max_tokens": 24,

@@ -68,6 +68,12 @@ pub struct Cli {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub chat_template: Option<String>,
+    /// A file of API keys (one per line; blank lines and `#` comments ignored), re-read on change;
+    /// requests then need `authorization: Bearer KEY` on both fronts. Keys can also be given as
+    /// `ROUTER_API_KEYS="k1,k2"`.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub api_keys_file: Option<String>,
     /// Load and validate the settings, print the effective settings (JSON) and exit: 0 when they
     /// are valid, 2 with the error otherwise. Starts nothing.
     #[arg(long)]
@@ -174,6 +180,14 @@ pub struct RouterSettings {
     /// A Jinja chat template file used instead of the model's own template (GGUF
     /// `tokenizer.chat_template` or `tokenizer_config.json`) and the built-in one; empty = none.
     pub chat_template: String,
+    /// API keys accepted on both fronts (`authorization: Bearer KEY`), e.g. from
+    /// `ROUTER_API_KEYS="k1,k2"`; shown as `"<redacted>"` by `--check-config`. Empty (and no
+    /// `api_keys_file`) = no keys needed. See [`crate::auth`].
+    #[serde(deserialize_with = "string_or_list", serialize_with = "redacted_list")]
+    pub api_keys: Vec<String>,
+    /// A file of API keys, one per line (blank lines and `#` comments ignored), re-read about
+    /// every second; empty = none. Used together with `api_keys`.
+    pub api_keys_file: String,
 }
 
 impl Default for RouterSettings {
@@ -203,6 +217,8 @@ impl Default for RouterSettings {
             served_model_name: String::new(),
             model_aliases: Vec::new(),
             chat_template: String::new(),
+            api_keys: Vec::new(),
+            api_keys_file: String::new(),
         }
     }
 }
@@ -291,6 +307,15 @@ impl RouterSettings {
         }
     }
 
+    /// The API keys of `api_keys` and `api_keys_file` (not enforced when both are empty).
+    ///
+    /// Errors: the key file cannot be read (the message names it).
+    pub fn api_keys(&self) -> Result<std::sync::Arc<crate::auth::ApiKeys>, String> {
+        let file = self.api_keys_file.trim();
+        let file = (!file.is_empty()).then(|| std::path::Path::new(file));
+        crate::auth::ApiKeys::load(&self.api_keys, file).map_err(|e| e.to_string())
+    }
+
     /// How long a drain may take.
     pub fn drain_timeout(&self) -> Duration {
         Duration::from_millis(self.drain_timeout_ms)
@@ -341,6 +366,7 @@ impl RouterSettings {
             ));
         }
         self.chat_template_file()?;
+        self.api_keys()?;
         let l = &self.limits;
         if l.max_new_tokens == 0 || l.default_max_new_tokens == 0 {
             return Err(
@@ -355,6 +381,11 @@ impl RouterSettings {
         }
         Ok(())
     }
+}
+
+/// Serializes a list of secrets as as many `"<redacted>"` entries.
+fn redacted_list<S: serde::Serializer>(items: &[String], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(items.iter().map(|_| "<redacted>"))
 }
 
 fn string_or_list<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
@@ -448,6 +479,40 @@ mod tests {
             let err = RouterSettings::load(&cli).unwrap_err().to_string();
             assert!(
                 err.contains("unknown setting `limits.max_new_tokenz`"),
+                "{err}"
+            );
+            Ok(())
+        });
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment::Jail's closure signature
+    fn api_keys_from_env_and_file_are_checked_and_redacted() {
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("ROUTER_API_KEYS", "k1, k2");
+            let cli = Cli::parse_from(["router", "--workers", "a:1"]);
+            let s = RouterSettings::load(&cli).map_err(|e| e.to_string())?;
+            assert_eq!(s.api_keys, vec!["k1", "k2"]);
+            let keys = s.api_keys().unwrap();
+            assert!(keys.check(Some(b"Bearer k2")).is_ok());
+            let shown = serde_json::to_string(&s).unwrap();
+            assert!(
+                !shown.contains("k1") && shown.contains("<redacted>"),
+                "{shown}"
+            );
+            jail.create_file("keys.txt", "# comment\nk3\n")?;
+            let cli =
+                Cli::parse_from(["router", "--workers", "a:1", "--api-keys-file", "keys.txt"]);
+            let s = RouterSettings::load(&cli).map_err(|e| e.to_string())?;
+            assert!(s.validate().is_ok());
+            assert!(s.api_keys().unwrap().check(Some(b"Bearer k3")).is_ok());
+            let bad = RouterSettings {
+                api_keys_file: "missing.txt".into(),
+                ..s
+            };
+            let err = bad.validate().unwrap_err();
+            assert!(
+                err.contains("cannot read the API key file missing.txt"),
                 "{err}"
             );
             Ok(())

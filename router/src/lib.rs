@@ -2,6 +2,7 @@
 
 pub mod admission;
 pub mod affinity;
+pub mod auth;
 pub mod chat_template;
 pub mod config;
 pub mod deadline;

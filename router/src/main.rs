@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use inference_proto::public::text_generation_server::TextGenerationServer;
+use router::auth::grpc::KeyGuard;
 use router::config::{Cli, RouterSettings};
 use router::drain::Drain;
 use router::metrics::RouterMetrics;
@@ -59,6 +60,11 @@ async fn run(settings: RouterSettings) -> anyhow::Result<()> {
     if let Some((target, interval)) = discovery.clone() {
         tokio::spawn(router::discovery::run(pool.clone(), target, interval));
     }
+    let keys = settings.api_keys().map_err(anyhow::Error::msg)?;
+    keys.watch();
+    if keys.enforced() {
+        tracing::info!("API keys required on the public gRPC and HTTP APIs");
+    }
     let drain = Drain::new();
     // Readiness (grpc.health.v1): NOT_SERVING until a worker is ready, and from SIGTERM on.
     let (health, health_service) = tonic_health::server::health_reporter();
@@ -94,6 +100,7 @@ async fn run(settings: RouterSettings) -> anyhow::Result<()> {
                 drain.clone(),
                 Some(metrics.clone()),
                 settings.model_names(),
+                keys.clone(),
             );
             let mut stop = http_stop_rx;
             let shutdown = async move {
@@ -112,7 +119,10 @@ async fn run(settings: RouterSettings) -> anyhow::Result<()> {
     // with RESOURCE_EXHAUSTED naming it, and counts and logs calls refused before the handler.
     let max_request_bytes = settings.limits.max_request_bytes as usize;
     let public_api = WireGuard::new(
-        TextGenerationServer::new(service).max_decoding_message_size(max_request_bytes),
+        KeyGuard::new(
+            TextGenerationServer::new(service).max_decoding_message_size(max_request_bytes),
+            keys,
+        ),
         max_request_bytes,
         Some(metrics),
     );

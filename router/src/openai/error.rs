@@ -8,6 +8,7 @@
 //! | body above `max_request_bytes` | 413 | `invalid_request_error` | `request_too_large` |
 //! | admission queue full (`RESOURCE_EXHAUSTED`) | 429 | `rate_limit_error` | `overloaded` |
 //! | no worker ready, draining (`UNAVAILABLE`) | 503 | `server_error` | `unavailable` |
+//! | no, malformed or wrong API key ([`Refusal`]) | 401 | `invalid_request_error` | `invalid_api_key` |
 //! | [`ValidationError::Unsupported`], `UNIMPLEMENTED` | 501 | `invalid_request_error` | `not_implemented` |
 //! | anything else | 500 | `server_error` | `internal_error` |
 
@@ -16,6 +17,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use tonic::{Code, Status};
 
+use crate::auth::Refusal;
 use crate::generate::GenerateError;
 use crate::validation::ValidationError;
 
@@ -110,6 +112,18 @@ impl ApiError {
         }
     }
 
+    /// 401 `invalid_api_key` for a request refused by the API-key check (as OpenAI answers it,
+    /// with `WWW-Authenticate: Bearer` added by [`IntoResponse`]).
+    pub fn unauthorized(refusal: Refusal) -> Self {
+        Self {
+            status: StatusCode::UNAUTHORIZED,
+            message: refusal.to_string(),
+            kind: "invalid_request_error",
+            param: None,
+            code: "invalid_api_key",
+        }
+    }
+
     /// 404 for a path this server does not serve.
     pub fn no_route(path: &str) -> Self {
         Self {
@@ -200,6 +214,11 @@ impl IntoResponse for ApiError {
             body,
         )
             .into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
         if self.status == StatusCode::PAYLOAD_TOO_LARGE {
             // The rest of the body was not read: the connection cannot carry another request.
             response

@@ -27,6 +27,7 @@ use axum::routing::{get, post};
 use serde_json::json;
 use tracing::Instrument as _;
 
+use crate::auth::ApiKeys;
 use crate::config::Limits;
 use crate::drain::Drain;
 use crate::generate::{self, new_request_id};
@@ -52,17 +53,20 @@ pub struct OpenAiFront {
     drain: Arc<Drain>,
     metrics: Option<Arc<RouterMetrics>>,
     names: ModelNames,
+    keys: Arc<ApiKeys>,
 }
 
 impl OpenAiFront {
     /// A front over `pool`, validating against `limits`, refusing new requests once `drain` has
-    /// started, recording requests in `metrics`, answering to `names`.
+    /// started, recording requests in `metrics`, answering to `names`, to callers with one of
+    /// `keys` (`GET /health` is open to all).
     pub fn new(
         pool: Arc<WorkerPool>,
         limits: Limits,
         drain: Arc<Drain>,
         metrics: Option<Arc<RouterMetrics>>,
         names: ModelNames,
+        keys: Arc<ApiKeys>,
     ) -> Arc<Self> {
         Arc::new(Self {
             pool,
@@ -70,17 +74,35 @@ impl OpenAiFront {
             drain,
             metrics,
             names,
+            keys,
         })
     }
 
-    /// The axum application.
+    /// The axum application: the API routes behind the API-key check, `/health` open.
     pub fn router(self: &Arc<Self>) -> axum::Router {
-        axum::Router::new()
+        let keys = self.keys.clone();
+        let api = axum::Router::new()
             .route("/v1/chat/completions", post(chat))
             .route("/v1/completions", post(completions))
             .route("/v1/models", get(models))
             .route("/tokenize", post(tokenize))
-            .route("/health", get(health))
+            .route_layer(axum::middleware::from_fn(
+                move |request: axum::extract::Request, next: axum::middleware::Next| {
+                    let checked = keys.check(
+                        request
+                            .headers()
+                            .get(header::AUTHORIZATION)
+                            .map(|v| v.as_bytes()),
+                    );
+                    async move {
+                        match checked {
+                            Ok(()) => next.run(request).await,
+                            Err(refusal) => ApiError::unauthorized(refusal).into_response(),
+                        }
+                    }
+                },
+            ));
+        api.route("/health", get(health))
             .fallback(|uri: Uri| async move { ApiError::no_route(uri.path()) })
             .with_state(self.clone())
     }

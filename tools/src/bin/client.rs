@@ -13,7 +13,29 @@ use inference_proto::public::{
     constraint::Kind, text_generation_client::TextGenerationClient, ChatMessage, ChoiceList,
     Constraint, FinishReason, GenerateRequest, ModelInfoRequest,
 };
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
+
+/// Adds `authorization: Bearer KEY` to every call when a key is given.
+#[derive(Clone)]
+struct BearerKey(Option<MetadataValue<Ascii>>);
+
+impl tonic::service::Interceptor for BearerKey {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(value) = &self.0 {
+            request
+                .metadata_mut()
+                .insert("authorization", value.clone());
+        }
+        Ok(request)
+    }
+}
+
+type Client = TextGenerationClient<InterceptedService<Channel, BearerKey>>;
 
 #[derive(Debug, Parser)]
 #[command(name = "client", about = "Streams one generation from the router")]
@@ -67,6 +89,9 @@ struct Args {
     /// Wait up to this many seconds for the router to have a ready worker (polling `ModelInfo`).
     #[arg(long, default_value_t = 0)]
     wait_ready_secs: u64,
+    /// API key of a router that requires one (sent as `authorization: Bearer KEY`).
+    #[arg(long, env = "INFERENCE_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
     /// The prompt; `-` reads it from standard input (one final line break dropped).
     prompt: String,
 }
@@ -122,7 +147,14 @@ async fn run(mut args: Args) -> anyhow::Result<()> {
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
         .map_err(|e| anyhow::anyhow!("--router {address:?} is not HOST:PORT: {e}"))?
         .connect_lazy();
-    let mut client = TextGenerationClient::new(channel);
+    let key =
+        match &args.api_key {
+            Some(key) => Some(format!("Bearer {}", key.trim()).parse().map_err(|_| {
+                anyhow::anyhow!("--api-key holds characters a header cannot carry")
+            })?),
+            None => None,
+        };
+    let mut client = TextGenerationClient::with_interceptor(channel, BearerKey(key));
     wait_ready(&mut client, Duration::from_secs(args.wait_ready_secs))
         .await
         .map_err(|e| anyhow::anyhow!("router at {address}: {e:#}"))?;
@@ -187,10 +219,7 @@ async fn run(mut args: Args) -> anyhow::Result<()> {
 }
 
 /// Polls `ModelInfo` until the router reports a ready worker or `budget` has passed.
-async fn wait_ready(
-    client: &mut TextGenerationClient<Channel>,
-    budget: Duration,
-) -> anyhow::Result<()> {
+async fn wait_ready(client: &mut Client, budget: Duration) -> anyhow::Result<()> {
     let deadline = Instant::now() + budget;
     loop {
         let status = match client.model_info(ModelInfoRequest {}).await {
