@@ -645,26 +645,20 @@ async fn run_one(
         }
         Ok::<(), tonic::Status>(())
     };
-    let outcome = tokio::time::timeout(timeout, follow).await;
-    let e2e = ms(sent.elapsed());
-    let error = match outcome {
-        Err(_) => Some(RequestError {
-            code: "DEADLINE_EXCEEDED".into(),
-            message: format!(
-                "no end of stream within {} s (--timeout-secs)",
-                timeout.as_secs()
-            ),
-        }),
-        Ok(Err(status)) => Some(RequestError {
+    let follow = async {
+        follow.await.map_err(|status| RequestError {
             code: code_name(status.code()).into(),
             message: status.message().to_string(),
-        }),
-        Ok(Ok(())) if got.usage.is_none() => Some(RequestError {
+        })
+    };
+    let error = within(timeout, follow, "no end of stream").await;
+    let e2e = ms(sent.elapsed());
+    let error = error.or_else(|| {
+        got.usage.is_none().then(|| RequestError {
             code: "INTERNAL".into(),
             message: "the stream ended without its final message (no usage)".into(),
-        }),
-        Ok(Ok(())) => None,
-    };
+        })
+    });
     record(
         plan,
         index,
@@ -692,19 +686,8 @@ async fn run_one_openai(
     let follow = openai::follow(server, body, sent, &mut followed, |k| {
         progress.tokens.fetch_add(k as u64, Ordering::Relaxed);
     });
-    let outcome = tokio::time::timeout(timeout, follow).await;
+    let error = within(timeout, follow, "no end of stream").await;
     let e2e = ms(sent.elapsed());
-    let error = match outcome {
-        Err(_) => Some(RequestError {
-            code: "DEADLINE_EXCEEDED".into(),
-            message: format!(
-                "no end of stream within {} s (--timeout-secs)",
-                timeout.as_secs()
-            ),
-        }),
-        Ok(Err(error)) => Some(error),
-        Ok(Ok(())) => None,
-    };
     let got = Received {
         messages: followed.messages,
         streamed_tokens: followed
@@ -794,19 +777,8 @@ async fn run_one_direct(
             message: "the request's events ended without its last token".into(),
         })
     };
-    let outcome = tokio::time::timeout(timeout, follow).await;
+    let error = within(timeout, follow, "no last token").await;
     let e2e = ms(sent.elapsed());
-    let error = match outcome {
-        Err(_) => Some(RequestError {
-            code: "DEADLINE_EXCEEDED".into(),
-            message: format!(
-                "no last token within {} s (--timeout-secs)",
-                timeout.as_secs()
-            ),
-        }),
-        Ok(Err(error)) => Some(error),
-        Ok(Ok(())) => None,
-    };
     // A request that did not finish may still be running on the worker.
     stream.close(&request_id, error.is_some());
     record(
@@ -877,6 +849,23 @@ pub fn code_name(code: tonic::Code) -> &'static str {
         Unavailable => "UNAVAILABLE",
         DataLoss => "DATA_LOSS",
         Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+/// Runs `follow` for at most `timeout`: its error, or `DEADLINE_EXCEEDED` saying "`what` within
+/// N s" when the time ran out; `None` when it ended well.
+async fn within(
+    timeout: Duration,
+    follow: impl std::future::Future<Output = Result<(), RequestError>>,
+    what: &str,
+) -> Option<RequestError> {
+    match tokio::time::timeout(timeout, follow).await {
+        Err(_) => Some(RequestError {
+            code: "DEADLINE_EXCEEDED".into(),
+            message: format!("{what} within {} s (--timeout-secs)", timeout.as_secs()),
+        }),
+        Ok(Err(error)) => Some(error),
+        Ok(Ok(())) => None,
     }
 }
 
