@@ -387,6 +387,26 @@ pub async fn generate(
     Ok(g)
 }
 
+/// Runs `requests` concurrently (one task each, so they share the worker's batches); one result per
+/// request, in order.
+pub async fn generate_concurrently(
+    client: &PublicClient,
+    requests: impl IntoIterator<Item = inference_proto::public::GenerateRequest>,
+) -> Vec<Result<Generation, tonic::Status>> {
+    let tasks: Vec<_> = requests
+        .into_iter()
+        .map(|r| {
+            let mut c = client.clone();
+            tokio::spawn(async move { generate(&mut c, r).await })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.expect("generation task"));
+    }
+    out
+}
+
 impl Default for Generation {
     fn default() -> Self {
         Generation {

@@ -2,7 +2,7 @@
 //! tokens do not depend on what else runs beside it, on preemptions, or on the prefix cache.
 
 use inference_proto::public::{ChatMessage, GenerateRequest};
-use integration_tests::{generate, greedy, tiny_model, Cluster, Generation, PublicClient};
+use integration_tests::{generate, generate_concurrently, greedy, tiny_model, Cluster, Generation};
 
 /// 32 requests with mixed prompt lengths, output lengths and sampling parameters.
 fn mixed_requests() -> Vec<GenerateRequest> {
@@ -30,22 +30,6 @@ fn mixed_requests() -> Vec<GenerateRequest> {
         .collect()
 }
 
-async fn run_concurrently(client: &PublicClient, requests: &[GenerateRequest]) -> Vec<Generation> {
-    let tasks: Vec<_> = requests
-        .iter()
-        .cloned()
-        .map(|r| {
-            let mut c = client.clone();
-            tokio::spawn(async move { generate(&mut c, r).await })
-        })
-        .collect();
-    let mut out = Vec::new();
-    for t in tasks {
-        out.push(t.await.expect("task").expect("generation"));
-    }
-    out
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_and_preempted_requests_equal_their_solo_runs() {
     let (_dir, model) = tiny_model(11);
@@ -68,7 +52,11 @@ async fn concurrent_and_preempted_requests_equal_their_solo_runs() {
     ] {
         let cluster = Cluster::start_with(&model, worker_args).await;
         let client = cluster.client().await;
-        let batched = run_concurrently(&client, &requests).await;
+        let batched: Vec<Generation> = generate_concurrently(&client, requests.iter().cloned())
+            .await
+            .into_iter()
+            .map(|g| g.expect("generation"))
+            .collect();
         for (i, (got, want)) in batched.iter().zip(&solo).enumerate() {
             assert_eq!(got.token_ids, want.token_ids, "{worker_args:?} request {i}");
             assert_eq!(got.text, want.text, "{worker_args:?} request {i}");

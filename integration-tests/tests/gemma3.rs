@@ -4,7 +4,7 @@
 //! tokens.
 
 use inference_proto::public::{FinishReason, GenerateRequest, TokenizeRequest};
-use integration_tests::{generate, greedy, Cluster, Generation, PublicClient};
+use integration_tests::{generate, generate_concurrently, greedy, Cluster, Generation};
 use serde_json::Value;
 
 fn reference() -> Value {
@@ -98,22 +98,6 @@ fn requests() -> Vec<GenerateRequest> {
         .collect()
 }
 
-async fn run_concurrently(client: &PublicClient, requests: &[GenerateRequest]) -> Vec<Generation> {
-    let tasks: Vec<_> = requests
-        .iter()
-        .cloned()
-        .map(|r| {
-            let mut c = client.clone();
-            tokio::spawn(async move { generate(&mut c, r).await })
-        })
-        .collect();
-    let mut out = Vec::new();
-    for t in tasks {
-        out.push(t.await.expect("task").expect("generation"));
-    }
-    out
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thirty_two_concurrent_requests_equal_their_solo_runs() {
     let model = model();
@@ -129,7 +113,11 @@ async fn thirty_two_concurrent_requests_equal_their_solo_runs() {
     // All at once, prompts prefilled in chunks of at most 256 tokens beside the others' decodes.
     let cluster = Cluster::start_with(&model, &["--max-batch-tokens", "256"]).await;
     let client = cluster.client().await;
-    let batched = run_concurrently(&client, &requests).await;
+    let batched: Vec<Generation> = generate_concurrently(&client, requests.iter().cloned())
+        .await
+        .into_iter()
+        .map(|g| g.expect("generation"))
+        .collect();
     for (i, (got, want)) in batched.iter().zip(&solo).enumerate() {
         assert_eq!(got.token_ids, want.token_ids, "request {i}");
         assert_eq!(got.text, want.text, "request {i}");

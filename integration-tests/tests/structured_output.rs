@@ -8,7 +8,9 @@ use std::time::Duration;
 use inference_proto::public::{
     constraint::Kind, ChatMessage, ChoiceList, Constraint, FinishReason, GenerateRequest,
 };
-use integration_tests::{generate, real_model, Cluster, Generation, PublicClient};
+use integration_tests::{
+    generate, generate_concurrently, real_model, Cluster, Generation, PublicClient,
+};
 use serde_json::{json, Value};
 
 /// A chat request at temperature 1 with `seed`, constrained by `kind`.
@@ -24,25 +26,6 @@ fn constrained(question: &str, kind: Kind, max_new_tokens: u32, seed: u64) -> Ge
         constraint: Some(Constraint { kind: Some(kind) }),
         ..Default::default()
     }
-}
-
-/// Runs `requests` concurrently; one result per request, in order.
-async fn run_all(
-    client: &PublicClient,
-    requests: Vec<GenerateRequest>,
-) -> Vec<Result<Generation, tonic::Status>> {
-    let tasks: Vec<_> = requests
-        .into_iter()
-        .map(|r| {
-            let mut c = client.clone();
-            tokio::spawn(async move { generate(&mut c, r).await })
-        })
-        .collect();
-    let mut out = Vec::new();
-    for t in tasks {
-        out.push(t.await.expect("task"));
-    }
-    out
 }
 
 /// A complete constrained output ends because the constraint is complete (or with EOS, allowed only
@@ -164,7 +147,7 @@ async fn json_schemas_sampled_at_temperature_1_always_parse_and_validate() {
         request.temperature = 0.5;
         requests.push(request);
     }
-    let results = run_all(&client, requests).await;
+    let results = generate_concurrently(&client, requests).await;
     for (i, result) in results.iter().enumerate() {
         let g = result
             .as_ref()
@@ -215,7 +198,7 @@ async fn regex_and_choice_outputs_match() {
         });
         requests.push(constrained("Name a capital city.", kind, 20, seed));
     }
-    let results = run_all(&client, requests.clone()).await;
+    let results = generate_concurrently(&client, requests.clone()).await;
     for (request, result) in requests.iter().zip(results) {
         let g = result.expect("generation");
         assert_complete(&g, &format!("{:?}", request.constraint));
@@ -277,7 +260,7 @@ fn the_constrained_one() -> GenerateRequest {
 async fn batch(client: &PublicClient) -> (Vec<Generation>, Generation) {
     let others = tokio::spawn({
         let client = client.clone();
-        async move { run_all(&client, unconstrained()).await }
+        async move { generate_concurrently(&client, unconstrained()).await }
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
     let mut c = client.clone();
@@ -299,7 +282,7 @@ async fn a_constrained_request_is_the_same_alone_batched_and_preempted_and_leave
     let alone = generate(&mut c, the_constrained_one()).await.unwrap();
     assert_complete(&alone, "alone");
     serde_json::from_str::<Value>(&alone.text).expect("JSON");
-    let others_alone: Vec<Generation> = run_all(&client, unconstrained())
+    let others_alone: Vec<Generation> = generate_concurrently(&client, unconstrained())
         .await
         .into_iter()
         .map(Result::unwrap)
