@@ -387,6 +387,51 @@ pub async fn generate(
     Ok(g)
 }
 
+/// The token ids of a reference fixture's JSON array.
+pub fn reference_ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .expect("id array")
+        .iter()
+        .map(|x| x.as_u64().expect("id") as u32)
+        .collect()
+}
+
+/// Checks one reference prompt (`name`, `text`, `prompt_ids`, `greedy_ids`, optional
+/// `greedy_text`) through the router: Tokenize gives the prompt ids, and a greedy generation of
+/// `greedy_ids.len()` tokens gives exactly those ids, its usage counts and, when the fixture has
+/// it, the text (special tokens included, as the reference decodes them).
+pub async fn check_reference_prompt(client: &mut PublicClient, prompt: &serde_json::Value) {
+    use inference_proto::public::{FinishReason, TokenizeRequest};
+    let name = prompt["name"].as_str().unwrap();
+    let text = prompt["text"].as_str().unwrap();
+    let expected_prompt = reference_ids(&prompt["prompt_ids"]);
+    let expected = reference_ids(&prompt["greedy_ids"]);
+    let tokenized = client
+        .tokenize(TokenizeRequest {
+            text: text.into(),
+            add_special_tokens: true,
+        })
+        .await
+        .expect("Tokenize")
+        .into_inner();
+    assert_eq!(tokenized.ids, expected_prompt, "{name}: prompt ids");
+    let mut request = greedy(text, expected.len() as u32);
+    request.include_special_tokens = true;
+    let g = generate(client, request).await.expect("Generate");
+    assert_eq!(g.token_ids, expected, "{name}: greedy ids");
+    assert_eq!(g.finish_reason, FinishReason::MaxNewTokens, "{name}");
+    let usage = g.usage.expect("usage");
+    assert_eq!(
+        usage.prompt_tokens as usize,
+        expected_prompt.len(),
+        "{name}"
+    );
+    assert_eq!(usage.generated_tokens as usize, expected.len(), "{name}");
+    if let Some(want) = prompt["greedy_text"].as_str() {
+        assert_eq!(g.text, want, "{name}: text");
+    }
+}
+
 /// Runs `requests` concurrently (one task each, so they share the worker's batches); one result per
 /// request, in order.
 pub async fn generate_concurrently(
