@@ -61,13 +61,18 @@ use simd::tile_portable;
 #[cfg(target_arch = "x86_64")]
 use simd::{avx2, avx512};
 
-/// Whether [`fused_rows`] has a kernel for `path` and `format`.
+/// Whether [`fused_rows`] has a kernel for `path` and `format` (AVX-512 with any block format).
 fn has_fused(path: SimdPath, format: gguf::GgmlType) -> bool {
-    path == SimdPath::Avx512 && matches!(format, gguf::GgmlType::Q4_1 | gguf::GgmlType::Q8_0)
+    #[cfg(target_arch = "x86_64")]
+    if path == SimdPath::Avx512 {
+        return fused::supports(format);
+    }
+    let _ = (path, format);
+    false
 }
 
 /// `T` tokens against `R` encoded rows with a fused kernel, if there is one
-/// for this path and format (AVX-512 with Q4_1 or Q8_0); `None` otherwise.
+/// for this path and format ([`has_fused`]); `None` otherwise.
 #[inline(always)]
 fn fused_rows<const T: usize, const R: usize>(
     path: SimdPath,
@@ -80,12 +85,8 @@ fn fused_rows<const T: usize, const R: usize>(
     if has_fused(path, format) {
         // SAFETY: `Avx512` comes only from `SimdPath::available`, which
         // detected AVX-512F, AVX2, FMA and F16C; `QMatrix` validated the row
-        // lengths (whole 32-element blocks) and each `x[t]` holds `k` floats.
-        match format {
-            gguf::GgmlType::Q4_1 => return Some(unsafe { fused::q4_1::<T, R>(x, rows, k) }),
-            gguf::GgmlType::Q8_0 => return Some(unsafe { fused::q8_0::<T, R>(x, rows, k) }),
-            _ => {}
-        }
+        // lengths (whole blocks) and each `x[t]` holds `k` floats.
+        return Some(unsafe { fused::rows::<T, R>(format, x, rows, k) });
     }
     let _ = (path, format, x, rows, k);
     None

@@ -112,6 +112,7 @@ fn every_path_and_format_matches_reference_and_is_batch_invariant() {
         GgmlType::F16,
         GgmlType::BF16,
         GgmlType::Q8_0,
+        GgmlType::Q4_0,
         GgmlType::Q4_1,
         GgmlType::Q5_0,
         GgmlType::Q5_1,
