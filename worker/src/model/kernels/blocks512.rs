@@ -225,7 +225,7 @@ impl Block512 for Q4K {
     unsafe fn chunk(s: &Self::State, p: *const u8, c: usize) -> __m512 {
         let sub = c / 2;
         let q = bytes16(p.add(16 + 32 * (sub / 2) + 16 * (c % 2)));
-        let q = if sub % 2 == 0 {
+        let q = if sub.is_multiple_of(2) {
             q
         } else {
             _mm512_srli_epi32(q, 4)
@@ -251,7 +251,7 @@ impl Block512 for Q5K {
         let sub = c / 2;
         let l0 = 16 * (c % 2);
         let q = bytes16(p.add(48 + 32 * (sub / 2) + l0));
-        let nib = if sub % 2 == 0 {
+        let nib = if sub.is_multiple_of(2) {
             _mm512_and_si512(q, _mm512_set1_epi32(0x0F))
         } else {
             _mm512_srli_epi32(q, 4)
