@@ -15,7 +15,7 @@
 //!
 //! Weights, steps of up to `FUSED_MAX_TOKENS` (8) tokens (decode): the fused
 //! kernels decode each weight block in registers and use it for up to 4
-//! tokens at once (AVX-512, Q4_1/Q8_0). Larger steps: a task decodes
+//! tokens at once (AVX-512, every block format: [`fused`]). Larger steps: a task decodes
 //! `BLOCK_GROUPS` groups of `G` weight rows at a time (`G` = 4 on AVX-512 for
 //! steps of more than 8 tokens, else [`TILE_R`]) into a per-thread f32
 //! scratch block (L2 resident, reused across calls: no allocation in the hot
