@@ -147,9 +147,13 @@ unsafe fn q5_chunk(s: &Q5State, c: usize) -> __m512 {
     } else {
         _mm512_srli_epi32(q, 4)
     };
-    let fifth = (qh >> (16 * c)) as u16;
-    let idx = _mm512_mask_or_epi32(nib, fifth, nib, _mm512_set1_epi32(0x10));
-    _mm512_permutex2var_ps(lo, idx, hi)
+    _mm512_permutex2var_ps(lo, with_fifth_bit(nib, (qh >> (16 * c)) as u16), hi)
+}
+
+/// `nib | 16` in the lanes whose bit is set in `fifth`: 5-bit table indices.
+#[inline(always)]
+unsafe fn with_fifth_bit(nib: __m512i, fifth: __mmask16) -> __m512i {
+    _mm512_mask_or_epi32(nib, fifth, nib, _mm512_set1_epi32(0x10))
 }
 
 /// Q5_0: f16 `d` | u32 `qh` | 16 bytes; `x = (q - 16) * d`.
@@ -210,8 +214,30 @@ unsafe fn k4_scales(p: *const u8) -> ([f32; 8], [f32; 8]) {
     (scale, min)
 }
 
-/// Q4_K: 256 values in eight sub-blocks of 32; chunk `c` is half of sub-block `c / 2`, whose
-/// nibbles are the low (even sub-block) or high (odd) halves of bytes `32 (c / 4) ..` of `qs`.
+/// The 16 nibbles (u32 lanes, 4 bits) of chunk `c` of a Q4_K/Q5_K super-block whose nibble
+/// bytes start at `qs`: chunk `c` is half of sub-block `c / 2`, whose nibbles are the low (even
+/// sub-block) or high (odd) halves of bytes `32 (c / 4) ..`.
+#[inline(always)]
+unsafe fn k_nibbles(qs: *const u8, c: usize) -> __m512i {
+    let sub = c / 2;
+    let q = bytes16(qs.add(32 * (sub / 2) + 16 * (c % 2)));
+    if sub.is_multiple_of(2) {
+        _mm512_and_si512(q, _mm512_set1_epi32(0x0F))
+    } else {
+        _mm512_srli_epi32(q, 4)
+    }
+}
+
+/// `fma(i + offset, d·scale, -(dmin·min))` for `i = 0..16`: sub-block `sub`'s values of
+/// `q = i + offset` (the reference's `(d * scale) * q - dmin * min`, the product exact).
+#[inline(always)]
+unsafe fn k_table(s: &([f32; 8], [f32; 8]), sub: usize, offset: f32) -> __m512 {
+    let q = _mm512_add_ps(iota(), _mm512_set1_ps(offset));
+    _mm512_fmadd_ps(q, _mm512_set1_ps(s.0[sub]), _mm512_set1_ps(-s.1[sub]))
+}
+
+/// Q4_K: f16 `d` | f16 `dmin` | 12 scale bytes | 128 bytes `qs`: 256 values in eight
+/// sub-blocks of 32 (see [`k_nibbles`]).
 pub(crate) struct Q4K;
 impl Block512 for Q4K {
     const WEIGHTS: usize = 256;
@@ -223,15 +249,7 @@ impl Block512 for Q4K {
     }
     #[inline(always)]
     unsafe fn chunk(s: &Self::State, p: *const u8, c: usize) -> __m512 {
-        let sub = c / 2;
-        let q = bytes16(p.add(16 + 32 * (sub / 2) + 16 * (c % 2)));
-        let q = if sub.is_multiple_of(2) {
-            q
-        } else {
-            _mm512_srli_epi32(q, 4)
-        };
-        let table = _mm512_fmadd_ps(iota(), _mm512_set1_ps(s.0[sub]), _mm512_set1_ps(-s.1[sub]));
-        _mm512_permutexvar_ps(q, table)
+        _mm512_permutexvar_ps(k_nibbles(p.add(16), c), k_table(s, c / 2, 0.0))
     }
 }
 
@@ -249,19 +267,10 @@ impl Block512 for Q5K {
     #[inline(always)]
     unsafe fn chunk(s: &Self::State, p: *const u8, c: usize) -> __m512 {
         let sub = c / 2;
-        let l0 = 16 * (c % 2);
-        let q = bytes16(p.add(48 + 32 * (sub / 2) + l0));
-        let nib = if sub.is_multiple_of(2) {
-            _mm512_and_si512(q, _mm512_set1_epi32(0x0F))
-        } else {
-            _mm512_srli_epi32(q, 4)
-        };
-        let fifth = _mm512_test_epi32_mask(bytes16(p.add(16 + l0)), _mm512_set1_epi32(1 << sub));
-        let idx = _mm512_mask_or_epi32(nib, fifth, nib, _mm512_set1_epi32(0x10));
-        let (d, m) = (_mm512_set1_ps(s.0[sub]), _mm512_set1_ps(-s.1[sub]));
-        let lo = _mm512_fmadd_ps(iota(), d, m);
-        let hi = _mm512_fmadd_ps(_mm512_add_ps(iota(), _mm512_set1_ps(16.0)), d, m);
-        _mm512_permutex2var_ps(lo, idx, hi)
+        let qh = bytes16(p.add(16 + 16 * (c % 2)));
+        let fifth = _mm512_test_epi32_mask(qh, _mm512_set1_epi32(1 << sub));
+        let idx = with_fifth_bit(k_nibbles(p.add(48), c), fifth);
+        _mm512_permutex2var_ps(k_table(s, sub, 0.0), idx, k_table(s, sub, 16.0))
     }
 }
 
