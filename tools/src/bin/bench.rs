@@ -31,6 +31,12 @@ async fn main() -> ExitCode {
         }
     };
     println!("{}", outcome.report.summary.render(&args.label));
+    if let Some(constrained) = &outcome.report.constrained {
+        println!("{}", constrained.render());
+    }
+    if let Some(mask_time) = &outcome.report.mask_time {
+        println!("{}", mask_time.render());
+    }
     if let Some(path) = &args.json {
         let written = serde_json::to_vec_pretty(&outcome.report)
             .context("encoding the report")
