@@ -84,6 +84,9 @@ pub async fn connect(
             Ok(r) => {
                 let status = r.status();
                 let why = r.text().await.unwrap_or_default();
+                if status == reqwest::StatusCode::UNAUTHORIZED {
+                    bail!("the server refused the API key: GET /v1/models answered {status} {why}");
+                }
                 format!("GET /v1/models answered {status} {why}")
             }
             Err(e) => e.to_string(),
