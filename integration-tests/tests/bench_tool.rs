@@ -403,14 +403,6 @@ async fn bench_sends_the_api_key_on_both_fronts() {
     }
 }
 
-/// The small schema of the structured-output runs (bounded, so a random model completes it).
-fn animal_schema() -> Value {
-    serde_json::json!({"type": "object", "properties": {
-        "animal": {"enum": ["cat", "dog", "owl"]},
-        "legs": {"type": "integer", "minimum": 0, "maximum": 8}},
-        "required": ["animal", "legs"], "additionalProperties": false})
-}
-
 /// `--constraint` with `--constrained-fraction 0.5`: every second request carries a JSON schema,
 /// the report counts them, checks each output against the schema and summarizes them apart, and
 /// `--worker-metrics` reports the worker's mask time over the run. The same through `--worker`
@@ -423,7 +415,7 @@ async fn bench_constrains_a_fraction_of_requests_and_reports_the_mask_time() {
         integration_tests::openai::start(&model, &["--metrics-listen", &metrics], &[], &[]).await;
     let dir = tempfile::tempdir().unwrap();
     let schema = dir.path().join("animal.json");
-    std::fs::write(&schema, animal_schema().to_string()).unwrap();
+    std::fs::write(&schema, integration_tests::animal_schema().to_string()).unwrap();
     let constraint = format!("json-schema:{}", schema.display());
     let (requests, new_tokens) = (8u64, 40u64);
     let (ok, text, report) = bench(

@@ -219,9 +219,7 @@ struct Short {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn short_requests_beside_a_long_prefill_are_never_refused_and_readiness_holds() {
-    let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("tiny-16k.gguf");
-    gguf::testing::write_tiny_llama_with_context(&model, 5, 16_384).unwrap();
+    let (_dir, model) = integration_tests::tiny_model_with_context(5, 16_384);
     let (_worker, worker_addr) =
         start_worker_with(&model, &["--threads", "1", "--max-batch-tokens", "256"]).await;
     // Probes every 50 ms with a 50 ms timeout: shorter than one step of this prefill.
