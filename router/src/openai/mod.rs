@@ -333,6 +333,14 @@ pub async fn serve(
     front: Arc<OpenAiFront>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    use axum::serve::ListenerExt;
+    // Each server-sent event is a small write: without TCP_NODELAY, Nagle's algorithm holds an
+    // event back until the client acknowledges the previous segment (a delayed ACK, up to 40 ms).
+    let listener = listener.tap_io(|tcp| {
+        if let Err(error) = tcp.set_nodelay(true) {
+            tracing::debug!(%error, "could not set TCP_NODELAY on an HTTP connection");
+        }
+    });
     axum::serve(listener, front.router())
         .with_graceful_shutdown(shutdown)
         .await
