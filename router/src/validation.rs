@@ -405,7 +405,6 @@ pub fn check_constraint(
         )
     })?;
     compiler
-        .compile(constraint)
-        .map(drop)
+        .check(constraint)
         .map_err(|e| ValidationError::invalid("constraint", e.to_string()))
 }

@@ -119,6 +119,35 @@ impl ConstraintCompiler {
         }
         Ok(ConstraintState::new(matcher))
     }
+
+    /// [`Self::compile`], then the first mask: a constraint that compiles but can never produce a
+    /// token (a schema that only refers to itself, a regex that matches no character, a grammar
+    /// with no terminal) is an [`ConstraintError::Invalid`] here, before any work, instead of a
+    /// failure at the first generated token.
+    ///
+    /// Errors: as [`Self::compile`].
+    pub fn check(&self, constraint: &Constraint) -> Result<(), ConstraintError> {
+        let mut state = self.compile(constraint)?;
+        let field = grammar_field(constraint);
+        state
+            .compute_mask()
+            .map(drop)
+            .map_err(|e| ConstraintError::Invalid {
+                field,
+                message: format!("no output can satisfy it ({e})"),
+            })
+    }
+}
+
+/// The name of `constraint`'s field (as in [`ConstraintError::Invalid`]).
+fn grammar_field(constraint: &Constraint) -> &'static str {
+    match constraint.kind.as_ref() {
+        Some(Kind::JsonSchema(_)) => "json_schema",
+        Some(Kind::JsonObject(_)) => "json_object",
+        Some(Kind::Regex(_)) => "regex",
+        Some(Kind::Lark(_)) => "lark",
+        Some(Kind::Choice(_)) | None => "choice",
+    }
 }
 
 /// The llguidance grammar of `constraint`, with the name of the field it came from.

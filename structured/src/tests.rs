@@ -218,3 +218,39 @@ fn a_model_without_eos_or_with_another_tokenizer_is_refused() {
     let e = ConstraintCompiler::new(source("bert", &[2])).unwrap_err();
     assert!(e.to_string().contains("unsupported tokenizer model"), "{e}");
 }
+
+/// Constraints that compile but cannot produce a first token are refused by `check`, naming the
+/// field; ordinary ones pass.
+#[test]
+fn check_refuses_constraints_that_cannot_start() {
+    let t = tiny();
+    let c = compiler(&t);
+    let bad = [
+        (Kind::JsonSchema(r##"{"$ref": "#"}"##.into()), "json_schema"),
+        (
+            Kind::JsonSchema(
+                r##"{"$ref": "#/definitions/a", "definitions": {"a": {"$ref": "#/definitions/a"}}}"##
+                    .into(),
+            ),
+            "json_schema",
+        ),
+        (Kind::Regex(r"[^\x00-\x{10FFFF}]".into()), "regex"),
+        (Kind::Lark("start: x\nx: x".into()), "lark"),
+    ];
+    for (kind, field) in bad {
+        let what = format!("{kind:?}");
+        let err = c.check(&constraint(kind)).expect_err(&what);
+        assert!(
+            err.to_string()
+                .starts_with(&format!("constraint.{field} is invalid")),
+            "{what}: {err}"
+        );
+    }
+    for kind in [
+        Kind::JsonSchema(r#"{"type": "object"}"#.into()),
+        Kind::Regex("[a-z]+".into()),
+        Kind::Lark("start: \"yes\" | \"no\"".into()),
+    ] {
+        c.check(&constraint(kind)).unwrap();
+    }
+}

@@ -59,6 +59,7 @@ mod per_query;
 #[cfg(target_arch = "x86_64")]
 mod simd;
 mod softmax;
+mod split;
 mod tiled;
 
 #[cfg(test)]

@@ -94,6 +94,14 @@ pub(super) fn attention_per_query(path: SimdPath, at: &At<'_>, out: &mut [f32], 
         .map(|(q, _)| opts.keys(q.pos).len())
         .max()
         .unwrap_or(0);
+    if super::split::wanted(
+        live,
+        s.n_kv_heads,
+        deepest * kv_dim * 4 * 2,
+        SHARED_KV_BYTES,
+    ) {
+        return super::split::attention_split(path, at, out, skip);
+    }
     let per_task = if live * s.n_kv_heads >= 2 * pool.threads()
         || deepest * kv_dim * 4 * 2 > SHARED_KV_BYTES
     {

@@ -397,3 +397,48 @@ fn sliding_window_and_softcap_follow_the_definition() {
         }
     }
 }
+
+/// A lone deep decode token with fewer (token, KV head) pairs than threads goes to the split
+/// kernel (`split.rs`: scores by key ranges, values by dimension ranges); its output is bitwise
+/// what the tiled kernel gives the same query inside a run, on every path, f32 and f16 caches,
+/// plain, windowed and soft-capped, head widths with lane tails.
+#[test]
+fn split_lone_deep_token_equals_the_tiled_kernel() {
+    let shapes = [
+        HeadShape {
+            n_heads: 4,
+            n_kv_heads: 1,
+            head_dim: 64,
+        },
+        HeadShape {
+            n_heads: 2,
+            n_kv_heads: 1,
+            head_dim: 84, // 5 * 16 + 4: a lane tail, two dimension tasks
+        },
+    ];
+    for (i, s) in shapes.into_iter().enumerate() {
+        // Past SHARED_KV_BYTES (2 MiB of f32 K and V) at this kv_dim.
+        let pos = (2 << 20) / (s.head_dim * 8) + 37 + 100 * i;
+        for opts in [
+            AttnOptions::plain(s.head_dim),
+            windowed(s.head_dim, pos - 5, None),
+            windowed(s.head_dim, pos + 10, Some(2.0)),
+        ] {
+            let mut rng = ChaCha8Rng::seed_from_u64(40 + i as u64);
+            for dtype in [KvDtype::F32, KvDtype::F16] {
+                let (cache, tables) =
+                    random_cache(&mut rng, dtype, s, &[(pos + 1).div_ceil(BLOCK)]);
+                let q = random_q(&mut rng, 2, s);
+                let q_dim = s.n_heads * s.head_dim;
+                let run = run_of(&tables[0], pos - 1, 2);
+                let lone = run_of(&tables[0], pos, 1);
+                for path in SimdPath::available() {
+                    let want = tiled_opts(path, &q, &run, &cache, s, opts);
+                    let got = tiled_opts(path, &q[q_dim..], &lone, &cache, s, opts);
+                    let what = format!("lone token at {pos}, {dtype:?}, {path:?}, {s:?}, {opts:?}");
+                    assert_bitwise(&got, &want[q_dim..], s, &what);
+                }
+            }
+        }
+    }
+}
