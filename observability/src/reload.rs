@@ -14,7 +14,7 @@ use std::time::Duration;
 pub const RELOAD_PERIOD: Duration = Duration::from_secs(1);
 
 /// Spawns the task that calls `reload` every `period` until the process exits; `what` names the
-/// watched thing in the logs (e.g. "API key file").
+/// content in the logs (e.g. "API keys": "keeping the last good API keys").
 pub fn poll<E, F>(
     what: &'static str,
     period: Duration,
@@ -33,13 +33,13 @@ where
             match reload() {
                 Ok(_) => {
                     if failing {
-                        tracing::info!(what, "the file is usable again");
+                        tracing::info!("the file of the {what} is usable again");
                     }
                     failing = false;
                 }
                 Err(e) => {
                     if !failing {
-                        tracing::warn!(what, error = %e, "keeping the last good content");
+                        tracing::warn!(error = %e, "keeping the last good {what}");
                     }
                     failing = true;
                 }

@@ -183,7 +183,7 @@ impl ReloadingCert {
     /// [`observability::reload`]).
     pub fn watch(self: &Arc<Self>, period: Duration) -> tokio::task::JoinHandle<()> {
         let me = self.clone();
-        observability::reload::poll("TLS certificate files", period, move || me.reload())
+        observability::reload::poll("TLS certificate", period, move || me.reload())
     }
 }
 

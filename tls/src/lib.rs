@@ -7,12 +7,14 @@
 //!   and logs a WARN.
 //! - [`server`]: a TLS listener ([`TlsIncoming`]) that hands handshaken connections to tonic
 //!   (`serve_with_incoming*`) or to axum (`axum::serve`), with the ALPN protocol of each.
+//! - [`grpc`]: a tonic server on a listener, plain or TLS, behind one future type.
 //! - [`client`]: the client side of a link to a TLS server: the CA file it trusts and the name it
 //!   verifies.
 //! - `test_ca` (feature `test-ca`): a CA made at run time, for tests.
 
 pub mod cert;
 pub mod client;
+pub mod grpc;
 pub mod server;
 #[cfg(any(test, feature = "test-ca"))]
 pub mod test_ca;

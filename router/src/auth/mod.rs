@@ -159,7 +159,7 @@ impl ApiKeys {
         self.file.as_ref()?;
         let keys = self.clone();
         Some(observability::reload::poll(
-            "API key file",
+            "API keys",
             RELOAD_PERIOD,
             move || keys.reload(),
         ))
