@@ -219,6 +219,26 @@ async fn public_ports_over_tls_with_keys_and_rotation() {
         .await
         .unwrap()
         .is_empty());
+    // The command-line client over TLS (the rotated certificate, the key from the environment).
+    let (ok, output) = integration_tests::run_to_exit(
+        "client",
+        &[
+            "--router",
+            &addr,
+            "--tls-ca",
+            path(&ca2_file),
+            "--tls-server-name",
+            "localhost",
+            "--api-key",
+            KEY,
+            "--max-new-tokens",
+            "3",
+            "Hello",
+        ],
+        Duration::from_secs(30),
+    )
+    .await;
+    assert!(ok && output.contains("generated_tokens=3"), "{output}");
     let client2 = https_client(&ca2_file);
     let (status, body) = completion(&client2, &base, Some(KEY)).await.unwrap();
     assert_eq!(status, 200, "{body}");
