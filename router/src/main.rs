@@ -1,4 +1,7 @@
 //! `router --workers HOST:PORT[,HOST:PORT...] --listen 127.0.0.1:PORT`: serves the public API.
+//! With `tls_cert`/`tls_key` both public ports speak only TLS (the files re-read on change); with
+//! `worker_tls_ca` the workers are dialled over TLS; `health_listen` serves health alone in plain
+//! text.
 //!
 //! On SIGTERM (or Ctrl-C) the router drains: new `Generate` calls get `UNAVAILABLE`, running ones
 //! finish (up to `drain_timeout_ms`), then it exits 0.

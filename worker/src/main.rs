@@ -3,7 +3,8 @@
 //!
 //! Besides the `Worker` service it serves `grpc.health.v1` (SERVING once the model is loaded and
 //! the engine runs) and gRPC reflection, and optionally Prometheus metrics (`metrics_listen`) and
-//! OTLP spans (`otlp_endpoint`). On SIGTERM (or Ctrl-C) it drains: NOT_SERVING, new requests are
+//! OTLP spans (`otlp_endpoint`); with `tls_cert`/`tls_key` the gRPC port speaks only TLS (the
+//! files re-read on change), and `health_listen` serves health alone in plain text. On SIGTERM (or Ctrl-C) it drains: NOT_SERVING, new requests are
 //! refused with `UNAVAILABLE` (the router fails them over), running sequences finish (up to
 //! `drain_timeout_ms`), then it exits 0.
 //!
