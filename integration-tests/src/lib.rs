@@ -92,6 +92,16 @@ pub fn tiny_model(seed: u64) -> (tempfile::TempDir, PathBuf) {
     (dir, path)
 }
 
+/// Writes the tiny random-weight model with a `context`-token context (long prompts, to keep a
+/// worker busy prefilling) into a new temporary folder; the folder must outlive the model's use.
+pub fn tiny_model_with_context(seed: u64, context: usize) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join(format!("tiny-{context}.gguf"));
+    gguf::testing::write_tiny_llama_with_context(&path, seed, context)
+        .expect("writing the tiny model");
+    (dir, path)
+}
+
 /// The reference fixture (copied from the shared correctness reference).
 pub fn reference() -> serde_json::Value {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/reference.json");
@@ -273,6 +283,32 @@ pub async fn worker_stats(addr: &str) -> EngineStats {
         .into_inner()
         .stats
         .expect("stats in Info")
+}
+
+/// Waits until the worker at `addr` runs and holds nothing (no running or waiting sequence, every
+/// KV block free: cancelled requests freed theirs); returns its counters then. Panics after
+/// `timeout` with the last counters.
+pub async fn wait_idle(addr: &str, timeout: Duration) -> EngineStats {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let s = worker_stats(addr).await;
+        if s.running_sequences + s.waiting_sequences == 0 && s.kv_blocks_used == 0 {
+            return s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the worker still holds work after {timeout:?}: {s:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// `message` as a gRPC request carrying `authorization: Bearer key`.
+pub fn authorized<T>(message: T, key: &str) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    let value = format!("Bearer {key}").parse().expect("an ASCII key");
+    request.metadata_mut().insert("authorization", value);
+    request
 }
 
 /// Connects to the router and waits until it reports a ready worker.
@@ -538,4 +574,35 @@ pub fn greedy(prompt: &str, max_new_tokens: u32) -> inference_proto::public::Gen
         ignore_eos: true,
         ..Default::default()
     }
+}
+
+/// A chat request asking `question` at temperature 1 with `seed`, constrained by `kind` (EOS not
+/// ignored: a complete structured output ends there).
+pub fn constrained(
+    question: &str,
+    kind: inference_proto::public::constraint::Kind,
+    max_new_tokens: u32,
+    seed: u64,
+) -> inference_proto::public::GenerateRequest {
+    use inference_proto::public::{ChatMessage, Constraint, GenerateRequest};
+    GenerateRequest {
+        messages: vec![ChatMessage {
+            role: "user".into(),
+            content: question.into(),
+        }],
+        max_new_tokens: Some(max_new_tokens),
+        temperature: 1.0,
+        seed: Some(seed),
+        constraint: Some(Constraint { kind: Some(kind) }),
+        ..Default::default()
+    }
+}
+
+/// A small bounded JSON schema (an animal from an enum and its legs, 0 to 8) that even the tiny
+/// random-weight model completes within a few dozen tokens.
+pub fn animal_schema() -> serde_json::Value {
+    serde_json::json!({"type": "object", "properties": {
+        "animal": {"enum": ["cat", "dog", "owl"]},
+        "legs": {"type": "integer", "minimum": 0, "maximum": 8}},
+        "required": ["animal", "legs"], "additionalProperties": false})
 }

@@ -345,3 +345,222 @@ async fn bench_drives_an_openai_server() {
         assert!(r["error"].is_null(), "{r}");
     }
 }
+
+/// `--api-key`: sent as `authorization: Bearer KEY` to the router and as the header to the HTTP
+/// front; a wrong or missing key stops the run before any request (exit status 2, the refusal
+/// named), and the key never reaches the JSON.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_sends_the_api_key_on_both_fronts() {
+    const KEY: &str = "bench-key-7c41";
+    let (_dir, model) = tiny_model(8);
+    let (_worker, worker_addr) = integration_tests::start_worker(&model).await;
+    let http = format!("127.0.0.1:{}", integration_tests::free_port());
+    let (_router, router) = integration_tests::start_router_with_env(
+        &[&worker_addr],
+        &["--http-listen", &http],
+        &[("ROUTER_API_KEYS", KEY)],
+    )
+    .await;
+    // `/health` is open: ready once the router has its worker.
+    let openai = format!("http://{http}");
+    integration_tests::openai::wait_healthy(&openai, Duration::from_secs(30)).await;
+    let (router, openai) = (router.as_str(), openai.as_str());
+    let load = [
+        "--requests",
+        "3",
+        "--concurrency",
+        "3",
+        "--prompt-tokens",
+        "12",
+    ];
+    let load = [&load[..], &["--max-new-tokens", "4"]].concat();
+    for (front, address) in [("--router", router), ("--openai", openai)] {
+        let dir = tempfile::tempdir().unwrap();
+        let json = dir.path().join("bench.json");
+        let mut args = vec![front, address, "--json", json.to_str().unwrap()];
+        args.extend_from_slice(&load);
+        let with_key = [&args[..], &["--api-key", KEY]].concat();
+        let (ok, text) = run_to_exit("bench", &with_key, Duration::from_secs(120)).await;
+        assert!(ok, "{front} with the key:\n{text}");
+        let written = std::fs::read_to_string(&json).unwrap();
+        assert!(!written.contains(KEY), "the key is in the JSON");
+        let report: Value = serde_json::from_str(&written).unwrap();
+        assert_eq!(report["config"]["api_key_sent"], true);
+        assert_eq!(report["summary"]["succeeded"], 3, "{front}");
+        std::fs::remove_file(&json).unwrap();
+
+        let wrong = [&args[..], &["--api-key", "not-the-key"]].concat();
+        for (what, args) in [("a wrong key", &wrong[..]), ("no key", &args[..])] {
+            let (ok, text) = run_to_exit("bench", args, Duration::from_secs(60)).await;
+            assert!(!ok, "{front} with {what}:\n{text}");
+            assert!(
+                text.contains("refused the API key"),
+                "{front} with {what}:\n{text}"
+            );
+            assert!(!text.contains(KEY), "{text}");
+            assert!(!json.exists(), "{front} with {what} wrote a report");
+        }
+    }
+}
+
+/// `--constraint` with `--constrained-fraction 0.5`: every second request carries a JSON schema,
+/// the report counts them, checks each output against the schema and summarizes them apart, and
+/// `--worker-metrics` reports the worker's mask time over the run. The same through `--worker`
+/// (outputs decoded locally) and `--openai` (`guided_choice`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_constrains_a_fraction_of_requests_and_reports_the_mask_time() {
+    let (_dir, model) = tiny_model(9);
+    let metrics = format!("127.0.0.1:{}", integration_tests::free_port());
+    let h =
+        integration_tests::openai::start(&model, &["--metrics-listen", &metrics], &[], &[]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let schema = dir.path().join("animal.json");
+    std::fs::write(&schema, integration_tests::animal_schema().to_string()).unwrap();
+    let constraint = format!("json-schema:{}", schema.display());
+    let (requests, new_tokens) = (8u64, 40u64);
+    let (ok, text, report) = bench(
+        &h.cluster.router_addr,
+        &[
+            "--requests",
+            "8",
+            "--concurrency",
+            "4",
+            "--prompt-tokens",
+            "16",
+            "--max-new-tokens",
+            "40",
+            "--temperature",
+            "1",
+            "--seed",
+            "11",
+            "--constraint",
+            &constraint,
+            "--constrained-fraction",
+            "0.5",
+            "--worker-metrics",
+            &metrics,
+        ],
+    )
+    .await;
+    assert!(ok, "bench failed:\n{text}");
+    assert!(
+        text.contains("constrained outputs: 4 valid, 0 invalid"),
+        "{text}"
+    );
+    assert!(text.contains("mask time (worker):"), "{text}");
+    let report = report.expect("the JSON report");
+    assert_eq!(report["config"]["effective_constrained_fraction"], 0.5);
+    assert_eq!(report["config"]["constraint"]["kind"], "json_schema");
+    let split = &report["constrained"];
+    assert_eq!(split["valid_outputs"], 4, "{split}");
+    assert_eq!(split["invalid_outputs"], 0, "{split}");
+    assert_eq!(split["truncated_outputs"], 0, "{split}");
+    assert_eq!(split["constrained"]["succeeded"], 4, "{split}");
+    assert_eq!(split["unconstrained"]["succeeded"], 4, "{split}");
+    // The unconstrained requests ignore EOS and generate their whole budget; the constrained ones
+    // end with the schema, and all tokens count in the run's throughput.
+    let unconstrained_tokens = split["unconstrained"]["generated_tokens"].as_u64().unwrap();
+    let constrained_tokens = split["constrained"]["generated_tokens"].as_u64().unwrap();
+    assert_eq!(unconstrained_tokens, 4 * new_tokens, "{split}");
+    assert!((4..4 * new_tokens).contains(&constrained_tokens), "{split}");
+    assert_eq!(
+        report["summary"]["generated_tokens"].as_u64().unwrap(),
+        unconstrained_tokens + constrained_tokens
+    );
+    for r in report["requests"].as_array().unwrap() {
+        let i = r["index"].as_u64().unwrap();
+        assert_eq!(r["constrained"], i % 2 == 1, "{r}");
+        if i % 2 == 1 {
+            assert_eq!(r["output_valid"], true, "{r}");
+            let reason = r["finish_reason"].as_str().unwrap();
+            assert!(
+                ["CONSTRAINT_COMPLETE", "EOS_TOKEN"].contains(&reason),
+                "{r}"
+            );
+        } else {
+            assert!(r["output_valid"].is_null(), "{r}");
+            assert_eq!(r["generated_tokens"], new_tokens, "{r}");
+        }
+    }
+    assert_eq!(report["summary"]["requests"], requests);
+    // One mask per constrained sampled token (forced tokens need none).
+    let mask = &report["mask_time"];
+    let masks = mask["masks"].as_u64().unwrap();
+    assert!(masks >= 4 && masks <= constrained_tokens, "{mask}");
+    let (p50, p99) = (
+        mask["p50_us"].as_f64().unwrap(),
+        mask["p99_us"].as_f64().unwrap(),
+    );
+    assert!(0.0 < p50 && p50 <= p99, "{mask}");
+    assert!(mask["mean_us"].as_f64().unwrap() > 0.0, "{mask}");
+    assert!(
+        mask["method"]
+            .as_str()
+            .unwrap()
+            .contains("linear interpolation"),
+        "{mask}"
+    );
+
+    // --worker: the same constraint on the worker's stream, outputs decoded locally and checked.
+    let json = dir.path().join("worker.json");
+    let (ok, text) = run_to_exit(
+        "bench",
+        &[
+            "--worker",
+            &h.cluster.worker_addr,
+            "--json",
+            json.to_str().unwrap(),
+            "--requests",
+            "4",
+            "--prompt-tokens",
+            "16",
+            "--max-new-tokens",
+            "40",
+            "--temperature",
+            "1",
+            "--constraint",
+            &constraint,
+        ],
+        Duration::from_secs(120),
+    )
+    .await;
+    assert!(ok, "bench --worker failed:\n{text}");
+    let report = read_json(&json).unwrap();
+    assert_eq!(report["constrained"]["valid_outputs"], 4, "{report}");
+    assert_eq!(report["constrained"]["unconstrained"]["requests"], 0);
+
+    // --openai: a choice as `guided_choice`.
+    let json = dir.path().join("openai.json");
+    let (ok, text) = run_to_exit(
+        "bench",
+        &[
+            "--openai",
+            &h.base,
+            "--json",
+            json.to_str().unwrap(),
+            "--requests",
+            "4",
+            "--prompt-tokens",
+            "16",
+            "--max-new-tokens",
+            "8",
+            "--temperature",
+            "1",
+            "--constraint",
+            "choice:yes,no",
+            "--constrained-fraction",
+            "0.5",
+        ],
+        Duration::from_secs(120),
+    )
+    .await;
+    assert!(ok, "bench --openai failed:\n{text}");
+    let report = read_json(&json).unwrap();
+    let split = &report["constrained"];
+    assert_eq!(split["valid_outputs"], 2, "{split}");
+    assert_eq!(split["constrained"]["finish_reasons"]["stop"], 2, "{split}");
+    assert_eq!(
+        split["unconstrained"]["finish_reasons"]["length"], 2,
+        "{split}"
+    );
+}

@@ -18,7 +18,7 @@ use inference_proto::public::{GenerateRequest, ModelInfoRequest, TokenizeRequest
 use integration_tests::ops::{health, metric, parse_metrics, scrape};
 use integration_tests::{
     connect_ready, free_port, greedy, start_router_with_env, start_worker_with, stream_all,
-    tiny_model, worker_stats, Process, PublicClient,
+    tiny_model, wait_idle, worker_stats, Process, PublicClient,
 };
 use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;
@@ -160,18 +160,7 @@ async fn a_sigstopped_worker_is_failed_over_within_the_stall_timeout_and_rejoins
         .log_text()
         .contains("makes progress again; back in rotation"));
     // The requests that moved away were cancelled on it: nothing left running, every block free.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let s = worker_stats(&workers[victim]).await;
-        if s.running_sequences + s.waiting_sequences == 0 && s.kv_blocks_used == 0 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the stopped worker kept work: {s:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_idle(&workers[victim], Duration::from_secs(10)).await;
     // Later requests land on it again (the router spreads concurrent ones by load).
     let before = worker_stats(&workers[victim]).await.finished_requests;
     let later: Vec<GenerateRequest> = (0..8).map(|i| greedy(&format!("Again {i}"), 30)).collect();
@@ -219,9 +208,7 @@ struct Short {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn short_requests_beside_a_long_prefill_are_never_refused_and_readiness_holds() {
-    let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("tiny-16k.gguf");
-    gguf::testing::write_tiny_llama_with_context(&model, 5, 16_384).unwrap();
+    let (_dir, model) = integration_tests::tiny_model_with_context(5, 16_384);
     let (_worker, worker_addr) =
         start_worker_with(&model, &["--threads", "1", "--max-batch-tokens", "256"]).await;
     // Probes every 50 ms with a 50 ms timeout: shorter than one step of this prefill.
@@ -365,19 +352,11 @@ async fn short_requests_beside_a_long_prefill_are_never_refused_and_readiness_ho
         "the busy worker left rotation:\n{log}"
     );
     // Every KV block is free once the cancels have reached the worker.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let s = worker_stats(&worker_addr).await;
-        if s.kv_blocks_used == 0 && s.running_sequences + s.waiting_sequences == 0 {
-            eprintln!(
-                "worker: {} steps, {} preemptions, {} cancelled",
-                s.steps, s.preemptions, s.cancelled_requests
-            );
-            break;
-        }
-        assert!(Instant::now() < deadline, "blocks still held: {s:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let s = wait_idle(&worker_addr, Duration::from_secs(10)).await;
+    eprintln!(
+        "worker: {} steps, {} preemptions, {} cancelled",
+        s.steps, s.preemptions, s.cancelled_requests
+    );
     // The test's premise: every short request was sent while the long prompt was prefilling.
     let last_sent = shorts.iter().map(|s| s.submitted).max().unwrap();
     assert!(

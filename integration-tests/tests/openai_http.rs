@@ -25,10 +25,7 @@ use serde_json::{json, Value};
 
 /// A tiny model with a 16k context, so that long requests run long enough to act on.
 fn tiny_16k(seed: u64) -> (tempfile::TempDir, std::path::PathBuf) {
-    let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("tiny-16k.gguf");
-    gguf::testing::write_tiny_llama_with_context(&model, seed, 16_384).unwrap();
-    (dir, model)
+    integration_tests::tiny_model_with_context(seed, 16_384)
 }
 
 fn error_of(body: &Value) -> (&str, &str, Option<&str>) {

@@ -6,27 +6,13 @@
 use std::time::Duration;
 
 use inference_proto::public::{
-    constraint::Kind, ChatMessage, ChoiceList, Constraint, FinishReason, GenerateRequest,
+    constraint::Kind, ChoiceList, Constraint, FinishReason, GenerateRequest,
 };
 use integration_tests::{
-    generate, generate_concurrently, real_model, Cluster, Generation, PublicClient,
+    animal_schema, constrained, generate, generate_concurrently, real_model, Cluster, Generation,
+    PublicClient,
 };
 use serde_json::{json, Value};
-
-/// A chat request at temperature 1 with `seed`, constrained by `kind`.
-fn constrained(question: &str, kind: Kind, max_new_tokens: u32, seed: u64) -> GenerateRequest {
-    GenerateRequest {
-        messages: vec![ChatMessage {
-            role: "user".into(),
-            content: question.into(),
-        }],
-        max_new_tokens: Some(max_new_tokens),
-        temperature: 1.0,
-        seed: Some(seed),
-        constraint: Some(Constraint { kind: Some(kind) }),
-        ..Default::default()
-    }
-}
 
 /// A complete constrained output ends because the constraint is complete (or with EOS, allowed only
 /// where it is).
@@ -247,11 +233,7 @@ fn unconstrained() -> Vec<GenerateRequest> {
 
 /// The constrained request of the batch tests: a small schema at temperature 1.
 fn the_constrained_one() -> GenerateRequest {
-    let schema = json!({"type": "object", "properties": {
-        "animal": {"enum": ["cat", "dog", "owl"]},
-        "legs": {"type": "integer", "minimum": 0, "maximum": 8}},
-        "required": ["animal", "legs"], "additionalProperties": false});
-    let kind = Kind::JsonSchema(schema.to_string());
+    let kind = Kind::JsonSchema(animal_schema().to_string());
     constrained("An animal as JSON, please.", kind, 60, 5)
 }
 

@@ -120,8 +120,8 @@ async fn run(settings: WorkerSettings, backend: Backend) -> anyhow::Result<()> {
         Backend::Cpu { reason } => {
             tracing::info!(device = "cpu", %reason, "compute device chosen");
             let kv_dtype = prepared.settings.kv_cache_dtype;
-            let load = move |path: &std::path::Path| {
-                CpuModel::load(path).map(|model| model.with_kv_dtype(kv_dtype))
+            let load = move |file: &gguf::GgufFile| {
+                CpuModel::from_source(file).map(|model| model.with_kv_dtype(kv_dtype))
             };
             load_and_serve(prepared, load, |_, _| Ok(())).await
         }
@@ -151,7 +151,7 @@ async fn run(settings: WorkerSettings, backend: Backend) -> anyhow::Result<()> {
             };
             load_and_serve(
                 prepared,
-                move |path| CudaModel::load(path, gpu, options),
+                move |file: &gguf::GgufFile| CudaModel::from_file(file, gpu, options),
                 |model: &CudaModel, config: &EngineConfig| {
                     model.check_kv_fits(config.num_blocks, config.block_size)
                 },
@@ -173,14 +173,14 @@ struct Prepared<H> {
     cert: Option<std::sync::Arc<tls_certs::ReloadingCert>>,
 }
 
-/// Loads the model with `load` (on a blocking thread; a shutdown signal meanwhile ends the worker),
+/// Opens the model file, builds the model from it with `load` (on a blocking thread; a shutdown signal meanwhile ends the worker),
 /// checks the engine settings against it with `check`, then runs the engine and serves until shutdown.
 async fn load_and_serve<H, M, E, L, C>(p: Prepared<H>, load: L, check: C) -> anyhow::Result<()>
 where
     H: tonic_health::pb::health_server::Health,
     M: BatchModel,
     E: Into<anyhow::Error>,
-    L: FnOnce(&std::path::Path) -> Result<M, E> + Send + 'static,
+    L: FnOnce(&gguf::GgufFile) -> Result<M, E> + Send + 'static,
     C: FnOnce(&M, &EngineConfig) -> Result<(), String>,
 {
     let Prepared {
@@ -205,8 +205,10 @@ where
                 false => BadInput(anyhow::anyhow!("{shown}: {message}")),
             }
         };
-        let model = load(&path).map_err(|e| bad(e.into()))?;
+        // Opened once: the model and the description both read this (a Hugging Face folder is
+        // converted only once).
         let file = model_files::open(&path).map_err(|e| bad(e.into()))?;
+        let model = load(&file).map_err(|e| bad(e.into()))?;
         let description = describe_model(&path, &file, model.context_length(), model.vocab_size())
             .map_err(bad)?;
         Ok((model, description))

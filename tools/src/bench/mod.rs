@@ -7,23 +7,36 @@
 //! through a router and straight to its worker shows the latency the router adds.
 //!
 //! - [`BenchArgs`]: the command line;
+//! - [`target`]: connecting to the router, worker or OpenAI server (with `--api-key`);
 //! - [`prompt`]: prompts fitted to an exact token count with the router's `Tokenize`;
+//! - [`plan`]: each request's prompt, lengths, seed and whether it is constrained;
+//! - [`constraint`]: `--constraint` / `--constrained-fraction` (structured-output load) and the
+//!   check of constrained outputs;
 //! - [`direct`]: `--worker` mode (one `Generate` stream, prompts tokenized locally);
 //! - [`openai`]: `--openai URL` mode (any OpenAI-compatible HTTP server);
 //! - [`run`]: the load generator (closed loop at a fixed concurrency, or Poisson arrivals);
+//! - [`request`]: one request, sent and followed to its end;
+//! - [`mask_time`]: `--worker-metrics`, the worker's mask time per token from its histogram;
 //! - [`report`]: per-request records, the summary and the JSON layout;
 //! - [`stats`]: percentiles; [`rng`]: the seeded random stream.
 
+pub mod constraint;
 pub mod direct;
+pub mod mask_time;
 pub mod openai;
+pub mod plan;
 pub mod prompt;
 pub mod report;
+pub mod request;
 pub mod rng;
 pub mod run;
 pub mod stats;
+pub mod target;
 
 use clap::{ArgAction, Parser};
 use serde::Serialize;
+
+use constraint::ConstraintSpec;
 
 /// `bench` command line. Every length is in tokens, every rate per second of wall time.
 #[derive(Debug, Clone, Parser, Serialize)]
@@ -56,6 +69,31 @@ pub struct BenchArgs {
     /// With `--openai`: the `model` to send (default: the first one `/v1/models` lists).
     #[arg(long, value_name = "NAME", requires = "openai")]
     pub openai_model: Option<String>,
+    /// Send this API key with every call: `authorization: Bearer KEY` gRPC metadata to a router,
+    /// the `Authorization` header with `--openai`. Never written to the JSON (which says
+    /// `api_key_sent`). Conflicts with `--worker` (workers take no keys).
+    #[arg(long, value_name = "KEY", conflicts_with = "worker")]
+    #[serde(skip)]
+    pub api_key: Option<String>,
+    /// Structured-output load: the constraint some requests carry. `json-object`,
+    /// `json-schema:PATH` (a JSON Schema file), `regex:RE` (the whole output matches RE) or
+    /// `choice:A,B,...`. gRPC `GenerateRequest.constraint`; with `--openai`, `response_format` or
+    /// `guided_regex` / `guided_choice`. Constrained requests are sent without `ignore_eos` (the
+    /// router refuses the combination) and may end before `max_new_tokens` when the constraint
+    /// is complete; the report counts their valid outputs and summarizes them apart.
+    #[arg(long, value_name = "SPEC", value_parser = ConstraintSpec::parse)]
+    pub constraint: Option<ConstraintSpec>,
+    /// The fraction (0 to 1) of requests that carry `--constraint`, picked by request index
+    /// (exactly floor(n F) of the first n, spread evenly: 0.5 constrains every second request).
+    /// Default with `--constraint`: 1 (all).
+    #[arg(long, value_name = "F", requires = "constraint")]
+    pub constrained_fraction: Option<f64>,
+    /// The worker's Prometheus metrics page (`HOST:PORT` for `http://HOST:PORT/metrics`, or a
+    /// full `http://` URL): scraped before and after the measured phase to report the mask time
+    /// per token of constrained requests (`worker_constraint_mask_seconds`: count, mean, and the
+    /// p50 / p99 estimated from the bucket deltas by linear interpolation).
+    #[arg(long, value_name = "URL")]
+    pub worker_metrics: Option<String>,
     /// Measured requests (exactly this many are sent).
     #[arg(long, default_value_t = 64)]
     pub requests: usize,
@@ -128,6 +166,15 @@ impl BenchArgs {
         }
     }
 
+    /// The fraction of requests that carry the constraint: `--constrained-fraction`, 1 with
+    /// `--constraint` alone, 0 without.
+    pub fn effective_constrained_fraction(&self) -> f64 {
+        match (&self.constraint, self.constrained_fraction) {
+            (None, _) => 0.0,
+            (Some(_), fraction) => fraction.unwrap_or(1.0),
+        }
+    }
+
     /// The largest prompt length that can be drawn.
     pub fn prompt_tokens_upper(&self) -> usize {
         self.prompt_tokens_max.unwrap_or(self.prompt_tokens)
@@ -188,6 +235,12 @@ impl BenchArgs {
             ensure!(p > 0.0 && p <= 1.0, "--top-p must be in (0, 1], got {p}");
         }
         ensure!(self.timeout_secs >= 1, "--timeout-secs must be at least 1");
+        if let Some(f) = self.constrained_fraction {
+            ensure!(
+                (0.0..=1.0).contains(&f),
+                "--constrained-fraction must be in [0, 1], got {f}"
+            );
+        }
         Ok(())
     }
 }
@@ -248,6 +301,42 @@ mod tests {
             assert!(BenchArgs::try_parse_from(args).is_err(), "{other:?}");
         }
         assert!(BenchArgs::try_parse_from(["bench", "--openai-model", "m"]).is_err());
+    }
+
+    #[test]
+    fn constraint_flags() {
+        let a = parse(&["--constraint", "choice:a,b"]);
+        assert_eq!(a.effective_constrained_fraction(), 1.0);
+        let a = parse(&[
+            "--constraint",
+            "json-object",
+            "--constrained-fraction",
+            "0.5",
+        ]);
+        assert_eq!(a.effective_constrained_fraction(), 0.5);
+        a.validate().unwrap();
+        assert_eq!(parse(&[]).effective_constrained_fraction(), 0.0);
+        let no_spec = ["bench", "--constrained-fraction", "0.5"];
+        assert!(BenchArgs::try_parse_from(no_spec).is_err());
+        let bad = ["bench", "--constraint", "xml"];
+        assert!(BenchArgs::try_parse_from(bad).is_err());
+        let a = parse(&[
+            "--constraint",
+            "json-object",
+            "--constrained-fraction",
+            "1.5",
+        ]);
+        assert!(a.validate().is_err());
+    }
+
+    #[test]
+    fn the_api_key_is_not_serialized() {
+        let a = parse(&["--api-key", "secret-key-1"]);
+        assert_eq!(a.api_key.as_deref(), Some("secret-key-1"));
+        let json = serde_json::to_string(&a).unwrap();
+        assert!(!json.contains("secret-key-1"), "{json}");
+        let with_worker = ["bench", "--api-key", "k", "--worker", "127.0.0.1:1"];
+        assert!(BenchArgs::try_parse_from(with_worker).is_err());
     }
 
     #[test]

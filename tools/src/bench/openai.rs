@@ -7,6 +7,8 @@
 //! extensions `top_k` and `ignore_eos`). TTFT runs from sending the request to the first event
 //! with text; each text event counts as one token's arrival for the inter-token gaps (the usage
 //! chunk's `completion_tokens` is the generated count). Server-side timings are not reported.
+//! With `--api-key` every call carries `Authorization: Bearer KEY`; a structured-output constraint
+//! goes in the body ([`super::constraint::ConstraintSpec::add_to_openai_body`]).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -34,11 +36,14 @@ pub struct OpenAiServer {
 
 /// Connects to the server at `url` (with or without a trailing `/v1`) and waits up to `wait` for
 /// `GET /v1/models` to list a model; `model` is the name to send (default: the first listed).
+/// With `api_key`, every call sends `Authorization: Bearer KEY`.
 ///
-/// Errors: a URL that is not `http://...`, or no model listed in time.
+/// Errors: a URL that is not `http://...`, a key that cannot be a header value, or no model listed
+/// in time (a refused key shows as `GET /v1/models answered 401 ...`).
 pub async fn connect(
     url: &str,
     model: Option<&str>,
+    api_key: Option<&str>,
     wait: Duration,
 ) -> anyhow::Result<OpenAiServer> {
     let base = url
@@ -48,8 +53,16 @@ pub async fn connect(
     if !base.starts_with("http://") {
         bail!("--openai takes an http:// URL, got {url:?}");
     }
+    let mut headers = reqwest::header::HeaderMap::new();
+    if let Some(key) = api_key {
+        let mut value = reqwest::header::HeaderValue::from_str(&format!("Bearer {key}"))
+            .context("--api-key must be printable ASCII")?;
+        value.set_sensitive(true);
+        headers.insert(reqwest::header::AUTHORIZATION, value);
+    }
     let client = reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(10))
+        .default_headers(headers)
         .build()?;
     let deadline = Instant::now() + wait;
     loop {
@@ -68,7 +81,14 @@ pub async fn connect(
                     (None, None) => "no model listed".to_string(),
                 }
             }
-            Ok(r) => format!("GET /v1/models answered {}", r.status()),
+            Ok(r) => {
+                let status = r.status();
+                let why = r.text().await.unwrap_or_default();
+                if status == reqwest::StatusCode::UNAUTHORIZED {
+                    bail!("the server refused the API key: GET /v1/models answered {status} {why}");
+                }
+                format!("GET /v1/models answered {status} {why}")
+            }
             Err(e) => e.to_string(),
         };
         if Instant::now() >= deadline {
@@ -134,6 +154,8 @@ pub struct Followed {
     pub finish_reason: Option<String>,
     /// The usage chunk's `completion_tokens`.
     pub completion_tokens: Option<u32>,
+    /// The text of all events, joined.
+    pub text: String,
 }
 
 /// The request body of one planned request.
@@ -166,7 +188,7 @@ pub fn body(
 /// event's token count as it arrives.
 ///
 /// Errors: an HTTP error status (its OpenAI error message; 429 reads as `RESOURCE_EXHAUSTED`, 503
-/// as `UNAVAILABLE`, 400 as `INVALID_ARGUMENT`), an error event, a broken stream, or a stream that
+/// as `UNAVAILABLE`, 400 as `INVALID_ARGUMENT`, 401 as `UNAUTHENTICATED`), an error event, a broken stream, or a stream that
 /// ends without `[DONE]`.
 pub async fn follow(
     server: &OpenAiServer,
@@ -190,6 +212,7 @@ pub async fn follow(
     if !status.is_success() {
         let code = match status.as_u16() {
             400 => "INVALID_ARGUMENT",
+            401 => "UNAUTHENTICATED",
             429 => "RESOURCE_EXHAUSTED",
             503 => "UNAVAILABLE",
             501 => "UNIMPLEMENTED",
@@ -229,7 +252,8 @@ pub async fn follow(
                 continue;
             };
             got.messages += 1;
-            if choice["text"].as_str().is_some_and(|t| !t.is_empty()) {
+            if let Some(text) = choice["text"].as_str().filter(|t| !t.is_empty()) {
+                got.text.push_str(text);
                 got.first_token_ms.get_or_insert(at);
                 got.arrivals.push((at, 1));
                 got.streamed_tokens += 1;

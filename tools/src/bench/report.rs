@@ -62,6 +62,11 @@ pub struct RequestRecord {
     pub max_new_tokens: u32,
     /// The sampling seed sent.
     pub seed: u64,
+    /// Whether it carried the `--constraint`.
+    pub constrained: bool,
+    /// For a successful constrained request: whether its output satisfies the constraint (JSON
+    /// that parses and validates, a whole-regex match, one of the choices). `None` otherwise.
+    pub output_valid: Option<bool>,
     /// When the request was sent, in ms since the measured phase began.
     pub sent_at_ms: f64,
     /// Time to first token (ms); `None` when no token arrived.
@@ -278,6 +283,81 @@ impl Summary {
     }
 }
 
+/// Structured-output runs (`--constraint`): the constrained and the unconstrained requests
+/// summarized apart (their throughputs are each subset's tokens over the whole phase's wall time,
+/// so the two add up to the run's), and the constrained outputs checked.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ConstrainedSummary {
+    /// The requests that carried the constraint.
+    pub constrained: Summary,
+    /// The others.
+    pub unconstrained: Summary,
+    /// Successful constrained requests whose output satisfies the constraint.
+    pub valid_outputs: usize,
+    /// Successful constrained requests whose output does not (truncated ones included).
+    pub invalid_outputs: usize,
+    /// Successful constrained requests ended by their token budget (`MAX_NEW_TOKENS`,
+    /// `CONTEXT_LENGTH`, OpenAI's `length`) rather than by completing the constraint.
+    pub truncated_outputs: usize,
+}
+
+impl ConstrainedSummary {
+    /// Splits `records` of a phase that took `duration_s` seconds.
+    pub fn from_records(records: &[RequestRecord], duration_s: f64) -> ConstrainedSummary {
+        let (constrained, unconstrained): (Vec<RequestRecord>, Vec<RequestRecord>) =
+            records.iter().cloned().partition(|r| r.constrained);
+        let truncated = ["MAX_NEW_TOKENS", "CONTEXT_LENGTH", "length"];
+        ConstrainedSummary {
+            valid_outputs: constrained
+                .iter()
+                .filter(|r| r.output_valid == Some(true))
+                .count(),
+            invalid_outputs: constrained
+                .iter()
+                .filter(|r| r.output_valid == Some(false))
+                .count(),
+            truncated_outputs: constrained
+                .iter()
+                .filter(|r| r.ok())
+                .filter(|r| {
+                    r.finish_reason
+                        .as_deref()
+                        .is_some_and(|f| truncated.contains(&f))
+                })
+                .count(),
+            constrained: Summary::from_records(&constrained, duration_s),
+            unconstrained: Summary::from_records(&unconstrained, duration_s),
+        }
+    }
+
+    /// The lines added to the text report.
+    pub fn render(&self) -> String {
+        let line = |name: &str, s: &Summary| {
+            let p50 = |d: &super::stats::Distribution| {
+                d.p50.map_or("-".to_string(), |v| format!("{v:.2}"))
+            };
+            format!(
+                "{name:<14} {} ok, {} failed, {} tokens ({:.1} tok/s), TTFT p50 {} ms, \
+                 ITL p50 {} ms, E2E p50 {} ms\n",
+                s.succeeded,
+                s.failed,
+                s.generated_tokens,
+                s.generated_tokens_per_s,
+                p50(&s.ttft_ms),
+                p50(&s.itl_ms),
+                p50(&s.e2e_ms)
+            )
+        };
+        let mut out = line("constrained:", &self.constrained);
+        out += &line("unconstrained:", &self.unconstrained);
+        out += &format!(
+            "constrained outputs: {} valid, {} invalid ({} truncated by the token budget)",
+            self.valid_outputs, self.invalid_outputs, self.truncated_outputs
+        );
+        out
+    }
+}
+
 /// The JSON document `--json` writes.
 #[derive(Debug, Clone, Serialize)]
 pub struct Report<C: Serialize> {
@@ -297,6 +377,10 @@ pub struct Report<C: Serialize> {
     pub config: C,
     /// The aggregates.
     pub summary: Summary,
+    /// With `--constraint`: the constrained and unconstrained requests apart.
+    pub constrained: Option<ConstrainedSummary>,
+    /// With `--worker-metrics`: the worker's mask time during the measured phase.
+    pub mask_time: Option<super::mask_time::MaskTime>,
     /// Every measured request, by index.
     pub requests: Vec<RequestRecord>,
 }
@@ -311,6 +395,8 @@ mod tests {
             prompt_tokens: 10,
             max_new_tokens: tokens,
             seed: 0,
+            constrained: false,
+            output_valid: None,
             sent_at_ms: 0.0,
             ttft_ms: Some(ttft),
             e2e_ms: Some(e2e),
@@ -408,5 +494,40 @@ mod tests {
         assert_eq!(s.requests_per_s, 0.0);
         assert!(s.ttft_ms.p50.is_none());
         assert!(s.render("").contains("-"));
+    }
+
+    #[test]
+    fn constrained_requests_are_summarized_apart() {
+        let mut records = vec![
+            record(0, 10.0, 110.0, 11),
+            record(1, 10.0, 50.0, 5),
+            record(2, 10.0, 110.0, 11),
+            record(3, 10.0, 60.0, 6),
+            failed(4, "INTERNAL", "x"),
+        ];
+        for (r, valid) in records.iter_mut().skip(1).step_by(2).zip([true, false]) {
+            r.constrained = true;
+            r.output_valid = Some(valid);
+            r.finish_reason = Some(
+                if valid {
+                    "CONSTRAINT_COMPLETE"
+                } else {
+                    "MAX_NEW_TOKENS"
+                }
+                .into(),
+            );
+        }
+        let c = ConstrainedSummary::from_records(&records, 1.0);
+        assert_eq!((c.constrained.requests, c.constrained.succeeded), (2, 2));
+        assert_eq!((c.unconstrained.requests, c.unconstrained.failed), (3, 1));
+        assert_eq!(c.constrained.generated_tokens, 11);
+        assert_eq!(c.unconstrained.generated_tokens, 22);
+        assert_eq!(c.constrained.generated_tokens_per_s, 11.0);
+        assert_eq!(
+            (c.valid_outputs, c.invalid_outputs, c.truncated_outputs),
+            (1, 1, 1)
+        );
+        let text = c.render();
+        assert!(text.contains("1 valid, 1 invalid (1 truncated"), "{text}");
     }
 }

@@ -5,7 +5,10 @@
 //! optionally writes it all as JSON (`--json PATH`). See `tools::bench` for the definitions.
 //!
 //! `bench --worker 127.0.0.1:PORT ...` drives one worker's `Generate` stream directly with the same
-//! load instead (no router), to measure what the router adds.
+//! load instead (no router), to measure what the router adds; `bench --openai URL ...` drives an
+//! OpenAI-compatible HTTP server. `--api-key KEY` authenticates; `--constraint SPEC`
+//! (`--constrained-fraction F`) makes it a structured-output load; `--worker-metrics HOST:PORT`
+//! adds the worker's mask time per token.
 //!
 //! Exit status: 0 when every measured request succeeded, 1 when any failed (the summary is still
 //! printed and written), 2 when the run could not start or the JSON could not be written.
@@ -31,6 +34,12 @@ async fn main() -> ExitCode {
         }
     };
     println!("{}", outcome.report.summary.render(&args.label));
+    if let Some(constrained) = &outcome.report.constrained {
+        println!("{}", constrained.render());
+    }
+    if let Some(mask_time) = &outcome.report.mask_time {
+        println!("{}", mask_time.render());
+    }
     if let Some(path) = &args.json {
         let written = serde_json::to_vec_pretty(&outcome.report)
             .context("encoding the report")

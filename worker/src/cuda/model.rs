@@ -81,7 +81,17 @@ impl CudaModel {
     /// support, or a driver error (e.g. out of memory).
     pub fn load(path: &Path, gpu: GpuInfo, options: CudaOptions) -> anyhow::Result<CudaModel> {
         let file = model_files::open(path).map_err(ModelError::from)?;
-        let config = ModelDesc::from_source(&file).map_err(ModelError::from)?;
+        CudaModel::from_file(&file, gpu, options)
+    }
+
+    /// [`Self::load`] from an opened model file (a GGUF file, or a Hugging Face folder converted
+    /// by [`model_files::open`]); errors as [`Self::load`].
+    pub fn from_file(
+        file: &gguf::GgufFile,
+        gpu: GpuInfo,
+        options: CudaOptions,
+    ) -> anyhow::Result<CudaModel> {
+        let config = ModelDesc::from_source(file).map_err(ModelError::from)?;
         if !config.is_plain_llama() {
             return Err(ModelError::Unsupported {
                 backend: "cuda",
@@ -93,8 +103,7 @@ impl CudaModel {
             }
             .into());
         }
-        let host = HostWeights::load(&file, &config)?;
-        drop(file);
+        let host = HostWeights::load(file, &config)?;
         let ctx = gpu.ctx.clone();
         driver("binding the CUDA context", ctx.bind_to_thread()).map_err(anyhow::Error::msg)?;
         // One stream, so cudarc's cross-stream event tracking is not needed (and it would put event

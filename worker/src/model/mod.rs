@@ -58,6 +58,7 @@ pub mod ops;
 pub mod pool;
 #[cfg(test)]
 mod tests;
+mod vexp;
 mod weights;
 
 pub use aligned::AlignedVec;

@@ -1,6 +1,8 @@
 //! Elementwise and per-row building blocks of the forward pass (all f32).
 
 use super::aligned::AlignedVec;
+use super::kernels::SimdPath;
+use super::vexp;
 use crate::arch::{Activation, RopeStyle};
 
 /// RMSNorm (Zhang & Sennrich 2019, as in Hugging Face `LlamaRMSNorm`) of every
@@ -199,57 +201,76 @@ const SWIGLU_CHUNK: usize = 1024;
 /// in parallel over chunks of elements on the [`super::pool`] (each element
 /// has one formula, so the split changes no value).
 pub fn swiglu_into(gate_up: &[f32], ffn: usize, out: &mut AlignedVec) {
-    gated_with(gate_up, ffn, out, silu)
+    gated_into(gate_up, ffn, Activation::Silu, out)
 }
 
 /// The gated feed-forward activation `act(g) * u` of each row of `gate_up` (`[n, 2 * ffn]`,
 /// gate half first) into `out` (`[n, ffn]`): SwiGLU for [`Activation::Silu`] (exactly
 /// [`swiglu_into`]), GeGLU with the tanh GELU for [`Activation::GeluTanh`].
+///
+/// Both are `g / (1 + e^z) * u` with `z = -g` ([`silu`]) or `z = -2 β (g + κ g³)`
+/// ([`gelu_tanh`]); the exponentials run through [`vexp`](super::vexp), which gives
+/// `f32::exp`'s bits 16 at a time on AVX-512, so every path computes bitwise what the scalar
+/// functions do.
 pub fn gated_into(gate_up: &[f32], ffn: usize, act: Activation, out: &mut AlignedVec) {
-    match act {
-        Activation::Silu => gated_with(gate_up, ffn, out, silu),
-        Activation::GeluTanh => gated_with(gate_up, ffn, out, gelu_tanh),
+    assert_eq!(
+        gate_up.len() % (2 * ffn),
+        0,
+        "gated activation: gate_up is not whole rows of 2 * ffn"
+    );
+    out.clear();
+    out.resize(gate_up.len() / 2, 0.0);
+    let vector = SimdPath::detect() == SimdPath::Avx512 && vexp::vector_exp_ok();
+    super::pool::global().for_each_chunk_mut(out, SWIGLU_CHUNK, |c, o| {
+        // The chunk's elements, cut where they cross from one row to the next.
+        let (mut at, mut done) = (c * SWIGLU_CHUNK, 0);
+        while done < o.len() {
+            let (row, col) = (at / ffn, at % ffn);
+            let len = (ffn - col).min(o.len() - done);
+            let g = &gate_up[row * 2 * ffn + col..][..len];
+            let u = &gate_up[row * 2 * ffn + ffn + col..][..len];
+            gated_segment(vector, act, g, u, &mut o[done..done + len]);
+            (at, done) = (at + len, done + len);
+        }
+    });
+}
+
+/// `o[i] = g[i] / (1 + e^z(g[i])) * u[i]` (see [`gated_into`]); `vector`: the AVX-512
+/// exponential.
+fn gated_segment(vector: bool, act: Activation, g: &[f32], u: &[f32], o: &mut [f32]) {
+    for (o, &g) in o.iter_mut().zip(g) {
+        *o = match act {
+            Activation::Silu => -g,
+            Activation::GeluTanh => gelu_exponent(g),
+        };
+    }
+    vexp::exp_sub(vector, o, 0.0);
+    for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
+        *o = g / (1.0 + *o) * u;
     }
 }
 
 /// SiLU, `g / (1 + e^-g)`.
 #[inline(always)]
-fn silu(g: f32) -> f32 {
+pub fn silu(g: f32) -> f32 {
     g / (1.0 + (-g).exp())
 }
 
-/// GELU, tanh approximation, in f32 as PyTorch's `gelu(approximate="tanh")` computes it:
-/// `0.5 x (1 + tanh(sqrt(2/π) (x + 0.044715 x³)))`.
+/// The exponent `z = -2 β (x + κ x³)` of [`gelu_tanh`] (`β = sqrt(2/π)`, `κ = 0.044715`).
 #[inline(always)]
-pub fn gelu_tanh(x: f32) -> f32 {
+fn gelu_exponent(x: f32) -> f32 {
     const BETA: f32 = 0.797_884_6; // sqrt(2 / π)
     const KAPPA: f32 = 0.044715;
-    let inner = BETA * (x + KAPPA * (x * x * x));
-    0.5 * x * (1.0 + inner.tanh())
+    -2.0 * (BETA * (x + KAPPA * (x * x * x)))
 }
 
-/// `act(g) * u` per element, in parallel over chunks of [`SWIGLU_CHUNK`] elements.
-fn gated_with(gate_up: &[f32], ffn: usize, out: &mut AlignedVec, act: impl Fn(f32) -> f32 + Sync) {
-    assert_eq!(
-        gate_up.len() % (2 * ffn),
-        0,
-        "swiglu: gate_up is not whole rows of 2 * ffn"
-    );
-    out.clear();
-    out.resize(gate_up.len() / 2, 0.0);
-    super::pool::global().for_each_chunk_mut(out, SWIGLU_CHUNK, |c, o| {
-        let start = c * SWIGLU_CHUNK;
-        let (mut row, mut col) = (start / ffn, start % ffn);
-        for o in o.iter_mut() {
-            let g = gate_up[row * 2 * ffn + col];
-            let u = gate_up[row * 2 * ffn + ffn + col];
-            *o = act(g) * u;
-            col += 1;
-            if col == ffn {
-                (row, col) = (row + 1, 0);
-            }
-        }
-    });
+/// GELU, tanh approximation (`gelu(approximate="tanh")` of PyTorch):
+/// `0.5 x (1 + tanh(u))` with `u = sqrt(2/π) (x + 0.044715 x³)`, computed as the equal
+/// `x / (1 + e^(-2u))` (since `(1 + tanh u) / 2 = 1 / (1 + e^(-2u))`): one exponential, no
+/// cancellation for negative `u`; within a few ulp of the tanh form.
+#[inline(always)]
+pub fn gelu_tanh(x: f32) -> f32 {
+    x / (1.0 + gelu_exponent(x).exp())
 }
 
 #[cfg(test)]
@@ -321,6 +342,47 @@ mod tests {
         // torch.nn.functional.gelu(torch.tensor([0.5, -1.0]), approximate="tanh")
         assert!((y[0] - 0.345_714_3 * 2.0).abs() < 1e-6, "{}", y[0]);
         assert!((y[1] + 0.158_808 * 3.0).abs() < 1e-6, "{}", y[1]);
+    }
+
+    /// The chunked, vectorised activations are bitwise the scalar formulas, for rows that cross
+    /// chunk boundaries and inputs over the whole range (exponent special cases included); the
+    /// GELU's exponential form stays within a few ulp of the tanh form.
+    #[test]
+    fn gated_activations_are_bitwise_the_scalar_formulas() {
+        let ffn = 1000 + 37; // rows cross the 1024-element chunks
+        let n = 5;
+        let gu: Vec<f32> = (0..n * 2 * ffn)
+            .map(|i| {
+                let h = (i as u32).wrapping_mul(2_654_435_761) >> 8;
+                (h % 20001) as f32 / 100.0 - 100.0 // [-100, 100]
+            })
+            .collect();
+        for act in [Activation::Silu, Activation::GeluTanh] {
+            let got = {
+                let mut out = AlignedVec::new();
+                gated_into(&gu, ffn, act, &mut out);
+                out.to_vec()
+            };
+            for (i, &y) in got.iter().enumerate() {
+                let (row, col) = (i / ffn, i % ffn);
+                let (g, u) = (gu[row * 2 * ffn + col], gu[row * 2 * ffn + ffn + col]);
+                let f = match act {
+                    Activation::Silu => silu(g),
+                    Activation::GeluTanh => gelu_tanh(g),
+                };
+                assert_eq!(y.to_bits(), (f * u).to_bits(), "{act:?} element {i}: g {g}");
+            }
+        }
+        for i in -4000..4000 {
+            let x = i as f32 / 400.0;
+            let inner = 0.797_884_6f32 * (x + 0.044715 * (x * x * x));
+            let tanh_form = 0.5 * x * (1.0 + inner.tanh());
+            let diff = (gelu_tanh(x) - tanh_form).abs();
+            assert!(
+                diff <= 4.0 * f32::EPSILON * x.abs().max(1e-3),
+                "{x}: {diff}"
+            );
+        }
     }
 
     fn gated_with_act(gu: &[f32], act: Activation) -> Vec<f32> {

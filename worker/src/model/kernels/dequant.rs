@@ -18,10 +18,10 @@ use super::SimdPath;
 /// Callers guarantee the lengths match (checked by [`super::QMatrix`]).
 pub(super) fn decode(path: SimdPath, format: GgmlType, bytes: &[u8], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if path == SimdPath::Avx512 && matches!(format, GgmlType::Q4_1 | GgmlType::Q8_0) {
+    if path == SimdPath::Avx512 && super::blocks512::supports(format) {
         // SAFETY: `Avx512` is only constructed by `SimdPath::available`,
-        // after detecting AVX-512F, AVX2, FMA and F16C.
-        unsafe { avx512::decode(format, bytes, out) };
+        // after detecting AVX-512F, AVX2, FMA and F16C; the caller checked the lengths.
+        unsafe { super::blocks512::decode(format, bytes, out) };
         return;
     }
     #[cfg(target_arch = "x86_64")]
@@ -272,64 +272,6 @@ mod avx2 {
                 v = _mm256_add_ps(v, _mm256_set1_ps(m));
             }
             _mm256_storeu_ps(out.add(8 * g), v);
-        }
-    }
-}
-
-/// AVX-512 decoders for the two formats of SmolLM2's matrices (Q4_1 layers,
-/// Q8_0 embedding/LM head), the scratch path's share of a batched step.
-#[cfg(target_arch = "x86_64")]
-mod avx512 {
-    use std::arch::x86_64::*;
-
-    use gguf::GgmlType;
-
-    /// AVX-512 decoder for Q4_1 and Q8_0; bitwise equal to `gguf::dequantize`.
-    /// Q4_1 goes through the 16-entry table `fma(i, d, m)` (== `i * d + m`,
-    /// the product being exact) indexed per nibble with `vpermps`; Q8_0 is
-    /// `q * d` (exact).
-    ///
-    /// # Safety
-    /// The CPU must support AVX-512F, AVX2, FMA and F16C; `format` is Q4_1 or
-    /// Q8_0 and `bytes` holds exactly the encoding of `out.len()` elements.
-    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-    pub(super) unsafe fn decode(format: GgmlType, bytes: &[u8], out: &mut [f32]) {
-        let n = out.len();
-        let src = bytes.as_ptr();
-        let dst = out.as_mut_ptr();
-        match format {
-            GgmlType::Q4_1 => {
-                let iota = _mm512_setr_ps(
-                    0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0,
-                    15.0,
-                );
-                for b in 0..n / 32 {
-                    let p = src.add(b * 20);
-                    let dm = _mm512_cvtph_ps(_mm256_set1_epi32((p as *const i32).read_unaligned()));
-                    let table =
-                        _mm512_fmadd_ps(iota, _mm512_moveldup_ps(dm), _mm512_movehdup_ps(dm));
-                    let q = _mm512_cvtepu8_epi32(_mm_loadu_si128(p.add(4) as *const __m128i));
-                    let o = dst.add(b * 32);
-                    _mm512_storeu_ps(o, _mm512_permutexvar_ps(q, table));
-                    _mm512_storeu_ps(
-                        o.add(16),
-                        _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), table),
-                    );
-                }
-            }
-            GgmlType::Q8_0 => {
-                for b in 0..n / 32 {
-                    let p = src.add(b * 34);
-                    let d = _mm512_cvtph_ps(_mm256_set1_epi16((p as *const i16).read_unaligned()));
-                    let o = dst.add(b * 32);
-                    for j in 0..2 {
-                        let q = _mm_loadu_si128(p.add(2 + 16 * j) as *const __m128i);
-                        let v = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q));
-                        _mm512_storeu_ps(o.add(16 * j), _mm512_mul_ps(v, d));
-                    }
-                }
-            }
-            _ => unreachable!("avx512::decode handles Q4_1 and Q8_0 only"),
         }
     }
 }

@@ -3,9 +3,8 @@
 //!
 //! A [`QMatrix`] keeps a GGUF matrix exactly as the file encodes it (Q8_0,
 //! Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, F16, BF16, or F32), one row per
-//! output feature. The 5-bit formats and the k-quants are decoded by AVX2
-//! code on both SIMD paths (the AVX-512 path has its own decoders only for
-//! SmolLM2's Q4_1 and Q8_0). The matmul
+//! output feature. Every block format has an AVX2 decoder and an AVX-512 one
+//! ([`blocks512`], shared with the fused matmul kernels). The matmul
 //! decodes a few rows at a time into a small per-thread f32 tile (L1
 //! resident: `TILE_R * cols * 4` bytes, at most 18 KiB for SmolLM2's 1536-wide
 //! rows) and multiplies float32 activations against it; there is no 8-bit
@@ -30,6 +29,8 @@
 //! the `*_with` functions take the path as a parameter so that tests can force
 //! each available one.
 
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod blocks512;
 mod dequant;
 
 use std::sync::OnceLock;

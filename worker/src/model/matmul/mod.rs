@@ -1,0 +1,608 @@
+//! Batched matrix multiply `y[n, out] = x[n, in] · W[out, in]ᵀ` of f32
+//! activations by weights in their file format ([`QMatrix`]: Q8_0, Q4_0,
+//! Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, F16, BF16, F32), and the f32 dot product used by attention.
+//!
+//! Determinism: every output element is computed by the same sequence of
+//! floating-point operations regardless of `n`, the tile it falls in, or the
+//! thread that computes it: `L` independent lane accumulators over `k = 0, L,
+//! 2L, ...` (lane `l` sums elements `k + l` in increasing `k`), a fixed
+//! pairwise lane reduction, then a sequential scalar tail for `in % L`
+//! elements. `L` is 8 on the portable path (separate multiply and add) and
+//! the AVX2 path (fused multiply-add), and 16 on the AVX-512 path (FMA). The
+//! path is selected once at run time ([`SimdPath::detect`]), so results are
+//! bit-identical for a token alone or in a batch, and reproducible per
+//! machine, not across machines.
+//!
+//! Weights, steps of up to `FUSED_MAX_TOKENS` (8) tokens (decode): the fused
+//! kernels decode each weight block in registers and use it for up to 4
+//! tokens at once (AVX-512, every block format: [`fused`]). Larger steps: a task decodes
+//! `BLOCK_GROUPS` groups of `G` weight rows at a time (`G` = 4 on AVX-512 for
+//! steps of more than 8 tokens, else [`TILE_R`]) into a per-thread f32
+//! scratch block (L2 resident, reused across calls: no allocation in the hot
+//! path) with the format's SIMD decoder; F32 weights are used in place. Every
+//! decoder gives exactly the reference's dequantized values (see
+//! [`super::kernels`]), so the products are those of the float32 reference;
+//! only the summation order differs from it.
+//!
+//! Blocking: tasks of the [`pool`] own blocks of at least [`ROWS_PER_TASK`] weight rows
+//! (more for steps of few tokens, see `rows_per_task`) and write their
+//! columns of `y` in place; inside a task, register tiles walk the shared
+//! dimension, the token tile staying in L1 while the decoded block streams
+//! past it: on AVX-512, 4 tokens × 4 rows (16 accumulators, one transposed
+//! reduction) for steps of more than 8 tokens, and 8 × 3 for steps of up to 8
+//! tokens whose format has no fused kernel; 4 × 3 on the other paths. Activations and the scratch block start on
+//! 64-byte boundaries ([`AlignedVec`]), so the 16-float loads are aligned.
+
+use std::cell::RefCell;
+
+use super::aligned::AlignedVec;
+use super::kernels::QMatrix;
+pub use super::kernels::SimdPath;
+use super::pool;
+
+/// Weight rows per pool task.
+pub const ROWS_PER_TASK: usize = 48;
+/// Tokens per register tile.
+const TILE_T: usize = 4;
+/// Weight rows per register tile (and per decoded scratch tile).
+pub const TILE_R: usize = 3;
+/// SIMD lanes of the portable and AVX2 accumulators.
+const LANES: usize = 8;
+
+#[cfg(target_arch = "x86_64")]
+mod fused;
+mod out_cols;
+mod simd;
+#[cfg(test)]
+mod tests;
+
+use out_cols::OutCols;
+use simd::tile_portable;
+#[cfg(target_arch = "x86_64")]
+use simd::{avx2, avx512};
+
+/// Whether [`fused_rows`] has a kernel for `path` and `format` (AVX-512 with any block format).
+fn has_fused(path: SimdPath, format: gguf::GgmlType) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if path == SimdPath::Avx512 {
+        return fused::supports(format);
+    }
+    let _ = (path, format);
+    false
+}
+
+/// `T` tokens against `R` encoded rows with a fused kernel, if there is one
+/// for this path and format ([`has_fused`]); `None` otherwise.
+#[inline(always)]
+fn fused_rows<const T: usize, const R: usize>(
+    path: SimdPath,
+    format: gguf::GgmlType,
+    x: [&[f32]; T],
+    rows: [&[u8]; R],
+    k: usize,
+) -> Option<[[f32; R]; T]> {
+    #[cfg(target_arch = "x86_64")]
+    if has_fused(path, format) {
+        // SAFETY: `Avx512` comes only from `SimdPath::available`, which
+        // detected AVX-512F, AVX2, FMA and F16C; `QMatrix` validated the row
+        // lengths (whole blocks) and each `x[t]` holds `k` floats.
+        return Some(unsafe { fused::rows::<T, R>(format, x, rows, k) });
+    }
+    let _ = (path, format, x, rows, k);
+    None
+}
+
+#[inline(always)]
+fn tile<const T: usize, const R: usize>(
+    path: SimdPath,
+    x: &[&[f32]; T],
+    w: &[&[f32]; R],
+    k: usize,
+    out: &mut [[f32; R]; T],
+) {
+    #[cfg(target_arch = "x86_64")]
+    match path {
+        // SAFETY: non-portable paths come only from `SimdPath::available`,
+        // which detected the features; callers pass rows of length `k`.
+        SimdPath::Avx512 => return unsafe { avx512::tile::<T, R>(x, w, k, out) },
+        SimdPath::Avx2 => return unsafe { avx2::tile::<T, R>(x, w, k, out) },
+        SimdPath::Portable => {}
+    }
+    let _ = path;
+    tile_portable::<T, R>(x, w, k, out)
+}
+
+/// Dot product of two equal-length slices, on the detected path, with the
+/// same operation order as every element of [`matmul`].
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    dot_with(SimdPath::detect(), a, b)
+}
+
+/// [`dot`] on a given path.
+pub fn dot_with(path: SimdPath, a: &[f32], b: &[f32]) -> f32 {
+    debug_assert_eq!(a.len(), b.len());
+    let mut out = [[0.0f32; 1]; 1];
+    tile::<1, 1>(path, &[a], &[b], a.len(), &mut out);
+    out[0][0]
+}
+
+/// `y[i] += a * x[i]` for every `i` (a product, then a sum: two roundings,
+/// bitwise the same on every path and for any length): 16 lanes at a time on
+/// AVX-512, a plain loop (compiler-vectorised for the baseline target)
+/// elsewhere. Attention accumulates `Σ p_j v_j` with it.
+///
+/// Panics if `x.len() != y.len()`.
+pub fn add_scaled(y: &mut [f32], a: f32, x: &[f32]) {
+    add_scaled_with(SimdPath::detect(), y, a, x)
+}
+
+/// [`add_scaled`] on a given path (bitwise the same result on every path).
+///
+/// Panics if `x.len() != y.len()`.
+pub fn add_scaled_with(path: SimdPath, y: &mut [f32], a: f32, x: &[f32]) {
+    assert_eq!(x.len(), y.len(), "add_scaled: lengths differ");
+    #[cfg(target_arch = "x86_64")]
+    if path == SimdPath::Avx512 {
+        // SAFETY: `Avx512` is only detected with AVX-512F present; lengths checked above.
+        return unsafe { avx512::add_scaled(y, a, x) };
+    }
+    for (y, &x) in y.iter_mut().zip(x) {
+        *y += a * x;
+    }
+}
+
+/// `N` [`add_scaled`] calls in a row, `y += a[i] * xs[i]` for `i = 0..N`,
+/// bitwise equal to them (each element sees the same products and sums in the
+/// same order) but with `y` kept in registers across the `N` rows on AVX-512.
+///
+/// Panics if a row's length differs from `y`'s.
+pub fn add_scaled_rows<const N: usize>(y: &mut [f32], a: &[f32; N], xs: [&[f32]; N]) {
+    add_scaled_rows_with(SimdPath::detect(), y, a, xs)
+}
+
+/// [`add_scaled_rows`] on a given path (bitwise the same result on every path).
+///
+/// Panics if a row's length differs from `y`'s.
+pub fn add_scaled_rows_with<const N: usize>(
+    path: SimdPath,
+    y: &mut [f32],
+    a: &[f32; N],
+    xs: [&[f32]; N],
+) {
+    assert!(
+        xs.iter().all(|x| x.len() == y.len()),
+        "add_scaled_rows: lengths differ"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if path == SimdPath::Avx512 {
+        // SAFETY: `Avx512` comes only from `SimdPath::available`, which
+        // detected AVX-512F; lengths checked above.
+        return unsafe { avx512::add_scaled_rows(y, a, xs) };
+    }
+    for (x, &a) in xs.iter().zip(a) {
+        add_scaled_with(path, y, a, x);
+    }
+}
+
+/// `R` dot products of `a` with `rows[r]` (each `a.len()` long) on the
+/// detected path, computed together (independent accumulators, so the FMA
+/// latency is hidden) and each bitwise equal to [`dot`]`(a, rows[r])`.
+pub fn dot_rows<const R: usize>(a: &[f32], rows: [&[f32]; R]) -> [f32; R] {
+    dot_tile_with::<1, R>(SimdPath::detect(), [a], rows)[0]
+}
+
+/// `out[t][r] =` [`dot_with`]`(path, a[t], rows[r])` for a `T × R` register
+/// tile (every slice as long as `a[0]`): each product bitwise equal to that
+/// [`dot_with`] (the same lane accumulators, lane reduction and tail; see the
+/// module docs), with each loaded row used for all `T` (or `R`) partners.
+/// Attention scores a block of queries against a block of keys with it.
+#[inline]
+pub fn dot_tile_with<const T: usize, const R: usize>(
+    path: SimdPath,
+    a: [&[f32]; T],
+    rows: [&[f32]; R],
+) -> [[f32; R]; T] {
+    let k = a[0].len();
+    assert!(
+        a.iter().chain(&rows).all(|x| x.len() == k),
+        "dot_tile_with: lengths differ"
+    );
+    let mut out = [[0.0f32; R]; T];
+    tile::<T, R>(path, &a, &rows, k, &mut out);
+    out
+}
+
+/// `out[i * stride + j] =` [`dot_with`]`(path, a_i, b[j]) * scale` for every row `a_i` of `a`
+/// (`[m, k]`) and every `b[j]` (`k` long): a block of attention scores. Each value is bitwise
+/// that [`dot_with`] times `scale` (the same tile kernels, whose every product is a [`dot_with`]);
+/// the register tiles (4 × 4 on AVX-512, 4 × 3 elsewhere) load each row once per tile.
+///
+/// Panics if `a.len()` is not a multiple of `k`, a `b[j]` is not `k` long, or `out` is too
+/// short.
+pub fn dot_block_scaled_with(
+    path: SimdPath,
+    a: &[f32],
+    k: usize,
+    b: &[&[f32]],
+    scale: f32,
+    out: &mut [f32],
+    stride: usize,
+) {
+    assert!(
+        k > 0 && a.len().is_multiple_of(k),
+        "dot_block_scaled_with: a is not [m, k]"
+    );
+    assert!(
+        b.iter().all(|r| r.len() == k),
+        "dot_block_scaled_with: a row of b is not k long"
+    );
+    let m = a.len() / k;
+    if m == 0 || b.is_empty() {
+        return;
+    }
+    assert!(
+        out.len() >= (m - 1) * stride + b.len() && stride >= b.len(),
+        "dot_block_scaled_with: out too short"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if path == SimdPath::Avx512 {
+        // SAFETY: `Avx512` comes only from `SimdPath::available`, which detected AVX-512F,
+        // AVX2 and FMA; shapes checked above.
+        return unsafe { avx512::dot_block_scaled(a, k, b, scale, out, stride) };
+    }
+    dot_block::<4, TILE_R, false>(path, a, k, b, scale, out, stride);
+}
+
+/// The loops of [`dot_block_scaled_with`] with `T × R` tiles, and `T × 1`, `1 × R`, `1 × 1` at
+/// the edges; `WIDE`: call the AVX-512 tile kernel directly (from [`avx512::dot_block_scaled`],
+/// where it inlines), else [`tile`] on `path`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn dot_block<const T: usize, const R: usize, const WIDE: bool>(
+    path: SimdPath,
+    a: &[f32],
+    k: usize,
+    b: &[&[f32]],
+    scale: f32,
+    out: &mut [f32],
+    stride: usize,
+) {
+    let m = a.len() / k;
+    let row = |i: usize| &a[i * k..(i + 1) * k];
+    let mut i = 0;
+    while i + T <= m {
+        let x: [&[f32]; T] = std::array::from_fn(|t| row(i + t));
+        block_cols::<T, R, WIDE>(path, &x, b, k, scale, &mut out[i * stride..], stride);
+        i += T;
+    }
+    for i in i..m {
+        block_cols::<1, R, WIDE>(path, &[row(i)], b, k, scale, &mut out[i * stride..], stride);
+    }
+}
+
+/// One band of `T` rows of [`dot_block`] against all of `b`.
+#[inline(always)]
+fn block_cols<const T: usize, const R: usize, const WIDE: bool>(
+    path: SimdPath,
+    x: &[&[f32]; T],
+    b: &[&[f32]],
+    k: usize,
+    scale: f32,
+    out: &mut [f32],
+    stride: usize,
+) {
+    let mut j = 0;
+    let mut put = |j: usize, vals: &[f32], t: usize| {
+        let at = t * stride + j;
+        for (o, &v) in out[at..at + vals.len()].iter_mut().zip(vals) {
+            *o = v * scale;
+        }
+    };
+    while j + R <= b.len() {
+        let w: [&[f32]; R] = std::array::from_fn(|r| b[j + r]);
+        let mut o = [[0.0f32; R]; T];
+        run_tile::<T, R, WIDE>(path, x, &w, k, &mut o);
+        for (t, vals) in o.iter().enumerate() {
+            put(j, vals, t);
+        }
+        j += R;
+    }
+    for (j, &bj) in b.iter().enumerate().skip(j) {
+        let mut o = [[0.0f32; 1]; T];
+        run_tile::<T, 1, WIDE>(path, x, &[bj], k, &mut o);
+        for (t, vals) in o.iter().enumerate() {
+            put(j, vals, t);
+        }
+    }
+}
+
+#[inline(always)]
+fn run_tile<const T: usize, const R: usize, const WIDE: bool>(
+    path: SimdPath,
+    x: &[&[f32]; T],
+    w: &[&[f32]; R],
+    k: usize,
+    out: &mut [[f32; R]; T],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if WIDE {
+        // SAFETY: `WIDE` is only set by `avx512::dot_block_scaled`, whose caller checked the
+        // AVX-512 path; rows are `k` long.
+        return unsafe { avx512::tile::<T, R>(x, w, k, out) };
+    }
+    tile::<T, R>(path, x, w, k, out)
+}
+
+/// Computes the `groups * R` weight rows of `w_rows` (each `k` long, decoded
+/// f32) against all `n` tokens of `x`, writing `y[t][r]` through `out`
+/// (column `r` of the block).
+///
+/// Loop order: token tiles outermost, then the row groups of the block, so a
+/// tile of `T` token rows stays in L1 while the block's decoded rows (up to
+/// [`BLOCK_GROUPS`] × `R` rows, in L2) stream past it; `T` is 8 for 3-row
+/// groups on AVX-512 (24 accumulators of 32 registers), else 4 (4 × 4 = 16 of
+/// 32 on AVX-512, 4 × 3 = 12 of 16 elsewhere).
+fn rows_block<const R: usize>(
+    path: SimdPath,
+    x: &[f32],
+    n: usize,
+    k: usize,
+    w_rows: &[f32],
+    out: &mut OutCols<'_>,
+) {
+    let groups = w_rows.len() / (R * k);
+    let mut t = 0;
+    if path == SimdPath::Avx512 && R == TILE_R {
+        t = token_tiles::<8, R>(path, x, n, k, t, w_rows, groups, out);
+    }
+    t = token_tiles::<TILE_T, R>(path, x, n, k, t, w_rows, groups, out);
+    token_tiles::<1, R>(path, x, n, k, t, w_rows, groups, out);
+}
+
+/// The [`rows_block`] sweep with tiles of `T` tokens, from token `t0` while a
+/// whole tile fits; returns the first token not done.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn token_tiles<const T: usize, const R: usize>(
+    path: SimdPath,
+    x: &[f32],
+    n: usize,
+    k: usize,
+    t0: usize,
+    w_rows: &[f32],
+    groups: usize,
+    out: &mut OutCols<'_>,
+) -> usize {
+    let mut t = t0;
+    while t + T <= n {
+        let xs: [&[f32]; T] = std::array::from_fn(|i| &x[(t + i) * k..(t + i + 1) * k]);
+        for g in 0..groups {
+            let wg = &w_rows[g * R * k..(g + 1) * R * k];
+            let w: [&[f32]; R] = std::array::from_fn(|r| &wg[r * k..(r + 1) * k]);
+            let mut o = [[0.0; R]; T];
+            tile::<T, R>(path, &xs, &w, k, &mut o);
+            for (i, oi) in o.iter().enumerate() {
+                for (r, &v) in oi.iter().enumerate() {
+                    out.set(t + i, g * R + r, v);
+                }
+            }
+        }
+        t += T;
+    }
+    t
+}
+
+/// Row groups of [`TILE_R`] rows decoded together into the scratch block
+/// (8 × 4 rows of 1536 floats = 192 KiB at most for SmolLM2, L2 resident).
+const BLOCK_GROUPS: usize = 8;
+
+thread_local! {
+    /// Per-thread decoded weight block, `BLOCK_GROUPS * G * in` floats; grows to the widest matrix seen.
+    static SCRATCH: RefCell<AlignedVec> = const { RefCell::new(AlignedVec::new()) };
+}
+
+/// Computes rows `r0..r0 + out.len() / n` of `w` against all `n` tokens of
+/// `x`, writing `y[t][r]` through `out` (column `r`, relative to `r0`).
+fn rows_task(path: SimdPath, x: &[f32], n: usize, w: &QMatrix, r0: usize, mut out: OutCols<'_>) {
+    // AVX-512 with the scratch path: 4-row groups under 4 × 4 register tiles,
+    // whose 16 accumulators take one `reduce16`. Measured on the 2-core test
+    // machine, one thread, the whole matmul (Q4_1 [576, 1536] decoded to the
+    // scratch block, then the tiles, both with `reduce16`) at 512 tokens:
+    // 86 GFLOP/s with 8 × 3 tiles, 103 with 4 × 4.
+    if path == SimdPath::Avx512 && n > FUSED_MAX_TOKENS {
+        rows_task_g::<4>(path, x, n, w, r0, &mut out)
+    } else {
+        rows_task_g::<TILE_R>(path, x, n, w, r0, &mut out)
+    }
+}
+
+/// Most tokens of a step that take the fused decode-in-registers kernels, in
+/// tiles of up to [`FUSED_TILE_T`] tokens (more reuse each decoded weight
+/// block from the scratch path instead). Measured on the 2-core test machine,
+/// Q4_1 `[3072, 576]`, one thread, GFLOP/s per CPU-second, scratch path ->
+/// fused: 4 tokens 41 -> 64-76, 6 tokens 40 -> 64, 8 tokens 64 -> 68.
+const FUSED_MAX_TOKENS: usize = 8;
+
+/// Tokens per fused kernel call.
+const FUSED_TILE_T: usize = 4;
+
+/// [`rows_task_g`] for the first `T` tokens of `x` (`[_, k]`) with the fused kernels:
+/// rows in groups of `G`, the last `rows % G` one at a time.
+fn fused_task<const T: usize, const G: usize>(
+    path: SimdPath,
+    x: &[f32],
+    w: &QMatrix,
+    r0: usize,
+    out: &mut OutCols<'_>,
+) {
+    let k = w.cols();
+    let rows = out.cols;
+    let xs: [&[f32]; T] = std::array::from_fn(|t| &x[t * k..(t + 1) * k]);
+    let mut r = 0;
+    while r < rows {
+        if r + G <= rows {
+            let enc = std::array::from_fn(|i| w.row_encoded(r0 + r + i));
+            let y = fused_rows::<T, G>(path, w.format(), xs, enc, k).expect("checked");
+            for (t, yt) in y.iter().enumerate() {
+                for (i, &v) in yt.iter().enumerate() {
+                    out.set(t, r + i, v);
+                }
+            }
+            r += G;
+        } else {
+            let enc = [w.row_encoded(r0 + r)];
+            let y = fused_rows::<T, 1>(path, w.format(), xs, enc, k).expect("checked");
+            for (t, yt) in y.iter().enumerate() {
+                out.set(t, r, yt[0]);
+            }
+            r += 1;
+        }
+    }
+}
+
+/// [`rows_task`] with weight-row groups (decoded tile and register tile) of `G` rows.
+fn rows_task_g<const G: usize>(
+    path: SimdPath,
+    x: &[f32],
+    n: usize,
+    w: &QMatrix,
+    r0: usize,
+    out: &mut OutCols<'_>,
+) {
+    let k = w.cols();
+    let rows = out.cols;
+    if n <= FUSED_MAX_TOKENS && has_fused(path, w.format()) {
+        // Few tokens: decode in registers (bitwise the same as the tile path).
+        for t0 in (0..n).step_by(FUSED_TILE_T) {
+            let (xt, mut o) = (&x[t0 * k..], out.rows_from(t0));
+            match (n - t0).min(FUSED_TILE_T) {
+                1 => fused_task::<1, G>(path, xt, w, r0, &mut o),
+                2 => fused_task::<2, G>(path, xt, w, r0, &mut o),
+                3 => fused_task::<3, G>(path, xt, w, r0, &mut o),
+                _ => fused_task::<4, G>(path, xt, w, r0, &mut o),
+            }
+        }
+        return;
+    }
+    let mut run = |scratch: &mut AlignedVec| {
+        let mut r = 0;
+        while r < rows {
+            // A block of whole groups, or else the last rows one at a time.
+            let groups = ((rows - r) / G).min(BLOCK_GROUPS);
+            let count = if groups > 0 { groups * G } else { 1 };
+            let wr: &[f32] = match w.f32_rows(r0 + r, count) {
+                Some(v) => v,
+                None => {
+                    let s = &mut scratch[..count * k];
+                    w.dequantize_rows_with(path, r0 + r, s);
+                    s
+                }
+            };
+            let mut o = out.columns(r, count);
+            if groups > 0 {
+                rows_block::<G>(path, x, n, k, wr, &mut o);
+            } else {
+                rows_block::<1>(path, x, n, k, wr, &mut o);
+            }
+            r += count;
+        }
+    };
+    SCRATCH.with_borrow_mut(|s| {
+        if s.len() < BLOCK_GROUPS * G * k {
+            s.resize(BLOCK_GROUPS * G * k, 0.0);
+        }
+        run(s)
+    });
+}
+
+/// `y[n, out] = x[n, in] · W[out, in]ᵀ` where `W` is the row-wise
+/// concatenation of `parts` (rows of `parts[0]`, then `parts[1]`, ...; each
+/// `[out_i, in]`, `out = Σ out_i`), on the detected path. `x` is row-major
+/// (`n * in` floats); returns `y` row-major (`n * out` floats).
+///
+/// Parallel over blocks of output rows ([`pool::global`]). Bit-identical per element for
+/// any `n` (see the module docs).
+///
+/// Panics if `x.len() != n * in_dim` or a part does not have `in_dim` columns.
+pub fn matmul(x: &[f32], n: usize, in_dim: usize, parts: &[QMatrix]) -> Vec<f32> {
+    matmul_with(SimdPath::detect(), x, n, in_dim, parts)
+}
+
+/// [`matmul`] into `y` (resized to `n * out`, every element overwritten; its
+/// allocation is reused, so a step's buffers are not allocated again).
+pub fn matmul_into(x: &[f32], n: usize, in_dim: usize, parts: &[QMatrix], y: &mut Vec<f32>) {
+    matmul_into_with(SimdPath::detect(), x, n, in_dim, parts, y)
+}
+
+/// [`matmul`] on a given path.
+pub fn matmul_with(
+    path: SimdPath,
+    x: &[f32],
+    n: usize,
+    in_dim: usize,
+    parts: &[QMatrix],
+) -> Vec<f32> {
+    let mut y = Vec::new();
+    matmul_into_with(path, x, n, in_dim, parts, &mut y);
+    y
+}
+
+/// [`matmul_into`] on a given path.
+pub fn matmul_into_with(
+    path: SimdPath,
+    x: &[f32],
+    n: usize,
+    in_dim: usize,
+    parts: &[QMatrix],
+    y: &mut Vec<f32>,
+) {
+    assert_eq!(x.len(), n * in_dim, "matmul: x has wrong length");
+    assert!(
+        parts.iter().all(|p| p.cols() == in_dim),
+        "matmul: weight width differs from in_dim"
+    );
+    let out_dim: usize = parts.iter().map(QMatrix::rows).sum();
+    // Every element is written below, so only new elements are zeroed.
+    y.resize(n * out_dim, 0.0);
+    if n == 0 {
+        return;
+    }
+    let pool = pool::global();
+    let per_task = rows_per_task(n, out_dim, pool.threads());
+    // Task i: the i-th block of `per_task` rows, counting through the parts in order.
+    let n_tasks = parts.iter().map(|w| w.rows().div_ceil(per_task)).sum();
+    let all = OutCols::new(y, n, out_dim);
+    pool.run(n_tasks, &|mut i| {
+        let mut col = 0;
+        for w in parts {
+            let here = w.rows().div_ceil(per_task);
+            if i < here {
+                let r0 = i * per_task;
+                // SAFETY: task i alone writes these columns (blocks of distinct
+                // tasks do not overlap), and `run` calls each task once.
+                let out = unsafe { all.task_columns(col + r0, per_task.min(w.rows() - r0)) };
+                return rows_task(path, x, n, w, r0, out);
+            }
+            i -= here;
+            col += w.rows();
+        }
+        unreachable!("matmul: task index past the last part")
+    });
+}
+
+/// Tasks per thread a decode-sized matmul is split into (enough for load
+/// balance, few enough that the per-task cost stays small).
+const TASKS_PER_THREAD: usize = 8;
+
+/// Weight rows per pool task for `n` tokens and `out_dim` output rows on
+/// `threads` threads: [`ROWS_PER_TASK`] when each row is much work (many
+/// tokens), else about `out_dim / (threads * TASKS_PER_THREAD)` rows (e.g. 3072 for the 49152-row
+/// LM head on 2 threads), always a multiple of [`TILE_R`]. Row grouping never
+/// changes a value (each output element has one fixed reduction order).
+fn rows_per_task(n: usize, out_dim: usize, threads: usize) -> usize {
+    if n > FUSED_MAX_TOKENS {
+        return ROWS_PER_TASK;
+    }
+    let even = out_dim.div_ceil(threads.max(1) * TASKS_PER_THREAD);
+    even.next_multiple_of(TILE_R).max(ROWS_PER_TASK)
+}
