@@ -239,6 +239,36 @@ async fn public_ports_over_tls_with_keys_and_rotation() {
     )
     .await;
     assert!(ok && output.contains("generated_tokens=3"), "{output}");
+    // The load tool over TLS too.
+    let (ok, output) = integration_tests::run_to_exit(
+        "bench",
+        &[
+            "--router",
+            &addr,
+            "--tls-ca",
+            path(&ca2_file),
+            "--tls-server-name",
+            "localhost",
+            "--api-key",
+            KEY,
+            "--requests",
+            "2",
+            "--concurrency",
+            "2",
+            "--prompt-tokens",
+            "8",
+            "--max-new-tokens",
+            "3",
+            "--warmup",
+            "0",
+        ],
+        Duration::from_secs(60),
+    )
+    .await;
+    assert!(
+        ok && output.contains("errors:              none"),
+        "{output}"
+    );
     let client2 = https_client(&ca2_file);
     let (status, body) = completion(&client2, &base, Some(KEY)).await.unwrap();
     assert_eq!(status, 200, "{body}");
