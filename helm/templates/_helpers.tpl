@@ -193,3 +193,14 @@ topologySpreadConstraints:
   {{- toYaml $v.topologySpreadConstraints | nindent 2 }}
 {{- end }}
 {{- end -}}
+
+{{/* The port the probes of a component ask: its plain health port when it serves TLS, else its
+gRPC port. (dict "values" .Values.router) */}}
+{{- define "smollm.probePort" -}}
+{{- if .values.tls.existingSecret -}}{{ .values.healthPort }}{{- else -}}{{ .values.port }}{{- end -}}
+{{- end -}}
+
+{{/* The Secret holding the CA the routers trust for the workers ("" = worker TLS off). */}}
+{{- define "smollm.worker.caSecret" -}}
+{{- if .Values.worker.tls.existingSecret -}}{{ default .Values.worker.tls.existingSecret .Values.worker.tls.caSecret }}{{- end -}}
+{{- end -}}

@@ -5,14 +5,18 @@ Run by integration-tests/tests/openai_sdk.rs, which starts the processes and pas
   OPENAI_BASE     the API under test (http://127.0.0.1:PORT/v1)
   OVERLOAD_BASE   a router over the same worker with one request in flight and no queue
   DEAD_BASE       a router with no reachable worker
+  KEYED_BASE      a router that requires the API key KEYED_KEY and serves TLS
+                  (https://localhost:PORT/v1) with a certificate of the test CA in TLS_CA
   MODEL           the served model name
   EXPECTED        a JSON file with the gRPC front's texts for the same requests
 """
 
 import json
 import os
+import ssl
 import unittest
 
+import httpx
 import openai
 
 BASE = os.environ["OPENAI_BASE"]
@@ -23,9 +27,13 @@ with open(os.environ["EXPECTED"], encoding="utf-8") as f:
 CHAT = [{"role": "user", "content": EXPECTED["chat_prompt"]}]
 
 
-def client(base=BASE, api_key="unused"):
-    # No retries: every status must reach the test as the server sent it.
-    return openai.OpenAI(base_url=base, api_key=api_key, max_retries=0, timeout=120)
+def client(base=BASE, api_key="unused", ca=None):
+    # No retries: every status must reach the test as the server sent it. With `ca`, HTTPS that
+    # trusts only that CA file (Python's default context verifies strictly, names included).
+    http_client = httpx.Client(verify=ssl.create_default_context(cafile=ca)) if ca else None
+    return openai.OpenAI(
+        base_url=base, api_key=api_key, max_retries=0, timeout=120, http_client=http_client
+    )
 
 
 def joined(chunks, index=0):
@@ -205,15 +213,24 @@ class Errors(unittest.TestCase):
         self.check(e.exception, 429, "overloaded")
         running.close()
 
-    def test_401_without_the_right_api_key(self):
-        base = os.environ["KEYED_BASE"]
+    def test_401_without_the_right_api_key_over_tls(self):
+        base, ca = os.environ["KEYED_BASE"], os.environ["TLS_CA"]
         for key in ["wrong-key", "unused"]:
             with self.assertRaises(openai.AuthenticationError) as e:
-                client(base, key).models.list()
+                client(base, key, ca).models.list()
             self.check(e.exception, 401, "invalid_api_key")
             self.assertNotIn(key, e.exception.body["message"])
-        ids = [m.id for m in client(base, os.environ["KEYED_KEY"]).models.list()]
-        self.assertEqual(ids, [MODEL])
+        keyed = client(base, os.environ["KEYED_KEY"], ca)
+        self.assertEqual([m.id for m in keyed.models.list()], [MODEL])
+        chunks = list(
+            keyed.chat.completions.create(
+                model=MODEL, messages=CHAT, max_tokens=32, temperature=0, stream=True
+            )
+        )
+        self.assertEqual(joined(chunks)[0], EXPECTED["chat"]["text"])
+        # Without the test CA the certificate does not verify.
+        with self.assertRaises(openai.APIConnectionError):
+            openai.OpenAI(base_url=base, api_key="unused", max_retries=0).models.list()
 
     def test_503_without_a_worker(self):
         with self.assertRaises(openai.InternalServerError) as e:

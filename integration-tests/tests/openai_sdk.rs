@@ -1,10 +1,9 @@
 //! The OpenAI HTTP API with the official `openai` Python SDK and with `curl -N`, on the real SmolLM2
 //! model (issue 14): this test starts a worker and four routers (the API under test, one that
 //! admits a single request with no queue, one with no reachable worker, one that requires an API
-//! key), computes the gRPC front's texts for the requests the Python test makes, and runs
-//! integration-tests/python/test_openai.py
-//! with the SDK that scripts/install-openai-sdk installs (scripts/test runs it first).
-
+//! key and serves TLS with a test CA made at run time), computes the gRPC front's texts for the
+//! requests the Python test makes, and runs integration-tests/python/test_openai.py with the SDK
+//! that scripts/install-openai-sdk installs (scripts/test runs it first).
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -120,15 +119,37 @@ async fn the_official_sdk_and_curl_against_the_real_model() {
     )
     .await;
 
-    // A router over the same worker that requires an API key.
-    let keyed_http = format!("127.0.0.1:{}", free_port());
+    // A router over the same worker that requires an API key and serves TLS (a test CA made
+    // here; its plain health port says when it is ready).
+    let ca = tls_certs::test_ca::TestCa::new("openai SDK test CA");
+    let (ca_file, cert) = ca.write(dir.path(), "keyed", &["localhost"]);
+    let keyed_port = free_port();
+    let keyed_http = format!("127.0.0.1:{keyed_port}");
+    let keyed_health = format!("127.0.0.1:{}", free_port());
     let (_keyed, _) = start_router_with_env(
         &[&h.cluster.worker_addr],
-        &["--http-listen", &keyed_http, "--served-model-name", MODEL],
+        &[
+            "--http-listen",
+            &keyed_http,
+            "--served-model-name",
+            MODEL,
+            "--tls-cert",
+            cert.cert.to_str().unwrap(),
+            "--tls-key",
+            cert.key.to_str().unwrap(),
+            "--health-listen",
+            &keyed_health,
+        ],
         &[("ROUTER_API_KEYS", KEYED_KEY)],
     )
     .await;
-    wait_healthy(&format!("http://{keyed_http}"), Duration::from_secs(30)).await;
+    integration_tests::ops::wait_health(
+        &keyed_health,
+        "",
+        tonic_health::pb::health_check_response::ServingStatus::Serving,
+        Duration::from_secs(30),
+    )
+    .await;
 
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/test_openai.py");
     let output = tokio::process::Command::new(&python)
@@ -136,7 +157,8 @@ async fn the_official_sdk_and_curl_against_the_real_model() {
         .env("OPENAI_BASE", format!("{}/v1", h.base))
         .env("OVERLOAD_BASE", format!("http://{overload_http}/v1"))
         .env("DEAD_BASE", format!("http://{dead_http}/v1"))
-        .env("KEYED_BASE", format!("http://{keyed_http}/v1"))
+        .env("KEYED_BASE", format!("https://localhost:{keyed_port}/v1"))
+        .env("TLS_CA", &ca_file)
         .env("KEYED_KEY", KEYED_KEY)
         .env("MODEL", MODEL)
         .env("EXPECTED", &expected_path)

@@ -2,7 +2,7 @@
 //! versions clients speak (`grpc.reflection.v1`, and `grpc.reflection.v1alpha` for the Python
 //! `grpcio-reflection` client and older grpcurl), and `grpc.health.v1`, so `grpcurl` and similar
 //! tools work without .proto files; and [`peer_went_away`], which tells an ordinary close of a
-//! stream (the peer exited) from a failure.
+//! stream (the peer exited) from a failure; [`serve_health`] serves health alone on a plain port.
 
 use std::error::Error as _;
 use std::io::ErrorKind;
@@ -43,6 +43,33 @@ pub fn reflection_service_v1alpha(
     builder(services)
         .build_v1alpha()
         .expect("compiled-in descriptor sets are valid")
+}
+
+/// Serves only `grpc.health.v1` (`health`, a clone of the one on the main port, so both report the
+/// same statuses) in plain text at `addr`, until the process exits: what Kubernetes' gRPC probes,
+/// which cannot speak TLS, ask when the main port is TLS (`health_listen`). Returns the bound
+/// address.
+///
+/// Errors: the address cannot be bound (the message names it).
+pub async fn serve_health<H: tonic_health::pb::health_server::Health>(
+    addr: std::net::SocketAddr,
+    health: tonic_health::pb::health_server::HealthServer<H>,
+) -> anyhow::Result<std::net::SocketAddr> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {addr} (health_listen): {e}"))?;
+    let bound = listener.local_addr()?;
+    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    tokio::spawn(async move {
+        if let Err(e) = tonic::transport::Server::builder()
+            .add_service(health)
+            .serve_with_incoming(incoming)
+            .await
+        {
+            tracing::error!(error = %e, "the health port stopped");
+        }
+    });
+    Ok(bound)
 }
 
 /// Whether `status`, the error of a stream's inbound side, only says the peer went away: the call

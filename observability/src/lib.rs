@@ -7,6 +7,7 @@
 //! - [`metrics_http`]: the Prometheus text endpoint (`GET /metrics`), OpenMetrics or, for clients
 //!   that do not ask for it, the 0.0.4 text format ([`text_format`]).
 //! - [`grpc`]: the standard gRPC reflection service.
+//! - [`reload`]: re-reads a file-backed setting (API keys, TLS certificates) on change.
 //! - [`settings_file`]: rejects unknown (misspelt) keys in a TOML settings file.
 
 pub mod const_metrics;
@@ -14,6 +15,7 @@ pub mod grpc;
 pub mod metrics_http;
 pub mod process;
 pub mod propagation;
+pub mod reload;
 pub mod settings_file;
 pub mod telemetry;
 pub mod text_format;

@@ -2,6 +2,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
@@ -74,6 +75,29 @@ pub struct Cli {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub api_keys_file: Option<String>,
+    /// TLS certificate chain (PEM, leaf first) of the public ports (gRPC `listen` and
+    /// `http_listen`); needs `--tls-key`. Re-read on change.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_cert: Option<String>,
+    /// TLS private key (PEM) of `--tls-cert`.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_key: Option<String>,
+    /// CA certificates (PEM) the workers' TLS certificates must chain to; set = dial workers over
+    /// TLS.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub worker_tls_ca: Option<String>,
+    /// The name the workers' certificates must carry; empty = the host of each worker address.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub worker_tls_server_name: Option<String>,
+    /// Address (`IP:PORT`) of a plain-text port serving only `grpc.health.v1` (for probes that
+    /// cannot speak TLS); empty = off.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub health_listen: Option<String>,
     /// Load and validate the settings, print the effective settings (JSON) and exit: 0 when they
     /// are valid, 2 with the error otherwise. Starts nothing.
     #[arg(long)]
@@ -188,6 +212,22 @@ pub struct RouterSettings {
     /// A file of API keys, one per line (blank lines and `#` comments ignored), re-read about
     /// every second; empty = none. Used together with `api_keys`.
     pub api_keys_file: String,
+    /// TLS certificate chain file (PEM, leaf first) of the public ports (`listen` and
+    /// `http_listen`); with `tls_key`, both ports speak only TLS. Both files are re-read about
+    /// every second: new connections get a changed pair; a broken one keeps the last good pair.
+    /// Empty (with `tls_key`) = plain text.
+    pub tls_cert: String,
+    /// TLS private key file (PEM: PKCS#8, PKCS#1 or SEC1) of `tls_cert`.
+    pub tls_key: String,
+    /// CA certificate file (PEM) the workers' certificates must chain to; set = the router dials
+    /// workers over TLS (and refuses a worker whose certificate does not verify). Empty = plain.
+    pub worker_tls_ca: String,
+    /// The name (DNS name or IP) the workers' certificates must carry; empty = the host of each
+    /// worker address.
+    pub worker_tls_server_name: String,
+    /// Address (`IP:PORT`) of a plain-text port that serves only `grpc.health.v1` (the same
+    /// statuses as on `listen`), for probes that cannot speak TLS; empty = off.
+    pub health_listen: String,
 }
 
 impl Default for RouterSettings {
@@ -219,6 +259,11 @@ impl Default for RouterSettings {
             chat_template: String::new(),
             api_keys: Vec::new(),
             api_keys_file: String::new(),
+            tls_cert: String::new(),
+            tls_key: String::new(),
+            worker_tls_ca: String::new(),
+            worker_tls_server_name: String::new(),
+            health_listen: String::new(),
         }
     }
 }
@@ -250,7 +295,8 @@ impl RouterSettings {
         )
     }
 
-    /// The worker pool's settings.
+    /// The worker pool's settings (without the chat template file and the worker TLS, which read
+    /// files: see [`Self::chat_template_file`] and [`Self::worker_tls`]).
     pub fn pool_settings(&self) -> PoolSettings {
         PoolSettings {
             backoff: self.backoff(),
@@ -268,6 +314,7 @@ impl RouterSettings {
             failover_timeout: Duration::from_millis(self.failover_timeout_ms),
             max_failovers: self.max_failovers,
             chat_template: None,
+            worker_tls: None,
         }
     }
 
@@ -316,13 +363,52 @@ impl RouterSettings {
         crate::auth::ApiKeys::load(&self.api_keys, file).map_err(|e| e.to_string())
     }
 
+    /// The public ports' certificate files, when TLS is on.
+    ///
+    /// Errors: only one of `tls_cert` and `tls_key` is set.
+    pub fn tls_cert_files(&self) -> Result<Option<tls_certs::CertFiles>, String> {
+        tls_certs::CertFiles::from_settings(
+            ("tls_cert", &self.tls_cert),
+            ("tls_key", &self.tls_key),
+        )
+        .map_err(|e| e.to_string())
+    }
+
+    /// The public ports' certificate, read now (re-read by its `watch`), when TLS is on.
+    ///
+    /// Errors: half a pair, or a file that cannot be read or is invalid (the message names it).
+    pub fn tls_cert(&self) -> Result<Option<Arc<tls_certs::ReloadingCert>>, String> {
+        self.tls_cert_files()?
+            .map(|files| tls_certs::ReloadingCert::load(files).map_err(|e| e.to_string()))
+            .transpose()
+    }
+
+    /// How the router dials workers: over TLS trusting `worker_tls_ca`, or plain (`None`).
+    ///
+    /// Errors: `worker_tls_server_name` without `worker_tls_ca`, an unreadable or invalid CA file
+    /// (named), an invalid server name.
+    pub fn worker_tls(&self) -> Result<Option<tls_certs::ClientTls>, String> {
+        if self.worker_tls_ca.trim().is_empty() && !self.worker_tls_server_name.trim().is_empty() {
+            return Err("`worker_tls_server_name` is set but `worker_tls_ca` is not".into());
+        }
+        tls_certs::ClientTls::load(&self.worker_tls_ca, &self.worker_tls_server_name)
+            .map_err(|e| e.to_string())
+    }
+
+    /// The plain health port's address, when it is on.
+    pub fn health_listen(&self) -> Option<SocketAddr> {
+        let value = self.health_listen.trim();
+        (!value.is_empty()).then(|| value.parse().expect("checked by validate"))
+    }
+
     /// How long a drain may take.
     pub fn drain_timeout(&self) -> Duration {
         Duration::from_millis(self.drain_timeout_ms)
     }
 
     /// Checks what the file and environment cannot type-check: a worker source is given, addresses
-    /// are `HOST:PORT`, `metrics_listen` and `http_listen` are empty or `IP:PORT`.
+    /// are `HOST:PORT`, `metrics_listen`, `http_listen` and `health_listen` are empty or `IP:PORT`,
+    /// the TLS files are complete pairs that can be read and used.
     ///
     /// Errors: a message naming the setting.
     pub fn validate(&self) -> Result<(), String> {
@@ -346,6 +432,7 @@ impl RouterSettings {
         for (setting, value) in [
             ("metrics_listen", &self.metrics_listen),
             ("http_listen", &self.http_listen),
+            ("health_listen", &self.health_listen),
         ] {
             let value = value.trim();
             if !value.is_empty() && value.parse::<SocketAddr>().is_err() {
@@ -367,6 +454,8 @@ impl RouterSettings {
         }
         self.chat_template_file()?;
         self.api_keys()?;
+        self.tls_cert()?;
+        self.worker_tls()?;
         let l = &self.limits;
         if l.max_new_tokens == 0 || l.default_max_new_tokens == 0 {
             return Err(
@@ -407,141 +496,4 @@ fn string_or_list<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Err
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    #[allow(clippy::result_large_err)] // figment::Jail's closure signature
-    fn precedence_file_env_flags() {
-        figment::Jail::expect_with(|jail| {
-            jail.create_file(
-                "r.toml",
-                "workers = ['a:1', 'b:2']\n[limits]\nmax_new_tokens = 10\nmax_stop_sequences = 2",
-            )?;
-            jail.set_env("ROUTER_LIMITS__MAX_NEW_TOKENS", "20");
-            let cli = Cli::parse_from(["router", "--config", "r.toml", "--listen", "127.0.0.1:9"]);
-            let s = RouterSettings::load(&cli).map_err(|e| e.to_string())?;
-            assert_eq!(s.workers, vec!["a:1", "b:2"]);
-            assert_eq!(s.limits.max_new_tokens, 20);
-            assert_eq!(s.limits.max_stop_sequences, 2);
-            assert_eq!(s.listen.port(), 9);
-            let cli = Cli::parse_from(["router", "--workers", "x:1, y:2"]);
-            let s = RouterSettings::load(&cli).map_err(|e| e.to_string())?;
-            assert_eq!(s.workers, vec!["x:1", "y:2"]);
-            assert_eq!(s.discovery(), None);
-            jail.set_env("ROUTER_MAX_WAITING_REQUESTS", "7");
-            jail.set_env("ROUTER_AFFINITY_PREFIX_TOKENS", "0");
-            let cli = Cli::parse_from(["router", "--discovery-dns", "w.ns.svc:50061"]);
-            let s = RouterSettings::load(&cli).map_err(|e| e.to_string())?;
-            let p = s.pool_settings();
-            assert_eq!(p.admission.max_waiting_requests, 7);
-            assert_eq!(p.affinity.prefix_tokens, 0);
-            assert_eq!(p.max_inflight_per_worker, 64);
-            assert_eq!(p.stall_timeout, Duration::from_secs(60));
-            assert_eq!(s.discovery().unwrap().0, "w.ns.svc:50061");
-            jail.set_env("ROUTER_STALL_TIMEOUT_MS", "900");
-            let s = RouterSettings::load(&cli).map_err(|e| e.to_string())?;
-            assert_eq!(s.pool_settings().stall_timeout, Duration::from_millis(900));
-            let cli = Cli::parse_from(["router", "--workers", "a:1", "--stall-timeout-ms", "1200"]);
-            let s = RouterSettings::load(&cli).map_err(|e| e.to_string())?;
-            assert_eq!(s.stall_timeout_ms, 1200);
-            assert_eq!(s.http_listen(), None);
-            jail.set_env("ROUTER_MODEL_ALIASES", "gpt-x, smol");
-            let cli = Cli::parse_from([
-                "router",
-                "--workers",
-                "a:1",
-                "--http-listen",
-                "127.0.0.1:8000",
-                "--served-model-name",
-                "smollm2",
-            ]);
-            let s = RouterSettings::load(&cli).map_err(|e| e.to_string())?;
-            assert_eq!(s.http_listen().unwrap().port(), 8000);
-            let names = s.model_names();
-            assert_eq!(names.served, "smollm2");
-            assert_eq!(names.aliases, vec!["gpt-x", "smol"]);
-            let bad = RouterSettings {
-                http_listen: "nope".into(),
-                ..s
-            };
-            assert!(bad.validate().unwrap_err().contains("http_listen \"nope\""));
-            Ok(())
-        });
-    }
-
-    #[test]
-    #[allow(clippy::result_large_err)] // figment::Jail's closure signature
-    fn misspelt_file_key_is_an_error() {
-        figment::Jail::expect_with(|jail| {
-            jail.create_file("r.toml", "[limits]\nmax_new_tokenz = 5\n")?;
-            let cli = Cli::parse_from(["router", "--config", "r.toml"]);
-            let err = RouterSettings::load(&cli).unwrap_err().to_string();
-            assert!(
-                err.contains("unknown setting `limits.max_new_tokenz`"),
-                "{err}"
-            );
-            Ok(())
-        });
-    }
-
-    #[test]
-    #[allow(clippy::result_large_err)] // figment::Jail's closure signature
-    fn api_keys_from_env_and_file_are_checked_and_redacted() {
-        figment::Jail::expect_with(|jail| {
-            jail.set_env("ROUTER_API_KEYS", "k1, k2");
-            let cli = Cli::parse_from(["router", "--workers", "a:1"]);
-            let s = RouterSettings::load(&cli).map_err(|e| e.to_string())?;
-            assert_eq!(s.api_keys, vec!["k1", "k2"]);
-            let keys = s.api_keys().unwrap();
-            assert!(keys.check(Some(b"Bearer k2")).is_ok());
-            let shown = serde_json::to_string(&s).unwrap();
-            assert!(
-                !shown.contains("k1") && shown.contains("<redacted>"),
-                "{shown}"
-            );
-            jail.create_file("keys.txt", "# comment\nk3\n")?;
-            let cli =
-                Cli::parse_from(["router", "--workers", "a:1", "--api-keys-file", "keys.txt"]);
-            let s = RouterSettings::load(&cli).map_err(|e| e.to_string())?;
-            assert!(s.validate().is_ok());
-            assert!(s.api_keys().unwrap().check(Some(b"Bearer k3")).is_ok());
-            let bad = RouterSettings {
-                api_keys_file: "missing.txt".into(),
-                ..s
-            };
-            let err = bad.validate().unwrap_err();
-            assert!(
-                err.contains("cannot read the API key file missing.txt"),
-                "{err}"
-            );
-            Ok(())
-        });
-    }
-
-    #[test]
-    fn health_and_stall_times_are_checked() {
-        let ok = RouterSettings {
-            workers: vec!["a:1".into()],
-            ..Default::default()
-        };
-        assert!(ok.validate().is_ok());
-        let err = RouterSettings {
-            stall_timeout_ms: 0,
-            ..ok.clone()
-        }
-        .validate()
-        .unwrap_err();
-        assert!(
-            err.contains("stall_timeout_ms (0) must be at least health_interval_ms (2000)"),
-            "{err}"
-        );
-        let err = RouterSettings {
-            health_interval_ms: 0,
-            ..ok
-        }
-        .validate()
-        .unwrap_err();
-        assert!(err.contains("health_interval_ms 0 is below 10"), "{err}");
-    }
-}
+mod tests;

@@ -1,4 +1,7 @@
 //! `router --workers HOST:PORT[,HOST:PORT...] --listen 127.0.0.1:PORT`: serves the public API.
+//! With `tls_cert`/`tls_key` both public ports speak only TLS (the files re-read on change); with
+//! `worker_tls_ca` the workers are dialled over TLS; `health_listen` serves health alone in plain
+//! text.
 //!
 //! On SIGTERM (or Ctrl-C) the router drains: new `Generate` calls get `UNAVAILABLE`, running ones
 //! finish (up to `drain_timeout_ms`), then it exits 0.
@@ -15,7 +18,7 @@ use router::metrics::RouterMetrics;
 use router::pool::WorkerPool;
 use router::service::TextGenerationService;
 use router::wire::WireGuard;
-use tonic::transport::server::TcpIncoming;
+use tls_certs::Alpn;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -56,6 +59,16 @@ async fn run(settings: RouterSettings) -> anyhow::Result<()> {
         .chat_template_file()
         .map_err(anyhow::Error::msg)?
         .map(std::sync::Arc::new);
+    pool_settings.worker_tls = settings.worker_tls().map_err(anyhow::Error::msg)?;
+    if let Some(tls) = &pool_settings.worker_tls {
+        tracing::info!(ca = %tls.ca.display(), "dialling workers over TLS");
+    }
+    // TLS of the public ports: one certificate for both, re-read on change.
+    let cert = settings.tls_cert().map_err(anyhow::Error::msg)?;
+    if let Some(cert) = &cert {
+        cert.watch(observability::reload::RELOAD_PERIOD);
+        tracing::info!(cert = %cert.files().cert.display(), "TLS on the public ports");
+    }
     let pool = WorkerPool::start(pool_settings, &settings.workers);
     if let Some((target, interval)) = discovery.clone() {
         tokio::spawn(router::discovery::run(pool.clone(), target, interval));
@@ -74,6 +87,10 @@ async fn run(settings: RouterSettings) -> anyhow::Result<()> {
     health
         .set_service_status("liveness", tonic_health::ServingStatus::Serving)
         .await;
+    if let Some(addr) = settings.health_listen() {
+        let bound = observability::grpc::serve_health(addr, health_service.clone()).await?;
+        tracing::info!(%bound, "serving grpc.health.v1 in plain text (health_listen)");
+    }
     tokio::spawn(router::health::maintain(
         health,
         pool.clone(),
@@ -106,10 +123,19 @@ async fn run(settings: RouterSettings) -> anyhow::Result<()> {
             let shutdown = async move {
                 let _ = stop.wait_for(|stopped| *stopped).await;
             };
-            tracing::info!(%addr, "serving the OpenAI HTTP API");
-            Some(tokio::spawn(router::openai::serve(
-                listener, front, shutdown,
-            )))
+            tracing::info!(%addr, tls = cert.is_some(), "serving the OpenAI HTTP API");
+            Some(match &cert {
+                Some(cert) => {
+                    let config = tls_certs::server::server_config(cert.clone(), Alpn::Http11);
+                    let incoming = tls_certs::TlsIncoming::new(listener, config)?;
+                    tokio::spawn(router::openai::serve(incoming, front, shutdown))
+                }
+                None => tokio::spawn(router::openai::serve(
+                    router::openai::plain_listener(listener),
+                    front,
+                    shutdown,
+                )),
+            })
         }
         None => None,
     };
@@ -134,13 +160,14 @@ async fn run(settings: RouterSettings) -> anyhow::Result<()> {
         .http_listen()
         .map(|addr| format!("; OpenAI HTTP API on {addr}"))
         .unwrap_or_default();
+    let tls = if cert.is_some() { " over TLS" } else { "" };
     println!(
-        "router ready: serving inference.v1.TextGeneration on {} (workers: {}){http}",
+        "router ready: serving inference.v1.TextGeneration on {}{tls} (workers: {}){http}",
         settings.listen,
         sources.join(", ")
     );
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tonic::transport::Server::builder()
+    let router = tonic::transport::Server::builder()
         .add_service(public_api)
         .add_service(health_service)
         .add_service(observability::grpc::reflection_service(&[
@@ -148,14 +175,10 @@ async fn run(settings: RouterSettings) -> anyhow::Result<()> {
         ]))
         .add_service(observability::grpc::reflection_service_v1alpha(&[
             "inference.v1.TextGeneration",
-        ]))
-        .serve_with_incoming_shutdown(
-            TcpIncoming::from(listener).with_nodelay(Some(true)),
-            async {
-                let _ = stop_rx.await;
-            },
-        );
-    tokio::pin!(server);
+        ]));
+    let mut server = tls_certs::grpc::serve(router, listener, cert, async {
+        let _ = stop_rx.await;
+    })?;
     tokio::select! {
         result = &mut server => return Ok(result?),
         () = shutdown_signal() => {}

@@ -101,6 +101,20 @@ pub struct Cli {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cuda_cache_dir: Option<String>,
+    /// TLS certificate chain (PEM, leaf first) of the gRPC port; needs `--tls-key`. Re-read on
+    /// change.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_cert: Option<String>,
+    /// TLS private key (PEM) of `--tls-cert`.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_key: Option<String>,
+    /// Address (`IP:PORT`) of a plain-text port serving only `grpc.health.v1` (for probes that
+    /// cannot speak TLS); empty = off.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub health_listen: Option<String>,
     /// Load and validate the settings, print the effective settings (JSON) and exit: 0 when they
     /// are valid, 2 with the error otherwise. Loads no model (the file need not exist here).
     #[arg(long)]
@@ -185,6 +199,16 @@ pub struct WorkerSettings {
     /// Folder of the compiled-kernel cache; empty = `$XDG_CACHE_HOME/smollm-serve/cuda` (else
     /// `~/.cache/smollm-serve/cuda`).
     pub cuda_cache_dir: String,
+    /// TLS certificate chain file (PEM, leaf first) of the gRPC port; with `tls_key`, the port
+    /// speaks only TLS (routers then need `worker_tls_ca`). Both files are re-read about every
+    /// second: new connections get a changed pair; a broken one keeps the last good pair. Empty
+    /// (with `tls_key`) = plain text.
+    pub tls_cert: String,
+    /// TLS private key file (PEM: PKCS#8, PKCS#1 or SEC1) of `tls_cert`.
+    pub tls_key: String,
+    /// Address (`IP:PORT`) of a plain-text port that serves only `grpc.health.v1` (the same
+    /// statuses as on `listen`), for probes that cannot speak TLS; empty = off.
+    pub health_listen: String,
 }
 
 impl Default for WorkerSettings {
@@ -212,6 +236,9 @@ impl Default for WorkerSettings {
             cuda_numerics: Numerics::Exact,
             cuda_graphs: true,
             cuda_cache_dir: String::new(),
+            tls_cert: String::new(),
+            tls_key: String::new(),
+            health_listen: String::new(),
         }
     }
 }
@@ -236,7 +263,8 @@ impl WorkerSettings {
     }
 
     /// Checks what the file and environment cannot type-check: a model path is given, the block
-    /// size is at least 1, `metrics_listen` is empty or `IP:PORT`. The model file is not opened.
+    /// size is at least 1, `metrics_listen` and `health_listen` are empty or `IP:PORT`, the TLS
+    /// files are a complete pair that can be read and used. The model file is not opened.
     ///
     /// Errors: a message naming the setting.
     pub fn validate(&self) -> Result<(), String> {
@@ -263,16 +291,39 @@ impl WorkerSettings {
                 self.kv_watermark
             ));
         }
-        let metrics = self.metrics_listen.trim();
-        if !metrics.is_empty() && metrics.parse::<SocketAddr>().is_err() {
-            return Err(format!(
-                "metrics_listen {metrics:?} is not an IP:PORT address"
-            ));
+        for (setting, value) in [
+            ("metrics_listen", &self.metrics_listen),
+            ("health_listen", &self.health_listen),
+        ] {
+            let value = value.trim();
+            if !value.is_empty() && value.parse::<SocketAddr>().is_err() {
+                return Err(format!("{setting} {value:?} is not an IP:PORT address"));
+            }
         }
+        self.tls_cert()?;
         if self.engine_stall_timeout_ms == 0 {
             return Err("engine_stall_timeout_ms must be at least 1".into());
         }
         Ok(())
+    }
+
+    /// The gRPC port's certificate, read now (re-read by its `watch`), when TLS is on.
+    ///
+    /// Errors: only one of `tls_cert` and `tls_key` is set, or a file cannot be read or is invalid
+    /// (the message names it).
+    pub fn tls_cert(&self) -> Result<Option<std::sync::Arc<tls_certs::ReloadingCert>>, String> {
+        tls_certs::CertFiles::from_settings(
+            ("tls_cert", &self.tls_cert),
+            ("tls_key", &self.tls_key),
+        )
+        .and_then(|files| files.map(tls_certs::ReloadingCert::load).transpose())
+        .map_err(|e| e.to_string())
+    }
+
+    /// The plain health port's address, when it is on.
+    pub fn health_listen(&self) -> Option<SocketAddr> {
+        let value = self.health_listen.trim();
+        (!value.is_empty()).then(|| value.parse().expect("checked by validate"))
     }
 
     /// The engine settings for a model with `kv_bytes_per_token` bytes of K/V per token.
@@ -367,5 +418,52 @@ mod tests {
             assert_eq!(s.kv_cache_dtype, KvDtype::F16);
             Ok(())
         });
+    }
+
+    #[test]
+    fn tls_and_health_settings_are_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = tls_certs::test_ca::TestCa::new("ca");
+        let (_, files) = ca.write(dir.path(), "worker", &["127.0.0.1"]);
+        let ok = WorkerSettings {
+            model: Some("m.gguf".into()),
+            ..Default::default()
+        };
+        assert!(ok.validate().is_ok() && ok.tls_cert().unwrap().is_none());
+        let tls = WorkerSettings {
+            tls_cert: files.cert.to_str().unwrap().into(),
+            tls_key: files.key.to_str().unwrap().into(),
+            health_listen: "127.0.0.1:8".into(),
+            ..ok.clone()
+        };
+        assert!(tls.validate().is_ok() && tls.tls_cert().unwrap().is_some());
+        assert_eq!(tls.health_listen().unwrap().port(), 8);
+        let err = WorkerSettings {
+            tls_cert: String::new(),
+            ..tls.clone()
+        }
+        .validate()
+        .unwrap_err();
+        assert!(
+            err.starts_with("`tls_key` is set but `tls_cert` is not"),
+            "{err}"
+        );
+        let err = WorkerSettings {
+            tls_cert: "/nonexistent/w.crt".into(),
+            ..tls.clone()
+        }
+        .validate()
+        .unwrap_err();
+        assert!(
+            err.starts_with("cannot read TLS certificate file /nonexistent/w.crt"),
+            "{err}"
+        );
+        let err = WorkerSettings {
+            health_listen: "x".into(),
+            ..tls
+        }
+        .validate()
+        .unwrap_err();
+        assert_eq!(err, "health_listen \"x\" is not an IP:PORT address");
     }
 }

@@ -3,7 +3,8 @@
 //!
 //! Besides the `Worker` service it serves `grpc.health.v1` (SERVING once the model is loaded and
 //! the engine runs) and gRPC reflection, and optionally Prometheus metrics (`metrics_listen`) and
-//! OTLP spans (`otlp_endpoint`). On SIGTERM (or Ctrl-C) it drains: NOT_SERVING, new requests are
+//! OTLP spans (`otlp_endpoint`); with `tls_cert`/`tls_key` the gRPC port speaks only TLS (the
+//! files re-read on change), and `health_listen` serves health alone in plain text. On SIGTERM (or Ctrl-C) it drains: NOT_SERVING, new requests are
 //! refused with `UNAVAILABLE` (the router fails them over), running sequences finish (up to
 //! `drain_timeout_ms`), then it exits 0.
 //!
@@ -16,7 +17,6 @@ use std::time::Duration;
 use clap::Parser;
 use inference_proto::worker::worker_server::WorkerServer;
 use observability::process::BadInput;
-use tonic::transport::server::TcpIncoming;
 use worker::config::{Cli, WorkerCommand, WorkerSettings};
 use worker::cuda::{Backend, CudaModel, CudaOptions};
 use worker::describe::describe_model;
@@ -96,6 +96,16 @@ async fn run(settings: WorkerSettings, backend: Backend) -> anyhow::Result<()> {
         };
     let (health, health_service) = tonic_health::server::health_reporter();
     let lifecycle = Lifecycle::new(health).await;
+    if let Some(addr) = settings.health_listen() {
+        let bound = observability::grpc::serve_health(addr, health_service.clone()).await?;
+        tracing::info!(%bound, "serving grpc.health.v1 in plain text (health_listen)");
+    }
+    // TLS of the gRPC port, re-read on change (read before the model load: a bad file fails fast).
+    let cert = settings.tls_cert().map_err(anyhow::Error::msg)?;
+    if let Some(cert) = &cert {
+        cert.watch(observability::reload::RELOAD_PERIOD);
+        tracing::info!(cert = %cert.files().cert.display(), "TLS on the gRPC port");
+    }
     let prepared = Prepared {
         settings,
         model_path,
@@ -104,6 +114,7 @@ async fn run(settings: WorkerSettings, backend: Backend) -> anyhow::Result<()> {
         metrics_listener,
         lifecycle,
         health_service,
+        cert,
     };
     match backend {
         Backend::Cpu { reason } => {
@@ -159,6 +170,7 @@ struct Prepared<H> {
     metrics_listener: Option<tokio::net::TcpListener>,
     lifecycle: std::sync::Arc<Lifecycle>,
     health_service: tonic_health::pb::health_server::HealthServer<H>,
+    cert: Option<std::sync::Arc<tls_certs::ReloadingCert>>,
 }
 
 /// Opens the model file, builds the model from it with `load` (on a blocking thread; a shutdown signal meanwhile ends the worker),
@@ -179,6 +191,7 @@ where
         metrics_listener,
         lifecycle,
         health_service,
+        cert,
     } = p;
     let started = std::time::Instant::now();
     let path = model_path.clone();
@@ -238,12 +251,13 @@ where
         stall_timeout,
     ));
     println!(
-        "worker ready: serving {} on {}",
+        "worker ready: serving {} on {}{}",
         model_path.display(),
-        settings.listen
+        settings.listen,
+        if cert.is_some() { " over TLS" } else { "" }
     );
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tonic::transport::Server::builder()
+    let router = tonic::transport::Server::builder()
         // A router probes health on the connection that carries its stream, and gives up on (resets)
         // a probe after one health interval. While this process is frozen (SIGSTOP, a long GC-like
         // pause of the host) those resets pile up unread; hyper's default allows 20 before it
@@ -257,14 +271,10 @@ where
         ]))
         .add_service(observability::grpc::reflection_service_v1alpha(&[
             "inference.worker.v1.Worker",
-        ]))
-        .serve_with_incoming_shutdown(
-            TcpIncoming::from(listener).with_nodelay(Some(true)),
-            async {
-                let _ = stop_rx.await;
-            },
-        );
-    tokio::pin!(server);
+        ]));
+    let mut server = tls_certs::grpc::serve(router, listener, cert, async {
+        let _ = stop_rx.await;
+    })?;
     tokio::select! {
         result = &mut server => return Ok(result?),
         () = shutdown_signal(&mut term) => {}

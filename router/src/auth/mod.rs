@@ -26,7 +26,7 @@ use std::time::Duration;
 use sha2::{Digest as _, Sha256};
 
 /// How often [`ApiKeys::watch`] re-reads the key file.
-pub const RELOAD_PERIOD: Duration = Duration::from_secs(1);
+pub const RELOAD_PERIOD: Duration = observability::reload::RELOAD_PERIOD;
 
 /// SHA-256 of one key.
 type KeyDigest = [u8; 32];
@@ -158,28 +158,11 @@ impl ApiKeys {
     pub fn watch(self: &Arc<Self>) -> Option<tokio::task::JoinHandle<()>> {
         self.file.as_ref()?;
         let keys = self.clone();
-        Some(tokio::spawn(async move {
-            let mut failing = false;
-            let mut tick = tokio::time::interval(RELOAD_PERIOD);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                match keys.reload() {
-                    Ok(_) => {
-                        if failing {
-                            tracing::info!("the API key file is readable again");
-                        }
-                        failing = false;
-                    }
-                    Err(e) => {
-                        if !failing {
-                            tracing::warn!(error = %e, "keeping the last good API keys");
-                        }
-                        failing = true;
-                    }
-                }
-            }
-        }))
+        Some(observability::reload::poll(
+            "API keys",
+            RELOAD_PERIOD,
+            move || keys.reload(),
+        ))
     }
 }
 

@@ -69,6 +69,8 @@ struct LinkState {
     inflight: HashMap<String, mpsc::UnboundedSender<WorkerEvent>>,
     /// The worker's last load report and when it arrived.
     reported: Option<(LoadReport, Instant)>,
+    /// Why the last connection attempt failed (cleared when one succeeds).
+    last_error: Option<String>,
 }
 
 /// A worker's state at one moment (for picking, metrics and health reporting).
@@ -93,6 +95,9 @@ pub struct WorkerSnapshot {
     /// The worker's last load report, however old: an idle worker sends none, so its last one
     /// (sent with the step that finished its last request) still holds its free KV tokens.
     pub last_report: Option<LoadReport>,
+    /// Why the last connection attempt failed (e.g. the worker's TLS certificate does not verify);
+    /// `None` once connected.
+    pub last_error: Option<String>,
 }
 
 impl WorkerSnapshot {
@@ -142,6 +147,7 @@ impl WorkerLink {
             load: state.inflight.len().max(reported_load as usize),
             reported,
             last_report: state.reported.map(|(r, _)| r),
+            last_error: state.last_error.clone(),
         }
     }
 
@@ -312,7 +318,9 @@ pub(super) async fn maintain(pool: Arc<WorkerPool>, link: Arc<WorkerLink>) {
     let mut delay = initial;
     let mut unreachable = UnreachableLog::new(UNREACHABLE_LOG_EVERY);
     loop {
-        match run(&pool, &link, &mut unreachable).await {
+        let result = run(&pool, &link, &mut unreachable).await;
+        link.lock().last_error = result.as_ref().err().map(|e| format!("{e:#}"));
+        match result {
             Ok(()) => {
                 tracing::warn!(worker = %link.address, "worker stream ended");
                 delay = initial;
@@ -372,7 +380,13 @@ async fn run(
     link: &Arc<WorkerLink>,
     unreachable: &mut UnreachableLog,
 ) -> anyhow::Result<()> {
-    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{}", link.address))?
+    let tls = pool.settings().worker_tls.as_ref();
+    let mut endpoint =
+        tonic::transport::Endpoint::from_shared(tls_certs::ClientTls::uri(tls, &link.address))?;
+    if let Some(tls) = tls {
+        endpoint = endpoint.tls_config(tls.tonic_config())?;
+    }
+    let endpoint = endpoint
         .connect_timeout(Duration::from_secs(2))
         .tcp_nodelay(true)
         .http2_keep_alive_interval(Duration::from_secs(10))
@@ -425,6 +439,7 @@ async fn run(
             return Ok(());
         }
         state.sender = Some(tx);
+        state.last_error = None;
         state.healthy = healthy;
         state.progress = Some(Progress::new(Instant::now(), pool.settings().stall_timeout));
     }

@@ -65,6 +65,8 @@ pub struct PoolSettings {
     /// The `chat_template` setting's template, which overrides the model's (see
     /// [`ModelContext::from_info`]).
     pub chat_template: Option<Arc<ChatTemplateFile>>,
+    /// TLS of the links to workers (the CA their certificates must chain to); `None` = plain.
+    pub worker_tls: Option<tls_certs::ClientTls>,
 }
 
 impl Default for PoolSettings {
@@ -85,6 +87,7 @@ impl Default for PoolSettings {
             failover_timeout: Duration::from_secs(10),
             max_failovers: 3,
             chat_template: None,
+            worker_tls: None,
         }
     }
 }

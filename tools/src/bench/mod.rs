@@ -75,6 +75,15 @@ pub struct BenchArgs {
     #[arg(long, value_name = "KEY", conflicts_with = "worker")]
     #[serde(skip)]
     pub api_key: Option<String>,
+    /// CA certificate file (PEM) of a router that serves TLS: connect over TLS trusting only it.
+    #[arg(long, value_name = "PATH", conflicts_with_all = ["worker", "openai"])]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_ca: Option<String>,
+    /// With `--tls-ca`: the name the router's certificate must carry (default: the host of
+    /// `--router`).
+    #[arg(long, value_name = "NAME", requires = "tls_ca")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_server_name: Option<String>,
     /// Structured-output load: the constraint some requests carry. `json-object`,
     /// `json-schema:PATH` (a JSON Schema file), `regex:RE` (the whole output matches RE) or
     /// `choice:A,B,...`. gRPC `GenerateRequest.constraint`; with `--openai`, `response_format` or

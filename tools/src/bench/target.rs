@@ -185,9 +185,16 @@ async fn connect_router(args: &BenchArgs) -> anyhow::Result<Connected> {
         .map(|key| format!("Bearer {key}").parse::<MetadataValue<Ascii>>())
         .transpose()
         .context("--api-key must be printable ASCII")?;
-    let endpoint = Endpoint::from_shared(format!("http://{}", args.router))
+    let tls = tls_certs::ClientTls::load(
+        args.tls_ca.as_deref().unwrap_or(""),
+        args.tls_server_name.as_deref().unwrap_or(""),
+    )?;
+    let mut endpoint = Endpoint::from_shared(tls_certs::ClientTls::uri(tls.as_ref(), &args.router))
         .with_context(|| format!("bad router address {:?}", args.router))?
         .connect_timeout(Duration::from_secs(10));
+    if let Some(tls) = &tls {
+        endpoint = endpoint.tls_config(tls.tonic_config())?;
+    }
     let mut clients = Vec::with_capacity(connections);
     for _ in 0..connections {
         let channel = endpoint

@@ -2,7 +2,8 @@
 //! then the finish reason, token counts, time to first token and tokens/s on stderr. A prompt of
 //! `-` is read from standard input (for prompts too long for a command line), less one final line
 //! break. `--json-schema FILE`, `--json-object`, `--regex REGEX`, `--lark FILE` or `--choice TEXT`
-//! (repeatable) constrain the output (structured output).
+//! (repeatable) constrain the output (structured output). `--tls-ca PATH` (and `--tls-server-name`)
+//! call a router that serves TLS; `--api-key` (or `INFERENCE_API_KEY`) one that needs a key.
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -92,6 +93,13 @@ struct Args {
     /// API key of a router that requires one (sent as `authorization: Bearer KEY`).
     #[arg(long, env = "INFERENCE_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
+    /// CA certificate file (PEM) of a router that serves TLS: connect over TLS, trusting only it.
+    #[arg(long, value_name = "PATH")]
+    tls_ca: Option<String>,
+    /// The name the router's certificate must carry (with `--tls-ca`); default: the host of
+    /// `--router`.
+    #[arg(long, value_name = "NAME", requires = "tls_ca")]
+    tls_server_name: Option<String>,
     /// The prompt; `-` reads it from standard input (one final line break dropped).
     prompt: String,
 }
@@ -141,12 +149,24 @@ async fn run(mut args: Args) -> anyhow::Result<()> {
         let trimmed = text.strip_suffix('\n').unwrap_or(&text);
         args.prompt = trimmed.strip_suffix('\r').unwrap_or(trimmed).to_string();
     }
-    // Accept both HOST:PORT and http://HOST:PORT; connect lazily so `--wait-ready-secs` also covers
+    // Accept HOST:PORT and http(s)://HOST:PORT; connect lazily so `--wait-ready-secs` also covers
     // a router that is not listening yet.
-    let address = args.router.trim_start_matches("http://").to_string();
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
-        .map_err(|e| anyhow::anyhow!("--router {address:?} is not HOST:PORT: {e}"))?
-        .connect_lazy();
+    let address = args
+        .router
+        .trim_start_matches("http://")
+        .trim_start_matches("https://")
+        .to_string();
+    let tls = tls_certs::ClientTls::load(
+        args.tls_ca.as_deref().unwrap_or(""),
+        args.tls_server_name.as_deref().unwrap_or(""),
+    )?;
+    let mut endpoint =
+        tonic::transport::Endpoint::from_shared(tls_certs::ClientTls::uri(tls.as_ref(), &address))
+            .map_err(|e| anyhow::anyhow!("--router {address:?} is not HOST:PORT: {e}"))?;
+    if let Some(tls) = &tls {
+        endpoint = endpoint.tls_config(tls.tonic_config())?;
+    }
+    let channel = endpoint.connect_lazy();
     let key =
         match &args.api_key {
             Some(key) => Some(format!("Bearer {}", key.trim()).parse().map_err(|_| {

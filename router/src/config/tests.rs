@@ -1,0 +1,244 @@
+//! Tests of the router's settings.
+
+use super::*;
+
+#[test]
+#[allow(clippy::result_large_err)] // figment::Jail's closure signature
+fn precedence_file_env_flags() {
+    figment::Jail::expect_with(|jail| {
+        jail.create_file(
+            "r.toml",
+            "workers = ['a:1', 'b:2']\n[limits]\nmax_new_tokens = 10\nmax_stop_sequences = 2",
+        )?;
+        jail.set_env("ROUTER_LIMITS__MAX_NEW_TOKENS", "20");
+        let cli = Cli::parse_from(["router", "--config", "r.toml", "--listen", "127.0.0.1:9"]);
+        let s = RouterSettings::load(&cli).map_err(|e| e.to_string())?;
+        assert_eq!(s.workers, vec!["a:1", "b:2"]);
+        assert_eq!(s.limits.max_new_tokens, 20);
+        assert_eq!(s.limits.max_stop_sequences, 2);
+        assert_eq!(s.listen.port(), 9);
+        let cli = Cli::parse_from(["router", "--workers", "x:1, y:2"]);
+        let s = RouterSettings::load(&cli).map_err(|e| e.to_string())?;
+        assert_eq!(s.workers, vec!["x:1", "y:2"]);
+        assert_eq!(s.discovery(), None);
+        jail.set_env("ROUTER_MAX_WAITING_REQUESTS", "7");
+        jail.set_env("ROUTER_AFFINITY_PREFIX_TOKENS", "0");
+        let cli = Cli::parse_from(["router", "--discovery-dns", "w.ns.svc:50061"]);
+        let s = RouterSettings::load(&cli).map_err(|e| e.to_string())?;
+        let p = s.pool_settings();
+        assert_eq!(p.admission.max_waiting_requests, 7);
+        assert_eq!(p.affinity.prefix_tokens, 0);
+        assert_eq!(p.max_inflight_per_worker, 64);
+        assert_eq!(p.stall_timeout, Duration::from_secs(60));
+        assert_eq!(s.discovery().unwrap().0, "w.ns.svc:50061");
+        jail.set_env("ROUTER_STALL_TIMEOUT_MS", "900");
+        let s = RouterSettings::load(&cli).map_err(|e| e.to_string())?;
+        assert_eq!(s.pool_settings().stall_timeout, Duration::from_millis(900));
+        let cli = Cli::parse_from(["router", "--workers", "a:1", "--stall-timeout-ms", "1200"]);
+        let s = RouterSettings::load(&cli).map_err(|e| e.to_string())?;
+        assert_eq!(s.stall_timeout_ms, 1200);
+        assert_eq!(s.http_listen(), None);
+        jail.set_env("ROUTER_MODEL_ALIASES", "gpt-x, smol");
+        let cli = Cli::parse_from([
+            "router",
+            "--workers",
+            "a:1",
+            "--http-listen",
+            "127.0.0.1:8000",
+            "--served-model-name",
+            "smollm2",
+        ]);
+        let s = RouterSettings::load(&cli).map_err(|e| e.to_string())?;
+        assert_eq!(s.http_listen().unwrap().port(), 8000);
+        let names = s.model_names();
+        assert_eq!(names.served, "smollm2");
+        assert_eq!(names.aliases, vec!["gpt-x", "smol"]);
+        let bad = RouterSettings {
+            http_listen: "nope".into(),
+            ..s
+        };
+        assert!(bad.validate().unwrap_err().contains("http_listen \"nope\""));
+        Ok(())
+    });
+}
+
+#[test]
+#[allow(clippy::result_large_err)] // figment::Jail's closure signature
+fn misspelt_file_key_is_an_error() {
+    figment::Jail::expect_with(|jail| {
+        jail.create_file("r.toml", "[limits]\nmax_new_tokenz = 5\n")?;
+        let cli = Cli::parse_from(["router", "--config", "r.toml"]);
+        let err = RouterSettings::load(&cli).unwrap_err().to_string();
+        assert!(
+            err.contains("unknown setting `limits.max_new_tokenz`"),
+            "{err}"
+        );
+        Ok(())
+    });
+}
+
+#[test]
+#[allow(clippy::result_large_err)] // figment::Jail's closure signature
+fn api_keys_from_env_and_file_are_checked_and_redacted() {
+    figment::Jail::expect_with(|jail| {
+        jail.set_env("ROUTER_API_KEYS", "k1, k2");
+        let cli = Cli::parse_from(["router", "--workers", "a:1"]);
+        let s = RouterSettings::load(&cli).map_err(|e| e.to_string())?;
+        assert_eq!(s.api_keys, vec!["k1", "k2"]);
+        let keys = s.api_keys().unwrap();
+        assert!(keys.check(Some(b"Bearer k2")).is_ok());
+        let shown = serde_json::to_string(&s).unwrap();
+        assert!(
+            !shown.contains("k1") && shown.contains("<redacted>"),
+            "{shown}"
+        );
+        jail.create_file("keys.txt", "# comment\nk3\n")?;
+        let cli = Cli::parse_from(["router", "--workers", "a:1", "--api-keys-file", "keys.txt"]);
+        let s = RouterSettings::load(&cli).map_err(|e| e.to_string())?;
+        assert!(s.validate().is_ok());
+        assert!(s.api_keys().unwrap().check(Some(b"Bearer k3")).is_ok());
+        let bad = RouterSettings {
+            api_keys_file: "missing.txt".into(),
+            ..s
+        };
+        let err = bad.validate().unwrap_err();
+        assert!(
+            err.contains("cannot read the API key file missing.txt"),
+            "{err}"
+        );
+        Ok(())
+    });
+}
+
+#[test]
+fn health_and_stall_times_are_checked() {
+    let ok = RouterSettings {
+        workers: vec!["a:1".into()],
+        ..Default::default()
+    };
+    assert!(ok.validate().is_ok());
+    let err = RouterSettings {
+        stall_timeout_ms: 0,
+        ..ok.clone()
+    }
+    .validate()
+    .unwrap_err();
+    assert!(
+        err.contains("stall_timeout_ms (0) must be at least health_interval_ms (2000)"),
+        "{err}"
+    );
+    let err = RouterSettings {
+        health_interval_ms: 0,
+        ..ok
+    }
+    .validate()
+    .unwrap_err();
+    assert!(err.contains("health_interval_ms 0 is below 10"), "{err}");
+}
+
+#[test]
+fn tls_settings_are_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = tls_certs::test_ca::TestCa::new("ca");
+    let (ca_file, files) = ca.write(dir.path(), "router", &["localhost"]);
+    let path = |p: &std::path::Path| p.to_str().unwrap().to_string();
+    let ok = RouterSettings {
+        workers: vec!["a:1".into()],
+        ..Default::default()
+    };
+    assert!(ok.tls_cert().unwrap().is_none() && ok.worker_tls().unwrap().is_none());
+    let tls = RouterSettings {
+        tls_cert: path(&files.cert),
+        tls_key: path(&files.key),
+        worker_tls_ca: path(&ca_file),
+        worker_tls_server_name: "worker.local".into(),
+        health_listen: "127.0.0.1:7".into(),
+        ..ok.clone()
+    };
+    assert!(tls.validate().is_ok());
+    assert!(tls.tls_cert().unwrap().is_some());
+    assert_eq!(
+        tls.worker_tls().unwrap().unwrap().server_name.as_deref(),
+        Some("worker.local")
+    );
+    assert_eq!(tls.health_listen().unwrap().port(), 7);
+    let err = |s: RouterSettings| s.validate().unwrap_err();
+    let half = err(RouterSettings {
+        tls_key: String::new(),
+        ..tls.clone()
+    });
+    assert!(
+        half.contains("`tls_cert` is set but `tls_key` is not"),
+        "{half}"
+    );
+    let missing = err(RouterSettings {
+        tls_key: "/nonexistent/router.key".into(),
+        ..tls.clone()
+    });
+    assert_eq!(
+        missing,
+        "cannot read TLS key file /nonexistent/router.key: No such file or directory (os error 2)"
+    );
+    let swapped = err(RouterSettings {
+        tls_cert: path(&files.key),
+        ..tls.clone()
+    });
+    assert!(
+        swapped.starts_with(&format!(
+            "invalid TLS certificate file {}",
+            files.key.display()
+        )),
+        "{swapped}"
+    );
+    let no_ca = err(RouterSettings {
+        worker_tls_ca: String::new(),
+        ..tls.clone()
+    });
+    assert_eq!(
+        no_ca,
+        "`worker_tls_server_name` is set but `worker_tls_ca` is not"
+    );
+    let bad_ca = err(RouterSettings {
+        worker_tls_ca: path(&files.key),
+        ..tls.clone()
+    });
+    assert!(bad_ca.starts_with("invalid TLS CA file"), "{bad_ca}");
+    let bad_health = err(RouterSettings {
+        health_listen: "nope".into(),
+        ..tls
+    });
+    assert!(
+        bad_health.contains("health_listen \"nope\""),
+        "{bad_health}"
+    );
+}
+
+#[test]
+#[allow(clippy::result_large_err)] // figment::Jail's closure signature
+fn tls_settings_from_flags_and_env() {
+    figment::Jail::expect_with(|jail| {
+        jail.set_env("ROUTER_WORKER_TLS_CA", "ca.pem");
+        let cli = Cli::parse_from([
+            "router",
+            "--workers",
+            "a:1",
+            "--tls-cert",
+            "r.crt",
+            "--tls-key",
+            "r.key",
+            "--health-listen",
+            "127.0.0.1:9",
+        ]);
+        let s = RouterSettings::load(&cli).map_err(|e| e.to_string())?;
+        assert_eq!(
+            s.tls_cert_files().unwrap(),
+            Some(tls_certs::CertFiles {
+                cert: "r.crt".into(),
+                key: "r.key".into()
+            })
+        );
+        assert_eq!(s.worker_tls_ca, "ca.pem");
+        assert_eq!(s.health_listen, "127.0.0.1:9");
+        Ok(())
+    });
+}
