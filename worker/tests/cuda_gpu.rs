@@ -4,8 +4,10 @@
 //!   cargo test --release -p worker --test cuda_gpu -- --ignored --nocapture --test-threads 1
 //!
 //! - `kernels_against_cpu`: every kernel on random inputs against the CPU implementation (or a
-//!   float64 reference for attention), both numeric modes; prints the relative error per kernel. In
-//!   exact mode the GEMV and GEMM kernels must give bitwise the same rows, whatever the row count.
+//!   float64 reference for attention), both numeric modes; prints the relative error per kernel. The
+//!   weight decoders of all 11 formats must match gguf's scalar decoder (and the llama.cpp blocks
+//!   of `fixtures/quant-blocks.json`) bit for bit. In exact mode the GEMV and GEMM kernels must give
+//!   bitwise the same rows, whatever the row count.
 //! - `reference_prompts_exact`: the 8 prompts of `fixtures/reference.json` through [`CudaModel`]
 //!   in exact mode, greedy ids token-exact (alone, then batched), top-5 logits within 1e-3.
 //! - `batch_invariance_64_streams`: 64 sequences decoded together (graph bucket 64) give bitwise the
@@ -36,6 +38,21 @@ use worker::model::QMatrix;
 use worker::sampler::argmax;
 
 const BLOCK: usize = 16;
+
+/// Every weight format the CUDA kernels decode.
+const ALL_FORMATS: [GgmlType; 11] = [
+    GgmlType::Q4_1,
+    GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::F32,
+];
 
 fn gpu() -> GpuInfo {
     probe(0).unwrap_or_else(|e| panic!("these tests need a GPU: {e}"))
@@ -151,14 +168,112 @@ fn encode(format: GgmlType, w: &[f32]) -> Vec<u8> {
                 out
             })
             .collect(),
-        // No CUDA kernels for these formats yet (`row_bytes` refuses them).
+        // No quantizer for these here: [`weight_bytes`] writes random blocks instead.
         GgmlType::Q5_0
         | GgmlType::Q5_1
         | GgmlType::Q4_K
         | GgmlType::Q5_K
         | GgmlType::Q6_K
-        | GgmlType::Unsupported(_) => unreachable!("no CUDA kernels for {format}"),
+        | GgmlType::Unsupported(_) => unreachable!("no encoder for {format}"),
     }
+}
+
+/// Byte offsets of the f16 scales (d, and dmin or m) in one block of the formats encoded as random
+/// blocks, and the block size in bytes.
+fn scale_fields(format: GgmlType) -> Option<(&'static [usize], usize)> {
+    Some(match format {
+        GgmlType::Q5_0 => (&[0], 22),
+        GgmlType::Q5_1 => (&[0, 2], 24),
+        GgmlType::Q4_K => (&[0, 2], 144),
+        GgmlType::Q5_K => (&[0, 2], 176),
+        GgmlType::Q6_K => (&[208], 210),
+        _ => return None,
+    })
+}
+
+/// A `[rows, cols]` weight matrix in `format` as a GGUF tensor stores it: the formats with an
+/// encoder quantize random values; the 5-bit formats and k-quants get random blocks (every quant,
+/// scale and high bit random) whose f16 scales are set to random finite values in [2^-10, 2^-4),
+/// so every bit pattern of the layout is exercised.
+fn weight_bytes(format: GgmlType, rng: &mut ChaCha8Rng, rows: usize, cols: usize) -> Vec<u8> {
+    let Some((scales, block)) = scale_fields(format) else {
+        return encode(format, &random(rng, rows * cols, 0.5));
+    };
+    let n = format.byte_size((rows * cols) as u64).unwrap() as usize;
+    let mut bytes: Vec<u8> = (0..n).map(|_| rng.random()).collect();
+    for b in bytes.chunks_exact_mut(block) {
+        for &at in scales {
+            let v = f16::from_f32(rng.random_range(1.0f32 / 1024.0..1.0 / 16.0));
+            b[at..at + 2].copy_from_slice(&v.to_le_bytes());
+        }
+    }
+    bytes
+}
+
+/// Runs `embedding` over `table` (`[rows, cols]` in `format`) for every row; returns the decoded
+/// rows as the activation buffer stores them.
+fn run_embedding(
+    k: &Kernels,
+    format: GgmlType,
+    table: &[u8],
+    rows: usize,
+    cols: usize,
+) -> Vec<f32> {
+    let tokens: Vec<u32> = (0..rows as u32).collect();
+    let d_table = k.stream.clone_htod(table).unwrap();
+    let d_tokens = k.stream.clone_htod(&tokens).unwrap();
+    let out = k.act(&vec![0.0; rows * cols]);
+    let (n, fmt, h) = (rows as i32, format.id() as i32, cols as i32);
+    let mut b = k.stream.launch_builder(&k.funcs["embedding"]);
+    b.arg(&d_tokens)
+        .arg(&n)
+        .arg(&d_table)
+        .arg(&fmt)
+        .arg(&h)
+        .arg(&out);
+    unsafe { b.launch(rows_cfg(rows, 128, 0)) }.unwrap();
+    k.read_act(&out, rows * cols)
+}
+
+/// The raw blocks of `fixtures/quant-blocks.json` (written by llama.cpp) with their exact f32
+/// values: `(format, block elements, bytes of all blocks, values of all blocks)`.
+fn fixture_blocks() -> Vec<(GgmlType, usize, Vec<u8>, Vec<f32>)> {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/quant-blocks.json");
+    let json: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let types = json["types"].as_object().unwrap();
+    let format = |name: &str| match name {
+        "Q4_1" => GgmlType::Q4_1,
+        "Q8_0" => GgmlType::Q8_0,
+        "Q5_0" => GgmlType::Q5_0,
+        "Q5_1" => GgmlType::Q5_1,
+        "Q4_K" => GgmlType::Q4_K,
+        "Q5_K" => GgmlType::Q5_K,
+        "Q6_K" => GgmlType::Q6_K,
+        other => panic!("fixture type {other}"),
+    };
+    types
+        .iter()
+        .map(|(name, t)| {
+            let elems = t["block_elems"].as_u64().unwrap() as usize;
+            let (mut bytes, mut values) = (Vec::new(), Vec::new());
+            for b in t["blocks"].as_array().unwrap() {
+                let hex = b["hex"].as_str().unwrap();
+                bytes.extend(
+                    (0..hex.len())
+                        .step_by(2)
+                        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap()),
+                );
+                values.extend(
+                    b["values"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|v| v.as_f64().unwrap() as f32),
+                );
+            }
+            (format(name), elems, bytes, values)
+        })
+        .collect()
 }
 
 fn rows_cfg(n: usize, threads: u32, smem: u32) -> LaunchConfig {
@@ -339,18 +454,44 @@ fn kernels_against_cpu() {
         let want = swiglu(&gu, ffn);
         report("swiglu", rel_err(&k.read_act(&out, want.len()), &want), tol);
 
+        // Weight decoders, bitwise: the fixture's llama.cpp blocks against their stored values, and
+        // random rows of every format against gguf's scalar decoder (through `embedding`, which
+        // only decodes).
+        for (format, elems, bytes, values) in fixture_blocks() {
+            let got = run_embedding(&k, format, &bytes, values.len() / elems, elems);
+            let want = k.round(&values);
+            assert!(
+                got.iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{mode}: {format} fixture blocks decode differently on the GPU"
+            );
+        }
+        for format in ALL_FORMATS {
+            let (rows, cols) = (7usize, 768usize);
+            let bytes = weight_bytes(format, &mut rng, rows, cols);
+            let got = run_embedding(&k, format, &bytes, rows, cols);
+            let want = k.round(&gguf::dequantize_to_vec(format, &bytes, rows * cols).unwrap());
+            let same = got
+                .iter()
+                .zip(&want)
+                .filter(|(a, b)| a.to_bits() == b.to_bits());
+            assert_eq!(
+                same.count(),
+                want.len(),
+                "{mode}: {format} decodes differently"
+            );
+        }
+        println!(
+            "{mode:<6} {:<22} {:>12}",
+            "decoders (all formats)", "bitwise"
+        );
+
         // Matrix kernels, every format, several row counts; GEMV == GEMM bitwise in exact mode.
-        for format in [
-            GgmlType::Q4_1,
-            GgmlType::Q8_0,
-            GgmlType::Q4_0,
-            GgmlType::F16,
-            GgmlType::BF16,
-            GgmlType::F32,
-        ] {
-            let (n_out, cols) = (96usize, hidden);
-            let wv = random(&mut rng, n_out * cols, 0.5);
-            let bytes = encode(format, &wv);
+        for format in ALL_FORMATS {
+            // 768: whole k-quant super-blocks, and 3 GEMM slabs.
+            let (n_out, cols) = (96usize, 768usize);
+            let bytes = weight_bytes(format, &mut rng, n_out, cols);
             let qm = QMatrix::from_bytes(format, n_out, cols, &bytes).unwrap();
             let dw = k.stream.clone_htod(&bytes).unwrap();
             let x = k.round(&random(&mut rng, 33 * cols, 1.0));

@@ -60,6 +60,11 @@ pub const FILES: &[KernelFile] = &[
             "gemv_q4_0",
             "gemv_q4_1",
             "gemv_q8_0",
+            "gemv_q5_0",
+            "gemv_q5_1",
+            "gemv_q4_k",
+            "gemv_q5_k",
+            "gemv_q6_k",
         ],
     },
     KernelFile {
@@ -72,6 +77,11 @@ pub const FILES: &[KernelFile] = &[
             "gemm_q4_0",
             "gemm_q4_1",
             "gemm_q8_0",
+            "gemm_q5_0",
+            "gemm_q5_1",
+            "gemm_q4_k",
+            "gemm_q5_k",
+            "gemm_q6_k",
         ],
     },
     KernelFile {

@@ -1,4 +1,5 @@
-//! Weights on the GPU, in the file's own formats (Q4_1, Q8_0, Q4_0, F16, BF16, F32): each matrix
+//! Weights on the GPU, in the file's own formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K,
+//! F16, BF16, F32): each matrix
 //! part is uploaded as the GGUF tensor's bytes, unchanged (row `o` of a `[rows, cols]` part is
 //! `row_bytes` bytes of consecutive blocks), and decoded inside the matrix kernels. Norm vectors are
 //! uploaded as f32.
@@ -30,17 +31,25 @@ pub struct HostPart {
     pub bytes: Vec<u8>,
 }
 
-/// Bytes of one `cols`-wide row in `format`; `None` for unsupported formats or a `cols` that is not a
-/// whole number of blocks (the kernels' `row_bytes_of`).
+/// Elements each lane of the matrix kernels decodes at once (`CHUNK` in `kernels/common.cuh`): every
+/// row width must be a multiple of it.
+pub const CHUNK: usize = 8;
+
+/// Bytes of one `cols`-wide row in `format` (the kernels' `row_bytes_of`): whole blocks of 32
+/// (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) or 256 (Q4_K, Q5_K, Q6_K) elements, or `cols` elements of 2 or 4
+/// bytes. `None` for a format without kernels, or a `cols` that is not a whole number of blocks and
+/// of [`CHUNK`]s.
 pub fn row_bytes(format: GgmlType, cols: usize) -> Option<usize> {
     format_suffix(format)?;
-    if !cols.is_multiple_of(32) && format.block_size() != Some(1) {
+    let block = format.block_size()?;
+    if cols == 0 || !cols.is_multiple_of(block) || !cols.is_multiple_of(CHUNK) {
         return None;
     }
     format.byte_size(cols as u64).map(|b| b as usize)
 }
 
-/// The kernel-name suffix of `format` (`gemv_<suffix>`, `gemm_<suffix>`).
+/// The kernel-name suffix of `format` (`gemv_<suffix>`, `gemm_<suffix>`); `None` for a type the
+/// kernels do not decode.
 pub fn format_suffix(format: GgmlType) -> Option<&'static str> {
     Some(match format {
         GgmlType::F32 => "f32",
@@ -49,13 +58,12 @@ pub fn format_suffix(format: GgmlType) -> Option<&'static str> {
         GgmlType::Q4_0 => "q4_0",
         GgmlType::Q4_1 => "q4_1",
         GgmlType::Q8_0 => "q8_0",
-        // No CUDA kernels for the 5-bit formats and the k-quants yet.
-        GgmlType::Q5_0
-        | GgmlType::Q5_1
-        | GgmlType::Q4_K
-        | GgmlType::Q5_K
-        | GgmlType::Q6_K
-        | GgmlType::Unsupported(_) => return None,
+        GgmlType::Q5_0 => "q5_0",
+        GgmlType::Q5_1 => "q5_1",
+        GgmlType::Q4_K => "q4_k",
+        GgmlType::Q5_K => "q5_k",
+        GgmlType::Q6_K => "q6_k",
+        GgmlType::Unsupported(_) => return None,
     })
 }
 
@@ -303,8 +311,55 @@ mod tests {
         assert_eq!(row_bytes(GgmlType::F32, 8), Some(32));
         assert_eq!(row_bytes(GgmlType::Q8_0, 40), None);
         assert_eq!(row_bytes(GgmlType::Unsupported(16), 256), None);
+        // The 5-bit formats: 32-element blocks of 22 / 24 bytes.
+        assert_eq!(row_bytes(GgmlType::Q5_0, 640), Some(20 * 22));
+        assert_eq!(row_bytes(GgmlType::Q5_1, 64), Some(48));
+        assert_eq!(row_bytes(GgmlType::Q5_0, 48), None);
+        // The k-quants: 256-element super-blocks, so a 32-multiple is not enough.
+        assert_eq!(row_bytes(GgmlType::Q4_K, 2048), Some(8 * 144));
+        assert_eq!(row_bytes(GgmlType::Q5_K, 256), Some(176));
+        assert_eq!(row_bytes(GgmlType::Q6_K, 512), Some(420));
+        for k in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
+            assert_eq!(row_bytes(k, 640), None, "{k}");
+            assert_eq!(row_bytes(k, 0), None, "{k}");
+        }
+        // Plain types still need whole chunks of 8 (one lane's unit of work).
+        assert_eq!(row_bytes(GgmlType::F32, 12), None);
         assert_eq!(format_suffix(GgmlType::Q4_1), Some("q4_1"));
+        assert_eq!(format_suffix(GgmlType::Q6_K), Some("q6_k"));
         assert_eq!(format_suffix(GgmlType::Unsupported(16)), None);
+    }
+
+    /// Every format with a suffix has a GEMV and a GEMM kernel in the kernel list, and the row size
+    /// agrees with the GGUF type's own block arithmetic at a width every format accepts.
+    #[test]
+    fn every_format_has_kernels_and_consistent_rows() {
+        let formats = [
+            GgmlType::F32,
+            GgmlType::F16,
+            GgmlType::BF16,
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q5_0,
+            GgmlType::Q5_1,
+            GgmlType::Q8_0,
+            GgmlType::Q4_K,
+            GgmlType::Q5_K,
+            GgmlType::Q6_K,
+        ];
+        for f in formats {
+            let suffix = format_suffix(f).unwrap();
+            for prefix in ["gemv", "gemm"] {
+                let name = format!("{prefix}_{suffix}");
+                assert!(
+                    crate::cuda::kernels::KernelFile::containing(&name).is_some(),
+                    "{name} is not in the kernel list"
+                );
+            }
+            let bpb = f.bytes_per_block().unwrap();
+            let bs = f.block_size().unwrap();
+            assert_eq!(row_bytes(f, 768), Some(768 / bs * bpb), "{f}");
+        }
     }
 
     #[test]
