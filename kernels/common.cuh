@@ -258,6 +258,18 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
     return total;
 }
 
+// Soft-cap of one value, tanh(s / cap) * cap (worker/src/model/attention/mod.rs::softcap_in_place);
+// cap <= 0 means none (the value is returned unchanged).
+__device__ __forceinline__ float softcap_score(float s, float cap) {
+    return cap > 0.0f ? __fmul_rn(tanhf(__fdiv_rn(s, cap)), cap) : s;
+}
+
+// The first key a query at `pos` attends to: pos + 1 - window with a sliding window (window > 0),
+// else 0 (worker/src/model/attention/mod.rs::AttnOptions::keys).
+__device__ __forceinline__ int first_key(int pos, int window) {
+    return window > 0 && pos + 1 > window ? pos + 1 - window : 0;
+}
+
 // Matrix-kernel epilogue: stores (or, with `accumulate`, adds to the existing value: the residual add)
 // the finished dot product `v` at `idx` of the output, as f32 (`out_f32`, the logits) or as act_t.
 __device__ __forceinline__ void store_out(void* out, int out_f32, i64 idx, float v, int accumulate) {

@@ -17,6 +17,8 @@
 //! - `tiny_model_against_cpu`: the tiny random model (Q8_0 / Q4_1 / F16 / F32 tensors, no download
 //!   needed) through the CPU model and the CUDA model: 64 streams, logits within 1e-4 in exact mode,
 //!   64 together (graphs) bitwise equal to each alone (no graphs); fast mode's error reported.
+//! - `arch_kernels_against_cpu`, `tiny_architectures_against_cpu`, `gemma3_270m_reference_exact`:
+//!   the per-architecture kernels and models (see [`arch_ops`]).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -36,6 +38,9 @@ use worker::model::matmul::matmul;
 use worker::model::ops::{rms_norm, swiglu, RopeTable};
 use worker::model::QMatrix;
 use worker::sampler::argmax;
+
+#[path = "cuda_gpu/arch_ops.rs"]
+mod arch_ops;
 
 const BLOCK: usize = 16;
 
@@ -223,13 +228,14 @@ fn run_embedding(
     let d_table = k.stream.clone_htod(table).unwrap();
     let d_tokens = k.stream.clone_htod(&tokens).unwrap();
     let out = k.act(&vec![0.0; rows * cols]);
-    let (n, fmt, h) = (rows as i32, format.id() as i32, cols as i32);
+    let (n, fmt, h, one) = (rows as i32, format.id() as i32, cols as i32, 1.0f32);
     let mut b = k.stream.launch_builder(&k.funcs["embedding"]);
     b.arg(&d_tokens)
         .arg(&n)
         .arg(&d_table)
         .arg(&fmt)
         .arg(&h)
+        .arg(&one)
         .arg(&out);
     unsafe { b.launch(rows_cfg(rows, 128, 0)) }.unwrap();
     k.read_act(&out, rows * cols)
@@ -321,24 +327,45 @@ fn run_matmul(
     k.stream.clone_dtoh(&out).unwrap()
 }
 
-/// float64 reference attention of one query over keys `0..=pos` (rows of `keys` / `values`).
-fn attention_ref(q: &[f32], keys: &[Vec<f32>], values: &[Vec<f32>], pos: usize) -> Vec<f32> {
+/// float64 reference attention of one query at `pos` over keys `first..=pos` (rows of `keys` /
+/// `values`, indexed by position), scores `q·k / sqrt(head_dim)` soft-capped to
+/// `cap * tanh(s / cap)` when `softcap > 0`.
+fn attention_ref(
+    q: &[f32],
+    keys: &[Vec<f32>],
+    values: &[Vec<f32>],
+    first: usize,
+    pos: usize,
+    softcap: f32,
+) -> Vec<f32> {
     let hd = q.len();
     let scale = 1.0 / (hd as f64).sqrt();
-    let s: Vec<f64> = (0..=pos)
+    let cap = softcap as f64;
+    let s: Vec<f64> = (first..=pos)
         .map(|j| {
-            q.iter()
+            let s = q
+                .iter()
                 .zip(&keys[j])
                 .map(|(a, b)| *a as f64 * *b as f64)
                 .sum::<f64>()
-                * scale
+                * scale;
+            if cap > 0.0 {
+                cap * (s / cap).tanh()
+            } else {
+                s
+            }
         })
         .collect();
     let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
     let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
     let z: f64 = e.iter().sum();
     (0..hd)
-        .map(|d| ((0..=pos).map(|j| e[j] * values[j][d] as f64).sum::<f64>() / z) as f32)
+        .map(|d| {
+            let o: f64 = (first..=pos)
+                .map(|j| e[j - first] * values[j][d] as f64)
+                .sum();
+            (o / z) as f32
+        })
         .collect()
 }
 
@@ -374,13 +401,14 @@ fn kernels_against_cpu() {
         let d_table = k.stream.clone_htod(&bytes).unwrap();
         let d_tokens = k.stream.clone_htod(&tokens).unwrap();
         let out = k.act(&vec![0.0; tokens.len() * hidden]);
-        let (n, fmt, h) = (tokens.len() as i32, 8i32, hidden as i32);
+        let (n, fmt, h, one) = (tokens.len() as i32, 8i32, hidden as i32, 1.0f32);
         let mut b = k.stream.launch_builder(&k.funcs["embedding"]);
         b.arg(&d_tokens)
             .arg(&n)
             .arg(&d_table)
             .arg(&fmt)
             .arg(&h)
+            .arg(&one)
             .arg(&out);
         unsafe { b.launch(rows_cfg(tokens.len(), 128, 0)) }.unwrap();
         let mut want = vec![0.0; tokens.len() * hidden];
@@ -400,9 +428,15 @@ fn kernels_against_cpu() {
         let dx = k.act(&x);
         let dw = k.stream.clone_htod(&wt).unwrap();
         let out = k.act(&vec![0.0; rows * hidden]);
-        let (n, dim, eps) = (rows as i32, hidden as i32, 1e-5f32);
+        let (n, dim, eps, acc) = (rows as i32, hidden as i32, 1e-5f32, 0i32);
         let mut b = k.stream.launch_builder(&k.funcs["rmsnorm"]);
-        b.arg(&dx).arg(&dw).arg(&n).arg(&dim).arg(&eps).arg(&out);
+        b.arg(&dx)
+            .arg(&dw)
+            .arg(&n)
+            .arg(&dim)
+            .arg(&eps)
+            .arg(&out)
+            .arg(&acc);
         unsafe { b.launch(rows_cfg(rows, 256, 256 * 8)) }.unwrap();
         let want = rms_norm(&k.round(&x), &wt, 1e-5);
         report(
@@ -426,6 +460,8 @@ fn kernels_against_cpu() {
             hd as i32,
             10000f32,
         );
+        let (pos_scale, neox) = (1.0f32, 0i32);
+        let ones = k.stream.clone_htod(&vec![1.0f32; hd / 2]).unwrap();
         let mut b = k.stream.launch_builder(&k.funcs["rope"]);
         b.arg(&dq)
             .arg(&dp)
@@ -434,7 +470,10 @@ fn kernels_against_cpu() {
             .arg(&a)
             .arg(&b_)
             .arg(&c)
-            .arg(&base);
+            .arg(&base)
+            .arg(&pos_scale)
+            .arg(&ones)
+            .arg(&neox);
         unsafe { b.launch(rows_cfg(3, 128, 0)) }.unwrap();
         let rope = RopeTable::at_positions(positions.iter().map(|&p| p as usize), hd, 10000.0);
         let mut want = qkv.clone();
@@ -521,90 +560,104 @@ fn kernels_against_cpu() {
             }
         }
 
-        // Paged attention (decode kernel for every query; prefill kernel on one tile) against f64.
-        let (bs, n_blocks) = (16usize, 8usize);
-        let kv_dim = nkv * hd;
-        let slots = bs * n_blocks;
-        let kc = k.round(&random(&mut rng, slots * kv_dim, 1.0));
-        let vc = k.round(&random(&mut rng, slots * kv_dim, 1.0));
-        let table: Vec<u32> = vec![5, 2, 7, 0, 1, 3, 6, 4];
-        let dk = k.act(&kc);
-        let dv = k.act(&vc);
-        let dt = k.stream.clone_htod(&table).unwrap();
-        let nq = 12usize;
-        let pos0 = 90usize;
-        let q = k.round(&random(&mut rng, nq * width, 1.0));
-        let dq = k.act(&q);
-        let positions: Vec<i32> = (0..nq).map(|i| (pos0 + i) as i32).collect();
-        let dp = k.stream.clone_htod(&positions).unwrap();
-        let dti = k.stream.clone_htod(&vec![0i32; nq]).unwrap();
-        let head_kv = |j: usize, h: usize, c: &[f32]| -> Vec<f32> {
-            let slot = table[j / bs] as usize * bs + j % bs;
-            let off = slot * kv_dim + (h / (nh / nkv)) * hd;
-            c[off..off + hd].to_vec()
-        };
-        let mut want = vec![0.0f32; nq * nh * hd];
-        for t in 0..nq {
-            for h in 0..nh {
-                let keys: Vec<Vec<f32>> = (0..=pos0 + t).map(|j| head_kv(j, h, &kc)).collect();
-                let vals: Vec<Vec<f32>> = (0..=pos0 + t).map(|j| head_kv(j, h, &vc)).collect();
-                let qh = &q[t * width + h * hd..t * width + (h + 1) * hd];
-                let o = attention_ref(qh, &keys, &vals, pos0 + t);
-                want[(t * nh + h) * hd..(t * nh + h + 1) * hd].copy_from_slice(&o);
+        // Paged attention (decode kernel for every query; prefill kernel on one tile) against f64:
+        // plain, then with a score soft-cap and a 37-key sliding window (Gemma 2).
+        for (softcap, window) in [(0.0f32, 0i32), (5.0, 37)] {
+            let label = if window > 0 { " cap+window" } else { "" };
+            let (bs, n_blocks) = (16usize, 8usize);
+            let kv_dim = nkv * hd;
+            let slots = bs * n_blocks;
+            let kc = k.round(&random(&mut rng, slots * kv_dim, 1.0));
+            let vc = k.round(&random(&mut rng, slots * kv_dim, 1.0));
+            let table: Vec<u32> = vec![5, 2, 7, 0, 1, 3, 6, 4];
+            let dk = k.act(&kc);
+            let dv = k.act(&vc);
+            let dt = k.stream.clone_htod(&table).unwrap();
+            let nq = 12usize;
+            let pos0 = 90usize;
+            let q = k.round(&random(&mut rng, nq * width, 1.0));
+            let dq = k.act(&q);
+            let positions: Vec<i32> = (0..nq).map(|i| (pos0 + i) as i32).collect();
+            let dp = k.stream.clone_htod(&positions).unwrap();
+            let dti = k.stream.clone_htod(&vec![0i32; nq]).unwrap();
+            let head_kv = |j: usize, h: usize, c: &[f32]| -> Vec<f32> {
+                let slot = table[j / bs] as usize * bs + j % bs;
+                let off = slot * kv_dim + (h / (nh / nkv)) * hd;
+                c[off..off + hd].to_vec()
+            };
+            let mut want = vec![0.0f32; nq * nh * hd];
+            for t in 0..nq {
+                for h in 0..nh {
+                    let keys: Vec<Vec<f32>> = (0..=pos0 + t).map(|j| head_kv(j, h, &kc)).collect();
+                    let vals: Vec<Vec<f32>> = (0..=pos0 + t).map(|j| head_kv(j, h, &vc)).collect();
+                    let qh = &q[t * width + h * hd..t * width + (h + 1) * hd];
+                    let pos = pos0 + t;
+                    let first = if window > 0 {
+                        (pos + 1).saturating_sub(window as usize)
+                    } else {
+                        0
+                    };
+                    let o = attention_ref(qh, &keys, &vals, first, pos, softcap);
+                    want[(t * nh + h) * hd..(t * nh + h + 1) * hd].copy_from_slice(&o);
+                }
             }
+            let scale = 1.0 / (hd as f32).sqrt();
+            let (w_i, stride, bs_i, a, b_, c, n) = (
+                width as i32,
+                n_blocks as i32,
+                bs as i32,
+                nh as i32,
+                nkv as i32,
+                hd as i32,
+                nq as i32,
+            );
+            let out = k.act(&vec![0.0; nq * nh * hd]);
+            let cfg =
+                worker::cuda::launch::attention_decode(nq, nh, hd, pos0 + nq, 48 * 1024).unwrap();
+            let mut b = k.stream.launch_builder(&k.funcs["attention_decode"]);
+            b.arg(&dq)
+                .arg(&w_i)
+                .arg(&dp)
+                .arg(&dti)
+                .arg(&dt)
+                .arg(&stride)
+                .arg(&dk)
+                .arg(&dv);
+            b.arg(&bs_i)
+                .arg(&a)
+                .arg(&b_)
+                .arg(&c)
+                .arg(&scale)
+                .arg(&out)
+                .arg(&n)
+                .arg(&softcap)
+                .arg(&window);
+            unsafe { b.launch(cfg) }.unwrap();
+            report(
+                &format!("attention_decode{label}"),
+                rel_err(&k.read_act(&out, want.len()), &want),
+                tol.max(1e-4),
+            );
+            let tiles = [0i32, nq as i32, pos0 as i32, 0];
+            let dtiles = k.stream.clone_htod(&tiles).unwrap();
+            let out = k.act(&vec![0.0; nq * nh * hd]);
+            let mut b = k.stream.launch_builder(&k.funcs["attention_prefill"]);
+            b.arg(&dq)
+                .arg(&w_i)
+                .arg(&dtiles)
+                .arg(&dt)
+                .arg(&stride)
+                .arg(&dk)
+                .arg(&dv);
+            b.arg(&bs_i).arg(&a).arg(&b_).arg(&c).arg(&scale).arg(&out);
+            b.arg(&softcap).arg(&window);
+            unsafe { b.launch(worker::cuda::launch::attention_prefill(1, nh)) }.unwrap();
+            report(
+                &format!("attention_prefill{label}"),
+                rel_err(&k.read_act(&out, want.len()), &want),
+                tol.max(1e-4),
+            );
         }
-        let scale = 1.0 / (hd as f32).sqrt();
-        let (w_i, stride, bs_i, a, b_, c, n) = (
-            width as i32,
-            n_blocks as i32,
-            bs as i32,
-            nh as i32,
-            nkv as i32,
-            hd as i32,
-            nq as i32,
-        );
-        let out = k.act(&vec![0.0; nq * nh * hd]);
-        let cfg = worker::cuda::launch::attention_decode(nq, nh, hd, pos0 + nq, 48 * 1024).unwrap();
-        let mut b = k.stream.launch_builder(&k.funcs["attention_decode"]);
-        b.arg(&dq)
-            .arg(&w_i)
-            .arg(&dp)
-            .arg(&dti)
-            .arg(&dt)
-            .arg(&stride)
-            .arg(&dk)
-            .arg(&dv);
-        b.arg(&bs_i)
-            .arg(&a)
-            .arg(&b_)
-            .arg(&c)
-            .arg(&scale)
-            .arg(&out)
-            .arg(&n);
-        unsafe { b.launch(cfg) }.unwrap();
-        report(
-            "attention_decode",
-            rel_err(&k.read_act(&out, want.len()), &want),
-            tol.max(1e-4),
-        );
-        let tiles = [0i32, nq as i32, pos0 as i32, 0];
-        let dtiles = k.stream.clone_htod(&tiles).unwrap();
-        let out = k.act(&vec![0.0; nq * nh * hd]);
-        let mut b = k.stream.launch_builder(&k.funcs["attention_prefill"]);
-        b.arg(&dq)
-            .arg(&w_i)
-            .arg(&dtiles)
-            .arg(&dt)
-            .arg(&stride)
-            .arg(&dk)
-            .arg(&dv);
-        b.arg(&bs_i).arg(&a).arg(&b_).arg(&c).arg(&scale).arg(&out);
-        unsafe { b.launch(worker::cuda::launch::attention_prefill(1, nh)) }.unwrap();
-        report(
-            "attention_prefill",
-            rel_err(&k.read_act(&out, want.len()), &want),
-            tol.max(1e-4),
-        );
 
         // Selection: argmax and top-8 of f32 logits, ties to the lower id.
         let mut logits = random(&mut rng, 3 * 5000, 10.0);
@@ -641,7 +694,13 @@ fn kernels_against_cpu() {
 type Case = (String, Vec<u32>, Vec<u32>, Vec<(usize, f32)>);
 
 fn cases() -> Vec<Case> {
-    let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/reference.json");
+    cases_from("reference.json")
+}
+
+/// The prompts of a reference fixture (`fixtures/{name}`: `prompts[]` with `name`, `prompt_ids`,
+/// `greedy_ids`, `top5_first`).
+fn cases_from(name: &str) -> Vec<Case> {
+    let fixture = format!("{}/../fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
     let json: Value = serde_json::from_str(&std::fs::read_to_string(fixture).unwrap()).unwrap();
     let ids = |v: &Value| -> Vec<u32> {
         v.as_array()

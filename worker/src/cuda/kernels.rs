@@ -41,9 +41,24 @@ pub const FILES: &[KernelFile] = &[
         kernels: &["kv_write"],
     },
     KernelFile {
-        name: "swiglu.cu",
-        source: include_str!("../../../kernels/swiglu.cu"),
-        kernels: &["swiglu"],
+        name: "gated.cu",
+        source: include_str!("../../../kernels/gated.cu"),
+        kernels: &["swiglu", "geglu"],
+    },
+    KernelFile {
+        name: "head_rmsnorm.cu",
+        source: include_str!("../../../kernels/head_rmsnorm.cu"),
+        kernels: &["head_rmsnorm"],
+    },
+    KernelFile {
+        name: "bias_add.cu",
+        source: include_str!("../../../kernels/bias_add.cu"),
+        kernels: &["bias_add"],
+    },
+    KernelFile {
+        name: "softcap.cu",
+        source: include_str!("../../../kernels/softcap.cu"),
+        kernels: &["softcap"],
     },
     KernelFile {
         name: "gather_rows.cu",
