@@ -1,6 +1,8 @@
 // Shared prelude of every kernel file: prepended to each `.cu` source before NVRTC compiles it (the
 // worker embeds both; see worker/src/cuda/kernels.rs). No CUDA headers are included, so the sources
-// compile with NVRTC alone on a machine without the CUDA toolkit.
+// compile with NVRTC alone on a machine without the CUDA toolkit. The prelude also compiles as host
+// C++ behind a small shim (worker/tests/cuda_decoders_host.rs), which checks the weight decoders
+// against gguf's scalar decoders without a GPU.
 //
 // Numeric modes (chosen at compile time):
 //   exact (default): activations and KV cache in f32, f32 accumulation, compiled with --fmad=false so
@@ -51,9 +53,15 @@ __device__ __forceinline__ void st_act(act_t* p, i64 i, float v) { p[i] = v; }
 #define CHUNK 8
 
 __device__ __forceinline__ float f16_to_f32(u16 h) {
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
     return f;
+#else
+    // Host C++ build of this prelude (worker/tests/cuda_decoders_host.rs): the harness's exact
+    // conversion.
+    return host_f16_to_f32(h);
+#endif
 }
 
 __device__ __forceinline__ float bf16_to_f32(u16 h) { return __uint_as_float(((u32)h) << 16); }
