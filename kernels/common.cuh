@@ -1,7 +1,7 @@
 // Shared prelude of every kernel file: prepended to each `.cu` source before NVRTC compiles it (the
 // worker embeds both; see worker/src/cuda/kernels.rs). No CUDA headers are included, so the sources
 // compile with NVRTC alone on a machine without the CUDA toolkit. The prelude also compiles as host
-// C++ behind a small shim (worker/tests/cuda_decoders_host.rs), which checks the weight decoders
+// C++ behind a small shim (worker/tests/cuda_host.rs), which checks the weight decoders
 // against gguf's scalar decoders without a GPU.
 //
 // Numeric modes (chosen at compile time):
@@ -58,7 +58,7 @@ __device__ __forceinline__ float f16_to_f32(u16 h) {
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
     return f;
 #else
-    // Host C++ build of this prelude (worker/tests/cuda_decoders_host.rs): the harness's exact
+    // Host C++ build of this prelude (worker/tests/cuda_host.rs): the harness's exact
     // conversion.
     return host_f16_to_f32(h);
 #endif

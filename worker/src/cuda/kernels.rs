@@ -123,6 +123,11 @@ impl KernelFile {
         format!("{PRELUDE}\n#line 1 \"{}\"\n{}", self.name, self.source)
     }
 
+    /// The kernel file named `name` (e.g. `rope.cu`), if any.
+    pub fn containing_file(name: &str) -> Option<&'static KernelFile> {
+        FILES.iter().find(|f| f.name == name)
+    }
+
     /// The file defining kernel `kernel`, if any.
     pub fn containing(kernel: &str) -> Option<&'static KernelFile> {
         FILES.iter().find(|f| f.kernels.contains(&kernel))

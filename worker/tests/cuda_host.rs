@@ -1,0 +1,556 @@
+//! CUDA device code run on the host, without a GPU: `kernels/common.cuh` and the per-row and
+//! elementwise kernels are compiled as host C++ behind a shim that maps the CUDA intrinsics they use
+//! to plain IEEE operations (`__fmul_rn(a, b)` is `a * b`, no contraction), the f16 conversion to an
+//! exact software one, and a launch to a serial loop over blocks and threads (a warp broadcast is
+//! replayed from lane 0's values in order). On the GPU only the intrinsics' implementations differ
+//! (the PTX f16 `cvt` is exact too; `expf`, `tanhf`, `pow`, `cos`, `sin` may differ in the last bit),
+//! so these tests check the kernels' layouts, index arithmetic and operation order; `scripts/gpu-check`
+//! repeats the comparisons on the device.
+//!
+//! - `cuda_decoders_match_gguf_bit_for_bit_on_the_host`: every format's rows decoded chunk by chunk
+//!   (`dequant_chunk_any`, as the matrix and embedding kernels do, with `row_bytes_of`) against
+//!   gguf's scalar decoders (random blocks of all 11 formats) and llama.cpp's blocks in
+//!   `fixtures/quant-blocks.json`, bit for bit.
+//! - `arch_kernels_match_the_cpu_on_the_host`: `rope` (adjacent and half-split pairs, frequency
+//!   factors, position scale), `bias_add`, `head_rmsnorm`, `swiglu`, `geglu`, `softcap` and
+//!   `embedding` (with a scale) in exact mode against the CPU backend's functions, bit for bit (the
+//!   host's libm serves both).
+//!
+//! Needs a C++17 compiler (`c++`, or `CXX`); without one the tests fail with that message.
+
+use std::io::Write;
+use std::process::Command;
+
+use gguf::GgmlType;
+use half::{bf16, f16};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde_json::Value;
+
+/// CUDA names the prelude uses, for a host build.
+const SHIM: &str = r#"
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+#define __device__
+#define __host__
+#define __forceinline__ inline
+static inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
+static inline float __uint_as_float(unsigned i) { float f; std::memcpy(&f, &i, 4); return f; }
+static inline unsigned __float_as_uint(float f) { unsigned i; std::memcpy(&i, &f, 4); return i; }
+static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline float __fsub_rn(float a, float b) { return a - b; }
+static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline float __fdiv_rn(float a, float b) { return a / b; }
+static inline double __dadd_rn(double a, double b) { return a + b; }
+static inline double __dmul_rn(double a, double b) { return a * b; }
+static inline float __shfl_xor_sync(unsigned, float v, int) { return v; }
+static inline void __syncthreads() {}
+struct HostDim { unsigned x; };
+static HostDim threadIdx{0}, blockDim{1}, blockIdx{0}, gridDim{1};
+// __shfl_sync(mask, v, 0) under the serial launch: lane 0 of a warp runs first and records each value
+// it broadcasts; the other lanes of that warp read them back in the same order.
+static std::vector<float> host_bcast[64];
+static size_t host_bcast_at[2048];
+static inline float __shfl_sync(unsigned, float v, int) {
+    const unsigned warp = threadIdx.x / 32;
+    if (threadIdx.x % 32 == 0) { host_bcast[warp].push_back(v); return v; }
+    return host_bcast[warp][host_bcast_at[threadIdx.x]++];
+}
+// A kernel launch: every thread of every block in turn.
+template <class F> static void host_launch(unsigned grid, unsigned block, F f) {
+    gridDim.x = grid;
+    blockDim.x = block;
+    for (unsigned b = 0; b < grid; b++) {
+        for (auto& v : host_bcast) v.clear();
+        for (auto& a : host_bcast_at) a = 0;
+        blockIdx.x = b;
+        for (unsigned t = 0; t < block; t++) { threadIdx.x = t; f(); }
+    }
+}
+#define __global__
+#define __launch_bounds__(...)
+// IEEE binary16 to binary32, exact (every f16 is an f32).
+static inline float host_f16_to_f32(unsigned short h) {
+    const unsigned s = (h >> 15) & 1u, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    float v;
+    if (e == 0) v = std::ldexp((float)m, -24);
+    else if (e == 31) v = __uint_as_float(0x7f800000u | (m << 13));
+    else v = __uint_as_float(((e + 112u) << 23) | (m << 13));
+    return s ? -v : v;
+}
+#undef INFINITY
+"#;
+
+/// Reads records `fmt, rows, cols, n (u32 each), n bytes` from argv[1]; writes every row's
+/// decoded chunks as f32 to argv[2]. Exit 2 when `row_bytes_of` disagrees with the record.
+const DECODE_MAIN: &str = r#"
+int main(int argc, char** argv) {
+    if (argc != 3) return 1;
+    FILE* in = std::fopen(argv[1], "rb");
+    FILE* out = std::fopen(argv[2], "wb");
+    if (!in || !out) return 1;
+    uint32_t hdr[4];
+    while (std::fread(hdr, 4, 4, in) == 4) {
+        const int fmt = (int)hdr[0], rows = (int)hdr[1], cols = (int)hdr[2];
+        std::vector<unsigned char> b(hdr[3]);
+        if (std::fread(b.data(), 1, b.size(), in) != b.size()) return 1;
+        const i64 rb = row_bytes_of(fmt, cols);
+        if (rb * rows != (i64)b.size()) {
+            std::fprintf(stderr, "row_bytes_of(%d, %d) = %lld: %d rows are not %u bytes\n", fmt, cols,
+                         (long long)rb, rows, hdr[3]);
+            return 2;
+        }
+        for (int r = 0; r < rows; r++)
+            for (int c = 0; c < cols / CHUNK; c++) {
+                float w[CHUNK];
+                dequant_chunk_any(fmt, b.data() + r * rb, c, w);
+                std::fwrite(w, 4, CHUNK, out);
+            }
+    }
+    return std::fclose(out) == 0 ? 0 : 1;
+}
+"#;
+
+/// Compiles `source` (host C++) into an executable in `dir`; panics with the compiler's message.
+fn compile(dir: &std::path::Path, source: &str) -> std::path::PathBuf {
+    let src = dir.join("harness.cpp");
+    std::fs::write(&src, source).unwrap();
+    let exe = dir.join("harness");
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+    let built = Command::new(&cxx)
+        .args(["-std=c++17", "-O2", "-ffp-contract=off", "-w", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .output()
+        .unwrap_or_else(|e| panic!("this test needs a C++17 compiler (`{cxx}`, or set CXX): {e}"));
+    assert!(
+        built.status.success(),
+        "compiling the kernels as host C++ failed:\n{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    exe
+}
+
+/// One matrix to decode: its format, shape and bytes, and the f32 values it must decode to.
+struct Case {
+    what: String,
+    format: GgmlType,
+    rows: usize,
+    cols: usize,
+    bytes: Vec<u8>,
+    want: Vec<f32>,
+}
+
+/// Random blocks of a block format: every quant, scale and high bit random, the f16 scale fields
+/// (byte offsets `scales` in blocks of `block` bytes) set to finite values in [2^-10, 2^-4).
+fn random_blocks(rng: &mut ChaCha8Rng, format: GgmlType, n: usize) -> Vec<u8> {
+    let (scales, block): (&[usize], usize) = match format {
+        GgmlType::Q4_0 => (&[0], 18),
+        GgmlType::Q4_1 => (&[0, 2], 20),
+        GgmlType::Q8_0 => (&[0], 34),
+        GgmlType::Q5_0 => (&[0], 22),
+        GgmlType::Q5_1 => (&[0, 2], 24),
+        GgmlType::Q4_K | GgmlType::Q5_K => (&[0, 2], format.bytes_per_block().unwrap()),
+        GgmlType::Q6_K => (&[208], 210),
+        other => panic!("{other} is not a block format"),
+    };
+    let len = format.byte_size(n as u64).unwrap() as usize;
+    let mut bytes: Vec<u8> = (0..len).map(|_| rng.random()).collect();
+    for b in bytes.chunks_exact_mut(block) {
+        for &at in scales {
+            let d = f16::from_f32(rng.random_range(1.0f32 / 1024.0..1.0 / 16.0));
+            b[at..at + 2].copy_from_slice(&d.to_le_bytes());
+        }
+    }
+    bytes
+}
+
+fn random_cases(rng: &mut ChaCha8Rng) -> Vec<Case> {
+    let (rows, cols) = (5usize, 768usize);
+    let n = rows * cols;
+    let formats = [
+        GgmlType::F32,
+        GgmlType::F16,
+        GgmlType::BF16,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q8_0,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+    ];
+    formats
+        .into_iter()
+        .map(|format| {
+            let values: Vec<f32> = (0..n).map(|_| rng.random_range(-3.0f32..3.0)).collect();
+            let bytes = match format {
+                GgmlType::F32 => gguf::quant::encode_f32(&values),
+                GgmlType::F16 => gguf::quant::quantize_f16(&values),
+                GgmlType::BF16 => values
+                    .iter()
+                    .flat_map(|v| bf16::from_f32(*v).to_le_bytes())
+                    .collect(),
+                _ => random_blocks(rng, format, n),
+            };
+            let want = gguf::dequantize_to_vec(format, &bytes, n).unwrap();
+            Case {
+                what: format!("random {format}"),
+                format,
+                rows,
+                cols,
+                bytes,
+                want,
+            }
+        })
+        .collect()
+}
+
+/// llama.cpp's blocks of `fixtures/quant-blocks.json`, each as a one-block row.
+fn fixture_cases() -> Vec<Case> {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/quant-blocks.json");
+    let json: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let mut cases = Vec::new();
+    for (name, t) in json["types"].as_object().unwrap() {
+        let format = [
+            GgmlType::Q4_1,
+            GgmlType::Q8_0,
+            GgmlType::Q5_0,
+            GgmlType::Q5_1,
+            GgmlType::Q4_K,
+            GgmlType::Q5_K,
+            GgmlType::Q6_K,
+        ]
+        .into_iter()
+        .find(|f| f.to_string() == *name)
+        .unwrap_or_else(|| panic!("fixture type {name}"));
+        let cols = t["block_elems"].as_u64().unwrap() as usize;
+        for (i, b) in t["blocks"].as_array().unwrap().iter().enumerate() {
+            let hex = b["hex"].as_str().unwrap();
+            let bytes = (0..hex.len())
+                .step_by(2)
+                .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+                .collect();
+            let want = b["values"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_f64().unwrap() as f32)
+                .collect();
+            cases.push(Case {
+                what: format!("fixture {name} block {i}"),
+                format,
+                rows: 1,
+                cols,
+                bytes,
+                want,
+            });
+        }
+    }
+    cases
+}
+
+#[test]
+fn cuda_decoders_match_gguf_bit_for_bit_on_the_host() {
+    let dir = tempfile::tempdir().unwrap();
+    let prelude = worker::cuda::kernels::PRELUDE;
+    let exe = compile(dir.path(), &format!("{SHIM}\n{prelude}\n{DECODE_MAIN}"));
+
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    let mut cases = random_cases(&mut rng);
+    cases.extend(fixture_cases());
+    let input = dir.path().join("in.bin");
+    let mut f = std::fs::File::create(&input).unwrap();
+    for c in &cases {
+        for v in [
+            c.format.id(),
+            c.rows as u32,
+            c.cols as u32,
+            c.bytes.len() as u32,
+        ] {
+            f.write_all(&v.to_le_bytes()).unwrap();
+        }
+        f.write_all(&c.bytes).unwrap();
+    }
+    drop(f);
+    let output = dir.path().join("out.bin");
+    let run = Command::new(&exe)
+        .arg(&input)
+        .arg(&output)
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "the decoder harness failed: {}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let raw = std::fs::read(&output).unwrap();
+    let mut got = raw
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+    let mut formats = std::collections::BTreeSet::new();
+    for c in &cases {
+        let decoded: Vec<f32> = got.by_ref().take(c.want.len()).collect();
+        assert_eq!(decoded.len(), c.want.len(), "{}: output too short", c.what);
+        for (i, (g, w)) in decoded.iter().zip(&c.want).enumerate() {
+            assert_eq!(g.to_bits(), w.to_bits(), "{} value {i}: {g} vs {w}", c.what);
+        }
+        formats.insert(c.format.to_string());
+    }
+    assert!(
+        got.next().is_none(),
+        "the harness wrote more values than expected"
+    );
+    assert_eq!(formats.len(), 11, "{formats:?}");
+}
+
+/// Runs one kernel through the serial launch: `harness KERNEL in out`, `in` holding the arguments
+/// as arrays of 32-bit words (each `u32 len` then the words), `out` the result as f32.
+const KERNEL_MAIN: &str = r#"
+#include <string>
+int main(int argc, char** argv) {
+    if (argc != 4) return 1;
+    const std::string k = argv[1];
+    std::vector<std::vector<uint32_t>> a;
+    FILE* in = std::fopen(argv[2], "rb");
+    uint32_t len;
+    while (in && std::fread(&len, 4, 1, in) == 1) {
+        a.emplace_back(len);
+        if (std::fread(a.back().data(), 4, len, in) != len) return 1;
+    }
+    auto I = [&](size_t i, size_t j) { return (int)a.at(i).at(j); };
+    auto F = [&](size_t i, size_t j) { return __uint_as_float(a.at(i).at(j)); };
+    auto P = [&](size_t i) { return reinterpret_cast<float*>(a.at(i).data()); };
+    std::vector<float> out;
+    if (k == "rope") {  // ints n, width, nh, nkv, hd, neox | base, pos_scale | positions | factors | qkv
+        const int n = I(0, 0);
+        host_launch(n, 128, [&] {
+            rope(P(4), reinterpret_cast<const int*>(a[2].data()), n, I(0, 1), I(0, 2), I(0, 3), I(0, 4),
+                 F(1, 0), F(1, 1), P(3), I(0, 5));
+        });
+        out.assign(P(4), P(4) + a[4].size());
+    } else if (k == "bias_add") {  // ints n, width | bias | x
+        host_launch(3, 64, [&] { bias_add(P(2), P(1), I(0, 0), I(0, 1)); });
+        out.assign(P(2), P(2) + a[2].size());
+    } else if (k == "swiglu" || k == "geglu") {  // ints n, ffn | gate_up
+        out.resize((size_t)I(0, 0) * I(0, 1));
+        host_launch(3, 64, [&] {
+            if (k == "geglu") geglu(P(1), I(0, 0), I(0, 1), out.data());
+            else swiglu(P(1), I(0, 0), I(0, 1), out.data());
+        });
+    } else if (k == "head_rmsnorm") {  // ints n, width, nh, nkv, hd | eps | q_norm | k_norm | qkv
+        host_launch(I(0, 0), HEAD_NORM_THREADS, [&] {
+            head_rmsnorm(P(4), P(2), P(3), I(0, 0), I(0, 1), I(0, 2), I(0, 3), I(0, 4), F(1, 0));
+        });
+        out.assign(P(4), P(4) + a[4].size());
+    } else if (k == "softcap") {  // cap | x
+        host_launch(3, 64, [&] { softcap(P(1), (int)a[1].size(), F(0, 0)); });
+        out.assign(P(1), P(1) + a[1].size());
+    } else if (k == "embedding") {  // ints n, fmt, hidden | scale | tokens | table bytes
+        const int n = I(0, 0), hidden = I(0, 2);
+        out.resize((size_t)n * hidden);
+        host_launch(n, 128, [&] {
+            embedding(a[2].data(), n, reinterpret_cast<const u8*>(a[3].data()), I(0, 1), hidden, F(1, 0),
+                      out.data());
+        });
+    } else {
+        return 1;
+    }
+    FILE* o = std::fopen(argv[3], "wb");
+    return o && std::fwrite(out.data(), 4, out.size(), o) == out.size() && std::fclose(o) == 0 ? 0 : 1;
+}
+"#;
+
+/// An f32 slice as words.
+fn words(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// Runs `kernel` of the harness `exe` on `args`; returns its f32 output.
+fn run_kernel(exe: &std::path::Path, kernel: &str, args: &[Vec<u32>]) -> Vec<f32> {
+    let dir = exe.parent().unwrap();
+    let (input, output) = (dir.join("args.bin"), dir.join("out.bin"));
+    let mut f = std::fs::File::create(&input).unwrap();
+    for a in args {
+        f.write_all(&(a.len() as u32).to_le_bytes()).unwrap();
+        for w in a {
+            f.write_all(&w.to_le_bytes()).unwrap();
+        }
+    }
+    drop(f);
+    let run = Command::new(exe)
+        .arg(kernel)
+        .arg(&input)
+        .arg(&output)
+        .output()
+        .unwrap();
+    assert!(run.status.success(), "{kernel}: the harness failed");
+    std::fs::read(&output)
+        .unwrap()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
+fn assert_bitwise(what: &str, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert_eq!(g.to_bits(), w.to_bits(), "{what} element {i}: {g} vs {w}");
+    }
+}
+
+#[test]
+fn arch_kernels_match_the_cpu_on_the_host() {
+    use worker::arch::{Activation, RopeStyle};
+    use worker::model::ops::{gated_into, rms_norm_chunks_in_place, softcap_in_place, RopeTable};
+    use worker::model::AlignedVec;
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut source = format!("{SHIM}\n{}\n", worker::cuda::kernels::PRELUDE);
+    for name in [
+        "rope.cu",
+        "bias_add.cu",
+        "gated.cu",
+        "head_rmsnorm.cu",
+        "softcap.cu",
+        "embedding.cu",
+    ] {
+        source += worker::cuda::kernels::KernelFile::containing_file(name)
+            .unwrap_or_else(|| panic!("{name} is not a kernel file"))
+            .source;
+    }
+    let exe = compile(dir.path(), &(source + KERNEL_MAIN));
+    let mut rng = ChaCha8Rng::seed_from_u64(17);
+    let mut random = |n: usize, scale: f32| -> Vec<f32> {
+        (0..n).map(|_| rng.random_range(-scale..scale)).collect()
+    };
+    let (nh, nkv, hd, rows) = (6usize, 2usize, 64usize, 3usize);
+    let width = (nh + 2 * nkv) * hd;
+
+    // RoPE, both pairings, with frequency factors and a position scale.
+    let positions = [0u32, 9, 5000];
+    let factors: Vec<f32> = (0..hd / 2).map(|i| 1.0 + (i % 5) as f32 * 2.5).collect();
+    let (base, pos_scale) = (500_000f32, 0.5f32);
+    for style in [RopeStyle::Interleaved, RopeStyle::Neox] {
+        let qkv = random(rows * width, 2.0);
+        let ints = [
+            rows,
+            width,
+            nh,
+            nkv,
+            hd,
+            usize::from(style == RopeStyle::Neox),
+        ];
+        let got = run_kernel(
+            &exe,
+            "rope",
+            &[
+                ints.iter().map(|&v| v as u32).collect(),
+                words(&[base, pos_scale]),
+                positions.to_vec(),
+                words(&factors),
+                words(&qkv),
+            ],
+        );
+        let table = RopeTable::with_options(
+            positions.iter().map(|&p| p as usize),
+            hd,
+            base,
+            pos_scale,
+            Some(&factors),
+        );
+        let mut want = qkv.clone();
+        for (t, row) in want.chunks_exact_mut(width).enumerate() {
+            table.apply_style(style, &mut row[..(nh + nkv) * hd], t);
+        }
+        assert_bitwise(&format!("rope {style:?}"), &got, &want);
+    }
+
+    // Q/K/V bias.
+    let (x, bias) = (random(rows * width, 2.0), random(width, 0.5));
+    let got = run_kernel(
+        &exe,
+        "bias_add",
+        &[vec![rows as u32, width as u32], words(&bias), words(&x)],
+    );
+    let want: Vec<f32> = x
+        .iter()
+        .enumerate()
+        .map(|(i, v)| v + bias[i % width])
+        .collect();
+    assert_bitwise("bias_add", &got, &want);
+
+    // Gated activations.
+    let ffn = 300usize;
+    let gu = random(rows * 2 * ffn, 8.0);
+    for (kernel, act) in [
+        ("swiglu", Activation::Silu),
+        ("geglu", Activation::GeluTanh),
+    ] {
+        let got = run_kernel(&exe, kernel, &[vec![rows as u32, ffn as u32], words(&gu)]);
+        let mut want = AlignedVec::new();
+        gated_into(&gu, ffn, act, &mut want);
+        assert_bitwise(kernel, &got, &want);
+    }
+
+    // Per-head q/k RMSNorm (V untouched).
+    let (qkv, qn, kn) = (random(rows * width, 3.0), random(hd, 1.5), random(hd, 1.5));
+    let eps = 1e-6f32;
+    let ints = [rows, width, nh, nkv, hd].map(|v| v as u32).to_vec();
+    let got = run_kernel(
+        &exe,
+        "head_rmsnorm",
+        &[ints, words(&[eps]), words(&qn), words(&kn), words(&qkv)],
+    );
+    let mut want = qkv.clone();
+    for row in want.chunks_exact_mut(width) {
+        rms_norm_chunks_in_place(&mut row[..nh * hd], &qn, eps);
+        rms_norm_chunks_in_place(&mut row[nh * hd..(nh + nkv) * hd], &kn, eps);
+    }
+    assert_bitwise("head_rmsnorm", &got, &want);
+
+    // Logit soft-cap.
+    let logits = random(1000, 100.0);
+    let got = run_kernel(&exe, "softcap", &[words(&[30.0]), words(&logits)]);
+    let mut want = logits.clone();
+    softcap_in_place(&mut want, 30.0);
+    assert_bitwise("softcap", &got, &want);
+
+    // Embedding lookup with Gemma's scale, from a Q6_K table (4 rows of 512).
+    let table = random_blocks(&mut rng, GgmlType::Q6_K, 4 * 512);
+    let scale = (640f32).sqrt();
+    let tokens = [2u32, 0, 3];
+    let mut table_words: Vec<u32> = table
+        .chunks(4)
+        .map(|b| {
+            let mut w = [0u8; 4];
+            w[..b.len()].copy_from_slice(b);
+            u32::from_le_bytes(w)
+        })
+        .collect();
+    table_words.push(0);
+    let got = run_kernel(
+        &exe,
+        "embedding",
+        &[
+            vec![3, GgmlType::Q6_K.id(), 512],
+            words(&[scale]),
+            tokens.to_vec(),
+            table_words,
+        ],
+    );
+    let all = gguf::dequantize_to_vec(GgmlType::Q6_K, &table, 4 * 512).unwrap();
+    let want: Vec<f32> = tokens
+        .iter()
+        .flat_map(|&t| {
+            all[t as usize * 512..(t as usize + 1) * 512]
+                .iter()
+                .map(|v| v * scale)
+        })
+        .collect();
+    assert_bitwise("embedding scale", &got, &want);
+}
