@@ -27,62 +27,11 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::Value;
 
-/// CUDA names the prelude uses, for a host build.
-const SHIM: &str = r#"
-#include <cmath>
-#include <cstdint>
-#include <cstdio>
-#include <cstring>
-#include <vector>
-#define __device__
-#define __host__
-#define __forceinline__ inline
-static inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
-static inline float __uint_as_float(unsigned i) { float f; std::memcpy(&f, &i, 4); return f; }
-static inline unsigned __float_as_uint(float f) { unsigned i; std::memcpy(&i, &f, 4); return i; }
-static inline float __fadd_rn(float a, float b) { return a + b; }
-static inline float __fsub_rn(float a, float b) { return a - b; }
-static inline float __fmul_rn(float a, float b) { return a * b; }
-static inline float __fdiv_rn(float a, float b) { return a / b; }
-static inline double __dadd_rn(double a, double b) { return a + b; }
-static inline double __dmul_rn(double a, double b) { return a * b; }
-static inline float __shfl_xor_sync(unsigned, float v, int) { return v; }
-static inline void __syncthreads() {}
-struct HostDim { unsigned x; };
-static HostDim threadIdx{0}, blockDim{1}, blockIdx{0}, gridDim{1};
-// __shfl_sync(mask, v, 0) under the serial launch: lane 0 of a warp runs first and records each value
-// it broadcasts; the other lanes of that warp read them back in the same order.
-static std::vector<float> host_bcast[64];
-static size_t host_bcast_at[2048];
-static inline float __shfl_sync(unsigned, float v, int) {
-    const unsigned warp = threadIdx.x / 32;
-    if (threadIdx.x % 32 == 0) { host_bcast[warp].push_back(v); return v; }
-    return host_bcast[warp][host_bcast_at[threadIdx.x]++];
-}
-// A kernel launch: every thread of every block in turn.
-template <class F> static void host_launch(unsigned grid, unsigned block, F f) {
-    gridDim.x = grid;
-    blockDim.x = block;
-    for (unsigned b = 0; b < grid; b++) {
-        for (auto& v : host_bcast) v.clear();
-        for (auto& a : host_bcast_at) a = 0;
-        blockIdx.x = b;
-        for (unsigned t = 0; t < block; t++) { threadIdx.x = t; f(); }
-    }
-}
-#define __global__
-#define __launch_bounds__(...)
-// IEEE binary16 to binary32, exact (every f16 is an f32).
-static inline float host_f16_to_f32(unsigned short h) {
-    const unsigned s = (h >> 15) & 1u, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
-    float v;
-    if (e == 0) v = std::ldexp((float)m, -24);
-    else if (e == 31) v = __uint_as_float(0x7f800000u | (m << 13));
-    else v = __uint_as_float(((e + 112u) << 23) | (m << 13));
-    return s ? -v : v;
-}
-#undef INFINITY
-"#;
+/// CUDA names the kernels use, for a host build with a serial launch.
+const SHIM: &str = concat!(
+    include_str!("cuda_host/math.h"),
+    include_str!("cuda_host/serial.h")
+);
 
 /// Reads records `fmt, rows, cols, n (u32 each), n bytes` from argv[1]; writes every row's
 /// decoded chunks as f32 to argv[2]. Exit 2 when `row_bytes_of` disagrees with the record.
