@@ -1,8 +1,8 @@
 // Shared prelude of every kernel file: prepended to each `.cu` source before NVRTC compiles it (the
 // worker embeds both; see worker/src/cuda/kernels.rs). No CUDA headers are included, so the sources
 // compile with NVRTC alone on a machine without the CUDA toolkit. The prelude also compiles as host
-// C++ behind a small shim (worker/tests/cuda_host.rs), which checks the weight decoders
-// against gguf's scalar decoders without a GPU.
+// C++ behind a small shim (worker/tests/cuda_host.rs), which checks the weight decoders and the
+// kernels that run under its emulated launch against the CPU backend without a GPU.
 //
 // Numeric modes (chosen at compile time):
 //   exact (default): activations and KV cache in f32, f32 accumulation, compiled with --fmad=false so

@@ -41,6 +41,9 @@ use worker::sampler::argmax;
 
 #[path = "cuda_gpu/arch_ops.rs"]
 mod arch_ops;
+#[path = "common/attention_ref.rs"]
+mod attention_ref;
+use attention_ref::attention_ref;
 
 const BLOCK: usize = 16;
 
@@ -325,48 +328,6 @@ fn run_matmul(
     b.arg(&out).arg(&os).arg(&oo).arg(&acc).arg(&f32o);
     unsafe { b.launch(kind.shape(m, n_out)) }.unwrap();
     k.stream.clone_dtoh(&out).unwrap()
-}
-
-/// float64 reference attention of one query at `pos` over keys `first..=pos` (rows of `keys` /
-/// `values`, indexed by position), scores `q·k / sqrt(head_dim)` soft-capped to
-/// `cap * tanh(s / cap)` when `softcap > 0`.
-fn attention_ref(
-    q: &[f32],
-    keys: &[Vec<f32>],
-    values: &[Vec<f32>],
-    first: usize,
-    pos: usize,
-    softcap: f32,
-) -> Vec<f32> {
-    let hd = q.len();
-    let scale = 1.0 / (hd as f64).sqrt();
-    let cap = softcap as f64;
-    let s: Vec<f64> = (first..=pos)
-        .map(|j| {
-            let s = q
-                .iter()
-                .zip(&keys[j])
-                .map(|(a, b)| *a as f64 * *b as f64)
-                .sum::<f64>()
-                * scale;
-            if cap > 0.0 {
-                cap * (s / cap).tanh()
-            } else {
-                s
-            }
-        })
-        .collect();
-    let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-    let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
-    let z: f64 = e.iter().sum();
-    (0..hd)
-        .map(|d| {
-            let o: f64 = (first..=pos)
-                .map(|j| e[j - first] * values[j][d] as f64)
-                .sum();
-            (o / z) as f32
-        })
-        .collect()
 }
 
 #[test]

@@ -1,8 +1,8 @@
 //! CUDA device code run on the host, without a GPU: `kernels/common.cuh` and the per-row and
 //! elementwise kernels are compiled as host C++ behind a shim that maps the CUDA intrinsics they use
 //! to plain IEEE operations (`__fmul_rn(a, b)` is `a * b`, no contraction), the f16 conversion to an
-//! exact software one, and a launch to a serial loop over blocks and threads (a warp broadcast is
-//! replayed from lane 0's values in order). On the GPU only the intrinsics' implementations differ
+//! exact software one, and a launch to one OS thread per CUDA thread of a block (barriers and warp
+//! shuffles emulated with `std::barrier`; `cuda_host/threaded.h`). On the GPU only the intrinsics' implementations differ
 //! (the PTX f16 `cvt` is exact too; `expf`, `tanhf`, `pow`, `cos`, `sin` may differ in the last bit),
 //! so these tests check the kernels' layouts, index arithmetic and operation order; `scripts/gpu-check`
 //! repeats the comparisons on the device.
@@ -15,8 +15,11 @@
 //!   factors, position scale), `bias_add`, `head_rmsnorm`, `swiglu`, `geglu`, `softcap` and
 //!   `embedding` (with a scale) in exact mode against the CPU backend's functions, bit for bit (the
 //!   host's libm serves both).
+//! - `attention_decode_matches_a_float64_reference_on_the_host`: the exact-mode attention kernel
+//!   (paged, grouped-query, heads of 64 and 256, score soft-cap, sliding window) within 1e-5 of a
+//!   float64 reference.
 //!
-//! Needs a C++17 compiler (`c++`, or `CXX`); without one the tests fail with that message.
+//! Needs a C++20 compiler (`c++`, or `CXX`); without one the tests fail with that message.
 
 use std::io::Write;
 use std::process::Command;
@@ -27,41 +30,19 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::Value;
 
-/// CUDA names the kernels use, for a host build with a serial launch.
+#[path = "common/attention_ref.rs"]
+mod attention_ref;
+use attention_ref::attention_ref;
+
+/// CUDA names the kernels use, for a host build with an emulated launch.
 const SHIM: &str = concat!(
     include_str!("cuda_host/math.h"),
-    include_str!("cuda_host/serial.h")
+    include_str!("cuda_host/threaded.h")
 );
 
 /// Reads records `fmt, rows, cols, n (u32 each), n bytes` from argv[1]; writes every row's
 /// decoded chunks as f32 to argv[2]. Exit 2 when `row_bytes_of` disagrees with the record.
-const DECODE_MAIN: &str = r#"
-int main(int argc, char** argv) {
-    if (argc != 3) return 1;
-    FILE* in = std::fopen(argv[1], "rb");
-    FILE* out = std::fopen(argv[2], "wb");
-    if (!in || !out) return 1;
-    uint32_t hdr[4];
-    while (std::fread(hdr, 4, 4, in) == 4) {
-        const int fmt = (int)hdr[0], rows = (int)hdr[1], cols = (int)hdr[2];
-        std::vector<unsigned char> b(hdr[3]);
-        if (std::fread(b.data(), 1, b.size(), in) != b.size()) return 1;
-        const i64 rb = row_bytes_of(fmt, cols);
-        if (rb * rows != (i64)b.size()) {
-            std::fprintf(stderr, "row_bytes_of(%d, %d) = %lld: %d rows are not %u bytes\n", fmt, cols,
-                         (long long)rb, rows, hdr[3]);
-            return 2;
-        }
-        for (int r = 0; r < rows; r++)
-            for (int c = 0; c < cols / CHUNK; c++) {
-                float w[CHUNK];
-                dequant_chunk_any(fmt, b.data() + r * rb, c, w);
-                std::fwrite(w, 4, CHUNK, out);
-            }
-    }
-    return std::fclose(out) == 0 ? 0 : 1;
-}
-"#;
+const DECODE_MAIN: &str = include_str!("cuda_host/decode_main.cpp");
 
 /// Compiles `source` (host C++) into an executable in `dir`; panics with the compiler's message.
 fn compile(dir: &std::path::Path, source: &str) -> std::path::PathBuf {
@@ -70,11 +51,18 @@ fn compile(dir: &std::path::Path, source: &str) -> std::path::PathBuf {
     let exe = dir.join("harness");
     let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
     let built = Command::new(&cxx)
-        .args(["-std=c++17", "-O2", "-ffp-contract=off", "-w", "-o"])
+        .args([
+            "-std=c++20",
+            "-O2",
+            "-pthread",
+            "-ffp-contract=off",
+            "-w",
+            "-o",
+        ])
         .arg(&exe)
         .arg(&src)
         .output()
-        .unwrap_or_else(|e| panic!("this test needs a C++17 compiler (`{cxx}`, or set CXX): {e}"));
+        .unwrap_or_else(|e| panic!("this test needs a C++20 compiler (`{cxx}`, or set CXX): {e}"));
     assert!(
         built.status.success(),
         "compiling the kernels as host C++ failed:\n{}",
@@ -257,62 +245,29 @@ fn cuda_decoders_match_gguf_bit_for_bit_on_the_host() {
     assert_eq!(formats.len(), 11, "{formats:?}");
 }
 
-/// Runs one kernel through the serial launch: `harness KERNEL in out`, `in` holding the arguments
+/// Runs one kernel through the emulated launch: `harness KERNEL in out`, `in` holding the arguments
 /// as arrays of 32-bit words (each `u32 len` then the words), `out` the result as f32.
-const KERNEL_MAIN: &str = r#"
-#include <string>
-int main(int argc, char** argv) {
-    if (argc != 4) return 1;
-    const std::string k = argv[1];
-    std::vector<std::vector<uint32_t>> a;
-    FILE* in = std::fopen(argv[2], "rb");
-    uint32_t len;
-    while (in && std::fread(&len, 4, 1, in) == 1) {
-        a.emplace_back(len);
-        if (std::fread(a.back().data(), 4, len, in) != len) return 1;
+const KERNEL_MAIN: &str = include_str!("cuda_host/kernel_main.cpp");
+
+/// The kernel harness: the shim, the prelude, every kernel file that runs under the emulated
+/// launch, and [`KERNEL_MAIN`], compiled in `dir`.
+fn kernel_harness(dir: &std::path::Path) -> std::path::PathBuf {
+    let mut source = format!("{SHIM}\n{}\n", worker::cuda::kernels::PRELUDE);
+    for name in [
+        "rope.cu",
+        "bias_add.cu",
+        "gated.cu",
+        "head_rmsnorm.cu",
+        "softcap.cu",
+        "embedding.cu",
+        "attention_decode.cu",
+    ] {
+        source += worker::cuda::kernels::KernelFile::containing_file(name)
+            .unwrap_or_else(|| panic!("{name} is not a kernel file"))
+            .source;
     }
-    auto I = [&](size_t i, size_t j) { return (int)a.at(i).at(j); };
-    auto F = [&](size_t i, size_t j) { return __uint_as_float(a.at(i).at(j)); };
-    auto P = [&](size_t i) { return reinterpret_cast<float*>(a.at(i).data()); };
-    std::vector<float> out;
-    if (k == "rope") {  // ints n, width, nh, nkv, hd, neox | base, pos_scale | positions | factors | qkv
-        const int n = I(0, 0);
-        host_launch(n, 128, [&] {
-            rope(P(4), reinterpret_cast<const int*>(a[2].data()), n, I(0, 1), I(0, 2), I(0, 3), I(0, 4),
-                 F(1, 0), F(1, 1), P(3), I(0, 5));
-        });
-        out.assign(P(4), P(4) + a[4].size());
-    } else if (k == "bias_add") {  // ints n, width | bias | x
-        host_launch(3, 64, [&] { bias_add(P(2), P(1), I(0, 0), I(0, 1)); });
-        out.assign(P(2), P(2) + a[2].size());
-    } else if (k == "swiglu" || k == "geglu") {  // ints n, ffn | gate_up
-        out.resize((size_t)I(0, 0) * I(0, 1));
-        host_launch(3, 64, [&] {
-            if (k == "geglu") geglu(P(1), I(0, 0), I(0, 1), out.data());
-            else swiglu(P(1), I(0, 0), I(0, 1), out.data());
-        });
-    } else if (k == "head_rmsnorm") {  // ints n, width, nh, nkv, hd | eps | q_norm | k_norm | qkv
-        host_launch(I(0, 0), HEAD_NORM_THREADS, [&] {
-            head_rmsnorm(P(4), P(2), P(3), I(0, 0), I(0, 1), I(0, 2), I(0, 3), I(0, 4), F(1, 0));
-        });
-        out.assign(P(4), P(4) + a[4].size());
-    } else if (k == "softcap") {  // cap | x
-        host_launch(3, 64, [&] { softcap(P(1), (int)a[1].size(), F(0, 0)); });
-        out.assign(P(1), P(1) + a[1].size());
-    } else if (k == "embedding") {  // ints n, fmt, hidden | scale | tokens | table bytes
-        const int n = I(0, 0), hidden = I(0, 2);
-        out.resize((size_t)n * hidden);
-        host_launch(n, 128, [&] {
-            embedding(a[2].data(), n, reinterpret_cast<const u8*>(a[3].data()), I(0, 1), hidden, F(1, 0),
-                      out.data());
-        });
-    } else {
-        return 1;
-    }
-    FILE* o = std::fopen(argv[3], "wb");
-    return o && std::fwrite(out.data(), 4, out.size(), o) == out.size() && std::fclose(o) == 0 ? 0 : 1;
+    compile(dir, &(source + KERNEL_MAIN))
 }
-"#;
 
 /// An f32 slice as words.
 fn words(v: &[f32]) -> Vec<u32> {
@@ -359,20 +314,7 @@ fn arch_kernels_match_the_cpu_on_the_host() {
     use worker::model::AlignedVec;
 
     let dir = tempfile::tempdir().unwrap();
-    let mut source = format!("{SHIM}\n{}\n", worker::cuda::kernels::PRELUDE);
-    for name in [
-        "rope.cu",
-        "bias_add.cu",
-        "gated.cu",
-        "head_rmsnorm.cu",
-        "softcap.cu",
-        "embedding.cu",
-    ] {
-        source += worker::cuda::kernels::KernelFile::containing_file(name)
-            .unwrap_or_else(|| panic!("{name} is not a kernel file"))
-            .source;
-    }
-    let exe = compile(dir.path(), &(source + KERNEL_MAIN));
+    let exe = kernel_harness(dir.path());
     let mut rng = ChaCha8Rng::seed_from_u64(17);
     let mut random = |n: usize, scale: f32| -> Vec<f32> {
         (0..n).map(|_| rng.random_range(-scale..scale)).collect()
@@ -502,4 +444,76 @@ fn arch_kernels_match_the_cpu_on_the_host() {
         })
         .collect();
     assert_bitwise("embedding scale", &got, &want);
+}
+
+/// `attention_decode` (one full pass per query, the exact-mode kernel) under the threaded launch
+/// against a float64 reference: a paged cache with a scattered block table, grouped-query heads
+/// of 64 and of Gemma's 256, plain, with a score soft-cap and with a sliding window.
+#[test]
+fn attention_decode_matches_a_float64_reference_on_the_host() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = kernel_harness(dir.path());
+    let mut rng = ChaCha8Rng::seed_from_u64(23);
+    let (bs, table) = (16usize, [5u32, 2, 7, 0, 1, 3, 6, 4]);
+    let slots = bs * table.len();
+    for (hd, softcap, window) in [
+        (64usize, 0.0f32, 0usize),
+        (64, 5.0, 0),
+        (256, 0.0, 37),
+        (64, 5.0, 9),
+    ] {
+        let (nh, nkv) = (4usize, 2usize);
+        let (kv_dim, width) = (nkv * hd, (nh + 2 * nkv) * hd);
+        let mut random =
+            |n: usize| -> Vec<f32> { (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect() };
+        let (kc, vc) = (random(slots * kv_dim), random(slots * kv_dim));
+        let positions = [0i32, 36, 90, 127];
+        let qkv = random(positions.len() * width);
+        let scale = 1.0 / (hd as f32).sqrt();
+        let ints = [width, positions.len(), table.len(), bs, nh, nkv, hd, window];
+        let got = run_kernel(
+            &exe,
+            "attention_decode",
+            &[
+                ints.iter().map(|&v| v as u32).collect(),
+                words(&[scale, softcap]),
+                positions.iter().map(|&p| p as u32).collect(),
+                vec![0; positions.len()],
+                table.to_vec(),
+                words(&kc),
+                words(&vc),
+                words(&qkv),
+            ],
+        );
+        let head_kv = |c: &[f32], j: usize, h: usize| -> Vec<f32> {
+            let slot = table[j / bs] as usize * bs + j % bs;
+            let off = slot * kv_dim + (h / (nh / nkv)) * hd;
+            c[off..off + hd].to_vec()
+        };
+        let mut want = Vec::new();
+        for (t, &pos) in positions.iter().enumerate() {
+            let pos = pos as usize;
+            let first = if window > 0 {
+                (pos + 1).saturating_sub(window)
+            } else {
+                0
+            };
+            for h in 0..nh {
+                let keys: Vec<Vec<f32>> = (0..=pos).map(|j| head_kv(&kc, j, h)).collect();
+                let vals: Vec<Vec<f32>> = (0..=pos).map(|j| head_kv(&vc, j, h)).collect();
+                let q = &qkv[t * width + h * hd..t * width + (h + 1) * hd];
+                want.extend(attention_ref(q, &keys, &vals, first, pos, softcap));
+            }
+        }
+        assert_eq!(got.len(), want.len());
+        let err = got
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        assert!(
+            err <= 1e-5,
+            "head {hd}, soft-cap {softcap}, window {window}: max error {err}"
+        );
+    }
 }
