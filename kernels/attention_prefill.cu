@@ -5,8 +5,11 @@
 // positions pos0 .. pos0 + nq), described by tiles[4 t .. 4 t + 4] = {row0, nq, pos0, table}; grid
 // (n_tiles, n_heads), block 128 (4 warps x 4 queries; lane l owns dims l, l + 32, ... of the head, at
 // most 4, so head_dim <= 128). Keys are staged 32 at a time (K and V tiles in shared memory, read
-// through the block table) and every query folds each visible key (j <= its position) into a running
+// through the block table) and every query folds each visible key (first_key(its position, window)
+// <= j <= its position) into a running
 // max m, normaliser l and output accumulator: m' = max(m, s), acc = acc * e^(m - m') + e^(s - m') v_j.
+// Scores are scaled and, when softcap > 0, soft-capped as in attention_decode.cu; with a sliding window
+// (window > 0) the key loop starts at the 32-key tile holding the first query's first key.
 // The result depends on the tile split, so exact mode uses attention_decode.cu for every query instead.
 #define PF_QUERIES 16
 #define PF_KEYS 32
@@ -16,7 +19,7 @@ extern "C" __global__ void __launch_bounds__(128, 1)
     attention_prefill(const act_t* __restrict__ qkv, int width, const int* __restrict__ tiles,
                       const u32* __restrict__ block_tables, int max_blocks, const act_t* __restrict__ k_cache,
                       const act_t* __restrict__ v_cache, int block_size, int n_heads, int n_kv_heads, int head_dim,
-                      float scale, act_t* __restrict__ out) {
+                      float scale, act_t* __restrict__ out, float softcap, int window) {
     __shared__ float ks[PF_KEYS][PF_MAX_DIM];
     __shared__ float vs[PF_KEYS][PF_MAX_DIM];
     const int t = blockIdx.x, h = blockIdx.y;
@@ -42,7 +45,7 @@ extern "C" __global__ void __launch_bounds__(128, 1)
         }
     }
     const int last = pos0 + nq - 1;
-    for (int j0 = 0; j0 <= last; j0 += PF_KEYS) {
+    for (int j0 = first_key(pos0, window) / PF_KEYS * PF_KEYS; j0 <= last; j0 += PF_KEYS) {
         for (int e = threadIdx.x; e < PF_KEYS * head_dim; e += blockDim.x) {
             const int jj = e / head_dim, d = e % head_dim, j = j0 + jj;
             float kv = 0.0f, vv = 0.0f;
@@ -60,12 +63,13 @@ extern "C" __global__ void __launch_bounds__(128, 1)
             const int qi = warp * 4 + a;
             if (qi >= nq) continue;  // warp-uniform
             const int pos = pos0 + qi;
-            for (int jj = 0; jj < PF_KEYS && j0 + jj <= pos; jj++) {
+            const int from = max(first_key(pos, window) - j0, 0);
+            for (int jj = from; jj < PF_KEYS && j0 + jj <= pos; jj++) {
                 float dot = 0.0f;
 #pragma unroll
                 for (int b = 0; b < 4; b++)
                     if (b < per_lane && lane + 32 * b < head_dim) dot = fmaf(qv[a][b], ks[jj][lane + 32 * b], dot);
-                const float s = warp_sum(dot) * scale;
+                const float s = softcap_score(warp_sum(dot) * scale, softcap);
                 const float mn = fmaxf(m[a], s);
                 const float corr = expf(m[a] - mn), e = expf(s - mn);
                 l[a] = l[a] * corr + e;

@@ -1,10 +1,12 @@
 // RMSNorm of every row: out = (x * scale) * weight, scale = 1 / sqrt(mean(x^2) + eps), as
-// worker/src/model/ops.rs::rms_norm. The mean of squares is accumulated in f64: thread t sums elements
-// t, t + blockDim, ... in order, then a fixed pairwise tree over threads (block size fixed by the host,
+// worker/src/model/ops.rs::rms_norm; with `accumulate`, out += that instead (Gemma's post-attention
+// and post-feed-forward norms: the normed block output is added to the residual stream, x += norm(y);
+// x and out must then be different buffers). The mean of squares is accumulated in f64: thread t sums
+// elements t, t + blockDim, ... in order, then a fixed pairwise tree over threads (block size fixed by the host,
 // so the order depends only on `dim`, never on the number of rows). Grid: one block per row;
 // block: RMSNORM_THREADS (256), dynamic shared memory: blockDim.x * 8 bytes.
 extern "C" __global__ void rmsnorm(const act_t* __restrict__ x, const float* __restrict__ weight, int n_rows,
-                                   int dim, float eps, act_t* __restrict__ out) {
+                                   int dim, float eps, act_t* __restrict__ out, int accumulate) {
     extern __shared__ double partial[];
     const int r = blockIdx.x;
     if (r >= n_rows) return;
@@ -23,6 +25,7 @@ extern "C" __global__ void rmsnorm(const act_t* __restrict__ x, const float* __r
     const float scale = (float)(1.0 / sqrt(ms + (double)eps));
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
         const float v = ld_act(x, (i64)r * dim + i);
-        st_act(out, (i64)r * dim + i, __fmul_rn(__fmul_rn(v, scale), weight[i]));
+        const float y = __fmul_rn(__fmul_rn(v, scale), weight[i]);
+        st_act(out, (i64)r * dim + i, accumulate ? __fadd_rn(ld_act(out, (i64)r * dim + i), y) : y);
     }
 }

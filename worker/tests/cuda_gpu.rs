@@ -4,8 +4,10 @@
 //!   cargo test --release -p worker --test cuda_gpu -- --ignored --nocapture --test-threads 1
 //!
 //! - `kernels_against_cpu`: every kernel on random inputs against the CPU implementation (or a
-//!   float64 reference for attention), both numeric modes; prints the relative error per kernel. In
-//!   exact mode the GEMV and GEMM kernels must give bitwise the same rows, whatever the row count.
+//!   float64 reference for attention), both numeric modes; prints the relative error per kernel. The
+//!   weight decoders of all 11 formats must match gguf's scalar decoder (and the llama.cpp blocks
+//!   of `fixtures/quant-blocks.json`) bit for bit. In exact mode the GEMV and GEMM kernels must give
+//!   bitwise the same rows, whatever the row count.
 //! - `reference_prompts_exact`: the 8 prompts of `fixtures/reference.json` through [`CudaModel`]
 //!   in exact mode, greedy ids token-exact (alone, then batched), top-5 logits within 1e-3.
 //! - `batch_invariance_64_streams`: 64 sequences decoded together (graph bucket 64) give bitwise the
@@ -15,6 +17,8 @@
 //! - `tiny_model_against_cpu`: the tiny random model (Q8_0 / Q4_1 / F16 / F32 tensors, no download
 //!   needed) through the CPU model and the CUDA model: 64 streams, logits within 1e-4 in exact mode,
 //!   64 together (graphs) bitwise equal to each alone (no graphs); fast mode's error reported.
+//! - `arch_kernels_against_cpu`, `tiny_architectures_against_cpu`, `gemma3_270m_reference_exact`:
+//!   the per-architecture kernels and models (see [`arch_ops`]).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -34,6 +38,17 @@ use worker::model::matmul::matmul;
 use worker::model::ops::{rms_norm, swiglu, RopeTable};
 use worker::model::QMatrix;
 use worker::sampler::argmax;
+
+#[path = "cuda_gpu/arch_ops.rs"]
+mod arch_ops;
+#[path = "cuda_gpu/formats.rs"]
+mod formats;
+#[path = "cuda_gpu/kernels.rs"]
+mod kernels;
+use formats::{encode, fixture_blocks, run_embedding, weight_bytes, ALL_FORMATS};
+#[path = "common/attention_ref.rs"]
+mod attention_ref;
+use attention_ref::attention_ref;
 
 const BLOCK: usize = 16;
 
@@ -128,39 +143,6 @@ fn rel_err(a: &[f32], b: &[f32]) -> f32 {
     num / den
 }
 
-/// Encodes `w` (`[rows, cols]`) in `format` as a GGUF tensor would store it.
-fn encode(format: GgmlType, w: &[f32]) -> Vec<u8> {
-    match format {
-        GgmlType::F32 => gguf::quant::encode_f32(w),
-        GgmlType::F16 => gguf::quant::quantize_f16(w),
-        GgmlType::BF16 => w
-            .iter()
-            .flat_map(|x| bf16::from_f32(*x).to_le_bytes())
-            .collect(),
-        GgmlType::Q8_0 => gguf::quantize_q8_0(w).unwrap(),
-        GgmlType::Q4_1 => gguf::quantize_q4_1(w).unwrap(),
-        GgmlType::Q4_0 => w
-            .chunks_exact(32)
-            .flat_map(|b| {
-                let amax = b.iter().fold(0.0f32, |m, x| m.max(x.abs()));
-                let d = amax / 8.0;
-                let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
-                let q = |x: f32| ((x * inv + 8.5) as i32).clamp(0, 15) as u8;
-                let mut out = f16::from_f32(d).to_le_bytes().to_vec();
-                out.extend((0..16).map(|j| q(b[j]) | (q(b[j + 16]) << 4)));
-                out
-            })
-            .collect(),
-        // No CUDA kernels for these formats yet (`row_bytes` refuses them).
-        GgmlType::Q5_0
-        | GgmlType::Q5_1
-        | GgmlType::Q4_K
-        | GgmlType::Q5_K
-        | GgmlType::Q6_K
-        | GgmlType::Unsupported(_) => unreachable!("no CUDA kernels for {format}"),
-    }
-}
-
 fn rows_cfg(n: usize, threads: u32, smem: u32) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (n as u32, 1, 1),
@@ -206,301 +188,17 @@ fn run_matmul(
     k.stream.clone_dtoh(&out).unwrap()
 }
 
-/// float64 reference attention of one query over keys `0..=pos` (rows of `keys` / `values`).
-fn attention_ref(q: &[f32], keys: &[Vec<f32>], values: &[Vec<f32>], pos: usize) -> Vec<f32> {
-    let hd = q.len();
-    let scale = 1.0 / (hd as f64).sqrt();
-    let s: Vec<f64> = (0..=pos)
-        .map(|j| {
-            q.iter()
-                .zip(&keys[j])
-                .map(|(a, b)| *a as f64 * *b as f64)
-                .sum::<f64>()
-                * scale
-        })
-        .collect();
-    let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-    let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
-    let z: f64 = e.iter().sum();
-    (0..hd)
-        .map(|d| ((0..=pos).map(|j| e[j] * values[j][d] as f64).sum::<f64>() / z) as f32)
-        .collect()
-}
-
-#[test]
-#[ignore = "needs an NVIDIA GPU (scripts/gpu-check)"]
-fn kernels_against_cpu() {
-    let gpu = gpu();
-    println!("GPU: {} ({})", gpu.name, gpu.arch);
-    println!("{:<6} {:<22} {:>12}", "mode", "kernel", "rel. error");
-    for numerics in [Numerics::Exact, Numerics::Fast] {
-        let k = Kernels::load(&gpu, numerics);
-        let mode = numerics.as_str();
-        let tol = if numerics == Numerics::Exact {
-            1e-5
-        } else {
-            2e-2
-        };
-        let report = |name: &str, err: f32, limit: f32| {
-            println!("{mode:<6} {name:<22} {err:>12.3e}");
-            assert!(
-                err <= limit,
-                "{mode} {name}: relative error {err} > {limit}"
-            );
-        };
-        let mut rng = ChaCha8Rng::seed_from_u64(7);
-        let (hidden, ffn, vocab) = (576usize, 1536usize, 300usize);
-
-        // Embedding lookup (Q8_0 table), exact values.
-        let table = random(&mut rng, vocab * hidden, 1.0);
-        let bytes = encode(GgmlType::Q8_0, &table);
-        let qm = QMatrix::from_bytes(GgmlType::Q8_0, vocab, hidden, &bytes).unwrap();
-        let tokens = [3u32, 299, 0, 41];
-        let d_table = k.stream.clone_htod(&bytes).unwrap();
-        let d_tokens = k.stream.clone_htod(&tokens).unwrap();
-        let out = k.act(&vec![0.0; tokens.len() * hidden]);
-        let (n, fmt, h) = (tokens.len() as i32, 8i32, hidden as i32);
-        let mut b = k.stream.launch_builder(&k.funcs["embedding"]);
-        b.arg(&d_tokens)
-            .arg(&n)
-            .arg(&d_table)
-            .arg(&fmt)
-            .arg(&h)
-            .arg(&out);
-        unsafe { b.launch(rows_cfg(tokens.len(), 128, 0)) }.unwrap();
-        let mut want = vec![0.0; tokens.len() * hidden];
-        for (t, row) in tokens.iter().zip(want.chunks_exact_mut(hidden)) {
-            qm.dequantize_rows(*t as usize, row);
-        }
-        report(
-            "embedding(q8_0)",
-            rel_err(&k.read_act(&out, want.len()), &k.round(&want)),
-            0.0,
-        );
-
-        // RMSNorm.
-        let rows = 5;
-        let x = random(&mut rng, rows * hidden, 3.0);
-        let wt = random(&mut rng, hidden, 1.0);
-        let dx = k.act(&x);
-        let dw = k.stream.clone_htod(&wt).unwrap();
-        let out = k.act(&vec![0.0; rows * hidden]);
-        let (n, dim, eps) = (rows as i32, hidden as i32, 1e-5f32);
-        let mut b = k.stream.launch_builder(&k.funcs["rmsnorm"]);
-        b.arg(&dx).arg(&dw).arg(&n).arg(&dim).arg(&eps).arg(&out);
-        unsafe { b.launch(rows_cfg(rows, 256, 256 * 8)) }.unwrap();
-        let want = rms_norm(&k.round(&x), &wt, 1e-5);
-        report(
-            "rmsnorm",
-            rel_err(&k.read_act(&out, want.len()), &want),
-            tol,
-        );
-
-        // RoPE on Q and K heads (9 + 3 heads of 64), V untouched.
-        let (nh, nkv, hd) = (9usize, 3usize, 64usize);
-        let width = (nh + 2 * nkv) * hd;
-        let positions = [0i32, 7, 1000];
-        let qkv = k.round(&random(&mut rng, positions.len() * width, 2.0));
-        let dq = k.act(&qkv);
-        let dp = k.stream.clone_htod(&positions).unwrap();
-        let (n, w, a, b_, c, base) = (
-            3i32,
-            width as i32,
-            nh as i32,
-            nkv as i32,
-            hd as i32,
-            10000f32,
-        );
-        let mut b = k.stream.launch_builder(&k.funcs["rope"]);
-        b.arg(&dq)
-            .arg(&dp)
-            .arg(&n)
-            .arg(&w)
-            .arg(&a)
-            .arg(&b_)
-            .arg(&c)
-            .arg(&base);
-        unsafe { b.launch(rows_cfg(3, 128, 0)) }.unwrap();
-        let rope = RopeTable::at_positions(positions.iter().map(|&p| p as usize), hd, 10000.0);
-        let mut want = qkv.clone();
-        for (t, row) in want.chunks_exact_mut(width).enumerate() {
-            rope.apply(&mut row[..(nh + nkv) * hd], t);
-        }
-        report("rope", rel_err(&k.read_act(&dq, want.len()), &want), tol);
-
-        // SwiGLU.
-        let gu = k.round(&random(&mut rng, 4 * 2 * ffn, 4.0));
-        let dg = k.act(&gu);
-        let out = k.act(&vec![0.0; 4 * ffn]);
-        let (n, f) = (4i32, ffn as i32);
-        let mut b = k.stream.launch_builder(&k.funcs["swiglu"]);
-        b.arg(&dg).arg(&n).arg(&f).arg(&out);
-        unsafe { b.launch(worker::cuda::launch::elementwise(4 * ffn)) }.unwrap();
-        let want = swiglu(&gu, ffn);
-        report("swiglu", rel_err(&k.read_act(&out, want.len()), &want), tol);
-
-        // Matrix kernels, every format, several row counts; GEMV == GEMM bitwise in exact mode.
-        for format in [
-            GgmlType::Q4_1,
-            GgmlType::Q8_0,
-            GgmlType::Q4_0,
-            GgmlType::F16,
-            GgmlType::BF16,
-            GgmlType::F32,
-        ] {
-            let (n_out, cols) = (96usize, hidden);
-            let wv = random(&mut rng, n_out * cols, 0.5);
-            let bytes = encode(format, &wv);
-            let qm = QMatrix::from_bytes(format, n_out, cols, &bytes).unwrap();
-            let dw = k.stream.clone_htod(&bytes).unwrap();
-            let x = k.round(&random(&mut rng, 33 * cols, 1.0));
-            let dx = k.act(&x);
-            let suffix = worker::cuda::weights::format_suffix(format).unwrap();
-            let mut first_rows: Vec<Vec<f32>> = Vec::new();
-            for m in [1usize, 3, 8, 9, 33] {
-                let want = matmul(&x[..m * cols], m, cols, std::slice::from_ref(&qm));
-                let prefix = if m <= 8 { "gemv" } else { "gemm" };
-                let got = run_matmul(&k, prefix, format, &dw, n_out, cols, &dx, m);
-                report(
-                    &format!("{prefix}_{suffix} m={m}"),
-                    rel_err(&got, &want),
-                    tol,
-                );
-                first_rows.push(got[..n_out].to_vec());
-                if numerics == Numerics::Exact && m == 8 {
-                    let other = run_matmul(&k, "gemm", format, &dw, n_out, cols, &dx, m);
-                    assert_eq!(got, other, "{suffix}: gemv and gemm differ at m = 8");
-                }
-            }
-            if numerics == Numerics::Exact {
-                assert!(
-                    first_rows.windows(2).all(|w| w[0] == w[1]),
-                    "{suffix}: row 0 depends on the number of rows"
-                );
-            }
-        }
-
-        // Paged attention (decode kernel for every query; prefill kernel on one tile) against f64.
-        let (bs, n_blocks) = (16usize, 8usize);
-        let kv_dim = nkv * hd;
-        let slots = bs * n_blocks;
-        let kc = k.round(&random(&mut rng, slots * kv_dim, 1.0));
-        let vc = k.round(&random(&mut rng, slots * kv_dim, 1.0));
-        let table: Vec<u32> = vec![5, 2, 7, 0, 1, 3, 6, 4];
-        let dk = k.act(&kc);
-        let dv = k.act(&vc);
-        let dt = k.stream.clone_htod(&table).unwrap();
-        let nq = 12usize;
-        let pos0 = 90usize;
-        let q = k.round(&random(&mut rng, nq * width, 1.0));
-        let dq = k.act(&q);
-        let positions: Vec<i32> = (0..nq).map(|i| (pos0 + i) as i32).collect();
-        let dp = k.stream.clone_htod(&positions).unwrap();
-        let dti = k.stream.clone_htod(&vec![0i32; nq]).unwrap();
-        let head_kv = |j: usize, h: usize, c: &[f32]| -> Vec<f32> {
-            let slot = table[j / bs] as usize * bs + j % bs;
-            let off = slot * kv_dim + (h / (nh / nkv)) * hd;
-            c[off..off + hd].to_vec()
-        };
-        let mut want = vec![0.0f32; nq * nh * hd];
-        for t in 0..nq {
-            for h in 0..nh {
-                let keys: Vec<Vec<f32>> = (0..=pos0 + t).map(|j| head_kv(j, h, &kc)).collect();
-                let vals: Vec<Vec<f32>> = (0..=pos0 + t).map(|j| head_kv(j, h, &vc)).collect();
-                let qh = &q[t * width + h * hd..t * width + (h + 1) * hd];
-                let o = attention_ref(qh, &keys, &vals, pos0 + t);
-                want[(t * nh + h) * hd..(t * nh + h + 1) * hd].copy_from_slice(&o);
-            }
-        }
-        let scale = 1.0 / (hd as f32).sqrt();
-        let (w_i, stride, bs_i, a, b_, c, n) = (
-            width as i32,
-            n_blocks as i32,
-            bs as i32,
-            nh as i32,
-            nkv as i32,
-            hd as i32,
-            nq as i32,
-        );
-        let out = k.act(&vec![0.0; nq * nh * hd]);
-        let cfg = worker::cuda::launch::attention_decode(nq, nh, hd, pos0 + nq, 48 * 1024).unwrap();
-        let mut b = k.stream.launch_builder(&k.funcs["attention_decode"]);
-        b.arg(&dq)
-            .arg(&w_i)
-            .arg(&dp)
-            .arg(&dti)
-            .arg(&dt)
-            .arg(&stride)
-            .arg(&dk)
-            .arg(&dv);
-        b.arg(&bs_i)
-            .arg(&a)
-            .arg(&b_)
-            .arg(&c)
-            .arg(&scale)
-            .arg(&out)
-            .arg(&n);
-        unsafe { b.launch(cfg) }.unwrap();
-        report(
-            "attention_decode",
-            rel_err(&k.read_act(&out, want.len()), &want),
-            tol.max(1e-4),
-        );
-        let tiles = [0i32, nq as i32, pos0 as i32, 0];
-        let dtiles = k.stream.clone_htod(&tiles).unwrap();
-        let out = k.act(&vec![0.0; nq * nh * hd]);
-        let mut b = k.stream.launch_builder(&k.funcs["attention_prefill"]);
-        b.arg(&dq)
-            .arg(&w_i)
-            .arg(&dtiles)
-            .arg(&dt)
-            .arg(&stride)
-            .arg(&dk)
-            .arg(&dv);
-        b.arg(&bs_i).arg(&a).arg(&b_).arg(&c).arg(&scale).arg(&out);
-        unsafe { b.launch(worker::cuda::launch::attention_prefill(1, nh)) }.unwrap();
-        report(
-            "attention_prefill",
-            rel_err(&k.read_act(&out, want.len()), &want),
-            tol.max(1e-4),
-        );
-
-        // Selection: argmax and top-8 of f32 logits, ties to the lower id.
-        let mut logits = random(&mut rng, 3 * 5000, 10.0);
-        logits[5000 + 17] = 50.0;
-        logits[5000 + 4000] = 50.0;
-        let dl = k.stream.clone_htod(&logits).unwrap();
-        let ids: CudaSlice<i32> = k.stream.alloc_zeros(3).unwrap();
-        let (n, v) = (3i32, 5000i32);
-        let mut b = k.stream.launch_builder(&k.funcs["argmax"]);
-        b.arg(&dl).arg(&n).arg(&v).arg(&ids);
-        unsafe { b.launch(rows_cfg(3, 1024, 0)) }.unwrap();
-        let got = k.stream.clone_dtoh(&ids).unwrap();
-        let want: Vec<i32> = logits.chunks(5000).map(|r| argmax(r) as i32).collect();
-        assert_eq!(got, want, "argmax");
-        assert_eq!(got[1], 17);
-        let kk = 8i32;
-        let tids: CudaSlice<i32> = k.stream.alloc_zeros(24).unwrap();
-        let tvals: CudaSlice<f32> = k.stream.alloc_zeros(24).unwrap();
-        let mut b = k.stream.launch_builder(&k.funcs["topk"]);
-        b.arg(&dl).arg(&n).arg(&v).arg(&kk).arg(&tids).arg(&tvals);
-        unsafe { b.launch(rows_cfg(3, 1024, 0)) }.unwrap();
-        let got = k.stream.clone_dtoh(&tids).unwrap();
-        for (r, row) in logits.chunks(5000).enumerate() {
-            let mut order: Vec<usize> = (0..row.len()).collect();
-            order.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
-            let want: Vec<i32> = order[..8].iter().map(|&i| i as i32).collect();
-            assert_eq!(&got[r * 8..r * 8 + 8], &want[..], "topk row {r}");
-        }
-        println!("{mode:<6} {:<22} {:>12}", "argmax/topk", "exact");
-    }
-}
-
 /// A reference prompt: name, prompt ids, greedy ids, top-5 `(id, logit)` at the first position.
 type Case = (String, Vec<u32>, Vec<u32>, Vec<(usize, f32)>);
 
 fn cases() -> Vec<Case> {
-    let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/reference.json");
+    cases_from("reference.json")
+}
+
+/// The prompts of a reference fixture (`fixtures/{name}`: `prompts[]` with `name`, `prompt_ids`,
+/// `greedy_ids`, `top5_first`).
+fn cases_from(name: &str) -> Vec<Case> {
+    let fixture = format!("{}/../fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
     let json: Value = serde_json::from_str(&std::fs::read_to_string(fixture).unwrap()).unwrap();
     let ids = |v: &Value| -> Vec<u32> {
         v.as_array()

@@ -41,9 +41,24 @@ pub const FILES: &[KernelFile] = &[
         kernels: &["kv_write"],
     },
     KernelFile {
-        name: "swiglu.cu",
-        source: include_str!("../../../kernels/swiglu.cu"),
-        kernels: &["swiglu"],
+        name: "gated.cu",
+        source: include_str!("../../../kernels/gated.cu"),
+        kernels: &["swiglu", "geglu"],
+    },
+    KernelFile {
+        name: "head_rmsnorm.cu",
+        source: include_str!("../../../kernels/head_rmsnorm.cu"),
+        kernels: &["head_rmsnorm"],
+    },
+    KernelFile {
+        name: "bias_add.cu",
+        source: include_str!("../../../kernels/bias_add.cu"),
+        kernels: &["bias_add"],
+    },
+    KernelFile {
+        name: "softcap.cu",
+        source: include_str!("../../../kernels/softcap.cu"),
+        kernels: &["softcap"],
     },
     KernelFile {
         name: "gather_rows.cu",
@@ -60,6 +75,11 @@ pub const FILES: &[KernelFile] = &[
             "gemv_q4_0",
             "gemv_q4_1",
             "gemv_q8_0",
+            "gemv_q5_0",
+            "gemv_q5_1",
+            "gemv_q4_k",
+            "gemv_q5_k",
+            "gemv_q6_k",
         ],
     },
     KernelFile {
@@ -72,6 +92,11 @@ pub const FILES: &[KernelFile] = &[
             "gemm_q4_0",
             "gemm_q4_1",
             "gemm_q8_0",
+            "gemm_q5_0",
+            "gemm_q5_1",
+            "gemm_q4_k",
+            "gemm_q5_k",
+            "gemm_q6_k",
         ],
     },
     KernelFile {
@@ -96,6 +121,11 @@ impl KernelFile {
     /// own line numbers), then the file.
     pub fn full_source(&self) -> String {
         format!("{PRELUDE}\n#line 1 \"{}\"\n{}", self.name, self.source)
+    }
+
+    /// The kernel file named `name` (e.g. `rope.cu`), if any.
+    pub fn containing_file(name: &str) -> Option<&'static KernelFile> {
+        FILES.iter().find(|f| f.name == name)
     }
 
     /// The file defining kernel `kernel`, if any.

@@ -11,6 +11,11 @@ pub const ROW_THREADS: u32 = 128;
 pub const RMSNORM_THREADS: u32 = 256;
 /// Threads of `attention_decode` (`ATT_THREADS`).
 pub const ATTENTION_THREADS: u32 = 128;
+/// Widest head `attention_prefill` handles (`PF_MAX_DIM`); wider heads run every query through
+/// `attention_decode`, in fast mode too.
+pub const PREFILL_MAX_HEAD_DIM: usize = 128;
+/// Threads of `head_rmsnorm` (`HEAD_NORM_THREADS`: one warp per head).
+pub const HEAD_NORM_THREADS: u32 = 128;
 /// Threads of `argmax` / `topk` (`SELECT_THREADS`).
 pub const SELECT_THREADS: u32 = 1024;
 /// Most dynamic shared memory a kernel gets without opting in, bytes.
@@ -75,7 +80,12 @@ pub fn rmsnorm(n_rows: usize) -> LaunchConfig {
     }
 }
 
-/// Elementwise grid-stride kernels (`swiglu`) over `total` elements: 256 threads, at most 65535 blocks.
+/// `head_rmsnorm`: one block of [`HEAD_NORM_THREADS`] per row.
+pub fn head_rmsnorm(n_rows: usize) -> LaunchConfig {
+    per_row(n_rows, HEAD_NORM_THREADS)
+}
+
+/// Elementwise grid-stride kernels (`swiglu`, `geglu`, `bias_add`, `softcap`) over `total` elements: 256 threads, at most 65535 blocks.
 pub fn elementwise(total: usize) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (total.div_ceil(256).clamp(1, 65_535) as u32, 1, 1),
@@ -92,8 +102,8 @@ pub fn attention_decode_smem(head_dim: usize, max_keys: usize) -> usize {
 
 /// `attention_decode`: grid (rows, heads), 128 threads.
 ///
-/// Errors: `head_dim` does not divide 128 (the kernel's thread groups), or the shared memory needed
-/// exceeds `smem_limit` (the opt-in limit set at load).
+/// Errors: `head_dim` neither divides 128 nor is a multiple of it (the kernel's thread groups), or
+/// the shared memory needed exceeds `smem_limit` (the opt-in limit set at load).
 pub fn attention_decode(
     n_rows: usize,
     n_heads: usize,
@@ -101,9 +111,10 @@ pub fn attention_decode(
     max_keys: usize,
     smem_limit: usize,
 ) -> Result<LaunchConfig, String> {
-    if head_dim == 0 || !(ATTENTION_THREADS as usize).is_multiple_of(head_dim) {
+    let threads = ATTENTION_THREADS as usize;
+    if head_dim == 0 || !(threads.is_multiple_of(head_dim) || head_dim.is_multiple_of(threads)) {
         return Err(format!(
-            "head_dim {head_dim} must divide {ATTENTION_THREADS}"
+            "head_dim {head_dim} must divide {threads} or be a multiple of it"
         ));
     }
     let smem = attention_decode_smem(head_dim, max_keys);
@@ -148,6 +159,7 @@ mod tests {
     fn row_and_elementwise_shapes() {
         assert_eq!(per_row(0, 128).grid_dim.0, 1);
         assert_eq!(rmsnorm(7).shared_mem_bytes, 2048);
+        assert_eq!(head_rmsnorm(3).block_dim.0, 128);
         assert_eq!(elementwise(1536 * 3).grid_dim.0, 18);
         assert_eq!(elementwise(usize::MAX / 2).grid_dim.0, 65_535);
     }
@@ -158,6 +170,10 @@ mod tests {
         assert_eq!(c.grid_dim, (5, 9, 1));
         assert_eq!(c.shared_mem_bytes as usize, (64 + 256 + 8192) * 4);
         assert!(attention_decode(1, 9, 48, 10, DEFAULT_SMEM_LIMIT).is_err());
+        assert!(attention_decode(1, 9, 192, 10, DEFAULT_SMEM_LIMIT).is_err());
+        // Gemma's 256-wide heads: whole multiples of the block.
+        let c = attention_decode(2, 4, 256, 100, DEFAULT_SMEM_LIMIT).unwrap();
+        assert_eq!(c.shared_mem_bytes as usize, (256 + 256 + 100) * 4);
         assert!(attention_decode(1, 9, 64, 20_000, DEFAULT_SMEM_LIMIT).is_err());
         assert_eq!(attention_prefill(3, 9).grid_dim, (3, 9, 1));
     }

@@ -1,4 +1,4 @@
-//! The CUDA backend: the llama forward pass on an NVIDIA GPU, behind the same
+//! The CUDA backend: the forward pass of every architecture on an NVIDIA GPU, behind the same
 //! [`crate::engine::BatchModel`] interface as the CPU model, so the scheduler, KV block manager and
 //! sampler are shared.
 //!

@@ -1,12 +1,17 @@
-//! [`CudaModel`]: the llama forward pass on one GPU, implementing [`BatchModel`] like the CPU model,
-//! so the engine (scheduler, KV block manager, sampler) is shared.
+//! [`CudaModel`]: the forward pass of every [`crate::arch::Arch`] on one GPU, implementing
+//! [`BatchModel`] like the CPU model, so the engine (scheduler, KV block manager, sampler) is shared.
 //!
 //! One step: the batch is checked and packed on the host ([`pack_step`]), its inputs are copied into
-//! persistent device buffers, then per layer RMSNorm, the fused QKV matrix (one launch per file
-//! part), RoPE, the KV write into the step's paged blocks, attention, the output projection with the
-//! residual add fused in its epilogue, RMSNorm, gate/up, SwiGLU and the down projection (residual
-//! again); finally the rows that want logits are gathered, normalised and multiplied by the LM head
-//! into f32 logits, which are copied back. Pure decode steps replay a CUDA graph per batch bucket
+//! persistent device buffers, then the embedding lookup (times Gemma's embedding scale) and per layer
+//! RMSNorm, the fused QKV matrix (one launch per file part), the Q/K/V biases (Qwen 2), the per-head
+//! q/k norms (Qwen 3, Gemma 3), RoPE (adjacent or half-split pairs, the layer's base and position
+//! scale, Llama 3's frequency factors), the KV write into the step's paged blocks, attention (scale,
+//! score soft-cap, the layer's sliding window), the output projection with the residual add fused in
+//! its epilogue (or, with Gemma's post-norms, normed and then added), RMSNorm, gate/up, SwiGLU or
+//! GeGLU and the down projection (residual again); finally the rows that want logits are gathered,
+//! normalised, multiplied by the LM head into f32 logits and soft-capped (Gemma 2), and copied back.
+//! The per-architecture options come from the [`ModelDesc`] and are decided per launch, so a plain
+//! Llama runs the same kernels with neutral arguments (bias-free, ones as RoPE factors, scale 1). Pure decode steps replay a CUDA graph per batch bucket
 //! (see [`super::graphs`]) unless `cuda_graphs` is off.
 //!
 //! Exact mode mirrors the CPU model operation by operation; the sums run in a different (but fixed)
@@ -19,9 +24,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use cudarc::driver::{
-    sys as driver_sys, CudaFunction, CudaSlice, CudaStream, DeviceRepr, PushKernelArg,
-};
+use cudarc::driver::{sys as driver_sys, CudaFunction, CudaSlice, CudaStream, DeviceRepr};
 use cudarc::nvrtc::Ptx;
 
 use super::block_table::{pack_step, StepInputs};
@@ -32,12 +35,14 @@ use super::device::GpuInfo;
 use super::graphs::{bucket_for, decode_buckets, Captured, DecodeGraphs};
 use super::kernels::FILES;
 use super::kv::{GpuKv, KvBlocks};
-use super::launch::{self, MatmulKernel, DEFAULT_SMEM_LIMIT, ROW_THREADS};
-use super::weights::{format_suffix, GpuPart, GpuWeights, HostWeights};
+use super::launch::{self, DEFAULT_SMEM_LIMIT};
+use super::weights::{GpuWeights, HostWeights};
 use crate::arch::ModelDesc;
 use crate::engine::{BatchEntry, BatchModel};
 use crate::model::EntryLimits;
 use crate::model::ModelError;
+
+mod record;
 
 /// Options of the CUDA backend (from the worker settings).
 #[derive(Debug, Clone)]
@@ -52,7 +57,7 @@ pub struct CudaOptions {
     pub max_decode_batch: usize,
 }
 
-/// The llama model on a GPU.
+/// A model of any supported architecture on a GPU.
 pub struct CudaModel {
     config: ModelDesc,
     gpu: GpuInfo,
@@ -92,17 +97,6 @@ impl CudaModel {
         options: CudaOptions,
     ) -> anyhow::Result<CudaModel> {
         let config = ModelDesc::from_source(file).map_err(ModelError::from)?;
-        if !config.is_plain_llama() {
-            return Err(ModelError::Unsupported {
-                backend: "cuda",
-                arch: config.arch.to_string(),
-                what: "only plain Llama models (no biases, Q/K norms, post-norms, soft-caps, \
-                       sliding windows, RoPE frequency factors or scaling) run on CUDA; use the \
-                       CPU backend"
-                    .into(),
-            }
-            .into());
-        }
         let host = HostWeights::load(file, &config)?;
         let ctx = gpu.ctx.clone();
         driver("binding the CUDA context", ctx.bind_to_thread()).map_err(anyhow::Error::msg)?;
@@ -227,7 +221,7 @@ impl CudaModel {
         Ok(())
     }
 
-    fn f(&self, name: &str) -> &CudaFunction {
+    pub(super) fn f(&self, name: &str) -> &CudaFunction {
         &self.funcs[name]
     }
 
@@ -238,227 +232,6 @@ impl CudaModel {
             num_blocks: kv.blocks.num_blocks,
             block_size: kv.blocks.block_size,
         }
-    }
-
-    /// One matrix product `out[:, off..] (+)= x @ W^T` over the parts of `parts` (each its own launch
-    /// writing its column range).
-    #[allow(clippy::too_many_arguments)]
-    fn matmul<T>(
-        &self,
-        parts: &[GpuPart],
-        x: &CudaSlice<u8>,
-        x_stride: usize,
-        m: usize,
-        out: &CudaSlice<T>,
-        out_stride: usize,
-        accumulate: bool,
-        out_f32: bool,
-    ) -> Result<(), String> {
-        let kind = MatmulKernel::for_rows(m);
-        let mut off = 0usize;
-        for p in parts {
-            let suffix = format_suffix(p.format).expect("checked at load");
-            let name = format!("{}_{suffix}", kind.prefix());
-            let cfg = kind.shape(m, p.rows);
-            let (n_out, k, xs, mm) = (p.rows as i32, p.cols as i32, x_stride as i32, m as i32);
-            let (os, oo) = (out_stride as i32, off as i32);
-            let (acc, f32o) = (i32::from(accumulate), i32::from(out_f32));
-            let mut b = self.stream.launch_builder(self.f(&name));
-            b.arg(&p.data).arg(&n_out).arg(&k).arg(x).arg(&xs).arg(&mm);
-            b.arg(out).arg(&os).arg(&oo).arg(&acc).arg(&f32o);
-            // SAFETY: the arguments match the kernel's signature (matmul_gemv.cu / matmul_gemm.cu);
-            // the buffers hold at least m rows of x_stride / out_stride elements and the part's rows.
-            driver(&name, unsafe { b.launch(cfg) })?;
-            off += p.rows;
-        }
-        Ok(())
-    }
-
-    fn rmsnorm(
-        &self,
-        x: &CudaSlice<u8>,
-        weight: &CudaSlice<f32>,
-        n: usize,
-        out: &CudaSlice<u8>,
-    ) -> Result<(), String> {
-        let (ni, dim, eps) = (n as i32, self.config.hidden as i32, self.config.rms_eps);
-        let mut b = self.stream.launch_builder(self.f("rmsnorm"));
-        b.arg(x).arg(weight).arg(&ni).arg(&dim).arg(&eps).arg(out);
-        // SAFETY: rmsnorm.cu's signature; x and out hold n rows of `hidden`.
-        driver("rmsnorm", unsafe { b.launch(launch::rmsnorm(n)) }).map(drop)
-    }
-
-    /// Launches the whole forward pass of `rows` packed rows (inputs already uploaded to `buf`),
-    /// ending with `n_logits` rows of f32 logits in `buf.logits`. Launch-only (no synchronisation or
-    /// host copies), so it can be captured into a graph.
-    #[allow(clippy::too_many_arguments)]
-    fn record(
-        &self,
-        kv: &KvBlocks,
-        buf: &StepBuffers,
-        rows: usize,
-        n_logits: usize,
-        n_tiles: usize,
-        table_stride: usize,
-        max_keys: usize,
-    ) -> Result<(), String> {
-        let c = &self.config;
-        let (hidden, q_dim, kv_dim, ffn) = (c.hidden, c.q_dim(), c.kv_dim(), c.ffn_dim);
-        let width = q_dim + 2 * kv_dim;
-        let n = rows as i32;
-        let (hidden_i, width_i, q_dim_i, kv_dim_i, ffn_i) = (
-            hidden as i32,
-            width as i32,
-            q_dim as i32,
-            kv_dim as i32,
-            ffn as i32,
-        );
-        let (nh, nkv, hd) = (c.n_heads as i32, c.n_kv_heads as i32, c.head_dim as i32);
-        let (base, scale) = (c.rope_base, 1.0 / (c.head_dim as f32).sqrt());
-        let (stride_i, bs_i) = (table_stride as i32, kv.block_size as i32);
-        let att_cfg =
-            launch::attention_decode(rows, c.n_heads, c.head_dim, max_keys, self.smem_limit)?;
-
-        let embd = &self.weights.token_embd;
-        let fmt = embd.format_id;
-        let mut b = self.stream.launch_builder(self.f("embedding"));
-        b.arg(&buf.tokens)
-            .arg(&n)
-            .arg(&embd.data)
-            .arg(&fmt)
-            .arg(&hidden_i)
-            .arg(&buf.x);
-        // SAFETY: embedding.cu's signature; tokens < vocab (checked when packing).
-        driver("embedding", unsafe {
-            b.launch(launch::per_row(rows, ROW_THREADS))
-        })?;
-
-        for (l, layer) in self.weights.layers.iter().enumerate() {
-            self.rmsnorm(&buf.x, &layer.attn_norm, rows, &buf.xn)?;
-            self.matmul(
-                &layer.wqkv,
-                &buf.xn,
-                hidden,
-                rows,
-                &buf.qkv,
-                width,
-                false,
-                false,
-            )?;
-            let mut b = self.stream.launch_builder(self.f("rope"));
-            b.arg(&buf.qkv).arg(&buf.positions).arg(&n).arg(&width_i);
-            b.arg(&nh).arg(&nkv).arg(&hd).arg(&base);
-            // SAFETY: rope.cu's signature.
-            driver("rope", unsafe {
-                b.launch(launch::per_row(rows, ROW_THREADS))
-            })?;
-            let mut b = self.stream.launch_builder(self.f("kv_write"));
-            b.arg(&buf.qkv)
-                .arg(&buf.slots)
-                .arg(&n)
-                .arg(&width_i)
-                .arg(&q_dim_i)
-                .arg(&kv_dim_i);
-            b.arg(&kv.k[l]).arg(&kv.v[l]);
-            // SAFETY: kv_write.cu's signature; slots are inside the pool (checked when packing).
-            driver("kv_write", unsafe {
-                b.launch(launch::per_row(rows, ROW_THREADS))
-            })?;
-            let mut b = self.stream.launch_builder(self.f("attention_decode"));
-            b.arg(&buf.qkv)
-                .arg(&width_i)
-                .arg(&buf.att_positions)
-                .arg(&buf.table_index);
-            b.arg(&buf.block_tables)
-                .arg(&stride_i)
-                .arg(&kv.k[l])
-                .arg(&kv.v[l])
-                .arg(&bs_i);
-            b.arg(&nh)
-                .arg(&nkv)
-                .arg(&hd)
-                .arg(&scale)
-                .arg(&buf.att)
-                .arg(&n);
-            // SAFETY: attention_decode.cu's signature; shared memory sized for max_keys.
-            driver("attention_decode", unsafe { b.launch(att_cfg) })?;
-            if n_tiles > 0 {
-                let mut b = self.stream.launch_builder(self.f("attention_prefill"));
-                b.arg(&buf.qkv)
-                    .arg(&width_i)
-                    .arg(&buf.tiles)
-                    .arg(&buf.block_tables);
-                b.arg(&stride_i).arg(&kv.k[l]).arg(&kv.v[l]).arg(&bs_i);
-                b.arg(&nh).arg(&nkv).arg(&hd).arg(&scale).arg(&buf.att);
-                let cfg = launch::attention_prefill(n_tiles, c.n_heads);
-                // SAFETY: attention_prefill.cu's signature.
-                driver("attention_prefill", unsafe { b.launch(cfg) })?;
-            }
-            self.matmul(
-                std::slice::from_ref(&layer.wo),
-                &buf.att,
-                q_dim,
-                rows,
-                &buf.x,
-                hidden,
-                true,
-                false,
-            )?;
-            self.rmsnorm(&buf.x, &layer.ffn_norm, rows, &buf.xn)?;
-            self.matmul(
-                &layer.w_gate_up,
-                &buf.xn,
-                hidden,
-                rows,
-                &buf.gu,
-                2 * ffn,
-                false,
-                false,
-            )?;
-            let mut b = self.stream.launch_builder(self.f("swiglu"));
-            b.arg(&buf.gu).arg(&n).arg(&ffn_i).arg(&buf.h);
-            // SAFETY: swiglu.cu's signature.
-            driver("swiglu", unsafe {
-                b.launch(launch::elementwise(rows * ffn))
-            })?;
-            self.matmul(
-                std::slice::from_ref(&layer.w_down),
-                &buf.h,
-                ffn,
-                rows,
-                &buf.x,
-                hidden,
-                true,
-                false,
-            )?;
-        }
-
-        if n_logits == 0 {
-            return Ok(());
-        }
-        let nl = n_logits as i32;
-        let mut b = self.stream.launch_builder(self.f("gather_rows"));
-        b.arg(&buf.x)
-            .arg(&buf.logit_rows)
-            .arg(&nl)
-            .arg(&hidden_i)
-            .arg(&buf.g);
-        // SAFETY: gather_rows.cu's signature; logit rows are < rows.
-        driver("gather_rows", unsafe {
-            b.launch(launch::per_row(n_logits, ROW_THREADS))
-        })?;
-        self.rmsnorm(&buf.g, &self.weights.output_norm, n_logits, &buf.gn)?;
-        let head = self.weights.lm_head();
-        self.matmul(
-            std::slice::from_ref(head),
-            &buf.gn,
-            hidden,
-            n_logits,
-            &buf.logits,
-            c.vocab_size,
-            false,
-            true,
-        )
     }
 
     fn upload(&self, buf: &mut StepBuffers, s: &StepInputs) -> Result<(), String> {
@@ -521,7 +294,9 @@ impl CudaModel {
         driver("binding the CUDA context", self.gpu.ctx.bind_to_thread())
             .map_err(anyhow::Error::msg)?;
         let fast = self.options.numerics == Numerics::Fast;
-        let s = pack_step(batch, self.limits(kv), None, fast)?;
+        // Heads wider than the tiled prefill kernel's run every query through the decode kernel.
+        let tiled = fast && self.config.head_dim <= launch::PREFILL_MAX_HEAD_DIM;
+        let s = pack_step(batch, self.limits(kv), None, tiled)?;
         if s.n_rows() == 0 {
             return Ok(Vec::new());
         }

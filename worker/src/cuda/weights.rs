@@ -1,18 +1,21 @@
-//! Weights on the GPU, in the file's own formats (Q4_1, Q8_0, Q4_0, F16, BF16, F32): each matrix
+//! Weights on the GPU, in the file's own formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K,
+//! F16, BF16, F32): each matrix
 //! part is uploaded as the GGUF tensor's bytes, unchanged (row `o` of a `[rows, cols]` part is
-//! `row_bytes` bytes of consecutive blocks), and decoded inside the matrix kernels. Norm vectors are
-//! uploaded as f32.
+//! `row_bytes` bytes of consecutive blocks), and decoded inside the matrix kernels. Norm vectors,
+//! biases and RoPE frequency factors are uploaded as f32.
 //!
 //! Loading mirrors [`crate::model::ModelWeights::load`]: same tensor names, shapes and checks, Q/K/V
 //! and gate/up kept as parts of one logical matrix (one kernel launch per part, each writing its
-//! column range of the fused output).
+//! column range of the fused output; Phi-3's fused `attn_qkv` and gate|up `ffn_up` are one part
+//! each), and the per-architecture tensors the [`ModelDesc`] asks for (Q/K/V biases, q/k norms,
+//! post-norms).
 
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream};
 use gguf::{GgmlType, GgufFile};
 
-use crate::arch::ModelDesc;
+use crate::arch::{ModelDesc, Projections};
 use crate::model::ModelError;
 
 /// One matrix part on the host: the file's bytes of a row-major `[rows, cols]` matrix.
@@ -30,17 +33,25 @@ pub struct HostPart {
     pub bytes: Vec<u8>,
 }
 
-/// Bytes of one `cols`-wide row in `format`; `None` for unsupported formats or a `cols` that is not a
-/// whole number of blocks (the kernels' `row_bytes_of`).
+/// Elements each lane of the matrix kernels decodes at once (`CHUNK` in `kernels/common.cuh`): every
+/// row width must be a multiple of it.
+pub const CHUNK: usize = 8;
+
+/// Bytes of one `cols`-wide row in `format` (the kernels' `row_bytes_of`): whole blocks of 32
+/// (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) or 256 (Q4_K, Q5_K, Q6_K) elements, or `cols` elements of 2 or 4
+/// bytes. `None` for a format without kernels, or a `cols` that is not a whole number of blocks and
+/// of [`CHUNK`]s.
 pub fn row_bytes(format: GgmlType, cols: usize) -> Option<usize> {
     format_suffix(format)?;
-    if !cols.is_multiple_of(32) && format.block_size() != Some(1) {
+    let block = format.block_size()?;
+    if cols == 0 || !cols.is_multiple_of(block) || !cols.is_multiple_of(CHUNK) {
         return None;
     }
     format.byte_size(cols as u64).map(|b| b as usize)
 }
 
-/// The kernel-name suffix of `format` (`gemv_<suffix>`, `gemm_<suffix>`).
+/// The kernel-name suffix of `format` (`gemv_<suffix>`, `gemm_<suffix>`); `None` for a type the
+/// kernels do not decode.
 pub fn format_suffix(format: GgmlType) -> Option<&'static str> {
     Some(match format {
         GgmlType::F32 => "f32",
@@ -49,13 +60,12 @@ pub fn format_suffix(format: GgmlType) -> Option<&'static str> {
         GgmlType::Q4_0 => "q4_0",
         GgmlType::Q4_1 => "q4_1",
         GgmlType::Q8_0 => "q8_0",
-        // No CUDA kernels for the 5-bit formats and the k-quants yet.
-        GgmlType::Q5_0
-        | GgmlType::Q5_1
-        | GgmlType::Q4_K
-        | GgmlType::Q5_K
-        | GgmlType::Q6_K
-        | GgmlType::Unsupported(_) => return None,
+        GgmlType::Q5_0 => "q5_0",
+        GgmlType::Q5_1 => "q5_1",
+        GgmlType::Q4_K => "q4_k",
+        GgmlType::Q5_K => "q5_k",
+        GgmlType::Q6_K => "q6_k",
+        GgmlType::Unsupported(_) => return None,
     })
 }
 
@@ -70,6 +80,9 @@ pub struct HostWeights {
     pub output_norm: Vec<f32>,
     /// `output`, or `None` when tied to `token_embd`.
     pub output: Option<HostPart>,
+    /// RoPE frequency divisors, `[head_dim / 2]`: `rope_freqs.weight` (Llama 3), else all ones
+    /// (the `rope` kernel always divides; `x / 1.0 == x`).
+    pub rope_factors: Vec<f32>,
 }
 
 /// One transformer block's weights on the host.
@@ -77,16 +90,24 @@ pub struct HostWeights {
 pub struct HostLayer {
     /// `[hidden]`.
     pub attn_norm: Vec<f32>,
-    /// Q, K, V parts (`[q_dim | kv_dim | kv_dim, hidden]`).
+    /// Q, K, V parts (`[q_dim | kv_dim | kv_dim, hidden]`), or one fused part (Phi-3).
     pub wqkv: Vec<HostPart>,
+    /// Q, K and V biases stacked, `[q_dim + 2 * kv_dim]` (Qwen 2).
+    pub qkv_bias: Option<Vec<f32>>,
+    /// Per-head Q and K RMSNorm weights, `[head_dim]` each (Qwen 3, Gemma 3).
+    pub qk_norm: Option<(Vec<f32>, Vec<f32>)>,
     /// `[hidden, q_dim]`.
     pub wo: HostPart,
+    /// Norm of the attention output before its residual add, `[hidden]` (Gemma 2/3).
+    pub post_attn_norm: Option<Vec<f32>>,
     /// `[hidden]`.
     pub ffn_norm: Vec<f32>,
-    /// Gate and up parts (`[ffn | ffn, hidden]`).
+    /// Gate and up parts (`[ffn | ffn, hidden]`), or one fused part (Phi-3).
     pub w_gate_up: Vec<HostPart>,
     /// `[hidden, ffn]`.
     pub w_down: HostPart,
+    /// Norm of the feed-forward output before its residual add, `[hidden]` (Gemma 2/3).
+    pub post_ffn_norm: Option<Vec<f32>>,
 }
 
 impl HostWeights {
@@ -97,24 +118,56 @@ impl HostWeights {
     /// blocks.
     pub fn load(file: &GgufFile, config: &ModelDesc) -> Result<HostWeights, ModelError> {
         let c = config;
-        let (h, f, q, kv) = (c.hidden, c.ffn_dim, c.q_dim(), c.kv_dim());
+        let (h, f, q, kv, hd) = (c.hidden, c.ffn_dim, c.q_dim(), c.kv_dim(), c.head_dim);
         let mut layers = Vec::with_capacity(c.n_layers);
         for l in 0..c.n_layers {
             let n = |s: &str| format!("blk.{l}.{s}.weight");
+            let (wqkv, w_gate_up) = match c.projections {
+                Projections::Separate => (
+                    vec![
+                        part(file, &n("attn_q"), h, q)?,
+                        part(file, &n("attn_k"), h, kv)?,
+                        part(file, &n("attn_v"), h, kv)?,
+                    ],
+                    vec![
+                        part(file, &n("ffn_gate"), h, f)?,
+                        part(file, &n("ffn_up"), h, f)?,
+                    ],
+                ),
+                Projections::Fused => (
+                    vec![part(file, &n("attn_qkv"), h, q + 2 * kv)?],
+                    vec![part(file, &n("ffn_up"), h, 2 * f)?],
+                ),
+            };
+            let qkv_bias = if c.qkv_bias {
+                let bias = |s: &str, len| vector(file, &format!("blk.{l}.{s}.bias"), len);
+                let mut b = bias("attn_q", q)?;
+                b.extend(bias("attn_k", kv)?);
+                b.extend(bias("attn_v", kv)?);
+                Some(b)
+            } else {
+                None
+            };
+            let qk_norm = if c.qk_norm {
+                Some((
+                    vector(file, &n("attn_q_norm"), hd)?,
+                    vector(file, &n("attn_k_norm"), hd)?,
+                ))
+            } else {
+                None
+            };
+            let post = |s: &str| c.post_norms.then(|| vector(file, &n(s), h)).transpose();
             layers.push(HostLayer {
                 attn_norm: vector(file, &n("attn_norm"), h)?,
-                wqkv: vec![
-                    part(file, &n("attn_q"), h, q)?,
-                    part(file, &n("attn_k"), h, kv)?,
-                    part(file, &n("attn_v"), h, kv)?,
-                ],
+                wqkv,
+                qkv_bias,
+                qk_norm,
                 wo: part(file, &n("attn_output"), q, h)?,
+                post_attn_norm: post("post_attention_norm")?,
                 ffn_norm: vector(file, &n("ffn_norm"), h)?,
-                w_gate_up: vec![
-                    part(file, &n("ffn_gate"), h, f)?,
-                    part(file, &n("ffn_up"), h, f)?,
-                ],
+                w_gate_up,
                 w_down: part(file, &n("ffn_down"), f, h)?,
+                post_ffn_norm: post("post_ffw_norm")?,
             });
         }
         let output = match file.tensor("output.weight") {
@@ -126,17 +179,29 @@ impl HostWeights {
             layers,
             output_norm: vector(file, "output_norm.weight", h)?,
             output,
+            rope_factors: c
+                .rope_freq_factors
+                .clone()
+                .unwrap_or_else(|| vec![1.0; hd / 2]),
         })
     }
 
     /// Bytes the weights take on the GPU.
     pub fn device_bytes(&self) -> usize {
         let parts = |p: &[HostPart]| p.iter().map(|p| p.bytes.len()).sum::<usize>();
-        let mut total = self.token_embd.bytes.len() + self.output_norm.len() * 4;
+        let floats = |v: Option<&Vec<f32>>| v.map_or(0, |v| v.len() * 4);
+        let mut total =
+            self.token_embd.bytes.len() + (self.output_norm.len() + self.rope_factors.len()) * 4;
         total += self.output.as_ref().map_or(0, |p| p.bytes.len());
         for l in &self.layers {
             total += parts(&l.wqkv) + parts(&l.w_gate_up) + l.wo.bytes.len() + l.w_down.bytes.len();
             total += (l.attn_norm.len() + l.ffn_norm.len()) * 4;
+            total += floats(l.qkv_bias.as_ref()) + floats(l.post_attn_norm.as_ref());
+            total += floats(l.post_ffn_norm.as_ref());
+            total += l
+                .qk_norm
+                .as_ref()
+                .map_or(0, |(a, b)| (a.len() + b.len()) * 4);
         }
         total
     }
@@ -214,16 +279,24 @@ pub struct GpuPart {
 pub struct GpuLayer {
     /// `[hidden]` f32.
     pub attn_norm: CudaSlice<f32>,
-    /// Q, K, V parts.
+    /// Q, K, V parts (or one fused part).
     pub wqkv: Vec<GpuPart>,
+    /// `[q_dim + 2 kv_dim]` f32 (Qwen 2).
+    pub qkv_bias: Option<CudaSlice<f32>>,
+    /// Q and K head norms, `[head_dim]` f32 each.
+    pub qk_norm: Option<(CudaSlice<f32>, CudaSlice<f32>)>,
     /// Attention output projection.
     pub wo: GpuPart,
+    /// `[hidden]` f32 (Gemma).
+    pub post_attn_norm: Option<CudaSlice<f32>>,
     /// `[hidden]` f32.
     pub ffn_norm: CudaSlice<f32>,
-    /// Gate and up parts.
+    /// Gate and up parts (or one fused part).
     pub w_gate_up: Vec<GpuPart>,
     /// Down projection.
     pub w_down: GpuPart,
+    /// `[hidden]` f32 (Gemma).
+    pub post_ffn_norm: Option<CudaSlice<f32>>,
 }
 
 /// All weights on the GPU.
@@ -237,6 +310,8 @@ pub struct GpuWeights {
     pub output_norm: CudaSlice<f32>,
     /// LM head when not tied.
     pub output: Option<GpuPart>,
+    /// RoPE frequency divisors, `[head_dim / 2]` f32 (ones when the model has none).
+    pub rope_factors: CudaSlice<f32>,
 }
 
 impl GpuWeights {
@@ -263,17 +338,25 @@ impl GpuWeights {
         let vec = |v: &[f32]| {
             stream
                 .clone_htod(v)
-                .map_err(|e| format!("uploading a norm: {e}"))
+                .map_err(|e| format!("uploading a norm, bias or RoPE factors: {e}"))
         };
         let mut layers = Vec::with_capacity(host.layers.len());
         for l in &host.layers {
+            let opt = |v: &Option<Vec<f32>>| v.as_deref().map(vec).transpose();
             layers.push(GpuLayer {
                 attn_norm: vec(&l.attn_norm)?,
                 wqkv: l.wqkv.iter().map(up).collect::<Result<_, _>>()?,
+                qkv_bias: opt(&l.qkv_bias)?,
+                qk_norm: match &l.qk_norm {
+                    Some((q, k)) => Some((vec(q)?, vec(k)?)),
+                    None => None,
+                },
                 wo: up(&l.wo)?,
+                post_attn_norm: opt(&l.post_attn_norm)?,
                 ffn_norm: vec(&l.ffn_norm)?,
                 w_gate_up: l.w_gate_up.iter().map(up).collect::<Result<_, _>>()?,
                 w_down: up(&l.w_down)?,
+                post_ffn_norm: opt(&l.post_ffn_norm)?,
             });
         }
         let w = GpuWeights {
@@ -281,6 +364,7 @@ impl GpuWeights {
             layers,
             output_norm: vec(&host.output_norm)?,
             output: host.output.as_ref().map(up).transpose()?,
+            rope_factors: vec(&host.rope_factors)?,
         };
         stream
             .synchronize()
@@ -303,8 +387,55 @@ mod tests {
         assert_eq!(row_bytes(GgmlType::F32, 8), Some(32));
         assert_eq!(row_bytes(GgmlType::Q8_0, 40), None);
         assert_eq!(row_bytes(GgmlType::Unsupported(16), 256), None);
+        // The 5-bit formats: 32-element blocks of 22 / 24 bytes.
+        assert_eq!(row_bytes(GgmlType::Q5_0, 640), Some(20 * 22));
+        assert_eq!(row_bytes(GgmlType::Q5_1, 64), Some(48));
+        assert_eq!(row_bytes(GgmlType::Q5_0, 48), None);
+        // The k-quants: 256-element super-blocks, so a 32-multiple is not enough.
+        assert_eq!(row_bytes(GgmlType::Q4_K, 2048), Some(8 * 144));
+        assert_eq!(row_bytes(GgmlType::Q5_K, 256), Some(176));
+        assert_eq!(row_bytes(GgmlType::Q6_K, 512), Some(420));
+        for k in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
+            assert_eq!(row_bytes(k, 640), None, "{k}");
+            assert_eq!(row_bytes(k, 0), None, "{k}");
+        }
+        // Plain types still need whole chunks of 8 (one lane's unit of work).
+        assert_eq!(row_bytes(GgmlType::F32, 12), None);
         assert_eq!(format_suffix(GgmlType::Q4_1), Some("q4_1"));
+        assert_eq!(format_suffix(GgmlType::Q6_K), Some("q6_k"));
         assert_eq!(format_suffix(GgmlType::Unsupported(16)), None);
+    }
+
+    /// Every format with a suffix has a GEMV and a GEMM kernel in the kernel list, and the row size
+    /// agrees with the GGUF type's own block arithmetic at a width every format accepts.
+    #[test]
+    fn every_format_has_kernels_and_consistent_rows() {
+        let formats = [
+            GgmlType::F32,
+            GgmlType::F16,
+            GgmlType::BF16,
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q5_0,
+            GgmlType::Q5_1,
+            GgmlType::Q8_0,
+            GgmlType::Q4_K,
+            GgmlType::Q5_K,
+            GgmlType::Q6_K,
+        ];
+        for f in formats {
+            let suffix = format_suffix(f).unwrap();
+            for prefix in ["gemv", "gemm"] {
+                let name = format!("{prefix}_{suffix}");
+                assert!(
+                    crate::cuda::kernels::KernelFile::containing(&name).is_some(),
+                    "{name} is not in the kernel list"
+                );
+            }
+            let bpb = f.bytes_per_block().unwrap();
+            let bs = f.block_size().unwrap();
+            assert_eq!(row_bytes(f, 768), Some(768 / bs * bpb), "{f}");
+        }
     }
 
     #[test]
@@ -332,5 +463,81 @@ mod tests {
         }
         assert_eq!(w.token_embd.rows, config.vocab_size);
         assert!(w.device_bytes() > w.token_embd.bytes.len());
+        assert_eq!(w.rope_factors, vec![1.0; config.head_dim / 2]);
+        assert!(l.qkv_bias.is_none() && l.qk_norm.is_none() && l.post_attn_norm.is_none());
+    }
+
+    /// Loads `path` and checks that every per-architecture tensor the description asks for is
+    /// there with its shape, and that the projections are parts covering the fused widths.
+    fn check_arch_file(path: &std::path::Path) -> ModelDesc {
+        let file = GgufFile::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let c = ModelDesc::from_source(&file).unwrap();
+        let w = HostWeights::load(&file, &c).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let width = c.q_dim() + 2 * c.kv_dim();
+        for l in &w.layers {
+            assert_eq!(l.wqkv.iter().map(|p| p.rows).sum::<usize>(), width);
+            assert_eq!(
+                l.w_gate_up.iter().map(|p| p.rows).sum::<usize>(),
+                2 * c.ffn_dim
+            );
+            let parts = if c.projections == Projections::Fused {
+                1
+            } else {
+                3
+            };
+            assert_eq!(l.wqkv.len(), parts);
+            assert_eq!(
+                l.qkv_bias.as_ref().map(Vec::len),
+                c.qkv_bias.then_some(width)
+            );
+            let norms = l.qk_norm.as_ref().map(|(q, k)| (q.len(), k.len()));
+            assert_eq!(norms, c.qk_norm.then_some((c.head_dim, c.head_dim)));
+            let post = c.post_norms.then_some(c.hidden);
+            assert_eq!(l.post_attn_norm.as_ref().map(Vec::len), post);
+            assert_eq!(l.post_ffn_norm.as_ref().map(Vec::len), post);
+            for p in l.wqkv.iter().chain(&l.w_gate_up).chain([&l.wo, &l.w_down]) {
+                assert_eq!(p.bytes.len(), p.rows * row_bytes(p.format, p.cols).unwrap());
+            }
+        }
+        let want = c
+            .rope_freq_factors
+            .clone()
+            .unwrap_or(vec![1.0; c.head_dim / 2]);
+        assert_eq!(w.rope_factors, want);
+        c
+    }
+
+    /// Every tiny architecture of `fixtures/tiny-arch/` (qwen2 biases, qwen3 q/k norms, llama3
+    /// RoPE factors, gemma2 post-norms, phi3 fused projections) loads for the GPU, F32 and BF16.
+    #[test]
+    fn loads_every_tiny_architecture() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/tiny-arch");
+        let mut seen = Vec::new();
+        for arch in ["qwen2", "qwen3", "llama3rope", "gemma2", "phi3"] {
+            for dtype in ["f32", "bf16"] {
+                let c = check_arch_file(&root.join(format!("{arch}/{arch}-{dtype}.gguf")));
+                seen.push(c.options_summary());
+            }
+        }
+        assert!(seen.iter().any(|s| s.contains("QKV biases")), "{seen:?}");
+        assert!(seen.iter().any(|s| s.contains("fused QKV")), "{seen:?}");
+        assert!(
+            seen.iter().any(|s| s.contains("frequency factors")),
+            "{seen:?}"
+        );
+    }
+
+    /// Gemma 3 270M Q4_K_M (k-quants, Q5_0, Q8_0 and F32 tensors, q/k norms, post-norms) loads for
+    /// the GPU in its file formats.
+    #[test]
+    fn loads_gemma3_270m_in_its_formats() {
+        let path = gguf::testing::gemma3_model_path();
+        assert!(
+            path.is_file(),
+            "{} not found: run scripts/fetch-model gemma3-270m",
+            path.display()
+        );
+        let c = check_arch_file(&path);
+        assert!(c.qk_norm && c.post_norms && c.embed_scale.is_some());
     }
 }
