@@ -207,7 +207,7 @@ pub struct RouterSettings {
     /// API keys accepted on both fronts (`authorization: Bearer KEY`), e.g. from
     /// `ROUTER_API_KEYS="k1,k2"`; shown as `"<redacted>"` by `--check-config`. Empty (and no
     /// `api_keys_file`) = no keys needed. See [`crate::auth`].
-    #[serde(deserialize_with = "string_or_list", serialize_with = "redacted_list")]
+    #[serde(deserialize_with = "key_list", serialize_with = "redacted_list")]
     pub api_keys: Vec<String>,
     /// A file of API keys, one per line (blank lines and `#` comments ignored), re-read about
     /// every second; empty = none. Used together with `api_keys`.
@@ -478,21 +478,41 @@ fn redacted_list<S: serde::Serializer>(items: &[String], s: S) -> Result<S::Ok, 
 }
 
 fn string_or_list<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    Ok(split_list(d)?.1)
+}
+
+/// A list setting as a comma-separated string or a list: whether anything but whitespace was
+/// given, and its non-blank items, trimmed.
+fn split_list<'de, D: Deserializer<'de>>(d: D) -> Result<(bool, Vec<String>), D::Error> {
     #[derive(Deserialize)]
     #[serde(untagged)]
     enum Either {
         One(String),
         Many(Vec<String>),
     }
-    let items = match Either::deserialize(d)? {
+    let items: Vec<String> = match Either::deserialize(d)? {
         Either::One(s) => s.split(',').map(str::to_string).collect(),
         Either::Many(v) => v,
     };
-    Ok(items
+    let given = items.iter().any(|s| !s.trim().is_empty()) || items.len() > 1;
+    let kept = items
         .into_iter()
         .map(|s| s.trim().to_string())
         .filter(|s| !s.is_empty())
-        .collect())
+        .collect();
+    Ok((given, kept))
+}
+
+/// `api_keys`: as [`string_or_list`], but a value that names no key (only commas and blanks,
+/// e.g. `ROUTER_API_KEYS=" , "`) is an error rather than "no keys", which would leave the router
+/// open to anyone.
+fn key_list<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    match split_list(d)? {
+        (true, keys) if keys.is_empty() => Err(serde::de::Error::custom(
+            "api_keys is set but names no key (only commas and blanks); unset it for no keys",
+        )),
+        (_, keys) => Ok(keys),
+    }
 }
 
 #[cfg(test)]

@@ -77,6 +77,25 @@ fn misspelt_file_key_is_an_error() {
     });
 }
 
+/// A key setting that names no key is refused at start instead of leaving the router open.
+#[test]
+#[allow(clippy::result_large_err)] // figment::Jail's closure signature
+fn api_keys_of_only_separators_are_refused() {
+    figment::Jail::expect_with(|jail| {
+        jail.set_env("ROUTER_API_KEYS", " , ");
+        let cli = Cli::parse_from(["router", "--workers", "a:1"]);
+        let err = RouterSettings::load(&cli)
+            .map(drop)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("names no key"), "{err}");
+        jail.set_env("ROUTER_API_KEYS", "");
+        let s = RouterSettings::load(&cli).map_err(|e| e.to_string())?;
+        assert!(s.api_keys.is_empty());
+        Ok(())
+    });
+}
+
 #[test]
 #[allow(clippy::result_large_err)] // figment::Jail's closure signature
 fn api_keys_from_env_and_file_are_checked_and_redacted() {

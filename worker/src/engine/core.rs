@@ -234,8 +234,9 @@ impl<M: BatchModel> Engine<M> {
         let longest = (req.prompt_ids.len() + req.max_new_tokens as usize).min(ctx);
         let blocks = self.pool.blocks_for(longest);
         if blocks > self.pool.num_blocks() {
+            // Never servable here (not a momentary overload): a client must not retry it.
             return Err((
-                CODE_RESOURCE_EXHAUSTED,
+                CODE_INVALID_ARGUMENT,
                 format!(
                     "prompt ({} tokens) + max_new_tokens ({}) needs {blocks} KV blocks; this \
                      worker's KV cache has {} blocks of {} tokens",
@@ -406,6 +407,9 @@ impl<M: BatchModel> Engine<M> {
         per_conn: &mut HashMap<ConnId, StepOutput>,
     ) {
         if let Some(seq) = self.seqs.get(&id) {
+            if code == CODE_INTERNAL {
+                tracing::warn!(request_id = %seq.request_id, %message, "request failed");
+            }
             per_conn
                 .entry(seq.conn)
                 .or_default()

@@ -21,16 +21,6 @@ pub enum ModelError {
     /// backend does not decode); the message names the tensor.
     #[error("invalid model config: {0}")]
     InvalidConfig(String),
-    /// The model is valid but this backend does not implement one of its features.
-    #[error("the {backend} backend cannot run this `{arch}` model: {what}")]
-    Unsupported {
-        /// `cpu` or `cuda`.
-        backend: &'static str,
-        /// The model's architecture.
-        arch: String,
-        /// The missing feature.
-        what: String,
-    },
     /// A required tensor is absent from the file.
     #[error("missing tensor `{0}`")]
     MissingTensor(String),
