@@ -285,6 +285,10 @@ async fn http_front_matches_grpc_and_speaks_openai() {
     assert_eq!((status, error_of(&answer).1), (413, "request_too_large"));
     let (status, answer) = post(&http, &format!("{base}/v1/embeddings"), &json!({})).await;
     assert_eq!((status, error_of(&answer).1), (404, "unknown_url"));
+    let response = http.get(&chat_url).send().await.unwrap();
+    let status = response.status().as_u16();
+    let answer: Value = response.json().await.unwrap();
+    assert_eq!((status, error_of(&answer).1), (405, "method_not_allowed"));
 
     // A client that goes away mid-stream cancels its sequences on the worker.
     let long = json!({"prompt": "Tell me everything", "max_tokens": 4000, "ignore_eos": true,

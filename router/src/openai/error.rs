@@ -5,6 +5,7 @@
 //! |---|---|---|---|
 //! | body not JSON, wrong type or value, [`ValidationError::Invalid`], `INVALID_ARGUMENT` | 400 | `invalid_request_error` | `invalid_type` / `invalid_value` / `invalid_json` |
 //! | unknown model | 404 | `invalid_request_error` | `model_not_found` |
+//! | unknown path / served path with another method | 404 / 405 | `invalid_request_error` | `unknown_url` / `method_not_allowed` |
 //! | body above `max_request_bytes` | 413 | `invalid_request_error` | `request_too_large` |
 //! | admission queue full (`RESOURCE_EXHAUSTED`) | 429 | `rate_limit_error` | `overloaded` |
 //! | no worker ready, draining (`UNAVAILABLE`) | 503 | `server_error` | `unavailable` |
@@ -132,6 +133,17 @@ impl ApiError {
             kind: "invalid_request_error",
             param: None,
             code: "unknown_url",
+        }
+    }
+
+    /// 405 for a served path asked with another method (e.g. `GET /v1/chat/completions`).
+    pub fn wrong_method(method: &axum::http::Method, path: &str) -> Self {
+        Self {
+            status: StatusCode::METHOD_NOT_ALLOWED,
+            message: format!("{method} is not allowed on {path}; this server serves POST /v1/chat/completions, POST /v1/completions, POST /tokenize, GET /v1/models and GET /health"),
+            kind: "invalid_request_error",
+            param: None,
+            code: "method_not_allowed",
         }
     }
 

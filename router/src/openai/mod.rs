@@ -104,6 +104,9 @@ impl OpenAiFront {
             ));
         api.route("/health", get(health))
             .fallback(|uri: Uri| async move { ApiError::no_route(uri.path()) })
+            .method_not_allowed_fallback(|method: axum::http::Method, uri: Uri| async move {
+                ApiError::wrong_method(&method, uri.path())
+            })
             .with_state(self.clone())
     }
 
