@@ -144,6 +144,7 @@ async fn run(settings: WorkerSettings, backend: Backend) -> anyhow::Result<()> {
                 );
             }
             let options = CudaOptions {
+                verified_only: s.device == worker::cuda::DeviceKind::Auto,
                 numerics: s.cuda_numerics,
                 graphs: s.cuda_graphs,
                 cache_dir: worker::cuda::cache::cache_dir(&s.cuda_cache_dir),

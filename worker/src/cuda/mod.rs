@@ -28,4 +28,4 @@ pub mod weights;
 pub use compile::Numerics;
 pub use device::{choose_backend, probe, Backend, DeviceKind, GpuInfo};
 pub use kv::GpuKv;
-pub use model::{CudaModel, CudaOptions};
+pub use model::{unverified_architecture, CudaModel, CudaOptions};

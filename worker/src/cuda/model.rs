@@ -55,6 +55,25 @@ pub struct CudaOptions {
     pub cache_dir: PathBuf,
     /// Largest decode batch a graph is captured for (normally `max_num_seqs`).
     pub max_decode_batch: usize,
+    /// Refuse architectures whose CUDA path has not run on a GPU yet (anything but plain Llama:
+    /// see [`unverified_architecture`]); the worker sets it for `device = auto`, so only an
+    /// explicit `device = cuda` runs them.
+    pub verified_only: bool,
+}
+
+/// Why `desc` cannot run on CUDA when only verified paths are allowed: the kernels of every
+/// architecture but plain Llama (biases, q/k norms, post-norms, GeGLU, soft-caps, sliding
+/// windows, RoPE factors) are compile-checked and host-emulated but have not run on a GPU.
+/// `None` when it can.
+pub fn unverified_architecture(desc: &ModelDesc) -> Option<String> {
+    (!desc.is_plain_llama()).then(|| {
+        format!(
+            "the CUDA path of this `{}` model has not been verified on a GPU yet (only plain Llama \
+             has); with device = auto the worker refuses it: use --device cpu, or --device cuda \
+             to run it anyway",
+            desc.arch
+        )
+    })
 }
 
 /// A model of any supported architecture on a GPU.
@@ -97,6 +116,11 @@ impl CudaModel {
         options: CudaOptions,
     ) -> anyhow::Result<CudaModel> {
         let config = ModelDesc::from_source(file).map_err(ModelError::from)?;
+        if options.verified_only {
+            if let Some(why) = unverified_architecture(&config) {
+                anyhow::bail!(why);
+            }
+        }
         let host = HostWeights::load(file, &config)?;
         let ctx = gpu.ctx.clone();
         driver("binding the CUDA context", ctx.bind_to_thread()).map_err(anyhow::Error::msg)?;
