@@ -37,10 +37,12 @@ mod desc;
 mod error;
 mod read;
 mod source;
+mod tensors;
 
 pub use desc::{Activation, Arch, LayerDesc, ModelDesc, Projections, RopeStyle};
 pub use error::ArchError;
 pub use source::{ModelSource, TensorData};
+pub use tensors::{layer_tensors, LayerTensors};
 
 #[cfg(test)]
 mod tests;

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, CudaStream};
 use gguf::{GgmlType, GgufFile};
 
-use crate::arch::{ModelDesc, Projections};
+use crate::arch::{layer_tensors, LayerTensors, ModelDesc};
 use crate::model::ModelError;
 
 /// One matrix part on the host: the file's bytes of a row-major `[rows, cols]` matrix.
@@ -86,29 +86,7 @@ pub struct HostWeights {
 }
 
 /// One transformer block's weights on the host.
-#[derive(Debug, Clone)]
-pub struct HostLayer {
-    /// `[hidden]`.
-    pub attn_norm: Vec<f32>,
-    /// Q, K, V parts (`[q_dim | kv_dim | kv_dim, hidden]`), or one fused part (Phi-3).
-    pub wqkv: Vec<HostPart>,
-    /// Q, K and V biases stacked, `[q_dim + 2 * kv_dim]` (Qwen 2).
-    pub qkv_bias: Option<Vec<f32>>,
-    /// Per-head Q and K RMSNorm weights, `[head_dim]` each (Qwen 3, Gemma 3).
-    pub qk_norm: Option<(Vec<f32>, Vec<f32>)>,
-    /// `[hidden, q_dim]`.
-    pub wo: HostPart,
-    /// Norm of the attention output before its residual add, `[hidden]` (Gemma 2/3).
-    pub post_attn_norm: Option<Vec<f32>>,
-    /// `[hidden]`.
-    pub ffn_norm: Vec<f32>,
-    /// Gate and up parts (`[ffn | ffn, hidden]`), or one fused part (Phi-3).
-    pub w_gate_up: Vec<HostPart>,
-    /// `[hidden, ffn]`.
-    pub w_down: HostPart,
-    /// Norm of the feed-forward output before its residual add, `[hidden]` (Gemma 2/3).
-    pub post_ffn_norm: Option<Vec<f32>>,
-}
+pub type HostLayer = LayerTensors<HostPart>;
 
 impl HostWeights {
     /// Reads every tensor of `file` for `config`.
@@ -118,57 +96,15 @@ impl HostWeights {
     /// blocks.
     pub fn load(file: &GgufFile, config: &ModelDesc) -> Result<HostWeights, ModelError> {
         let c = config;
-        let (h, f, q, kv, hd) = (c.hidden, c.ffn_dim, c.q_dim(), c.kv_dim(), c.head_dim);
+        let (h, hd) = (c.hidden, c.head_dim);
         let mut layers = Vec::with_capacity(c.n_layers);
         for l in 0..c.n_layers {
-            let n = |s: &str| format!("blk.{l}.{s}.weight");
-            let (wqkv, w_gate_up) = match c.projections {
-                Projections::Separate => (
-                    vec![
-                        part(file, &n("attn_q"), h, q)?,
-                        part(file, &n("attn_k"), h, kv)?,
-                        part(file, &n("attn_v"), h, kv)?,
-                    ],
-                    vec![
-                        part(file, &n("ffn_gate"), h, f)?,
-                        part(file, &n("ffn_up"), h, f)?,
-                    ],
-                ),
-                Projections::Fused => (
-                    vec![part(file, &n("attn_qkv"), h, q + 2 * kv)?],
-                    vec![part(file, &n("ffn_up"), h, 2 * f)?],
-                ),
-            };
-            let qkv_bias = if c.qkv_bias {
-                let bias = |s: &str, len| vector(file, &format!("blk.{l}.{s}.bias"), len);
-                let mut b = bias("attn_q", q)?;
-                b.extend(bias("attn_k", kv)?);
-                b.extend(bias("attn_v", kv)?);
-                Some(b)
-            } else {
-                None
-            };
-            let qk_norm = if c.qk_norm {
-                Some((
-                    vector(file, &n("attn_q_norm"), hd)?,
-                    vector(file, &n("attn_k_norm"), hd)?,
-                ))
-            } else {
-                None
-            };
-            let post = |s: &str| c.post_norms.then(|| vector(file, &n(s), h)).transpose();
-            layers.push(HostLayer {
-                attn_norm: vector(file, &n("attn_norm"), h)?,
-                wqkv,
-                qkv_bias,
-                qk_norm,
-                wo: part(file, &n("attn_output"), q, h)?,
-                post_attn_norm: post("post_attention_norm")?,
-                ffn_norm: vector(file, &n("ffn_norm"), h)?,
-                w_gate_up,
-                w_down: part(file, &n("ffn_down"), f, h)?,
-                post_ffn_norm: post("post_ffw_norm")?,
-            });
+            layers.push(layer_tensors(
+                c,
+                l,
+                |name, cols, rows| part(file, name, cols, rows),
+                |name, len| vector(file, name, len),
+            )?);
         }
         let output = match file.tensor("output.weight") {
             Some(_) => Some(part(file, "output.weight", h, c.vocab_size)?),
@@ -376,6 +312,7 @@ impl GpuWeights {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::arch::Projections;
 
     #[test]
     fn row_sizes_and_kernel_names() {

@@ -22,7 +22,7 @@
 
 use super::kernels::QMatrix;
 use super::ModelError;
-use crate::arch::{ModelDesc, ModelSource, Projections, TensorData};
+use crate::arch::{layer_tensors, ModelDesc, ModelSource, TensorData};
 
 /// A weight matrix `[rows, cols]` made of one or more [`QMatrix`] parts
 /// stacked by rows (e.g. Q, K and V), each in its own file format.
@@ -122,58 +122,26 @@ impl ModelWeights {
     /// [`ModelError::Gguf`] / [`ModelError::Arch`] for unsupported types or out-of-bounds data.
     pub fn load(src: &dyn ModelSource, desc: &ModelDesc) -> Result<ModelWeights, ModelError> {
         let c = desc;
-        let (h, f, hd) = (c.hidden as u64, c.ffn_dim as u64, c.head_dim as u64);
-        let (q, kv) = (c.q_dim() as u64, c.kv_dim() as u64);
+        let h = c.hidden as u64;
         let mut layers = Vec::with_capacity(c.n_layers);
         for l in 0..c.n_layers {
-            let name = |s: &str| format!("blk.{l}.{s}.weight");
-            let norm = |s: &str| vector(src, &name(s), h);
-            let (wqkv, w_gate_up) = match c.projections {
-                Projections::Separate => (
-                    vec![
-                        matrix(src, &name("attn_q"), h, q)?,
-                        matrix(src, &name("attn_k"), h, kv)?,
-                        matrix(src, &name("attn_v"), h, kv)?,
-                    ],
-                    vec![
-                        matrix(src, &name("ffn_gate"), h, f)?,
-                        matrix(src, &name("ffn_up"), h, f)?,
-                    ],
-                ),
-                Projections::Fused => (
-                    vec![matrix(src, &name("attn_qkv"), h, q + 2 * kv)?],
-                    vec![matrix(src, &name("ffn_up"), h, 2 * f)?],
-                ),
-            };
-            let qkv_bias = if c.qkv_bias {
-                let bias = |s: &str, n| vector(src, &format!("blk.{l}.{s}.bias"), n);
-                let mut b = bias("attn_q", q)?;
-                b.extend(bias("attn_k", kv)?);
-                b.extend(bias("attn_v", kv)?);
-                Some(b)
-            } else {
-                None
-            };
-            let qk_norm = if c.qk_norm {
-                Some((
-                    vector(src, &name("attn_q_norm"), hd)?,
-                    vector(src, &name("attn_k_norm"), hd)?,
-                ))
-            } else {
-                None
-            };
-            let post = |s: &str| c.post_norms.then(|| norm(s)).transpose();
+            let t = layer_tensors(
+                c,
+                l,
+                |name, cols, rows| matrix(src, name, cols as u64, rows as u64),
+                |name, len| vector(src, name, len as u64),
+            )?;
             layers.push(LayerWeights {
-                attn_norm: norm("attn_norm")?,
-                wqkv: Matrix { parts: wqkv },
-                qkv_bias,
-                qk_norm,
-                wo: Matrix::single(matrix(src, &name("attn_output"), q, h)?),
-                post_attn_norm: post("post_attention_norm")?,
-                ffn_norm: norm("ffn_norm")?,
-                w_gate_up: Matrix { parts: w_gate_up },
-                w_down: Matrix::single(matrix(src, &name("ffn_down"), f, h)?),
-                post_ffn_norm: post("post_ffw_norm")?,
+                attn_norm: t.attn_norm,
+                wqkv: Matrix { parts: t.wqkv },
+                qkv_bias: t.qkv_bias,
+                qk_norm: t.qk_norm,
+                wo: Matrix::single(t.wo),
+                post_attn_norm: t.post_attn_norm,
+                ffn_norm: t.ffn_norm,
+                w_gate_up: Matrix { parts: t.w_gate_up },
+                w_down: Matrix::single(t.w_down),
+                post_ffn_norm: t.post_ffn_norm,
             });
         }
         let vocab = c.vocab_size as u64;
