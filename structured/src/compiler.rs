@@ -107,6 +107,31 @@ impl ConstraintCompiler {
     ///
     /// Errors: [`ConstraintError`] naming the field and llguidance's explanation.
     pub fn compile(&self, constraint: &Constraint) -> Result<ConstraintState, ConstraintError> {
+        self.compile_field(constraint).map(|(_, state)| state)
+    }
+
+    /// [`Self::compile`], then the first mask: a constraint that compiles but can never produce a
+    /// token (a schema that only refers to itself, a regex that matches no character, a grammar
+    /// with no terminal) is an [`ConstraintError::Invalid`] here, before any work, instead of a
+    /// failure at the first generated token.
+    ///
+    /// Errors: as [`Self::compile`].
+    pub fn check(&self, constraint: &Constraint) -> Result<(), ConstraintError> {
+        let (field, mut state) = self.compile_field(constraint)?;
+        state
+            .compute_mask()
+            .map(drop)
+            .map_err(|e| ConstraintError::Invalid {
+                field,
+                message: format!("no output can satisfy it ({e})"),
+            })
+    }
+
+    /// [`Self::compile`], with the name of the constraint's field.
+    fn compile_field(
+        &self,
+        constraint: &Constraint,
+    ) -> Result<(&'static str, ConstraintState), ConstraintError> {
         let (field, grammar) = grammar_of(constraint)?;
         let invalid = |message: String| ConstraintError::Invalid { field, message };
         let parser = self
@@ -117,36 +142,7 @@ impl ConstraintCompiler {
         if let Some(message) = matcher.get_error() {
             return Err(invalid(message));
         }
-        Ok(ConstraintState::new(matcher))
-    }
-
-    /// [`Self::compile`], then the first mask: a constraint that compiles but can never produce a
-    /// token (a schema that only refers to itself, a regex that matches no character, a grammar
-    /// with no terminal) is an [`ConstraintError::Invalid`] here, before any work, instead of a
-    /// failure at the first generated token.
-    ///
-    /// Errors: as [`Self::compile`].
-    pub fn check(&self, constraint: &Constraint) -> Result<(), ConstraintError> {
-        let mut state = self.compile(constraint)?;
-        let field = grammar_field(constraint);
-        state
-            .compute_mask()
-            .map(drop)
-            .map_err(|e| ConstraintError::Invalid {
-                field,
-                message: format!("no output can satisfy it ({e})"),
-            })
-    }
-}
-
-/// The name of `constraint`'s field (as in [`ConstraintError::Invalid`]).
-fn grammar_field(constraint: &Constraint) -> &'static str {
-    match constraint.kind.as_ref() {
-        Some(Kind::JsonSchema(_)) => "json_schema",
-        Some(Kind::JsonObject(_)) => "json_object",
-        Some(Kind::Regex(_)) => "regex",
-        Some(Kind::Lark(_)) => "lark",
-        Some(Kind::Choice(_)) | None => "choice",
+        Ok((field, ConstraintState::new(matcher)))
     }
 }
 
