@@ -236,6 +236,23 @@ impl QMatrix {
     }
 }
 
+/// Every tensor format a [`QMatrix`] holds (the tests of each decoder and kernel path go
+/// through all of them).
+#[cfg(test)]
+pub(crate) const SERVED_FORMATS: [GgmlType; 11] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+];
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -282,20 +299,7 @@ mod tests {
     /// Every path decodes every format bitwise like `gguf::dequantize`.
     #[test]
     fn decoders_match_reference_bitwise() {
-        let formats = [
-            GgmlType::F32,
-            GgmlType::F16,
-            GgmlType::BF16,
-            GgmlType::Q8_0,
-            GgmlType::Q4_0,
-            GgmlType::Q4_1,
-            GgmlType::Q5_0,
-            GgmlType::Q5_1,
-            GgmlType::Q4_K,
-            GgmlType::Q5_K,
-            GgmlType::Q6_K,
-        ];
-        for format in formats {
+        for format in SERVED_FORMATS {
             let shapes: &[(usize, usize)] = if format.block_size() == Some(256) {
                 &[(1, 256), (3, 512), (2, 1536)]
             } else {

@@ -107,21 +107,8 @@ fn naive(x: &[f32], n: usize, parts: &[QMatrix]) -> Vec<f64> {
 /// reference; and per path, each row alone gives bitwise its batched result.
 #[test]
 fn every_path_and_format_matches_reference_and_is_batch_invariant() {
-    let formats = [
-        GgmlType::F32,
-        GgmlType::F16,
-        GgmlType::BF16,
-        GgmlType::Q8_0,
-        GgmlType::Q4_0,
-        GgmlType::Q4_1,
-        GgmlType::Q5_0,
-        GgmlType::Q5_1,
-        GgmlType::Q4_K,
-        GgmlType::Q5_K,
-        GgmlType::Q6_K,
-    ];
     for path in SimdPath::available() {
-        for format in formats {
+        for format in crate::model::kernels::SERVED_FORMATS {
             let shapes: &[(usize, [usize; 2])] = if format.block_size() == Some(256) {
                 &[(256, [1, 5]), (512, [3, 17])]
             } else {
