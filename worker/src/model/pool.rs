@@ -293,32 +293,89 @@ impl ComputePool {
     ) {
         assert!(chunk > 0, "for_each_chunk_mut: chunk of 0");
         let len = data.len();
-        let base = SendPtr(data.as_mut_ptr());
-        let base = &base;
+        let shared = DisjointSlice::new(data);
         self.run(len.div_ceil(chunk), &|i| {
             let start = i * chunk;
             // SAFETY: `run` calls each index exactly once, so the pieces
-            // `start..start + n` are disjoint; they lie inside `data`, which is
-            // borrowed mutably for the whole call.
-            let piece = unsafe {
-                std::slice::from_raw_parts_mut(base.get().add(start), chunk.min(len - start))
-            };
+            // `start..start + chunk` are disjoint.
+            let piece = unsafe { shared.piece(start..(start + chunk).min(len)) };
             f(i, piece)
         });
     }
 }
 
-/// A pointer to the start of a slice whose disjoint pieces go to different tasks.
-struct SendPtr<T>(*mut T);
-
-impl<T> SendPtr<T> {
-    fn get(&self) -> *mut T {
-        self.0
-    }
+/// A mutable slice whose disjoint pieces (ranges or single elements) are written by the
+/// tasks of one parallel region ([`ComputePool::run`]): the one type behind every in-place
+/// parallel write of the forward pass (`for_each_chunk_mut`, the matmul's output columns,
+/// the split attention's scores and values). It borrows the slice mutably for `'a`, so
+/// nothing else touches it meanwhile; the `unsafe` accessors leave only disjointness
+/// between tasks to the caller, and check bounds themselves.
+pub struct DisjointSlice<'a, T> {
+    ptr: *mut T,
+    len: usize,
+    _slice: std::marker::PhantomData<&'a mut [T]>,
 }
 
-// SAFETY: tasks only make disjoint pieces from it (see `for_each_chunk_mut`), and `T: Send`.
-unsafe impl<T: Send> Sync for SendPtr<T> {}
+impl<T> Clone for DisjointSlice<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for DisjointSlice<'_, T> {}
+
+// SAFETY: tasks only write disjoint pieces (the contract of `piece` and `set`), and the
+// elements may move between threads (`T: Send`).
+unsafe impl<T: Send> Sync for DisjointSlice<'_, T> {}
+unsafe impl<T: Send> Send for DisjointSlice<'_, T> {}
+
+impl<'a, T> DisjointSlice<'a, T> {
+    /// Shares `data` for one region's tasks.
+    pub fn new(data: &'a mut [T]) -> DisjointSlice<'a, T> {
+        DisjointSlice {
+            ptr: data.as_mut_ptr(),
+            len: data.len(),
+            _slice: std::marker::PhantomData,
+        }
+    }
+
+    /// Elements in the slice.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the slice is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Elements `range` of the slice. Panics if `range` is out of bounds.
+    ///
+    /// # Safety
+    /// No two pieces (or [`Self::set`] elements) in use at the same time may overlap.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn piece(&self, range: std::ops::Range<usize>) -> &'a mut [T] {
+        assert!(
+            range.start <= range.end && range.end <= self.len,
+            "DisjointSlice: range {range:?} out of 0..{}",
+            self.len
+        );
+        std::slice::from_raw_parts_mut(self.ptr.add(range.start), range.len())
+    }
+
+    /// `slice[i] = v`. Panics if `i` is out of bounds.
+    ///
+    /// # Safety
+    /// No other task writes or reads element `i` meanwhile.
+    #[inline(always)]
+    pub unsafe fn set(&self, i: usize, v: T) {
+        assert!(
+            i < self.len,
+            "DisjointSlice: index {i} out of 0..{}",
+            self.len
+        );
+        *self.ptr.add(i) = v;
+    }
+}
 
 /// An open region: dropping it (at the end of [`ComputePool::run`], or while
 /// unwinding) closes the region to late helpers and waits for the registered
@@ -360,6 +417,33 @@ mod tests {
     use std::sync::atomic::AtomicU32;
 
     use super::*;
+
+    #[test]
+    fn disjoint_slice_pieces_and_elements_land_in_place() {
+        let pool = ComputePool::new(3);
+        let mut data = vec![0u32; 100];
+        let shared = DisjointSlice::new(&mut data);
+        assert_eq!(shared.len(), 100);
+        pool.run(10, &|i| {
+            // SAFETY: task i alone writes elements 10i..10i+9 and element 10i+9.
+            let piece = unsafe { shared.piece(10 * i..10 * i + 9) };
+            piece.fill(i as u32);
+            unsafe { shared.set(10 * i + 9, 1000 + i as u32) };
+        });
+        for (j, &v) in data.iter().enumerate() {
+            let i = (j / 10) as u32;
+            assert_eq!(v, if j % 10 == 9 { 1000 + i } else { i }, "element {j}");
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "out of 0..4")]
+    fn disjoint_slice_checks_bounds() {
+        let mut data = [0.0f32; 4];
+        let shared = DisjointSlice::new(&mut data);
+        // SAFETY: the only piece in use.
+        let _ = unsafe { shared.piece(2..5) };
+    }
 
     #[test]
     fn every_task_runs_exactly_once() {

@@ -19,7 +19,7 @@ use std::cell::RefCell;
 use super::super::aligned::AlignedVec;
 use super::super::kv_cache::PagedLayer;
 use super::super::matmul::{add_scaled_rows_with, add_scaled_with, dot_with};
-use super::super::pool;
+use super::super::pool::{self, DisjointSlice};
 use super::super::SimdPath;
 use super::per_query::At;
 use super::softmax::softmax_rows;
@@ -55,28 +55,6 @@ pub(super) fn wanted(
 ) -> bool {
     let threads = pool::global().threads();
     threads > 1 && live * n_kv_heads < threads && kv_bytes > shared_kv_bytes
-}
-
-/// A mutable buffer written at disjoint places by the tasks of one parallel region.
-struct Shared(*mut f32, usize);
-
-// SAFETY: the tasks of a region write disjoint elements (see each use), and the buffer outlives
-// the region (`pool::run` returns after every task).
-unsafe impl Sync for Shared {}
-
-impl Shared {
-    /// Elements `range` of the buffer.
-    ///
-    /// # Safety
-    /// No two slices in use at the same time overlap.
-    #[allow(clippy::mut_from_ref)]
-    unsafe fn slice(&self, range: std::ops::Range<usize>) -> &mut [f32] {
-        assert!(
-            range.end <= self.1,
-            "split attention: range out of the buffer"
-        );
-        std::slice::from_raw_parts_mut(self.0.add(range.start), range.len())
-    }
 }
 
 /// Attention of every query `t` with `skip[t] == false` into its row of `out` (`[n, n_heads *
@@ -142,7 +120,7 @@ impl Pair<'_> {
     fn scores(&self, p: &mut [f32], scale: f32, softcap: Option<f32>) {
         let n_keys = self.offsets.len();
         let hd = self.head_dim;
-        let shared = Shared(p.as_mut_ptr(), p.len());
+        let shared = DisjointSlice::new(p);
         pool::global().run(n_keys.div_ceil(KEYS_PER_TASK), &|i| {
             let range = i * KEYS_PER_TASK..((i + 1) * KEYS_PER_TASK).min(n_keys);
             ROW.with_borrow_mut(|row| {
@@ -151,7 +129,7 @@ impl Pair<'_> {
                     let q = &self.qs[h * hd..(h + 1) * hd];
                     // SAFETY: task `i` alone writes keys `range` of each head's row.
                     let ph =
-                        unsafe { shared.slice(h * n_keys + range.start..h * n_keys + range.end) };
+                        unsafe { shared.piece(h * n_keys + range.start..h * n_keys + range.end) };
                     for (pj, j) in ph.iter_mut().zip(range.clone()) {
                         let k = self.layer.key_row(self.offsets[j], row);
                         *pj = dot_with(self.path, q, k) * scale;
@@ -168,7 +146,7 @@ impl Pair<'_> {
     /// dimension (`o` is `[heads, head_dim]`).
     fn values(&self, p: &[f32], o: &mut [f32]) {
         let hd = self.head_dim;
-        let shared = Shared(o.as_mut_ptr(), o.len());
+        let shared = DisjointSlice::new(o);
         pool::global().run(hd.div_ceil(DIMS_PER_TASK), &|i| {
             let dims = i * DIMS_PER_TASK..((i + 1) * DIMS_PER_TASK).min(hd);
             ROW.with_borrow_mut(|row| {
@@ -186,14 +164,14 @@ impl Pair<'_> {
     fn values_in<const K: usize>(
         &self,
         p: &[f32],
-        o: &Shared,
+        o: &DisjointSlice<'_, f32>,
         dims: std::ops::Range<usize>,
         rows: &mut AlignedVec,
     ) {
         let n_keys = self.offsets.len();
         let hd = self.head_dim;
-        // SAFETY (each `o.slice` below): this task alone writes elements `dims` of each head.
-        let out = |h: usize| unsafe { o.slice(h * hd + dims.start..h * hd + dims.end) };
+        // SAFETY (each `o.piece` below): this task alone writes elements `dims` of each head.
+        let out = |h: usize| unsafe { o.piece(h * hd + dims.start..h * hd + dims.end) };
         let mut j = 0;
         while j + K <= n_keys {
             let mut bufs = rows.chunks_exact_mut(hd);

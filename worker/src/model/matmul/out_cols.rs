@@ -1,38 +1,33 @@
 //! [`OutCols`]: disjoint column blocks of the matmul output, written in place by parallel tasks.
 
+use crate::model::pool::DisjointSlice;
+
 /// A block of columns `col0..col0 + cols` of a row-major `[n, stride]`
 /// output, written one element at a time by one task. Blocks made by
 /// [`OutCols::columns`] from one `&mut` borrow never overlap, so tasks can
 /// fill disjoint column ranges of the same rows in parallel (the matmul
 /// writes `y` in place, with no transposed copy).
 pub(super) struct OutCols<'a> {
-    ptr: *mut f32,
+    y: DisjointSlice<'a, f32>,
     /// First row (token) of the block.
     row0: usize,
     n: usize,
     stride: usize,
     col0: usize,
     pub(super) cols: usize,
-    _y: std::marker::PhantomData<&'a mut [f32]>,
 }
-
-// SAFETY: an `OutCols` is the only writer of its columns (see `columns` and
-// `task_columns`); shared, it is only used to make disjoint task blocks.
-unsafe impl Send for OutCols<'_> {}
-unsafe impl Sync for OutCols<'_> {}
 
 impl<'a> OutCols<'a> {
     /// All `stride` columns of `y` (`[n, stride]`).
     pub(super) fn new(y: &'a mut [f32], n: usize, stride: usize) -> OutCols<'a> {
         assert_eq!(y.len(), n * stride, "OutCols: shape");
         OutCols {
-            ptr: y.as_mut_ptr(),
+            y: DisjointSlice::new(y),
             row0: 0,
             n,
             stride,
             col0: 0,
             cols: stride,
-            _y: std::marker::PhantomData,
         }
     }
 
@@ -55,13 +50,12 @@ impl<'a> OutCols<'a> {
     pub(super) unsafe fn task_columns(&self, c0: usize, cols: usize) -> OutCols<'a> {
         assert!(c0 + cols <= self.cols, "OutCols: columns out of range");
         OutCols {
-            ptr: self.ptr,
+            y: self.y,
             row0: self.row0,
             n: self.n,
             stride: self.stride,
             col0: self.col0 + c0,
             cols,
-            _y: std::marker::PhantomData,
         }
     }
 
@@ -69,13 +63,12 @@ impl<'a> OutCols<'a> {
     pub(super) fn rows_from(&mut self, t0: usize) -> OutCols<'a> {
         assert!(t0 <= self.n, "OutCols: rows out of range");
         OutCols {
-            ptr: self.ptr,
+            y: self.y,
             row0: self.row0 + t0,
             n: self.n - t0,
             stride: self.stride,
             col0: self.col0,
             cols: self.cols,
-            _y: std::marker::PhantomData,
         }
     }
 
@@ -83,9 +76,8 @@ impl<'a> OutCols<'a> {
     #[inline(always)]
     pub(super) fn set(&mut self, t: usize, c: usize, v: f32) {
         assert!(t < self.n && c < self.cols, "OutCols: index out of range");
-        // SAFETY: in bounds of the `[n, stride]` buffer (checked above, and
-        // `col0 + cols <= stride` by construction); no other block writes
-        // these columns.
-        unsafe { *self.ptr.add((self.row0 + t) * self.stride + self.col0 + c) = v }
+        // SAFETY: no other block writes these columns (`col0 + cols <= stride` by
+        // construction, so the element is in this block's columns of row `row0 + t`).
+        unsafe { self.y.set((self.row0 + t) * self.stride + self.col0 + c, v) }
     }
 }
