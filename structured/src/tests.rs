@@ -254,3 +254,56 @@ fn check_refuses_constraints_that_cannot_start() {
         c.check(&constraint(kind)).unwrap();
     }
 }
+
+/// A schema with 500 optional properties and additional properties allowed (the default), which
+/// llguidance's default Earley row limit of 2,000 items refused after `{` ("Current row has 2007
+/// items"), takes a whole object byte by byte; and a random walk of it with additional properties
+/// off ends in a valid object.
+#[test]
+fn wide_schemas_fit_the_parser_limits() {
+    let t = tiny();
+    let bytes = token_bytes(VocabKind::ByteLevelBpe, &t.tokens, &t.types, t.tokens.len()).unwrap();
+    let id = |b: u8| {
+        bytes
+            .iter()
+            .position(|w| w == &[b])
+            .expect("a one-byte token") as u32
+    };
+    let props: Vec<String> = (0..500)
+        .map(|i| format!("\"field_{i}\": {{\"type\": \"boolean\"}}"))
+        .collect();
+    let schema = |extra: &str| {
+        let body = props.join(", ");
+        format!("{{\"type\": \"object\", \"properties\": {{{body}}}{extra}}}")
+    };
+    let open = constraint(Kind::JsonSchema(schema("")));
+    let mut state = compiler(&t).compile(&open).unwrap();
+    let text = br#"{"field_0":true,"field_499":false,"other":1}"#;
+    for (i, &b) in text.iter().enumerate() {
+        let mask = state
+            .compute_mask()
+            .unwrap_or_else(|e| panic!("byte {i}: {e}"));
+        assert!(mask.allows(id(b)), "byte {i} refused");
+        let progress = state.advance(id(b)).unwrap();
+        assert_eq!(
+            progress == Progress::Complete,
+            i + 1 == text.len(),
+            "byte {i}"
+        );
+    }
+    let closed = constraint(Kind::JsonSchema(schema(
+        ", \"required\": [\"field_0\"], \"additionalProperties\": false",
+    )));
+    compiler(&t).check(&closed).unwrap();
+    for seed in [1, 2] {
+        let (text, _, complete) = walk(&t, &closed, seed, 2_000);
+        assert!(complete, "seed {seed}: not complete: {text}");
+        let value: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let object = value.as_object().expect("an object");
+        assert!(object.contains_key("field_0"), "{text}");
+        for (key, v) in object {
+            let i: usize = key.strip_prefix("field_").expect(key).parse().expect(key);
+            assert!(i < 500 && v.is_boolean(), "{text}");
+        }
+    }
+}
