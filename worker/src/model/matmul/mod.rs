@@ -28,8 +28,8 @@
 //! (more for steps of few tokens, see `rows_per_task`) and write their
 //! columns of `y` in place; inside a task, register tiles walk the shared
 //! dimension, the token tile staying in L1 while the decoded block streams
-//! past it: on AVX-512, 4 tokens × 4 rows (16 accumulators, one transposed
-//! reduction) for steps of more than 8 tokens, and 8 × 3 for steps of up to 8
+//! past it: on AVX-512, 6 tokens × 4 rows (24 accumulators, transposed
+//! reductions), then 4 × 4 for the last tokens, for steps of more than 8 tokens, and 8 × 3 for steps of up to 8
 //! tokens whose format has no fused kernel; 4 × 3 on the other paths. Activations and the scratch block start on
 //! 64-byte boundaries ([`AlignedVec`]), so the 16-float loads are aligned.
 
@@ -340,8 +340,12 @@ fn run_tile<const T: usize, const R: usize, const WIDE: bool>(
 /// Loop order: token tiles outermost, then the row groups of the block, so a
 /// tile of `T` token rows stays in L1 while the block's decoded rows (up to
 /// [`BLOCK_GROUPS`] × `R` rows, in L2) stream past it; `T` is 8 for 3-row
-/// groups on AVX-512 (24 accumulators of 32 registers), else 4 (4 × 4 = 16 of
-/// 32 on AVX-512, 4 × 3 = 12 of 16 elsewhere).
+/// groups on AVX-512 (24 accumulators of 32 registers), 6 for 4-row groups on
+/// AVX-512 (24 accumulators; then 4 for the last tokens), else 4 (4 × 3 = 12 of
+/// 16 elsewhere). Measured on the 2-core test machine, one thread, the whole
+/// matmul at 512 tokens: 6 × 4 against 4 × 4 alone, Q5_0 `[2048, 640]` 100 ->
+/// 111 GFLOP/s, Q6_K `[640, 2048]` 88 -> 99; Q8_0 `[49152, 640]` at 32 tokens 71-81 -> 97;
+/// 12 × 2 was slower than both.
 fn rows_block<const R: usize>(
     path: SimdPath,
     x: &[f32],
@@ -354,6 +358,17 @@ fn rows_block<const R: usize>(
     let mut t = 0;
     if path == SimdPath::Avx512 && R == TILE_R {
         t = token_tiles::<8, R>(path, x, n, k, t, w_rows, groups, out);
+    }
+    if path == SimdPath::Avx512 && R == 4 {
+        // 6 × 4 tiles, one fewer when that leaves whole 4 × 4 tiles (32 = 4 · 6 + 2 · 4).
+        let mut wide = n / 6;
+        if wide > 0
+            && !(n - 6 * wide).is_multiple_of(TILE_T)
+            && (n - 6 * (wide - 1)).is_multiple_of(TILE_T)
+        {
+            wide -= 1;
+        }
+        t = token_tiles::<6, 4>(path, x, 6 * wide, k, t, w_rows, groups, out);
     }
     t = token_tiles::<TILE_T, R>(path, x, n, k, t, w_rows, groups, out);
     token_tiles::<1, R>(path, x, n, k, t, w_rows, groups, out);
@@ -392,9 +407,12 @@ fn token_tiles<const T: usize, const R: usize>(
     t
 }
 
-/// Row groups of [`TILE_R`] rows decoded together into the scratch block
-/// (8 × 4 rows of 1536 floats = 192 KiB at most for SmolLM2, L2 resident).
-const BLOCK_GROUPS: usize = 8;
+/// Row groups decoded together into the scratch block: with [`ROWS_PER_TASK`] = 48, a task's
+/// whole block of rows at once on AVX-512 (12 × 4 rows of 2048 floats = 384 KiB for Gemma 3's
+/// `ffn_down`, L2 resident), so each token tile is loaded once per task. Measured on the 2-core
+/// test machine, one thread, the whole matmul at 512 tokens: 16 groups
+/// against 8, Q6_K `[640, 2048]` 99 -> 114 GFLOP/s, Q5_0 `[2048, 640]` 113 -> 119.
+const BLOCK_GROUPS: usize = 16;
 
 thread_local! {
     /// Per-thread decoded weight block, `BLOCK_GROUPS * G * in` floats; grows to the widest matrix seen.

@@ -208,3 +208,37 @@ fn portable_matches_simd_closely() {
         assert!((p - dot_with(path, &a, &b)).abs() < 1e-5);
     }
 }
+
+/// A benchmark, not a check: GFLOP/s of whole matmuls of Gemma 3's and SmolLM2's shapes on one
+/// thread of the detected path (`cargo test --release -p worker --lib matmul_report --
+/// --ignored --nocapture`). The figures in the module docs come from it.
+#[test]
+#[ignore]
+fn matmul_report() {
+    crate::model::pool::set_threads(1);
+    let path = SimdPath::detect();
+    for (format, rows, k, n) in [
+        (GgmlType::F32, 2048, 640, 512),
+        (GgmlType::Q5_0, 2048, 640, 512),
+        (GgmlType::Q6_K, 640, 2048, 512),
+        (GgmlType::Q8_0, 49152, 640, 32),
+        (GgmlType::Q5_0, 4096, 640, 32),
+        (GgmlType::Q4_1, 1536, 576, 512),
+    ] {
+        let w = [encoded(format, rows, k, 3)];
+        let mut x = crate::model::aligned::AlignedVec::new();
+        x.extend_from_slice(&data(n * k, 1));
+        let x = &x[..];
+        assert_eq!(x.as_ptr() as usize % 64, 0);
+        let mut y = Vec::new();
+        matmul_into_with(path, x, n, k, &w, &mut y);
+        let reps = (4e9 / (2.0 * (rows * k * n) as f64)).ceil() as usize;
+        let t = std::time::Instant::now();
+        for _ in 0..reps {
+            matmul_into_with(path, x, n, k, &w, &mut y);
+        }
+        let s = t.elapsed().as_secs_f64();
+        let gflops = 2.0 * (rows * k * n * reps) as f64 / s / 1e9;
+        println!("{format} [{rows}, {k}] x {n} tokens: {gflops:.1} GFLOP/s ({path:?}, 1 thread)");
+    }
+}
