@@ -7,11 +7,13 @@
 
 #![warn(missing_docs)]
 
+mod arch;
 mod error;
 pub mod hf;
 
 use std::path::Path;
 
+pub use arch::Arch;
 pub use error::{ModelFileError, Result};
 pub use gguf::GgufFile;
 

@@ -8,23 +8,7 @@ use gguf::MetadataValue;
 
 use super::config::{HfConfig, RopeParams};
 use crate::error::{ModelFileError, Result};
-
-/// An architecture the folder reader converts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Arch {
-    /// `llama` and `mistral` (GGUF `llama`; Q/K rows permuted; llama3 RoPE scaling).
-    Llama,
-    /// `qwen2` (Q/K/V biases).
-    Qwen2,
-    /// `qwen3` (per-head Q/K RMSNorm).
-    Qwen3,
-    /// `gemma2` (`1 + w` norms, post-norms, soft-capping, sliding window).
-    Gemma2,
-    /// `gemma3` / `gemma3_text` (`1 + w` norms, Q/K norms, post-norms, sliding window).
-    Gemma3,
-    /// `phi3` (fused QKV and gate|up).
-    Phi3,
-}
+pub use crate::Arch;
 
 /// The `model_type` values accepted, for error messages.
 const SUPPORTED: &str = "llama, mistral, qwen2, qwen3, gemma2, gemma3, gemma3_text, phi3";
@@ -51,18 +35,6 @@ impl Arch {
                 })
             }
         })
-    }
-
-    /// `general.architecture` of the GGUF file the converter would write.
-    pub fn gguf_name(self) -> &'static str {
-        match self {
-            Arch::Llama => "llama",
-            Arch::Qwen2 => "qwen2",
-            Arch::Qwen3 => "qwen3",
-            Arch::Gemma2 => "gemma2",
-            Arch::Gemma3 => "gemma3",
-            Arch::Phi3 => "phi3",
-        }
     }
 
     /// Whether Q/K rows are permuted to GGUF's interleaved RoPE layout (llama only).
@@ -370,7 +342,7 @@ pub fn metadata(
     rope: &RopeParams,
 ) -> Result<Vec<(String, MetadataValue)>> {
     let mut m = Meta {
-        prefix: arch.gguf_name(),
+        prefix: arch.name(),
         out: Vec::new(),
     };
     let c = config;

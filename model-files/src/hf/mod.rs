@@ -51,7 +51,7 @@ pub fn open_folder(dir: &Path) -> Result<GgufFile> {
     let mut metadata = vec![
         (
             "general.architecture".to_string(),
-            MetadataValue::String(arch.gguf_name().into()),
+            MetadataValue::String(arch.name().into()),
         ),
         (
             "general.name".to_string(),
@@ -121,7 +121,7 @@ pub fn open_folder(dir: &Path) -> Result<GgufFile> {
     }
     let origin = format!(
         "Hugging Face folder: {} ({} safetensors file{}, {}), tokenizer from {}",
-        arch.gguf_name(),
+        arch.name(),
         weights.n_files,
         if weights.n_files == 1 { "" } else { "s" },
         dtypes.into_iter().collect::<Vec<_>>().join("/"),
