@@ -26,13 +26,13 @@ use inference_proto::worker::{
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::transport::Channel;
-use tonic::Status;
 
 use super::progress::{Change, Progress};
 use super::unreachable::{Unreachable, UnreachableLog};
 use super::WorkerPool;
 use crate::affinity::LOAD_REPORT_TTL;
 use crate::model_context::ModelContext;
+use crate::route_error::WorkerFailure;
 
 /// What a request hears from its worker.
 #[derive(Debug)]
@@ -40,7 +40,7 @@ pub enum WorkerEvent {
     /// One generated token (the last one has `finished` set).
     Token(TokenOutput),
     /// The worker rejected or could not finish the request; nothing more follows.
-    Failed(Status),
+    Failed(WorkerFailure),
     /// The worker went away (or handed the request back) while the request ran; the request may
     /// continue elsewhere. Holds the reason.
     Lost(String),
@@ -293,7 +293,7 @@ impl WorkerLink {
                         self.address, error.message
                     ))
                 } else {
-                    WorkerEvent::Failed(Status::new(tonic::Code::from(error.code), error.message))
+                    WorkerEvent::Failed(WorkerFailure::from(error))
                 };
                 let _ = tx.send(event);
             }
