@@ -5,7 +5,7 @@
 //! |---|---|
 //! | [`ValidationError::Invalid`], worker [`WorkerFailureKind::Rejected`] | `INVALID_ARGUMENT` |
 //! | [`ValidationError::Unsupported`] | `UNIMPLEMENTED` |
-//! | draining, no worker (known, ready, in time, left), failovers exhausted | `UNAVAILABLE` |
+//! | draining, no worker (known, ready, in time, left), failovers exhausted, worker [`WorkerFailureKind::HandedBack`] | `UNAVAILABLE` |
 //! | admission queue full, worker [`WorkerFailureKind::DoesNotFit`] | `RESOURCE_EXHAUSTED` |
 //! | deadline passed | `DEADLINE_EXCEEDED` |
 //! | worker [`WorkerFailureKind::Failed`], router fault | `INTERNAL` |
@@ -45,6 +45,7 @@ impl RouteError {
                 WorkerFailureKind::Rejected => Code::InvalidArgument,
                 WorkerFailureKind::DoesNotFit => Code::ResourceExhausted,
                 WorkerFailureKind::Failed => Code::Internal,
+                WorkerFailureKind::HandedBack => Code::Unavailable,
                 WorkerFailureKind::Other(code) => Code::from(code),
             },
             RouteError::Internal(_) => Code::Internal,
@@ -183,6 +184,11 @@ mod tests {
             (
                 worker(WorkerFailureKind::Failed),
                 Code::Internal,
+                "worker says no",
+            ),
+            (
+                worker(WorkerFailureKind::HandedBack),
+                Code::Unavailable,
                 "worker says no",
             ),
             (

@@ -130,6 +130,9 @@ pub enum WorkerFailureKind {
     /// The worker failed while running the request (`INTERNAL`): the model or the constraint
     /// failed for this sequence.
     Failed,
+    /// The worker handed the request back (`UNAVAILABLE`, e.g. it is draining): the pool fails it
+    /// over to another worker, so a client hears of it only as the reason of a later failure.
+    HandedBack,
     /// Any other code the worker sent, kept as it came.
     Other(i32),
 }
@@ -141,6 +144,7 @@ impl WorkerFailureKind {
             tonic::Code::InvalidArgument => Self::Rejected,
             tonic::Code::ResourceExhausted => Self::DoesNotFit,
             tonic::Code::Internal => Self::Failed,
+            tonic::Code::Unavailable => Self::HandedBack,
             _ => Self::Other(code),
         }
     }
@@ -165,6 +169,7 @@ mod tests {
             (3, WorkerFailureKind::Rejected),
             (8, WorkerFailureKind::DoesNotFit),
             (13, WorkerFailureKind::Failed),
+            (14, WorkerFailureKind::HandedBack),
             (5, WorkerFailureKind::Other(5)),
             (99, WorkerFailureKind::Other(99)),
         ] {

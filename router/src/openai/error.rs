@@ -9,7 +9,7 @@
 //! | unknown path / served path with another method | 404 / 405 | `invalid_request_error` | `unknown_url` / `method_not_allowed` |
 //! | body above `max_request_bytes` | 413 | `invalid_request_error` | `request_too_large` |
 //! | admission queue full ([`RouteError::Overloaded`]), worker [`WorkerFailureKind::DoesNotFit`] | 429 | `rate_limit_error` | `overloaded` |
-//! | no worker ready (known, in time, left), failovers exhausted, draining | 503 | `server_error` | `unavailable` |
+//! | no worker ready (known, in time, left), failovers exhausted, draining, worker [`WorkerFailureKind::HandedBack`] | 503 | `server_error` | `unavailable` |
 //! | deadline passed | 504 | `server_error` | `timeout` |
 //! | no, malformed or wrong API key ([`Refusal`]) | 401 | `invalid_request_error` | `invalid_api_key` |
 //! | [`ValidationError::Unsupported`] | 501 | `invalid_request_error` | `not_implemented` |
@@ -57,6 +57,11 @@ const OVERLOADED: Class = (
     StatusCode::TOO_MANY_REQUESTS,
     "rate_limit_error",
     "overloaded",
+);
+const UNAVAILABLE: Class = (
+    StatusCode::SERVICE_UNAVAILABLE,
+    "server_error",
+    "unavailable",
 );
 const INTERNAL: Class = (
     StatusCode::INTERNAL_SERVER_ERROR,
@@ -186,17 +191,14 @@ impl ApiError {
             | RouteError::NoWorkerReady { .. }
             | RouteError::NoWorkerInTime { .. }
             | RouteError::FailoversExhausted { .. }
-            | RouteError::NoWorkerLeft { .. } => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                "server_error",
-                "unavailable",
-            ),
+            | RouteError::NoWorkerLeft { .. } => UNAVAILABLE,
             RouteError::DeadlineExceeded { .. } => {
                 (StatusCode::GATEWAY_TIMEOUT, "server_error", "timeout")
             }
             RouteError::Worker(failure) => match failure.kind {
                 WorkerFailureKind::Rejected => INVALID,
                 WorkerFailureKind::DoesNotFit => OVERLOADED,
+                WorkerFailureKind::HandedBack => UNAVAILABLE,
                 WorkerFailureKind::Failed | WorkerFailureKind::Other(_) => INTERNAL,
             },
             RouteError::Internal(_) => INTERNAL,
@@ -326,6 +328,7 @@ mod tests {
             (worker(WorkerFailureKind::Rejected), invalid),
             (worker(WorkerFailureKind::DoesNotFit), overloaded),
             (worker(WorkerFailureKind::Failed), internal),
+            (worker(WorkerFailureKind::HandedBack), unavailable),
             (worker(WorkerFailureKind::Other(5)), internal),
             (RouteError::Internal("broken".into()), internal),
         ];
