@@ -14,8 +14,9 @@
 //!   already generated (failover), i.e. the prefill work the queue holds.
 //!
 //! A new request that would take the queue past either limit is refused at once with
-//! `RESOURCE_EXHAUSTED` naming the limit. A request goes straight to a worker, without queueing or
-//! counting against the limits, when the queue is empty and a worker has room.
+//! [`QueueFull`] (`RESOURCE_EXHAUSTED` / HTTP 429) naming the limit. A request goes straight to a
+//! worker, without queueing or counting against the limits, when the queue is empty and a worker
+//! has room.
 //!
 //! Requests resuming after a worker failure (failover) were already admitted: they go ahead of new
 //! requests (after earlier failovers) and are never refused for the limits, though they count
@@ -24,8 +25,6 @@
 
 use std::collections::VecDeque;
 
-use tonic::Status;
-
 /// The queue limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AdmissionLimits {
@@ -33,6 +32,36 @@ pub struct AdmissionLimits {
     pub max_waiting_requests: usize,
     /// Most tokens (prompt plus already generated) over all waiting requests.
     pub max_waiting_tokens: u64,
+}
+
+/// Why a new request was refused: it would take the queue past a limit (answered with
+/// `RESOURCE_EXHAUSTED` / HTTP 429; the message names the limit and its value).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QueueFull {
+    /// `max_waiting_requests` requests already wait.
+    #[error(
+        "the router is at capacity: {waiting} requests are already waiting for a worker \
+         (max_waiting_requests = {max}); retry later"
+    )]
+    Requests {
+        /// Requests waiting.
+        waiting: usize,
+        /// The `max_waiting_requests` limit.
+        max: usize,
+    },
+    /// The request's tokens would take the waiting tokens past `max_waiting_tokens`.
+    #[error(
+        "the router is at capacity: {waiting} tokens are waiting for a worker and this request \
+         adds {adding} (max_waiting_tokens = {max}); retry later"
+    )]
+    Tokens {
+        /// Tokens waiting.
+        waiting: u64,
+        /// The request's tokens (prompt plus already generated).
+        adding: u64,
+        /// The `max_waiting_tokens` limit.
+        max: u64,
+    },
 }
 
 /// One waiting request.
@@ -90,24 +119,21 @@ impl<T> AdmissionQueue<T> {
 
     /// Appends a new request; returns its id.
     ///
-    /// Errors: `RESOURCE_EXHAUSTED` when it would take the queue past a limit (the message names the
-    /// limit and its value).
-    pub fn push_new(&mut self, tokens: u64, item: T) -> Result<u64, Status> {
+    /// Errors: [`QueueFull`] when it would take the queue past a limit.
+    pub fn push_new(&mut self, tokens: u64, item: T) -> Result<u64, QueueFull> {
         let l = self.limits;
         if self.entries.len() >= l.max_waiting_requests {
-            return Err(Status::resource_exhausted(format!(
-                "the router is at capacity: {} requests are already waiting for a worker \
-                 (max_waiting_requests = {}); retry later",
-                self.entries.len(),
-                l.max_waiting_requests
-            )));
+            return Err(QueueFull::Requests {
+                waiting: self.entries.len(),
+                max: l.max_waiting_requests,
+            });
         }
         if self.tokens + tokens > l.max_waiting_tokens {
-            return Err(Status::resource_exhausted(format!(
-                "the router is at capacity: {} tokens are waiting for a worker and this request \
-                 adds {tokens} (max_waiting_tokens = {}); retry later",
-                self.tokens, l.max_waiting_tokens
-            )));
+            return Err(QueueFull::Tokens {
+                waiting: self.tokens,
+                adding: tokens,
+                max: l.max_waiting_tokens,
+            });
         }
         Ok(self.insert(self.entries.len(), tokens, false, item))
     }
@@ -178,11 +204,7 @@ mod tests {
             q.push_new(10, name).unwrap();
         }
         let err = q.push_new(1, "d").unwrap_err();
-        assert_eq!(err.code(), tonic::Code::ResourceExhausted);
-        assert!(
-            err.message().contains("max_waiting_requests = 3"),
-            "{err:?}"
-        );
+        assert_eq!(err, QueueFull::Requests { waiting: 3, max: 3 });
         assert_eq!((q.len(), q.tokens()), (3, 30));
     }
 
@@ -191,11 +213,14 @@ mod tests {
         let mut q = queue();
         q.push_new(60, "a").unwrap();
         let err = q.push_new(41, "b").unwrap_err();
-        assert!(
-            err.message().contains("max_waiting_tokens = 100"),
-            "{err:?}"
+        assert_eq!(
+            err,
+            QueueFull::Tokens {
+                waiting: 60,
+                adding: 41,
+                max: 100
+            }
         );
-        assert!(err.message().contains("adds 41"), "{err:?}");
         q.push_new(40, "c").unwrap();
         assert_eq!(q.tokens(), 100);
     }

@@ -1,12 +1,14 @@
-//! Graceful drain: once draining, new `Generate` calls are refused with `UNAVAILABLE` while the
-//! running ones finish; the process waits for them (up to a timeout) before it exits.
+//! Graceful drain: once draining, new calls are refused ([`RouteError::Draining`], `UNAVAILABLE` /
+//! HTTP 503) while the running ones finish; the process waits for them (up to a timeout) before it
+//! exits.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::Notify;
-use tonic::Status;
+
+use crate::route_error::RouteError;
 
 /// The router's drain state: a flag and the count of running `Generate` calls.
 #[derive(Debug, Default)]
@@ -51,14 +53,12 @@ impl Drain {
 
     /// Counts a new call, or refuses it while draining.
     ///
-    /// Errors: `UNAVAILABLE` when the router is draining.
-    pub fn admit(self: &Arc<Self>) -> Result<ActiveCall, Status> {
+    /// Errors: [`RouteError::Draining`] when the router is draining.
+    pub fn admit(self: &Arc<Self>) -> Result<ActiveCall, RouteError> {
         self.active.fetch_add(1, Ordering::AcqRel);
         let call = ActiveCall(self.clone());
         if self.is_draining() {
-            return Err(Status::unavailable(
-                "the router is shutting down and takes no new requests; retry on another router",
-            ));
+            return Err(RouteError::Draining);
         }
         Ok(call)
     }
@@ -90,7 +90,7 @@ mod tests {
         drain.start();
         assert!(drain.is_draining());
         let err = drain.admit().unwrap_err();
-        assert_eq!(err.code(), tonic::Code::Unavailable);
+        assert_eq!(err, RouteError::Draining);
         assert_eq!(drain.active(), 1);
         let waiter = {
             let drain = drain.clone();

@@ -6,7 +6,9 @@
 //! The detokenizer and stop-string state live here, in the request's task, while the tokens come
 //! from a [`Session`] that fails over between workers: a lost worker costs the client nothing.
 //! The call's gRPC deadline is enforced here too: when it passes, the request is cancelled on its
-//! worker (or leaves the queue) and the stream ends with `DEADLINE_EXCEEDED`.
+//! worker (or leaves the queue) and the stream ends with [`RouteError::DeadlineExceeded`].
+//!
+//! Errors are [`RouteError`]s throughout; each front maps them to its transport.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -16,58 +18,34 @@ use inference_proto::public::{
 };
 use inference_proto::worker::{AddRequest, StopReason, TokenOutput};
 use tokio::sync::mpsc;
-use tonic::Status;
 use tracing::Instrument as _;
 
 use crate::config::Limits;
 use crate::detokenizer::IncrementalDetokenizer;
 use crate::model_context::ModelContext;
-use crate::pool::{no_worker_status, Session, WorkerPool};
+use crate::pool::{Session, WorkerPool};
 use crate::request::{validate, GenerationRequest, ValidRequest};
+use crate::route_error::RouteError;
 use crate::stop::StopMatcher;
-use crate::validation::{check_request, ValidationError};
+use crate::validation::check_request;
 
 /// Messages sent to the client of one `Generate` call.
-pub type ResponseSender = mpsc::Sender<Result<GenerateResponse, Status>>;
+pub type ResponseSender = mpsc::Sender<Result<GenerateResponse, RouteError>>;
 
 /// The messages of one admitted sequence, in order; the last one carries `finish_reason` and
 /// `usage`, or is an error. Dropping it cancels the sequence on its worker within a step.
-pub type ResponseReceiver = mpsc::Receiver<Result<GenerateResponse, Status>>;
-
-/// Why a request did not start.
-#[derive(Debug, thiserror::Error)]
-pub enum GenerateError {
-    /// The request is invalid (or asks for a feature this build lacks).
-    #[error(transparent)]
-    Invalid(#[from] ValidationError),
-    /// The router cannot take it now: `UNAVAILABLE` (no worker ready, draining), `RESOURCE_EXHAUSTED`
-    /// (admission queue full) or `INTERNAL`. The worker pool speaks the worker protocol's gRPC
-    /// statuses, so they are carried as they are.
-    #[error("{}", .0.message())]
-    Refused(Status),
-}
-
-impl From<GenerateError> for Status {
-    fn from(e: GenerateError) -> Self {
-        match e {
-            GenerateError::Invalid(e) => e.into(),
-            GenerateError::Refused(status) => status,
-        }
-    }
-}
+pub type ResponseReceiver = mpsc::Receiver<Result<GenerateResponse, RouteError>>;
 
 /// Validates `req` (a gRPC `Generate` call), admits it and returns the channel its responses arrive
 /// on. `deadline` is when the call's gRPC deadline passes.
 ///
-/// Errors (before any message is streamed): `INVALID_ARGUMENT` for bad input, `UNIMPLEMENTED` for a
-/// constraint, `UNAVAILABLE` when no worker is ready, `RESOURCE_EXHAUSTED` when the admission queue
-/// is full.
+/// Errors (before any message is streamed): those of [`prepare`] and [`launch`].
 pub async fn start(
     pool: &Arc<WorkerPool>,
     limits: &Limits,
     req: GenerateRequest,
     deadline: Option<Instant>,
-) -> Result<ResponseReceiver, Status> {
+) -> Result<ResponseReceiver, RouteError> {
     let arrival = Instant::now();
     let req = GenerationRequest::try_from(req)?;
     let (model, valid) = prepare(pool, limits, req).await?;
@@ -91,18 +69,17 @@ pub fn new_request_id() -> String {
 /// Runs [`validate`] for the served model on a blocking thread (tokenization and chat-template
 /// rendering stay off the async runtime's threads).
 ///
-/// Errors: [`GenerateError::Invalid`]; [`GenerateError::Refused`] with `UNAVAILABLE` when no worker
-/// is ready (after the checks that need no model, so bad input is reported as such either way).
+/// Errors: [`RouteError::Invalid`]; [`RouteError::NoWorkersKnown`] / [`RouteError::NoWorkerReady`]
+/// while no worker has described the model (after the checks that need no model, so bad input is
+/// reported as such either way).
 pub async fn prepare(
     pool: &Arc<WorkerPool>,
     limits: &Limits,
     req: GenerationRequest,
-) -> Result<(Arc<ModelContext>, ValidRequest), GenerateError> {
+) -> Result<(Arc<ModelContext>, ValidRequest), RouteError> {
     let Some(model) = pool.model() else {
         check_request(&req, limits)?;
-        return Err(GenerateError::Refused(no_worker_status(
-            pool.configured_workers(),
-        )));
+        return Err(RouteError::no_worker(pool.configured_workers()));
     };
     let limits = limits.clone();
     let context = model.clone();
@@ -110,20 +87,17 @@ pub async fn prepare(
     let valid =
         tokio::task::spawn_blocking(move || span.in_scope(|| validate(req, &context, &limits)))
             .await
-            .map_err(|e| {
-                GenerateError::Refused(Status::internal(format!("request validation failed: {e}")))
-            })??;
+            .map_err(|e| RouteError::Internal(format!("request validation failed: {e}")))??;
     Ok((model, valid))
 }
 
 /// Admits one sequence of `valid` with sampler `seed` and streams it: the returned channel gets
 /// one message per engine step. `arrival` is when the request arrived (usage times count from
-/// it), `deadline` when it must end (`DEADLINE_EXCEEDED`). Several calls with the same prompt (the
-/// choices of an OpenAI `n`) share its KV blocks through the workers' prefix cache and the pool's
-/// prefix affinity.
+/// it), `deadline` when it must end ([`RouteError::DeadlineExceeded`]). Several calls with the
+/// same prompt (the choices of an OpenAI `n`) share its KV blocks through the workers' prefix
+/// cache and the pool's prefix affinity.
 ///
-/// Errors: `UNAVAILABLE` when no worker is ready, `RESOURCE_EXHAUSTED` when the admission queue is
-/// full.
+/// Errors: those of [`WorkerPool::admit`] (no worker ready, admission queue full).
 pub fn launch(
     pool: &Arc<WorkerPool>,
     model: Arc<ModelContext>,
@@ -132,7 +106,7 @@ pub fn launch(
     request_id: String,
     arrival: Instant,
     deadline: Option<Instant>,
-) -> Result<ResponseReceiver, Status> {
+) -> Result<ResponseReceiver, RouteError> {
     let prompt_tokens = valid.prompt_ids.len() as u32;
     let request = AddRequest {
         request_id: String::new(),
@@ -206,12 +180,10 @@ impl TokenStream {
                 }
                 () = &mut expired => {
                     tracing::debug!(request_id = %self.request_id, "deadline passed; cancelling");
-                    let _ = tx.send(Err(Status::deadline_exceeded(format!(
-                        "the call's deadline passed after {} ms and {} generated tokens; the \
-                         request was cancelled",
-                        self.arrival.elapsed().as_millis(),
-                        self.generated
-                    )))).await;
+                    let _ = tx.send(Err(RouteError::DeadlineExceeded {
+                        elapsed_ms: self.arrival.elapsed().as_millis(),
+                        generated: self.generated,
+                    })).await;
                     return;
                 }
             };

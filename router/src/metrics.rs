@@ -2,7 +2,8 @@
 //!
 //! Per request (recorded by [`RequestObserver`] as the response stream passes through the service):
 //! `router_requests_total{code}` (final gRPC status: `OK`, `INVALID_ARGUMENT`, `UNAVAILABLE`,
-//! `RESOURCE_EXHAUSTED`, `DEADLINE_EXCEEDED`, `CANCELLED` when the client went away, ...),
+//! `RESOURCE_EXHAUSTED`, `DEADLINE_EXCEEDED`, `CANCELLED` when the client went away, ...; an error
+//! counts by the code of its [`RouteError`], on either front),
 //! `router_finished_requests_total{finish_reason}` (`eos_token`, `max_new_tokens`, `stop_sequence`,
 //! `context_length`), `router_prompt_tokens_total`, `router_generated_tokens_total` (counted as
 //! tokens stream, so a rate shows the load of long requests while they run, and a cancelled or
@@ -34,10 +35,11 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use std::sync::atomic::Ordering;
-use tonic::{Code, Status};
+use tonic::Code;
 
 use crate::drain::Drain;
 use crate::pool::WorkerPool;
+use crate::route_error::RouteError;
 use crate::telemetry;
 
 type Label = [(&'static str, &'static str); 1];
@@ -181,15 +183,15 @@ pub struct RequestObserver {
 
 impl RequestObserver {
     /// Records a call refused before its stream started.
-    pub fn refused(mut self, status: &Status) {
-        self.on_error(status);
+    pub fn refused(mut self, error: &RouteError) {
+        self.on_error(error);
     }
 
     /// Records one item of the response stream.
-    pub fn on_item(&mut self, item: &Result<GenerateResponse, Status>) {
+    pub fn on_item(&mut self, item: &Result<GenerateResponse, RouteError>) {
         match item {
             Ok(message) => self.on_message(message),
-            Err(status) => self.on_error(status),
+            Err(error) => self.on_error(error),
         }
     }
 
@@ -233,13 +235,13 @@ impl RequestObserver {
         telemetry::record_finish(&self.span, message, reason);
     }
 
-    fn on_error(&mut self, status: &Status) {
+    fn on_error(&mut self, error: &RouteError) {
         if self.done {
             return;
         }
         self.done = true;
-        self.metrics.count_status(status.code());
-        telemetry::record_error(&self.span, status);
+        self.metrics.count_status(error.grpc_code());
+        telemetry::record_error(&self.span, error);
     }
 }
 
@@ -464,10 +466,14 @@ mod tests {
             ok.on_item(&Ok(token_message(last)));
         }
         // Anything after the end changes nothing.
-        ok.on_item(&Err(Status::internal("late")));
+        ok.on_item(&Err(RouteError::Internal("late".into())));
         drop(ok);
         m.request(tracing::Span::none())
-            .refused(&Status::invalid_argument("bad"));
+            .refused(&crate::validation::ValidationError::invalid("stop", "bad").into());
+        m.request(tracing::Span::none())
+            .refused(&crate::admission::QueueFull::Requests { waiting: 1, max: 1 }.into());
+        m.request(tracing::Span::none())
+            .refused(&RouteError::no_worker(0));
         let mut gone = m.request(tracing::Span::none());
         gone.on_item(&Ok(token_message(false)));
         drop(gone);
@@ -475,6 +481,8 @@ mod tests {
         for line in [
             "router_requests_total{code=\"OK\"} 1",
             "router_requests_total{code=\"INVALID_ARGUMENT\"} 1",
+            "router_requests_total{code=\"RESOURCE_EXHAUSTED\"} 1",
+            "router_requests_total{code=\"UNAVAILABLE\"} 1",
             "router_requests_total{code=\"CANCELLED\"} 1",
             "router_finished_requests_total{finish_reason=\"stop_sequence\"} 1",
             "router_prompt_tokens_total 4",

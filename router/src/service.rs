@@ -1,5 +1,8 @@
 //! The public gRPC service (`inference.v1.TextGeneration`).
 //!
+//! The gRPC edge: the router's [`RouteError`]s become `tonic::Status`es here (mapped by
+//! [`crate::grpc_status`]), after the metrics have counted them.
+//!
 //! `Generate` is refused with `UNAVAILABLE` while the router drains ([`Drain`]); each running call is
 //! counted until its response stream ends, so a drain can wait for it. The call's `grpc-timeout`
 //! becomes the request's deadline ([`crate::deadline`]). Every handler marks its call as reached
@@ -25,7 +28,8 @@ use crate::drain::{ActiveCall, Drain};
 use crate::generate;
 use crate::metrics::{RequestObserver, RouterMetrics};
 use crate::model_context::ModelContext;
-use crate::pool::{no_worker_status, WorkerPool};
+use crate::pool::WorkerPool;
+use crate::route_error::RouteError;
 use crate::wire::HandlerReached;
 
 /// The router's public service.
@@ -57,16 +61,16 @@ impl TextGenerationService {
     fn model(&self) -> Result<Arc<ModelContext>, Status> {
         self.pool
             .model()
-            .ok_or_else(|| no_worker_status(self.pool.configured_workers()))
+            .ok_or_else(|| RouteError::no_worker(self.pool.configured_workers()).into())
     }
 }
 
 type ResponseStream = Pin<Box<dyn Stream<Item = Result<GenerateResponse, Status>> + Send>>;
 
-/// A response stream that counts as a running call until it is dropped, and shows each message to
-/// the call's metrics observer.
+/// A response stream that counts as a running call until it is dropped, shows each message to the
+/// call's metrics observer and turns an error into its gRPC status.
 struct CountedStream {
-    inner: ReceiverStream<Result<GenerateResponse, Status>>,
+    inner: ReceiverStream<Result<GenerateResponse, RouteError>>,
     _call: ActiveCall,
     observer: Option<RequestObserver>,
 }
@@ -79,7 +83,7 @@ impl Stream for CountedStream {
         if let (Some(observer), Some(item)) = (self.observer.as_mut(), item.as_ref()) {
             observer.on_item(item);
         }
-        Poll::Ready(item)
+        Poll::Ready(item.map(|item| item.map_err(Status::from)))
     }
 }
 
@@ -99,18 +103,18 @@ impl TextGeneration for TextGenerationService {
             let deadline = grpc_timeout(request.metadata()).map(|t| Instant::now() + t);
             let rx =
                 generate::start(&self.pool, &self.limits, request.into_inner(), deadline).await?;
-            Ok::<_, Status>((call, rx))
+            Ok::<_, RouteError>((call, rx))
         }
         .instrument(span.clone())
         .await;
         let (call, rx) = match started {
             Ok(started) => started,
-            Err(status) => {
+            Err(e) => {
                 match observer {
-                    Some(observer) => observer.refused(&status),
-                    None => crate::telemetry::record_error(&span, &status),
+                    Some(observer) => observer.refused(&e),
+                    None => crate::telemetry::record_error(&span, &e),
                 }
-                return Err(status);
+                return Err(e.into());
             }
         };
         Ok(Response::new(Box::pin(CountedStream {

@@ -5,10 +5,10 @@
 //! hang under it. Spans are exported only when `otlp_endpoint` is set ([`observability::telemetry`]).
 
 use inference_proto::public::GenerateResponse;
-use tonic::Status;
 use tracing::field::Empty;
 
 use crate::metrics::code_name;
+use crate::route_error::RouteError;
 
 /// A new `generate` span for a call with `metadata` (its `traceparent`, if any, becomes the parent).
 pub fn request_span(metadata: &tonic::metadata::MetadataMap) -> tracing::Span {
@@ -44,12 +44,13 @@ pub fn record_finish(span: &tracing::Span, last: &GenerateResponse, finish_reaso
     }
 }
 
-/// Records a failed request's status on its span.
-pub fn record_error(span: &tracing::Span, status: &Status) {
-    span.record("rpc.grpc.status_code", status.code() as i32);
+/// Records a failed request's error on its span, with the gRPC code it is answered with.
+pub fn record_error(span: &tracing::Span, error: &RouteError) {
+    let code = error.grpc_code();
+    span.record("rpc.grpc.status_code", code as i32);
     span.record("otel.status_code", "ERROR");
     span.record(
         "otel.status_description",
-        format!("{}: {}", code_name(status.code()), status.message()).as_str(),
+        format!("{}: {error}", code_name(code)).as_str(),
     );
 }

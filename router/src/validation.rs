@@ -1,6 +1,6 @@
 //! Request validation checks: each returns a [`ValidationError`] naming the field, with a message
 //! that gives the numbers. The fronts map it to their transport at the edge: `INVALID_ARGUMENT` /
-//! `UNIMPLEMENTED` on gRPC (`From<ValidationError> for tonic::Status`), HTTP 400 / 501 with an OpenAI
+//! `UNIMPLEMENTED` on gRPC ([`crate::grpc_status`]), HTTP 400 / 501 with an OpenAI
 //! error object on the HTTP front.
 //!
 //! Checks run in two phases (composed by [`crate::request::validate`]): [`check_request`] before
@@ -11,7 +11,6 @@
 //! The sampling ranges are `inference_proto::sampling_limits`, which the worker checks again.
 
 use inference_proto::worker::SamplingParams;
-use tonic::Status;
 
 use crate::config::Limits;
 use crate::model_context::ModelContext;
@@ -57,15 +56,6 @@ impl ValidationError {
     pub fn field(&self) -> &'static str {
         match self {
             Self::Invalid { field, .. } | Self::Unsupported { field, .. } => field,
-        }
-    }
-}
-
-impl From<ValidationError> for Status {
-    fn from(e: ValidationError) -> Self {
-        match e {
-            ValidationError::Invalid { message, .. } => Status::invalid_argument(message),
-            ValidationError::Unsupported { message, .. } => Status::unimplemented(message),
         }
     }
 }

@@ -1,26 +1,26 @@
 //! OpenAI's error object (`{"error": {"message", "type", "param", "code"}}`) and the mapping of the
-//! router's errors onto HTTP statuses: the only place where they meet HTTP.
+//! router's errors ([`RouteError`] and the front's own) onto HTTP statuses: the only place where
+//! they meet HTTP. The message is the error's own text, the same as the gRPC front's.
 //!
 //! | router error | HTTP | `type` | `code` |
 //! |---|---|---|---|
-//! | body not JSON, wrong type or value, [`ValidationError::Invalid`], `INVALID_ARGUMENT` | 400 | `invalid_request_error` | `invalid_type` / `invalid_value` / `invalid_json` |
+//! | body not JSON, wrong type or value, [`ValidationError::Invalid`], worker [`WorkerFailureKind::Rejected`] | 400 | `invalid_request_error` | `invalid_type` / `invalid_value` / `invalid_json` |
 //! | unknown model | 404 | `invalid_request_error` | `model_not_found` |
 //! | unknown path / served path with another method | 404 / 405 | `invalid_request_error` | `unknown_url` / `method_not_allowed` |
 //! | body above `max_request_bytes` | 413 | `invalid_request_error` | `request_too_large` |
-//! | admission queue full (`RESOURCE_EXHAUSTED`) | 429 | `rate_limit_error` | `overloaded` |
-//! | no worker ready, draining (`UNAVAILABLE`) | 503 | `server_error` | `unavailable` |
+//! | admission queue full ([`RouteError::Overloaded`]), worker [`WorkerFailureKind::DoesNotFit`] | 429 | `rate_limit_error` | `overloaded` |
+//! | no worker ready (known, in time, left), failovers exhausted, draining, worker [`WorkerFailureKind::HandedBack`] | 503 | `server_error` | `unavailable` |
+//! | deadline passed | 504 | `server_error` | `timeout` |
 //! | no, malformed or wrong API key ([`Refusal`]) | 401 | `invalid_request_error` | `invalid_api_key` |
-//! | [`ValidationError::Unsupported`], `UNIMPLEMENTED` | 501 | `invalid_request_error` | `not_implemented` |
-//! | anything else | 500 | `server_error` | `internal_error` |
+//! | [`ValidationError::Unsupported`] | 501 | `invalid_request_error` | `not_implemented` |
+//! | anything else (worker failure, router fault) | 500 | `server_error` | `internal_error` |
 
+use crate::auth::Refusal;
+use crate::route_error::{RouteError, WorkerFailureKind};
+use crate::validation::ValidationError;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
-use tonic::{Code, Status};
-
-use crate::auth::Refusal;
-use crate::generate::GenerateError;
-use crate::validation::ValidationError;
 
 /// The endpoint an error came from: a few of the router's field names read differently in
 /// OpenAI's request bodies.
@@ -45,6 +45,29 @@ impl Endpoint {
         }
     }
 }
+
+/// HTTP status, OpenAI `type` and `code` of a class of router errors.
+type Class = (StatusCode, &'static str, &'static str);
+const INVALID: Class = (
+    StatusCode::BAD_REQUEST,
+    "invalid_request_error",
+    "invalid_value",
+);
+const OVERLOADED: Class = (
+    StatusCode::TOO_MANY_REQUESTS,
+    "rate_limit_error",
+    "overloaded",
+);
+const UNAVAILABLE: Class = (
+    StatusCode::SERVICE_UNAVAILABLE,
+    "server_error",
+    "unavailable",
+);
+const INTERNAL: Class = (
+    StatusCode::INTERNAL_SERVER_ERROR,
+    "server_error",
+    "internal_error",
+);
 
 /// One error response: an HTTP status and OpenAI's error object.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -149,64 +172,50 @@ impl ApiError {
 
     /// A validation error of `endpoint`'s request.
     pub fn from_validation(e: ValidationError, endpoint: Endpoint) -> Self {
-        let param = Some(endpoint.param(e.field()).to_string());
-        match e {
-            ValidationError::Invalid { message, .. } => {
-                Self::bad_request("invalid_value", param, message)
-            }
-            ValidationError::Unsupported { message, .. } => Self {
-                status: StatusCode::NOT_IMPLEMENTED,
-                message,
-                kind: "invalid_request_error",
-                param,
-                code: "not_implemented",
-            },
-        }
+        Self::from_route(e.into(), Some(endpoint))
     }
 
-    /// A generation error of `endpoint`'s request.
-    pub fn from_generate(e: GenerateError, endpoint: Endpoint) -> Self {
-        match e {
-            GenerateError::Invalid(e) => Self::from_validation(e, endpoint),
-            GenerateError::Refused(status) => Self::from_status(&status),
-        }
-    }
-
-    /// A gRPC status from the pool or a worker (see the module table).
-    pub fn from_status(status: &Status) -> Self {
-        let (http, kind, code) = match status.code() {
-            Code::InvalidArgument => (
-                StatusCode::BAD_REQUEST,
-                "invalid_request_error",
-                "invalid_value",
-            ),
-            Code::ResourceExhausted => (
-                StatusCode::TOO_MANY_REQUESTS,
-                "rate_limit_error",
-                "overloaded",
-            ),
-            Code::Unavailable => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                "server_error",
-                "unavailable",
-            ),
-            Code::Unimplemented => (
+    /// A router error of a request to `endpoint` (`None` for an endpoint without a generation
+    /// body, where `param` keeps the router's field name); see the module table.
+    pub fn from_route(e: RouteError, endpoint: Option<Endpoint>) -> Self {
+        let (status, kind, code) = match &e {
+            RouteError::Invalid(ValidationError::Invalid { .. }) => INVALID,
+            RouteError::Invalid(ValidationError::Unsupported { .. }) => (
                 StatusCode::NOT_IMPLEMENTED,
                 "invalid_request_error",
                 "not_implemented",
             ),
-            Code::DeadlineExceeded => (StatusCode::GATEWAY_TIMEOUT, "server_error", "timeout"),
-            _ => (
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "server_error",
-                "internal_error",
+            RouteError::Overloaded(_) => OVERLOADED,
+            RouteError::Draining
+            | RouteError::NoWorkersKnown
+            | RouteError::NoWorkerReady { .. }
+            | RouteError::NoWorkerInTime { .. }
+            | RouteError::FailoversExhausted { .. }
+            | RouteError::NoWorkerLeft { .. } => UNAVAILABLE,
+            RouteError::DeadlineExceeded { .. } => {
+                (StatusCode::GATEWAY_TIMEOUT, "server_error", "timeout")
+            }
+            RouteError::Worker(failure) => match failure.kind {
+                WorkerFailureKind::Rejected => INVALID,
+                WorkerFailureKind::DoesNotFit => OVERLOADED,
+                WorkerFailureKind::HandedBack => UNAVAILABLE,
+                WorkerFailureKind::Failed | WorkerFailureKind::Other(_) => INTERNAL,
+            },
+            RouteError::Internal(_) => INTERNAL,
+        };
+        let param = match &e {
+            RouteError::Invalid(v) => Some(
+                endpoint
+                    .map_or(v.field(), |endpoint| endpoint.param(v.field()))
+                    .to_string(),
             ),
+            _ => None,
         };
         Self {
-            status: http,
-            message: status.message().to_string(),
+            status,
+            message: e.to_string(),
             kind,
-            param: None,
+            param,
             code,
         }
     }
@@ -245,40 +254,109 @@ impl IntoResponse for ApiError {
 mod tests {
     use super::*;
 
+    fn worker(kind: WorkerFailureKind) -> RouteError {
+        RouteError::Worker(crate::route_error::WorkerFailure {
+            kind,
+            message: "worker says no".into(),
+        })
+    }
+
     #[test]
-    fn statuses_map_to_http_and_openai_codes() {
-        let cases = [
+    fn every_route_error_maps_to_its_http_status_and_openai_codes() {
+        let unavailable = (503, "server_error", "unavailable");
+        let overloaded = (429, "rate_limit_error", "overloaded");
+        let internal = (500, "server_error", "internal_error");
+        let invalid = (400, "invalid_request_error", "invalid_value");
+        let cases: Vec<(RouteError, (u16, &str, &str))> = vec![
+            (ValidationError::invalid("stop", "bad stop").into(), invalid),
             (
-                Status::resource_exhausted("full"),
-                429,
-                "rate_limit_error",
-                "overloaded",
+                ValidationError::Unsupported {
+                    field: "constraint",
+                    message: "no".into(),
+                }
+                .into(),
+                (501, "invalid_request_error", "not_implemented"),
+            ),
+            (RouteError::Draining, unavailable),
+            (RouteError::NoWorkersKnown, unavailable),
+            (RouteError::NoWorkerReady { configured: 2 }, unavailable),
+            (
+                RouteError::NoWorkerInTime {
+                    ready: 0,
+                    configured: 1,
+                    waited_ms: 10,
+                },
+                unavailable,
             ),
             (
-                Status::unavailable("none"),
-                503,
-                "server_error",
-                "unavailable",
+                RouteError::FailoversExhausted {
+                    reason: "lost".into(),
+                    failovers: 3,
+                    max_failovers: 3,
+                    generated: 1,
+                },
+                unavailable,
             ),
             (
-                Status::unimplemented("no"),
-                501,
-                "invalid_request_error",
-                "not_implemented",
+                RouteError::NoWorkerLeft {
+                    reason: "lost".into(),
+                    cause: Box::new(RouteError::NoWorkersKnown),
+                    generated: 1,
+                },
+                unavailable,
             ),
             (
-                Status::invalid_argument("bad"),
-                400,
-                "invalid_request_error",
-                "invalid_value",
+                crate::admission::QueueFull::Requests { waiting: 2, max: 2 }.into(),
+                overloaded,
             ),
-            (Status::internal("x"), 500, "server_error", "internal_error"),
+            (
+                crate::admission::QueueFull::Tokens {
+                    waiting: 2,
+                    adding: 3,
+                    max: 4,
+                }
+                .into(),
+                overloaded,
+            ),
+            (
+                RouteError::DeadlineExceeded {
+                    elapsed_ms: 5,
+                    generated: 0,
+                },
+                (504, "server_error", "timeout"),
+            ),
+            (worker(WorkerFailureKind::Rejected), invalid),
+            (worker(WorkerFailureKind::DoesNotFit), overloaded),
+            (worker(WorkerFailureKind::Failed), internal),
+            (worker(WorkerFailureKind::HandedBack), unavailable),
+            (worker(WorkerFailureKind::Other(5)), internal),
+            (RouteError::Internal("broken".into()), internal),
         ];
-        for (status, http, kind, code) in cases {
-            let e = ApiError::from_status(&status);
-            assert_eq!((e.status.as_u16(), e.kind, e.code), (http, kind, code));
-            assert_eq!(e.message, status.message());
+        for (error, (http, kind, code)) in cases {
+            let e = ApiError::from_route(error.clone(), Some(Endpoint::Completions));
+            assert_eq!(
+                (e.status.as_u16(), e.kind, e.code),
+                (http, kind, code),
+                "{error:?}"
+            );
+            // The same text as the gRPC front's status message.
+            assert_eq!(e.message, tonic::Status::from(error.clone()).message());
+            let param = matches!(error, RouteError::Invalid(_)).then(|| {
+                if matches!(
+                    error,
+                    RouteError::Invalid(ValidationError::Unsupported { .. })
+                ) {
+                    "response_format".to_string()
+                } else {
+                    "stop".to_string()
+                }
+            });
+            assert_eq!(e.param, param, "{error:?}");
         }
+        // Without an endpoint a field keeps the router's name.
+        let e = ApiError::from_route(ValidationError::invalid("max_new_tokens", "x").into(), None);
+        assert_eq!(e.param.as_deref(), Some("max_new_tokens"));
+        assert_eq!(e.body()["error"]["param"], "max_new_tokens");
     }
 
     #[test]

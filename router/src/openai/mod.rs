@@ -33,6 +33,7 @@ use crate::drain::Drain;
 use crate::generate::{self, new_request_id};
 use crate::metrics::RouterMetrics;
 use crate::pool::WorkerPool;
+use crate::route_error::RouteError;
 use error::{ApiError, Endpoint};
 use reply::Reply;
 use run::Choice;
@@ -155,7 +156,7 @@ impl OpenAiFront {
         let call = self
             .drain
             .admit()
-            .map_err(|status| ApiError::from_status(&status))?;
+            .map_err(|e| ApiError::from_route(e, Some(endpoint)))?;
         let span =
             crate::telemetry::request_span(&tonic::metadata::MetadataMap::from_headers(headers));
         let mut prepared = Vec::with_capacity(requests.len());
@@ -163,7 +164,7 @@ impl OpenAiFront {
             let result = generate::prepare(&self.pool, &self.limits, request)
                 .instrument(span.clone())
                 .await;
-            prepared.push(result.map_err(|e| ApiError::from_generate(e, endpoint))?);
+            prepared.push(result.map_err(|e| ApiError::from_route(e, Some(endpoint)))?);
         }
         let prefix = match endpoint {
             Endpoint::Chat => "chatcmpl",
@@ -194,11 +195,11 @@ impl OpenAiFront {
                         rx,
                         observer,
                     }),
-                    Err(status) => {
+                    Err(e) => {
                         if let Some(observer) = observer {
-                            observer.refused(&status);
+                            observer.refused(&e);
                         }
-                        return Err(ApiError::from_status(&status));
+                        return Err(ApiError::from_route(e, Some(endpoint)));
                     }
                 }
             }
@@ -260,8 +261,8 @@ async fn completions(
 /// `GET /v1/models`: the served name and the aliases (503 while the name is not known yet).
 async fn models(State(front): State<Arc<OpenAiFront>>) -> Response {
     let Some(names) = front.served_names() else {
-        let status = crate::pool::no_worker_status(front.pool.configured_workers());
-        return ApiError::from_status(&status).into_response();
+        let e = RouteError::no_worker(front.pool.configured_workers());
+        return ApiError::from_route(e, None).into_response();
     };
     let data: Vec<_> = names
         .iter()
@@ -298,13 +299,11 @@ async fn tokenize(State(front): State<Arc<OpenAiFront>>, body: Body) -> Response
             .map_or(Some(true), |v| v.as_bool())
             .ok_or_else(|| ApiError::invalid("add_special", "add_special must be a boolean"))?;
         let model = front.pool.model().ok_or_else(|| {
-            ApiError::from_status(&crate::pool::no_worker_status(
-                front.pool.configured_workers(),
-            ))
+            ApiError::from_route(RouteError::no_worker(front.pool.configured_workers()), None)
         })?;
         let ids = tokio::task::spawn_blocking(move || model.tokenizer.encode(&text, add_special))
             .await
-            .map_err(|e| ApiError::from_status(&tonic::Status::internal(e.to_string())))?
+            .map_err(|e| ApiError::from_route(RouteError::Internal(e.to_string()), None))?
             .map_err(|e| ApiError::invalid("content", format!("cannot tokenize: {e}")))?;
         Ok::<_, ApiError>(json!({"count": ids.len(), "tokens": ids}))
     }

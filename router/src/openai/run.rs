@@ -14,13 +14,13 @@ use futures::stream::{self, BoxStream, SelectAll, StreamExt as _};
 use inference_proto::public::{FinishReason, GenerateResponse};
 use serde_json::Value;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::Status;
 
 use super::error::ApiError;
 use super::reply::{finish_reason, usage, ChoiceText, Reply};
 use crate::drain::ActiveCall;
 use crate::generate::ResponseReceiver;
 use crate::metrics::RequestObserver;
+use crate::route_error::RouteError;
 
 /// One admitted choice: its index in the response, its messages and its metrics observer.
 pub struct Choice {
@@ -32,7 +32,7 @@ pub struct Choice {
     pub observer: Option<RequestObserver>,
 }
 
-type Item = (usize, Result<GenerateResponse, Status>);
+type Item = (usize, Result<GenerateResponse, RouteError>);
 
 /// The choices' messages, interleaved as they come.
 fn merge(choices: Vec<Choice>) -> SelectAll<BoxStream<'static, Item>> {
@@ -57,7 +57,7 @@ fn merge(choices: Vec<Choice>) -> SelectAll<BoxStream<'static, Item>> {
 /// prompt count (each prompt once, whatever `n`).
 ///
 /// Errors: the first error of any choice (the others are cancelled), mapped by
-/// [`ApiError::from_status`].
+/// [`ApiError::from_route`].
 pub async fn gather(
     reply: &Reply,
     choices: Vec<Choice>,
@@ -69,7 +69,7 @@ pub async fn gather(
     let mut completion_tokens = 0u64;
     let mut merged = merge(choices);
     while let Some((index, item)) = merged.next().await {
-        let message = item.map_err(|status| ApiError::from_status(&status))?;
+        let message = item.map_err(|e| ApiError::from_route(e, Some(reply.endpoint)))?;
         texts[index].push(&message);
         if let Some(reason) = finished(&message) {
             reasons[index] = Some(reason);
@@ -82,9 +82,10 @@ pub async fn gather(
     let mut out = Vec::with_capacity(count);
     for (index, (text, reason)) in texts.iter().zip(&reasons).enumerate() {
         let reason = reason.ok_or_else(|| {
-            ApiError::from_status(&Status::internal(format!(
-                "choice {index} ended without a finish reason"
-            )))
+            ApiError::from_route(
+                RouteError::Internal(format!("choice {index} ended without a finish reason")),
+                Some(reply.endpoint),
+            )
         })?;
         out.push(reply.choice(index, text, reason));
     }
@@ -187,9 +188,9 @@ pub fn events(reply: Reply, choices: Vec<Choice>, prompt_tokens: u64, call: Acti
             }
             match state.merged.next().await {
                 Some((index, Ok(message))) => state.on_message(index, message),
-                Some((_, Err(status))) => {
+                Some((_, Err(e))) => {
                     state.merged = SelectAll::new();
-                    let error = ApiError::from_status(&status).body();
+                    let error = ApiError::from_route(e, Some(state.reply.endpoint)).body();
                     state.event(&error);
                     state
                         .pending

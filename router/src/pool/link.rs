@@ -26,21 +26,22 @@ use inference_proto::worker::{
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::transport::Channel;
-use tonic::Status;
 
 use super::progress::{Change, Progress};
 use super::unreachable::{Unreachable, UnreachableLog};
 use super::WorkerPool;
 use crate::affinity::LOAD_REPORT_TTL;
 use crate::model_context::ModelContext;
+use crate::route_error::{WorkerFailure, WorkerFailureKind};
 
 /// What a request hears from its worker.
 #[derive(Debug)]
 pub enum WorkerEvent {
     /// One generated token (the last one has `finished` set).
     Token(TokenOutput),
-    /// The worker rejected or could not finish the request; nothing more follows.
-    Failed(Status),
+    /// The worker rejected or could not finish the request; nothing more follows. (A request the
+    /// worker hands back, [`WorkerFailureKind::HandedBack`], is [`WorkerEvent::Lost`] instead.)
+    Failed(WorkerFailure),
     /// The worker went away (or handed the request back) while the request ran; the request may
     /// continue elsewhere. Holds the reason.
     Lost(String),
@@ -283,17 +284,17 @@ impl WorkerLink {
         }
         for error in step.errors {
             if let Some(tx) = state.inflight.remove(&error.request_id) {
-                let event = if error.code == tonic::Code::Unavailable as i32 {
-                    // The worker hands the request back (e.g. it is draining): fail over, and take
-                    // the worker out of rotation at once (before the request is re-dispatched)
-                    // until its health probe says ready again.
+                let failure = WorkerFailure::from(error);
+                let event = if failure.kind == WorkerFailureKind::HandedBack {
+                    // Fail over, and take the worker out of rotation at once (before the request
+                    // is re-dispatched) until its health probe says ready again.
                     state.healthy = false;
                     WorkerEvent::Lost(format!(
                         "worker {} handed the request back: {}",
-                        self.address, error.message
+                        self.address, failure.message
                     ))
                 } else {
-                    WorkerEvent::Failed(Status::new(tonic::Code::from(error.code), error.message))
+                    WorkerEvent::Failed(failure)
                 };
                 let _ = tx.send(event);
             }

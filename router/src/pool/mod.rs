@@ -29,7 +29,6 @@ use std::time::Duration;
 use inference_proto::worker::AddRequest;
 use tokio::sync::{oneshot, watch};
 use tokio::task::AbortHandle;
-use tonic::Status;
 
 pub use link::{Origin, WorkerEvent, WorkerLink, WorkerSnapshot};
 pub use progress::{Change, Progress};
@@ -40,6 +39,7 @@ pub use unreachable::{Unreachable, UnreachableLog};
 use crate::admission::{AdmissionLimits, AdmissionQueue};
 use crate::affinity::{AffinityPolicy, Candidate};
 use crate::model_context::{ChatTemplateFile, ModelContext};
+use crate::route_error::RouteError;
 
 /// How the pool connects, picks, queues and fails over.
 #[derive(Debug, Clone)]
@@ -58,7 +58,7 @@ pub struct PoolSettings {
     /// The picking policy.
     pub affinity: AffinityPolicy,
     /// How long a request waits for a ready worker when none is left (after its worker was lost, or
-    /// while queued) before it fails with `UNAVAILABLE`.
+    /// while queued) before it fails ([`RouteError::NoWorkerInTime`], `UNAVAILABLE`).
     pub failover_timeout: Duration,
     /// Most failovers of one request (a request that keeps losing workers fails).
     pub max_failovers: u32,
@@ -101,7 +101,7 @@ pub struct PoolCounters {
     pub failovers: AtomicU64,
     /// Requests that failed because no worker was left to continue them.
     pub failovers_exhausted: AtomicU64,
-    /// Requests refused with `RESOURCE_EXHAUSTED` by the admission queue.
+    /// Requests refused by the admission queue ([`RouteError::Overloaded`], `RESOURCE_EXHAUSTED`).
     pub rejected: AtomicU64,
     /// Health probes that got no answer in time (not taken as "down").
     pub health_probe_misses: AtomicU64,
@@ -258,10 +258,11 @@ impl WorkerPool {
     /// Admits a new request: sends it to a worker at once when the queue is empty and one has
     /// room, queues it otherwise. `request.request_id` is replaced with a router-unique id.
     ///
-    /// Errors: `UNAVAILABLE` when no worker is ready, `RESOURCE_EXHAUSTED` when the queue is full.
-    pub fn admit(self: &Arc<Self>, request: AddRequest) -> Result<Ticket, Status> {
+    /// Errors: [`RouteError::NoWorkersKnown`] / [`RouteError::NoWorkerReady`] when no worker is
+    /// ready, [`RouteError::Overloaded`] when the queue is full.
+    pub fn admit(self: &Arc<Self>, request: AddRequest) -> Result<Ticket, RouteError> {
         if self.ready_workers() == 0 {
-            return Err(no_worker_status(self.configured_workers()));
+            return Err(RouteError::no_worker(self.configured_workers()));
         }
         let key = self.settings.affinity.key(&request.prompt_ids);
         let mut queue = self.queue.lock().expect("queue lock");
@@ -367,20 +368,6 @@ impl WorkerPool {
 /// Tokens a waiting request holds: prompt plus already generated.
 fn waiting_tokens(request: &AddRequest) -> u64 {
     (request.prompt_ids.len() + request.generated_ids.len()) as u64
-}
-
-/// The `UNAVAILABLE` status returned while no worker is ready.
-pub fn no_worker_status(configured: usize) -> Status {
-    if configured == 0 {
-        Status::unavailable(
-            "no workers are known (set --workers HOST:PORT, or discovery_dns to a name that \
-             resolves)",
-        )
-    } else {
-        Status::unavailable(format!(
-            "no worker is ready (0 of {configured} connected); retry shortly"
-        ))
-    }
 }
 
 #[cfg(test)]

@@ -9,18 +9,19 @@
 //! uninterrupted run would. Tokens are passed on by their index, so none is repeated or skipped.
 //!
 //! The caller (the response stream, which holds the detokenizer and stop-string state) sees only a
-//! continuous sequence of tokens. It gets `UNAVAILABLE` only when no worker became ready within the
-//! failover timeout, or after `max_failovers` failovers of this request.
+//! continuous sequence of tokens. It gets an error from the pool only when no worker became ready
+//! within the failover timeout ([`RouteError::NoWorkerLeft`]), or after `max_failovers` failovers of
+//! this request ([`RouteError::FailoversExhausted`]).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
 use inference_proto::worker::{AddRequest, TokenOutput};
-use tonic::Status;
 use tracing::Instrument as _;
 
 use super::{Dispatched, Ticket, WorkerEvent, WorkerPool};
+use crate::route_error::RouteError;
 
 /// A request's life across workers.
 pub struct Session {
@@ -74,20 +75,22 @@ impl Session {
     /// The next generated token (the last one has `finished` set), waiting in the queue or for a
     /// failover first when needed.
     ///
-    /// Errors: the worker's own error for the request (e.g. `INVALID_ARGUMENT`), or `UNAVAILABLE`
-    /// when no worker is left to continue it.
-    pub async fn next(&mut self) -> Result<TokenOutput, Status> {
+    /// Errors: the worker's own error for the request ([`RouteError::Worker`]), or one that says no
+    /// worker is left to continue it (see the module docs).
+    pub async fn next(&mut self) -> Result<TokenOutput, RouteError> {
         loop {
             if self.current.is_none() {
                 let ticket = self.ticket.as_mut().ok_or_else(|| {
-                    Status::internal("the request has neither a worker nor a place in the queue")
+                    RouteError::Internal(
+                        "the request has neither a worker nor a place in the queue".into(),
+                    )
                 })?;
                 let queue_span = tracing::info_span!("queue", resumed_at = self.generated.len());
                 let dispatched = ticket
                     .wait()
                     .instrument(queue_span)
                     .await
-                    .map_err(|status| self.no_worker(status))?;
+                    .map_err(|cause| self.no_worker(cause))?;
                 self.ticket = None;
                 self.first_dispatch.get_or_insert_with(Instant::now);
                 tracing::debug!(
@@ -119,7 +122,7 @@ impl Session {
                     }
                     return Ok(token);
                 }
-                Some(WorkerEvent::Failed(status)) => return Err(status),
+                Some(WorkerEvent::Failed(failure)) => return Err(failure.into()),
                 Some(WorkerEvent::Lost(reason)) => reason,
                 None => format!("worker {} dropped the request", current.worker_address()),
             };
@@ -128,19 +131,18 @@ impl Session {
     }
 
     /// Queues the request again with the tokens generated so far.
-    fn fail_over(&mut self, reason: String) -> Result<(), Status> {
+    fn fail_over(&mut self, reason: String) -> Result<(), RouteError> {
         self.current = None;
         self.attempt_span = None;
         let counters = self.pool.counters();
         if self.failovers >= self.pool.settings().max_failovers {
             counters.failovers_exhausted.fetch_add(1, Ordering::Relaxed);
-            return Err(Status::unavailable(format!(
-                "{reason}; the request already moved to another worker {} times \
-                 (max_failovers = {}), giving up after {} generated tokens",
-                self.failovers,
-                self.pool.settings().max_failovers,
-                self.generated.len()
-            )));
+            return Err(RouteError::FailoversExhausted {
+                reason,
+                failovers: self.failovers,
+                max_failovers: self.pool.settings().max_failovers,
+                generated: self.generated.len(),
+            });
         }
         self.failovers += 1;
         counters.failovers.fetch_add(1, Ordering::Relaxed);
@@ -158,19 +160,18 @@ impl Session {
     }
 
     /// The error when waiting for a worker failed, with the failover context when there is one.
-    fn no_worker(&self, status: Status) -> Status {
+    fn no_worker(&self, cause: RouteError) -> RouteError {
         let Some(reason) = &self.lost_reason else {
-            return status;
+            return cause;
         };
         self.pool
             .counters()
             .failovers_exhausted
             .fetch_add(1, Ordering::Relaxed);
-        Status::unavailable(format!(
-            "{reason}, and no worker is left to continue the request: {} ({} tokens had been \
-             generated)",
-            status.message(),
-            self.generated.len()
-        ))
+        RouteError::NoWorkerLeft {
+            reason: reason.clone(),
+            cause: Box::new(cause),
+            generated: self.generated.len(),
+        }
     }
 }

@@ -27,6 +27,7 @@ use tokio_stream::wrappers::{TcpListenerStream, UnboundedReceiverStream};
 use tonic::{Request, Response, Status, Streaming};
 
 use super::*;
+use crate::admission::QueueFull;
 
 /// Token `index` of a request: what any worker would generate there.
 fn expected_token(prompt: &[u32], seed: u64, index: usize) -> u32 {
@@ -255,7 +256,7 @@ fn request(prompt: Vec<u32>, seed: u64, max_new_tokens: u32) -> AddRequest {
 }
 
 /// Runs a session to its last token; returns the token ids.
-async fn run(session: &mut Session) -> Result<Vec<u32>, Status> {
+async fn run(session: &mut Session) -> Result<Vec<u32>, RouteError> {
     let mut ids = Vec::new();
     let mut start = None;
     loop {
@@ -273,7 +274,7 @@ async fn run(session: &mut Session) -> Result<Vec<u32>, Status> {
     }
 }
 
-fn start_session(pool: &Arc<WorkerPool>, req: AddRequest) -> Result<Session, Status> {
+fn start_session(pool: &Arc<WorkerPool>, req: AddRequest) -> Result<Session, RouteError> {
     let ticket = pool.admit(req.clone())?;
     Ok(Session::new(pool.clone(), req, ticket))
 }
@@ -343,8 +344,14 @@ async fn no_worker_left_means_unavailable_after_the_failover_timeout() {
     a.kill();
     let started = Instant::now();
     let err = run(&mut session).await.unwrap_err();
-    assert_eq!(err.code(), tonic::Code::Unavailable);
-    assert!(err.message().contains("no worker is left"), "{err:?}");
+    let RouteError::NoWorkerLeft { cause, .. } = &err else {
+        panic!("{err:?}");
+    };
+    assert!(
+        matches!(**cause, RouteError::NoWorkerInTime { .. }),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("no worker is left"), "{err}");
     assert!(
         started.elapsed() >= Duration::from_millis(400),
         "waited for a worker first"
@@ -355,7 +362,7 @@ async fn no_worker_left_means_unavailable_after_the_failover_timeout() {
     );
     // New requests are refused at once.
     let err = start_session(&pool, request(vec![1], 1, 5)).err().unwrap();
-    assert!(err.message().contains("no worker is ready"), "{err:?}");
+    assert_eq!(err, RouteError::NoWorkerReady { configured: 1 });
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -376,10 +383,9 @@ async fn queue_limits_refuse_at_once_and_waiters_run_in_order() {
         .collect();
     assert_eq!(pool.queue_depth(), (2, 2));
     let err = start_session(&pool, request(vec![9], 0, 5)).err().unwrap();
-    assert_eq!(err.code(), tonic::Code::ResourceExhausted);
-    assert!(
-        err.message().contains("max_waiting_requests = 2"),
-        "{err:?}"
+    assert_eq!(
+        err,
+        RouteError::Overloaded(QueueFull::Requests { waiting: 2, max: 2 })
     );
     assert_eq!(pool.counters().rejected.load(Ordering::Relaxed), 1);
     for s in &mut sessions {

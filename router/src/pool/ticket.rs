@@ -4,10 +4,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use tokio::sync::{mpsc, oneshot};
-use tonic::Status;
-
 use super::{WorkerEvent, WorkerLink, WorkerPool};
+use crate::route_error::RouteError;
+use tokio::sync::{mpsc, oneshot};
 
 /// A request sent to a worker. Dropping it before the worker finished the request cancels the
 /// request on the worker (client gone, stop string matched, deadline passed).
@@ -66,13 +65,14 @@ impl Ticket {
 
     /// Waits until the request is sent to a worker.
     ///
-    /// Errors: `UNAVAILABLE` when no worker was ready for the pool's failover timeout.
-    pub async fn wait(&mut self) -> Result<Dispatched, Status> {
+    /// Errors: [`RouteError::NoWorkerInTime`] when no worker was ready for the pool's failover
+    /// timeout.
+    pub async fn wait(&mut self) -> Result<Dispatched, RouteError> {
         if let Some(dispatched) = self.dispatched.take() {
             return Ok(dispatched);
         }
         let Some((_, rx)) = self.queued.as_mut() else {
-            return Err(Status::internal("the ticket was already used"));
+            return Err(RouteError::Internal("the ticket was already used".into()));
         };
         let timeout = self.pool.settings.failover_timeout;
         let mut ready = self.pool.ready_watch();
@@ -102,12 +102,11 @@ impl Ticket {
             return Ok(dispatched);
         }
         self.leave_queue();
-        Err(Status::unavailable(format!(
-            "no worker is ready ({} of {} connected); waited {} ms for one",
-            self.pool.ready_workers(),
-            self.pool.configured_workers(),
-            timeout.as_millis()
-        )))
+        Err(RouteError::NoWorkerInTime {
+            ready: self.pool.ready_workers(),
+            configured: self.pool.configured_workers(),
+            waited_ms: timeout.as_millis(),
+        })
     }
 
     /// Gives up the place in the queue, if any.

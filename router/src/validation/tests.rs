@@ -1,5 +1,6 @@
 use super::*;
 use inference_proto::public::{ChatMessage, GenerateRequest};
+use tonic::Status;
 
 /// `check_request` on a gRPC request, as the gRPC front runs it.
 fn check(r: &GenerateRequest) -> Result<Sampling, Status> {
