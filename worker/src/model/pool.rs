@@ -304,7 +304,7 @@ impl ComputePool {
     }
 }
 
-/// A mutable slice whose disjoint pieces (ranges or single elements) are written by the
+/// A mutable slice whose disjoint pieces are written by the
 /// tasks of one parallel region ([`ComputePool::run`]): the one type behind every in-place
 /// parallel write of the forward pass (`for_each_chunk_mut`, the matmul's output columns,
 /// the split attention's scores and values). It borrows the slice mutably for `'a`, so
@@ -323,7 +323,7 @@ impl<T> Clone for DisjointSlice<'_, T> {
 }
 impl<T> Copy for DisjointSlice<'_, T> {}
 
-// SAFETY: tasks only write disjoint pieces (the contract of `piece` and `set`), and the
+// SAFETY: tasks only write disjoint pieces (the contract of `piece`), and the
 // elements may move between threads (`T: Send`).
 unsafe impl<T: Send> Sync for DisjointSlice<'_, T> {}
 unsafe impl<T: Send> Send for DisjointSlice<'_, T> {}
@@ -351,7 +351,7 @@ impl<'a, T> DisjointSlice<'a, T> {
     /// Elements `range` of the slice. Panics if `range` is out of bounds.
     ///
     /// # Safety
-    /// No two pieces (or [`Self::set`] elements) in use at the same time may overlap.
+    /// No two pieces in use at the same time may overlap.
     #[allow(clippy::mut_from_ref)]
     pub unsafe fn piece(&self, range: std::ops::Range<usize>) -> &'a mut [T] {
         assert!(
@@ -360,20 +360,6 @@ impl<'a, T> DisjointSlice<'a, T> {
             self.len
         );
         std::slice::from_raw_parts_mut(self.ptr.add(range.start), range.len())
-    }
-
-    /// `slice[i] = v`. Panics if `i` is out of bounds.
-    ///
-    /// # Safety
-    /// No other task writes or reads element `i` meanwhile.
-    #[inline(always)]
-    pub unsafe fn set(&self, i: usize, v: T) {
-        assert!(
-            i < self.len,
-            "DisjointSlice: index {i} out of 0..{}",
-            self.len
-        );
-        *self.ptr.add(i) = v;
     }
 }
 
@@ -425,10 +411,11 @@ mod tests {
         let shared = DisjointSlice::new(&mut data);
         assert_eq!(shared.len(), 100);
         pool.run(10, &|i| {
-            // SAFETY: task i alone writes elements 10i..10i+9 and element 10i+9.
+            // SAFETY: task i alone writes elements 10i..10i+10.
             let piece = unsafe { shared.piece(10 * i..10 * i + 9) };
             piece.fill(i as u32);
-            unsafe { shared.set(10 * i + 9, 1000 + i as u32) };
+            let last = unsafe { shared.piece(10 * i + 9..10 * i + 10) };
+            last[0] = 1000 + i as u32;
         });
         for (j, &v) in data.iter().enumerate() {
             let i = (j / 10) as u32;

@@ -28,8 +28,8 @@
 //! (more for steps of few tokens, see `rows_per_task`) and write their
 //! columns of `y` in place; inside a task, register tiles walk the shared
 //! dimension, the token tile staying in L1 while the decoded block streams
-//! past it: on AVX-512, 6 tokens × 4 rows (24 accumulators, transposed
-//! reductions), then 4 × 4 for the last tokens, for steps of more than 8 tokens, and 8 × 3 for steps of up to 8
+//! past it: on AVX-512, 4 tokens × 4 rows (16 accumulators, one transposed
+//! reduction) for steps of more than 8 tokens, and 8 × 3 for steps of up to 8
 //! tokens whose format has no fused kernel; 4 × 3 on the other paths. Activations and the scratch block start on
 //! 64-byte boundaries ([`AlignedVec`]), so the 16-float loads are aligned.
 
@@ -340,12 +340,11 @@ fn run_tile<const T: usize, const R: usize, const WIDE: bool>(
 /// Loop order: token tiles outermost, then the row groups of the block, so a
 /// tile of `T` token rows stays in L1 while the block's decoded rows (up to
 /// [`BLOCK_GROUPS`] × `R` rows, in L2) stream past it; `T` is 8 for 3-row
-/// groups on AVX-512 (24 accumulators of 32 registers), 6 for 4-row groups on
-/// AVX-512 (24 accumulators; then 4 for the last tokens), else 4 (4 × 3 = 12 of
-/// 16 elsewhere). Measured on the 2-core test machine, one thread, the whole
-/// matmul at 512 tokens: 6 × 4 against 4 × 4 alone, Q5_0 `[2048, 640]` 100 ->
-/// 111 GFLOP/s, Q6_K `[640, 2048]` 88 -> 99; Q8_0 `[49152, 640]` at 32 tokens 71-81 -> 97;
-/// 12 × 2 was slower than both.
+/// groups on AVX-512 (24 accumulators of 32 registers), else 4 (4 × 4 = 16 of
+/// 32 on AVX-512, 4 × 3 = 12 of 16 elsewhere). Tried: 6 × 4 tiles (24
+/// accumulators) are about 10 % faster on one thread (`matmul_report`) but
+/// were 3-8 % slower in Gemma 3's prefill and 32-stream decode on 2 threads
+/// (alternating A/B runs of `throughput_report`); 12 × 2 was slower still.
 fn rows_block<const R: usize>(
     path: SimdPath,
     x: &[f32],
@@ -358,17 +357,6 @@ fn rows_block<const R: usize>(
     let mut t = 0;
     if path == SimdPath::Avx512 && R == TILE_R {
         t = token_tiles::<8, R>(path, x, n, k, t, w_rows, groups, out);
-    }
-    if path == SimdPath::Avx512 && R == 4 {
-        // 6 × 4 tiles, one fewer when that leaves whole 4 × 4 tiles (32 = 4 · 6 + 2 · 4).
-        let mut wide = n / 6;
-        if wide > 0
-            && !(n - 6 * wide).is_multiple_of(TILE_T)
-            && (n - 6 * (wide - 1)).is_multiple_of(TILE_T)
-        {
-            wide -= 1;
-        }
-        t = token_tiles::<6, 4>(path, x, 6 * wide, k, t, w_rows, groups, out);
     }
     t = token_tiles::<TILE_T, R>(path, x, n, k, t, w_rows, groups, out);
     token_tiles::<1, R>(path, x, n, k, t, w_rows, groups, out);
@@ -396,11 +384,7 @@ fn token_tiles<const T: usize, const R: usize>(
             let w: [&[f32]; R] = std::array::from_fn(|r| &wg[r * k..(r + 1) * k]);
             let mut o = [[0.0; R]; T];
             tile::<T, R>(path, &xs, &w, k, &mut o);
-            for (i, oi) in o.iter().enumerate() {
-                for (r, &v) in oi.iter().enumerate() {
-                    out.set(t + i, g * R + r, v);
-                }
-            }
+            out.put(t, g * R, &o);
         }
         t += T;
     }
@@ -461,18 +445,12 @@ fn fused_task<const T: usize, const G: usize>(
         if r + G <= rows {
             let enc = std::array::from_fn(|i| w.row_encoded(r0 + r + i));
             let y = fused_rows::<T, G>(path, w.format(), xs, enc, k).expect("checked");
-            for (t, yt) in y.iter().enumerate() {
-                for (i, &v) in yt.iter().enumerate() {
-                    out.set(t, r + i, v);
-                }
-            }
+            out.put(0, r, &y);
             r += G;
         } else {
             let enc = [w.row_encoded(r0 + r)];
             let y = fused_rows::<T, 1>(path, w.format(), xs, enc, k).expect("checked");
-            for (t, yt) in y.iter().enumerate() {
-                out.set(t, r, yt[0]);
-            }
+            out.put(0, r, &y);
             r += 1;
         }
     }

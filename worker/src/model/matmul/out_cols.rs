@@ -72,12 +72,24 @@ impl<'a> OutCols<'a> {
         }
     }
 
-    /// `y[row0 + t][col0 + c] = v`.
+    /// `y[row0 + t0 + i][col0 + c0 + r] = tile[i][r]` for a `T × R` register tile: one bounds
+    /// check per row of `R` values. Panics if the tile reaches past the block.
     #[inline(always)]
-    pub(super) fn set(&mut self, t: usize, c: usize, v: f32) {
-        assert!(t < self.n && c < self.cols, "OutCols: index out of range");
-        // SAFETY: no other block writes these columns (`col0 + cols <= stride` by
-        // construction, so the element is in this block's columns of row `row0 + t`).
-        unsafe { self.y.set((self.row0 + t) * self.stride + self.col0 + c, v) }
+    pub(super) fn put<const T: usize, const R: usize>(
+        &mut self,
+        t0: usize,
+        c0: usize,
+        tile: &[[f32; R]; T],
+    ) {
+        assert!(
+            t0 + T <= self.n && c0 + R <= self.cols,
+            "OutCols: tile out of range"
+        );
+        for (i, vals) in tile.iter().enumerate() {
+            let at = (self.row0 + t0 + i) * self.stride + self.col0 + c0;
+            // SAFETY: no other block writes these columns (`col0 + cols <= stride` by
+            // construction, so the row's `R` elements are in this block's columns).
+            unsafe { self.y.piece(at..at + R) }.copy_from_slice(vals);
+        }
     }
 }
