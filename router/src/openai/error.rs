@@ -46,6 +46,10 @@ impl Endpoint {
     }
 }
 
+/// The endpoints this front serves, as the 404 and 405 answers list them.
+const SERVED: &str = "POST /v1/chat/completions, POST /v1/completions, POST /tokenize, \
+                      GET /v1/models and GET /health";
+
 /// HTTP status, OpenAI `type` and `code` of a class of router errors.
 type Class = (StatusCode, &'static str, &'static str);
 const INVALID: Class = (
@@ -152,7 +156,7 @@ impl ApiError {
     pub fn no_route(path: &str) -> Self {
         Self {
             status: StatusCode::NOT_FOUND,
-            message: format!("no endpoint at {path}; this server serves POST /v1/chat/completions, POST /v1/completions, GET /v1/models and GET /health"),
+            message: format!("no endpoint at {path}; this server serves {SERVED}"),
             kind: "invalid_request_error",
             param: None,
             code: "unknown_url",
@@ -163,7 +167,7 @@ impl ApiError {
     pub fn wrong_method(method: &axum::http::Method, path: &str) -> Self {
         Self {
             status: StatusCode::METHOD_NOT_ALLOWED,
-            message: format!("{method} is not allowed on {path}; this server serves POST /v1/chat/completions, POST /v1/completions, POST /tokenize, GET /v1/models and GET /health"),
+            message: format!("{method} is not allowed on {path}; this server serves {SERVED}"),
             kind: "invalid_request_error",
             param: None,
             code: "method_not_allowed",
@@ -357,6 +361,20 @@ mod tests {
         let e = ApiError::from_route(ValidationError::invalid("max_new_tokens", "x").into(), None);
         assert_eq!(e.param.as_deref(), Some("max_new_tokens"));
         assert_eq!(e.body()["error"]["param"], "max_new_tokens");
+    }
+
+    #[test]
+    fn unknown_paths_and_wrong_methods_list_every_served_endpoint() {
+        let e = ApiError::no_route("/v1/embeddings");
+        assert_eq!((e.status.as_u16(), e.code), (404, "unknown_url"));
+        assert_eq!(
+            e.message,
+            "no endpoint at /v1/embeddings; this server serves POST /v1/chat/completions, \
+             POST /v1/completions, POST /tokenize, GET /v1/models and GET /health"
+        );
+        let e = ApiError::wrong_method(&axum::http::Method::GET, "/tokenize");
+        assert_eq!((e.status.as_u16(), e.code), (405, "method_not_allowed"));
+        assert!(e.message.ends_with(SERVED), "{}", e.message);
     }
 
     #[test]

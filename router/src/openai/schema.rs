@@ -23,9 +23,9 @@ pub const MAX_CHOICES: u32 = 16;
 /// OpenAI's `max_tokens` default for completions (chat defaults to the router's own default).
 pub const COMPLETIONS_DEFAULT_MAX_TOKENS: u32 = 16;
 
-/// A string or a list of them (`stop`, a completions `prompt`).
+/// A string or a list of them (`stop`).
 #[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
+#[serde(untagged, expecting = "expected a string or a list of strings")]
 pub enum OneOrMany<T> {
     /// One value.
     One(T),
@@ -44,7 +44,11 @@ impl<T> OneOrMany<T> {
 
 /// A completions `prompt`: a string, strings, token ids, or lists of token ids.
 #[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
+#[serde(
+    untagged,
+    expecting = "expected a string, a list of strings, a list of token ids or a list of lists of \
+                 token ids"
+)]
 pub enum PromptInput {
     /// One text prompt.
     Text(String),
@@ -58,7 +62,10 @@ pub enum PromptInput {
 
 /// A chat message's `content`: a string or a list of parts.
 #[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
+#[serde(
+    untagged,
+    expecting = "expected a string or a list of content parts ({\"type\": \"text\", \"text\": ...})"
+)]
 pub enum Content {
     /// Plain text.
     Text(String),
@@ -89,7 +96,10 @@ pub struct Message {
 
 /// `logprobs`: a flag on chat, a count of alternatives on completions.
 #[derive(Debug, Clone, Copy, Deserialize)]
-#[serde(untagged)]
+#[serde(
+    untagged,
+    expecting = "expected a boolean (chat) or a non-negative integer (completions)"
+)]
 pub enum Logprobs {
     /// Chat's `logprobs: true`.
     Flag(bool),

@@ -246,3 +246,55 @@ fn bad_bodies_are_400_naming_the_field() {
         e.message
     );
 }
+
+/// Fields that take one of several shapes say which shapes, not serde's internal enum names.
+#[test]
+fn fields_of_several_shapes_name_the_shapes_they_take() {
+    let cases = [
+        (
+            Endpoint::Chat,
+            json!({"messages": [{"role": "user", "content": 5}]}),
+            "messages",
+            "messages[0].content: expected a string or a list of content parts ({\"type\": \
+             \"text\", \"text\": ...})",
+        ),
+        (
+            Endpoint::Completions,
+            json!({"prompt": {}}),
+            "prompt",
+            "prompt: expected a string, a list of strings, a list of token ids or a list of \
+             lists of token ids",
+        ),
+        (
+            Endpoint::Completions,
+            json!({"prompt": [1, "two"]}),
+            "prompt",
+            "prompt: expected a string, a list of strings, a list of token ids or a list of \
+             lists of token ids",
+        ),
+        (
+            Endpoint::Completions,
+            json!({"prompt": "p", "stop": 5}),
+            "stop",
+            "stop: expected a string or a list of strings",
+        ),
+        (
+            Endpoint::Completions,
+            json!({"prompt": "p", "logprobs": "x"}),
+            "logprobs",
+            "logprobs: expected a boolean (chat) or a non-negative integer (completions)",
+        ),
+    ];
+    for (endpoint, body, param, message) in cases {
+        let e = requests(endpoint, body).unwrap_err();
+        assert_eq!(
+            (
+                e.status.as_u16(),
+                e.code,
+                e.param.as_deref(),
+                e.message.as_str()
+            ),
+            (400, "invalid_type", Some(param), message)
+        );
+    }
+}
