@@ -371,6 +371,51 @@ async fn a_full_queue_is_429_and_no_worker_is_503() {
     drop(running);
 }
 
+/// A request that no worker's KV cache could ever hold is refused by the router before any work:
+/// HTTP 400 with OpenAI's error object even when streaming (before the event stream's headers),
+/// `INVALID_ARGUMENT` on gRPC, and the worker never sees it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_no_kv_cache_can_hold_is_400_before_any_stream() {
+    let (_dir, model) = tiny_16k(16);
+    // 8 blocks of 16 tokens: 128 tokens at once.
+    let h = start(&model, &["--kv-cache-blocks", "8"], &[], &[]).await;
+    let http = reqwest::Client::new();
+    let url = format!("{}/v1/completions", h.base);
+    let too_long = json!({"prompt": vec![5; 100], "max_tokens": 100, "stream": true});
+    let response = http.post(&url).json(&too_long).send().await.unwrap();
+    assert_eq!(response.status(), 400);
+    let answer: Value = response.json().await.unwrap();
+    assert_eq!(
+        error_of(&answer),
+        ("invalid_request_error", "invalid_value", Some("max_tokens"))
+    );
+    let message = answer["error"]["message"].as_str().unwrap();
+    assert_eq!(
+        message,
+        "prompt (100 tokens) + max_new_tokens (100) needs 13 KV blocks; the largest KV cache of \
+         the ready workers has 8 blocks of 16 tokens"
+    );
+    let mut grpc = h.cluster.client().await;
+    let status = grpc
+        .generate(greedy(&"hello ".repeat(60), 100))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert!(
+        status.message().ends_with(
+            "KV blocks; the largest KV cache of the ready workers has 8 blocks of 16 tokens"
+        ),
+        "{status:?}"
+    );
+    // What fits is served (128 tokens exactly), and the worker never saw the refused ones.
+    let fits = json!({"prompt": vec![5; 100], "max_tokens": 28, "ignore_eos": true});
+    let (status, answer) = post(&http, &url, &fits).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["usage"]["completion_tokens"], 28, "{answer}");
+    let stats = worker_stats(&h.cluster.worker_addr).await;
+    assert_eq!((stats.finished_requests, stats.failed_requests), (1, 0));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_stays_200_while_a_long_prefill_runs_and_streams_come_and_go() {
     let (_dir, model) = tiny_16k(5);

@@ -5,7 +5,8 @@
 //!   plain `health_listen` port answers gRPC health; replacing the certificate files with ones of a
 //!   new CA takes effect for new connections without a restart;
 //! - router to worker: with `worker_tls_ca` a generation works end to end over a TLS worker port;
-//!   a router trusting another CA does not route to that worker, and `/health` says why.
+//!   a router trusting another CA does not route to that worker, and `/health` says why; once its
+//!   CA file is rotated to the worker's CA it connects and serves, without a restart.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -368,6 +369,16 @@ async fn router_to_worker_tls() {
         .unwrap();
     assert_eq!(status, 503, "{body}");
     assert!(bad.log_text().contains("UnknownIssuer"));
+
+    // The CA file rotated to the worker's CA: the same router, without a restart, connects at its
+    // next attempt and serves.
+    std::fs::write(&other, &ca.pem).unwrap();
+    integration_tests::openai::wait_healthy(&bad_base, Duration::from_secs(30)).await;
+    let (status, body) = completion(&reqwest::Client::new(), &bad_base, None)
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["usage"]["completion_tokens"], 4, "{body}");
 
     // A router dialling the TLS worker in plain text gets no worker either.
     let (_plain, plain_addr) = start_router_with_env(&[&worker_addr], &[], &[]).await;

@@ -1,6 +1,9 @@
 //! The client side: trust a CA file (PEM, one or more certificates) and verify a server name.
+//! The file is read again for every new connection, so a rotated CA takes effect without a
+//! restart (connections already open keep the trust they were made with).
 
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use rustls_pki_types::ServerName;
 use tonic::transport::{Certificate, ClientTlsConfig};
@@ -14,8 +17,8 @@ use crate::TlsError;
 pub struct ClientTls {
     /// The CA file.
     pub ca: PathBuf,
-    /// PEM of the CA file, checked to hold at least one certificate.
-    ca_pem: Vec<u8>,
+    /// PEM of the CA file as last read with at least one certificate in it.
+    ca_pem: Arc<Mutex<Vec<u8>>>,
     /// The name to verify instead of the dialled host.
     pub server_name: Option<String>,
 }
@@ -32,12 +35,7 @@ impl ClientTls {
             return Ok(None);
         }
         let path = Path::new(ca);
-        let ca_pem = read(path, "TLS CA file")?;
-        parse_certificates(&ca_pem).map_err(|reason| TlsError::Invalid {
-            what: "TLS CA file",
-            path: path.to_path_buf(),
-            reason,
-        })?;
+        let ca_pem = read_ca(path)?;
         let server_name = server_name.trim();
         let server_name = (!server_name.is_empty()).then(|| server_name.to_string());
         if let Some(name) = &server_name {
@@ -45,9 +43,20 @@ impl ClientTls {
         }
         Ok(Some(Self {
             ca: path.to_path_buf(),
-            ca_pem,
+            ca_pem: Arc::new(Mutex::new(ca_pem)),
             server_name,
         }))
+    }
+
+    /// The CA file's PEM now: read again; when it cannot be read or holds no certificate (say,
+    /// caught half-written during a rotation), the last good content, with a WARN.
+    pub fn current_ca_pem(&self) -> Vec<u8> {
+        let mut last = self.ca_pem.lock().unwrap_or_else(|e| e.into_inner());
+        match read_ca(&self.ca) {
+            Ok(pem) => *last = pem,
+            Err(error) => tracing::warn!(%error, "keeping the last good TLS CA"),
+        }
+        last.clone()
     }
 
     /// The `http(s)://HOST:PORT` URI to dial `address` (`HOST:PORT`) with: `https` for TLS.
@@ -58,15 +67,27 @@ impl ClientTls {
         }
     }
 
-    /// tonic's client configuration: trusts only the CA file's certificates.
+    /// tonic's client configuration for a new connection: trusts only the CA file's certificates,
+    /// as [`Self::current_ca_pem`] reads them now.
     pub fn tonic_config(&self) -> ClientTlsConfig {
         let config =
-            ClientTlsConfig::new().ca_certificate(Certificate::from_pem(self.ca_pem.clone()));
+            ClientTlsConfig::new().ca_certificate(Certificate::from_pem(self.current_ca_pem()));
         match &self.server_name {
             Some(name) => config.domain_name(name.clone()),
             None => config,
         }
     }
+}
+
+/// Reads the CA file at `path` and checks it holds at least one PEM certificate.
+fn read_ca(path: &Path) -> Result<Vec<u8>, TlsError> {
+    let pem = read(path, "TLS CA file")?;
+    parse_certificates(&pem).map_err(|reason| TlsError::Invalid {
+        what: "TLS CA file",
+        path: path.to_path_buf(),
+        reason,
+    })?;
+    Ok(pem)
 }
 
 #[cfg(test)]
@@ -104,5 +125,33 @@ mod tests {
             err.contains("invalid TLS CA file") && err.contains("no PEM certificate"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_rotated_ca_file_is_read_again_and_a_broken_one_keeps_the_last() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ca.pem");
+        let (first, second) = (
+            crate::test_ca::TestCa::new("first").pem,
+            crate::test_ca::TestCa::new("second").pem,
+        );
+        std::fs::write(&path, &first).unwrap();
+        let tls = ClientTls::load(path.to_str().unwrap(), "")
+            .unwrap()
+            .unwrap();
+        assert_eq!(tls.current_ca_pem(), first.as_bytes());
+        std::fs::write(&path, &second).unwrap();
+        assert_eq!(tls.current_ca_pem(), second.as_bytes());
+        // Half-written or removed: the last good CA stays.
+        std::fs::write(&path, "").unwrap();
+        assert_eq!(tls.current_ca_pem(), second.as_bytes());
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(tls.current_ca_pem(), second.as_bytes());
+        // Clones (one per worker link) share what was last read.
+        let clone = tls.clone();
+        std::fs::write(&path, &first).unwrap();
+        assert_eq!(clone.current_ca_pem(), first.as_bytes());
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(tls.current_ca_pem(), first.as_bytes());
     }
 }

@@ -27,6 +27,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::transport::Channel;
 
+use super::kv_fit::KvCapacity;
 use super::progress::{Change, Progress};
 use super::unreachable::{Unreachable, UnreachableLog};
 use super::WorkerPool;
@@ -72,6 +73,8 @@ struct LinkState {
     reported: Option<(LoadReport, Instant)>,
     /// Why the last connection attempt failed (cleared when one succeeds).
     last_error: Option<String>,
+    /// The KV cache its last `Info` reported.
+    kv: Option<KvCapacity>,
 }
 
 /// A worker's state at one moment (for picking, metrics and health reporting).
@@ -99,6 +102,9 @@ pub struct WorkerSnapshot {
     /// Why the last connection attempt failed (e.g. the worker's TLS certificate does not verify);
     /// `None` once connected.
     pub last_error: Option<String>,
+    /// The KV cache its last `Info` reported (`None` before the first connection, or when the
+    /// worker reports none).
+    pub kv: Option<KvCapacity>,
 }
 
 impl WorkerSnapshot {
@@ -149,6 +155,7 @@ impl WorkerLink {
             reported,
             last_report: state.reported.map(|(r, _)| r),
             last_error: state.last_error.clone(),
+            kv: state.kv,
         }
     }
 
@@ -441,6 +448,7 @@ async fn run(
         }
         state.sender = Some(tx);
         state.last_error = None;
+        state.kv = KvCapacity::of(&info);
         state.healthy = healthy;
         state.progress = Some(Progress::new(Instant::now(), pool.settings().stall_timeout));
     }

@@ -15,6 +15,7 @@
 //! Locks are taken in the order queue -> links -> one link's state, and never held across an
 //! `await`; the link tasks release a link's state before they pump the queue.
 
+mod kv_fit;
 mod link;
 mod progress;
 mod session;
@@ -40,6 +41,7 @@ use crate::admission::{AdmissionLimits, AdmissionQueue};
 use crate::affinity::{AffinityPolicy, Candidate};
 use crate::model_context::{ChatTemplateFile, ModelContext};
 use crate::route_error::RouteError;
+pub use kv_fit::KvCapacity;
 
 /// How the pool connects, picks, queues and fails over.
 #[derive(Debug, Clone)]
@@ -264,6 +266,9 @@ impl WorkerPool {
         if self.ready_workers() == 0 {
             return Err(RouteError::no_worker(self.configured_workers()));
         }
+        if let Some(refusal) = self.never_fits(&request) {
+            return Err(refusal.into());
+        }
         let key = self.settings.affinity.key(&request.prompt_ids);
         let mut queue = self.queue.lock().expect("queue lock");
         if queue.is_empty() {
@@ -279,6 +284,19 @@ impl WorkerPool {
                 self.counters.rejected.fetch_add(1, Ordering::Relaxed);
             })?;
         Ok(Ticket::queued(self.clone(), id, rx))
+    }
+
+    /// The refusal of a request that no ready worker's KV cache could ever hold
+    /// ([`kv_fit::never_fits`]); `None` when one can, or when a ready worker reports no capacity.
+    fn never_fits(&self, request: &AddRequest) -> Option<crate::validation::ValidationError> {
+        let model = self.model()?;
+        let capacities: Option<Vec<KvCapacity>> = self
+            .workers()
+            .iter()
+            .filter(|s| s.ready())
+            .map(|s| s.kv)
+            .collect();
+        kv_fit::never_fits(request, model.context_length, &capacities?)
     }
 
     /// Queues a request that resumes after its worker was lost, ahead of new requests.
