@@ -320,6 +320,20 @@ impl WorkerLink {
     }
 }
 
+/// `e` and its causes joined by `: `, each cause left out when the message before it already
+/// says it (tonic's transport errors repeat their source: `tcp connect error: tcp connect error:
+/// Connection refused`).
+fn cause_chain(e: &anyhow::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if !parts.last().is_some_and(|last| last.contains(&text)) {
+            parts.push(text);
+        }
+    }
+    parts.join(": ")
+}
+
 /// Keeps `link` connected until the task is aborted (the link was removed).
 pub(super) async fn maintain(pool: Arc<WorkerPool>, link: Arc<WorkerLink>) {
     let (initial, max) = pool.settings().backoff;
@@ -327,7 +341,7 @@ pub(super) async fn maintain(pool: Arc<WorkerPool>, link: Arc<WorkerLink>) {
     let mut unreachable = UnreachableLog::new(UNREACHABLE_LOG_EVERY);
     loop {
         let result = run(&pool, &link, &mut unreachable).await;
-        link.lock().last_error = result.as_ref().err().map(|e| format!("{e:#}"));
+        link.lock().last_error = result.as_ref().err().map(cause_chain);
         match result {
             Ok(()) => {
                 tracing::warn!(worker = %link.address, "worker stream ended");
@@ -336,18 +350,18 @@ pub(super) async fn maintain(pool: Arc<WorkerPool>, link: Arc<WorkerLink>) {
             Err(e) => match unreachable.failed(Instant::now()) {
                 Some(Unreachable::First) => tracing::warn!(
                     worker = %link.address,
-                    error = %format!("{e:#}"),
+                    error = %cause_chain(&e),
                     "worker unreachable; retrying with backoff"
                 ),
                 Some(Unreachable::Still { attempts, down_for }) => tracing::warn!(
                     worker = %link.address,
-                    error = %format!("{e:#}"),
+                    error = %cause_chain(&e),
                     attempts,
                     down_for_s = down_for.as_secs(),
                     "worker still unreachable"
                 ),
                 None => {
-                    tracing::debug!(worker = %link.address, error = %format!("{e:#}"), "worker unreachable")
+                    tracing::debug!(worker = %link.address, error = %cause_chain(&e), "worker unreachable")
                 }
             },
         }
@@ -554,5 +568,27 @@ async fn probe_loop(
                 pool.pump();
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cause_chain;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("tcp connect error")]
+    struct Connect(#[source] std::io::Error);
+
+    #[test]
+    fn a_cause_its_parent_already_says_is_left_out() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "Connection refused");
+        let e = anyhow::Error::new(Connect(io))
+            .context("tcp connect error")
+            .context("transport error");
+        assert_eq!(
+            cause_chain(&e),
+            "transport error: tcp connect error: Connection refused"
+        );
+        assert_eq!(cause_chain(&anyhow::anyhow!("plain")), "plain");
     }
 }
