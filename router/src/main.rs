@@ -61,6 +61,7 @@ async fn run(settings: RouterSettings) -> anyhow::Result<()> {
         .map(std::sync::Arc::new);
     pool_settings.worker_tls = settings.worker_tls().map_err(anyhow::Error::msg)?;
     if let Some(tls) = &pool_settings.worker_tls {
+        tls.watch(observability::reload::RELOAD_PERIOD);
         tracing::info!(ca = %tls.ca.display(), "dialling workers over TLS");
     }
     // TLS of the public ports: one certificate for both, re-read on change.

@@ -1,9 +1,11 @@
 //! The client side: trust a CA file (PEM, one or more certificates) and verify a server name.
-//! The file is read again for every new connection, so a rotated CA takes effect without a
-//! restart (connections already open keep the trust they were made with).
+//! A long-running client re-reads the file on change ([`ClientTls::watch`], the loop of
+//! [`observability::reload`], as for the server certificates), so a rotated CA takes effect for
+//! new connections without a restart (connections already open keep the trust they were made with).
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use rustls_pki_types::ServerName;
 use tonic::transport::{Certificate, ClientTlsConfig};
@@ -17,7 +19,7 @@ use crate::TlsError;
 pub struct ClientTls {
     /// The CA file.
     pub ca: PathBuf,
-    /// PEM of the CA file as last read with at least one certificate in it.
+    /// PEM of the CA file as last read with at least one certificate in it (shared by clones).
     ca_pem: Arc<Mutex<Vec<u8>>>,
     /// The name to verify instead of the dialled host.
     pub server_name: Option<String>,
@@ -48,15 +50,32 @@ impl ClientTls {
         }))
     }
 
-    /// The CA file's PEM now: read again; when it cannot be read or holds no certificate (say,
-    /// caught half-written during a rotation), the last good content, with a WARN.
-    pub fn current_ca_pem(&self) -> Vec<u8> {
-        let mut last = self.ca_pem.lock().unwrap_or_else(|e| e.into_inner());
-        match read_ca(&self.ca) {
-            Ok(pem) => *last = pem,
-            Err(error) => tracing::warn!(%error, "keeping the last good TLS CA"),
+    /// The CA certificates trusted now (PEM): the file's content at the last good read.
+    pub fn ca_pem(&self) -> Vec<u8> {
+        self.ca_pem.lock().expect("CA lock").clone()
+    }
+
+    /// Re-reads the CA file once: a changed file with at least one certificate replaces the
+    /// trusted one (returns `true`); an unchanged file returns `false`.
+    ///
+    /// Errors: the file cannot be read or holds no certificate (say, caught half-written during a
+    /// rotation); the trusted CA stays.
+    pub fn reload(&self) -> Result<bool, TlsError> {
+        let pem = read_ca(&self.ca)?;
+        let mut current = self.ca_pem.lock().expect("CA lock");
+        if *current == pem {
+            return Ok(false);
         }
-        last.clone()
+        *current = pem;
+        tracing::info!(ca = %self.ca.display(), "TLS CA file changed; new connections trust the new CA");
+        Ok(true)
+    }
+
+    /// Spawns the task that calls [`ClientTls::reload`] every `period` (see
+    /// [`observability::reload`]).
+    pub fn watch(&self, period: Duration) -> tokio::task::JoinHandle<()> {
+        let me = self.clone();
+        observability::reload::poll("TLS CA", period, move || me.reload())
     }
 
     /// The `http(s)://HOST:PORT` URI to dial `address` (`HOST:PORT`) with: `https` for TLS.
@@ -67,11 +86,10 @@ impl ClientTls {
         }
     }
 
-    /// tonic's client configuration for a new connection: trusts only the CA file's certificates,
-    /// as [`Self::current_ca_pem`] reads them now.
+    /// tonic's client configuration for a new connection: trusts only the CA file's certificates
+    /// ([`Self::ca_pem`]).
     pub fn tonic_config(&self) -> ClientTlsConfig {
-        let config =
-            ClientTlsConfig::new().ca_certificate(Certificate::from_pem(self.current_ca_pem()));
+        let config = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(self.ca_pem()));
         match &self.server_name {
             Some(name) => config.domain_name(name.clone()),
             None => config,
@@ -139,19 +157,25 @@ mod tests {
         let tls = ClientTls::load(path.to_str().unwrap(), "")
             .unwrap()
             .unwrap();
-        assert_eq!(tls.current_ca_pem(), first.as_bytes());
+        assert!(!tls.reload().unwrap());
+        assert_eq!(tls.ca_pem(), first.as_bytes());
         std::fs::write(&path, &second).unwrap();
-        assert_eq!(tls.current_ca_pem(), second.as_bytes());
+        assert!(tls.reload().unwrap());
+        assert_eq!(tls.ca_pem(), second.as_bytes());
         // Half-written or removed: the last good CA stays.
         std::fs::write(&path, "").unwrap();
-        assert_eq!(tls.current_ca_pem(), second.as_bytes());
+        assert!(tls.reload().is_err());
+        assert_eq!(tls.ca_pem(), second.as_bytes());
         std::fs::remove_file(&path).unwrap();
-        assert_eq!(tls.current_ca_pem(), second.as_bytes());
+        assert!(tls.reload().is_err());
+        assert_eq!(tls.ca_pem(), second.as_bytes());
         // Clones (one per worker link) share what was last read.
         let clone = tls.clone();
         std::fs::write(&path, &first).unwrap();
-        assert_eq!(clone.current_ca_pem(), first.as_bytes());
+        assert!(tls.reload().unwrap());
+        assert_eq!(clone.ca_pem(), first.as_bytes());
         std::fs::remove_file(&path).unwrap();
-        assert_eq!(tls.current_ca_pem(), first.as_bytes());
+        assert!(clone.reload().is_err());
+        assert_eq!(tls.ca_pem(), first.as_bytes());
     }
 }
