@@ -45,7 +45,7 @@ mod arch_ops;
 mod formats;
 #[path = "cuda_gpu/kernels.rs"]
 mod kernels;
-use formats::{encode, fixture_blocks, run_embedding, weight_bytes, ALL_FORMATS};
+use formats::{embed_tokens, encode, fixture_blocks, run_embedding, weight_bytes, ALL_FORMATS};
 #[path = "common/attention_ref.rs"]
 mod attention_ref;
 use attention_ref::attention_ref;

@@ -93,10 +93,22 @@ pub fn run_embedding(
     cols: usize,
 ) -> Vec<f32> {
     let tokens: Vec<u32> = (0..rows as u32).collect();
+    embed_tokens(k, format, table, &tokens, cols)
+}
+
+/// Runs `embedding` for `tokens` over `table` (rows of `cols` in `format`); returns their decoded
+/// rows as the activation buffer stores them.
+pub fn embed_tokens(
+    k: &Kernels,
+    format: GgmlType,
+    table: &[u8],
+    tokens: &[u32],
+    cols: usize,
+) -> Vec<f32> {
     let d_table = k.stream.clone_htod(table).unwrap();
-    let d_tokens = k.stream.clone_htod(&tokens).unwrap();
-    let out = k.act(&vec![0.0; rows * cols]);
-    let (n, fmt, h, one) = (rows as i32, format.id() as i32, cols as i32, 1.0f32);
+    let d_tokens = k.stream.clone_htod(tokens).unwrap();
+    let out = k.act(&vec![0.0; tokens.len() * cols]);
+    let (n, fmt, h, one) = (tokens.len() as i32, format.id() as i32, cols as i32, 1.0f32);
     let mut b = k.stream.launch_builder(&k.funcs["embedding"]);
     b.arg(&d_tokens)
         .arg(&n)
@@ -105,8 +117,8 @@ pub fn run_embedding(
         .arg(&h)
         .arg(&one)
         .arg(&out);
-    unsafe { b.launch(rows_cfg(rows, 128, 0)) }.unwrap();
-    k.read_act(&out, rows * cols)
+    unsafe { b.launch(rows_cfg(tokens.len(), 128, 0)) }.unwrap();
+    k.read_act(&out, tokens.len() * cols)
 }
 
 /// The raw blocks of `fixtures/quant-blocks.json` (written by llama.cpp) with their exact f32

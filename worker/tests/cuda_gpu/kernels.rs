@@ -32,28 +32,12 @@ fn kernels_against_cpu() {
         let bytes = encode(GgmlType::Q8_0, &table);
         let qm = QMatrix::from_bytes(GgmlType::Q8_0, vocab, hidden, &bytes).unwrap();
         let tokens = [3u32, 299, 0, 41];
-        let d_table = k.stream.clone_htod(&bytes).unwrap();
-        let d_tokens = k.stream.clone_htod(&tokens).unwrap();
-        let out = k.act(&vec![0.0; tokens.len() * hidden]);
-        let (n, fmt, h, one) = (tokens.len() as i32, 8i32, hidden as i32, 1.0f32);
-        let mut b = k.stream.launch_builder(&k.funcs["embedding"]);
-        b.arg(&d_tokens)
-            .arg(&n)
-            .arg(&d_table)
-            .arg(&fmt)
-            .arg(&h)
-            .arg(&one)
-            .arg(&out);
-        unsafe { b.launch(rows_cfg(tokens.len(), 128, 0)) }.unwrap();
+        let got = embed_tokens(&k, GgmlType::Q8_0, &bytes, &tokens, hidden);
         let mut want = vec![0.0; tokens.len() * hidden];
         for (t, row) in tokens.iter().zip(want.chunks_exact_mut(hidden)) {
             qm.dequantize_rows(*t as usize, row);
         }
-        report(
-            "embedding(q8_0)",
-            rel_err(&k.read_act(&out, want.len()), &k.round(&want)),
-            0.0,
-        );
+        report("embedding(q8_0)", rel_err(&got, &k.round(&want)), 0.0);
 
         // RMSNorm.
         let rows = 5;
