@@ -9,7 +9,10 @@
 //! - structured output: twelve requests constrained by a JSON schema (temperature 1) arrive
 //!   10 ms apart while the long prompt prefills, every third one cancelled by its client after a few tokens;
 //!   every finished output parses and validates, and once the cancels land the worker holds no
-//!   sequence and no KV block.
+//!   sequence and no KV block;
+//! - a request no KV cache could ever hold: with the long prompt prefilling and six short streams
+//!   (half cancelled), it is refused by the router within 1 s (`INVALID_ARGUMENT`), the worker never
+//!   sees it, and the streams are served.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -296,4 +299,60 @@ async fn structured_output_beside_a_long_prefill_and_cancels_always_parses_and_f
         .expect("served after the cancels");
     let value: Value = serde_json::from_str(&after.text).expect("JSON");
     assert!(validator.is_valid(&value), "{value}");
+}
+
+/// While the long prompt prefills and short streams decode (some cancelled), a request that no
+/// worker's KV cache could ever hold is refused at once by the router (`INVALID_ARGUMENT`, before
+/// any work: the worker never sees it), and the short requests are served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_no_kv_cache_can_hold_is_refused_at_once_while_busy() {
+    let (_dir, model) = tiny_model_with_context(43, 16_384);
+    // 800 blocks of 16 tokens: the ~12k-token prompt fits, ~9k + 4,096 new tokens does not.
+    let mut args = WORKER_ARGS.to_vec();
+    args.extend(["--kv-cache-blocks", "800"]);
+    let (_worker, worker_addr) = start_worker_with(&model, &args).await;
+    let (_router, router_addr) = start_router(&[&worker_addr], &[]).await;
+    let client = connect_ready(&router_addr, Duration::from_secs(30)).await;
+    let long = LongPrefill::start(&client, &worker_addr, None).await;
+    let mut streams = Vec::new();
+    for i in 0..6u64 {
+        let request = tonic::Request::new(greedy(&format!("stream {i}"), 40));
+        let cancel_after = (i % 2 == 0).then_some(2);
+        streams.push(tokio::spawn(follow(
+            client.clone(),
+            request,
+            cancel_after,
+            Arc::default(),
+        )));
+    }
+    let mut c = client.clone();
+    let started = Instant::now();
+    let status = c
+        .generate(greedy(&" the and".repeat(4_500), 4_096))
+        .await
+        .unwrap_err();
+    let waited = started.elapsed();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert!(
+        status.message().ends_with(
+            "KV blocks; the largest KV cache of the ready workers has 800 blocks of 16 tokens"
+        ),
+        "{status:?}"
+    );
+    assert!(waited < Duration::from_secs(1), "refused after {waited:?}");
+    for (i, stream) in streams.into_iter().enumerate() {
+        let outcome = stream
+            .await
+            .unwrap()
+            .unwrap_or_else(|s| panic!("{i}: {s:?}"));
+        assert_eq!(outcome.is_none(), i % 2 == 0, "stream {i}");
+    }
+    long.assert_still_prefilling();
+    long.cancel();
+    let stats = wait_idle(&worker_addr, Duration::from_secs(10)).await;
+    assert_eq!(
+        stats.failed_requests, 0,
+        "the worker saw the refused request: {stats:?}"
+    );
+    assert_eq!(stats.kv_blocks_used, 0, "{stats:?}");
 }
