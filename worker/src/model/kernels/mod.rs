@@ -208,6 +208,16 @@ impl QMatrix {
         }
     }
 
+    /// The encoded bytes of rows `r0..r0 + count` (empty for F32 storage).
+    ///
+    /// Panics if the rows are out of range.
+    pub(crate) fn rows_encoded(&self, r0: usize, count: usize) -> &[u8] {
+        match &self.data {
+            Storage::Bytes(b) => &b[r0 * self.row_bytes..(r0 + count) * self.row_bytes],
+            Storage::F32(_) => &[],
+        }
+    }
+
     /// Decodes rows `r0..r0 + out.len() / cols` into `out` (row-major) with the detected path.
     ///
     /// Panics if `out.len()` is not a multiple of `cols` or the rows are out of range.

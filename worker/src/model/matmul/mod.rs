@@ -56,6 +56,7 @@ mod simd;
 #[cfg(test)]
 mod tests;
 
+
 use out_cols::OutCols;
 use simd::tile_portable;
 #[cfg(target_arch = "x86_64")]
@@ -335,11 +336,11 @@ fn run_tile<const T: usize, const R: usize, const WIDE: bool>(
 
 /// Computes the `groups * R` weight rows of `w_rows` (each `k` long, decoded
 /// f32) against all `n` tokens of `x`, writing `y[t][r]` through `out`
-/// (column `r` of the block).
+/// (column `r` of the block); `fetch` advances once per register tile.
 ///
 /// Loop order: token tiles outermost, then the row groups of the block, so a
 /// tile of `T` token rows stays in L1 while the block's decoded rows (up to
-/// [`BLOCK_GROUPS`] × `R` rows, in L2) stream past it; `T` is 8 for 3-row
+/// [`BLOCK_BYTES`], in L2) stream past it; `T` is 8 for 3-row
 /// groups on AVX-512 (24 accumulators of 32 registers), else 4 (4 × 4 = 16 of
 /// 32 on AVX-512, 4 × 3 = 12 of 16 elsewhere). Tried: 6 × 4 tiles (24
 /// accumulators) are about 10 % faster on one thread (`matmul_report`) but
@@ -352,14 +353,15 @@ fn rows_block<const R: usize>(
     k: usize,
     w_rows: &[f32],
     out: &mut OutCols<'_>,
+    fetch: &mut Prefetch,
 ) {
     let groups = w_rows.len() / (R * k);
     let mut t = 0;
     if path == SimdPath::Avx512 && R == TILE_R {
-        t = token_tiles::<8, R>(path, x, n, k, t, w_rows, groups, out);
+        t = token_tiles::<8, R>(path, x, n, k, t, w_rows, groups, out, fetch);
     }
-    t = token_tiles::<TILE_T, R>(path, x, n, k, t, w_rows, groups, out);
-    token_tiles::<1, R>(path, x, n, k, t, w_rows, groups, out);
+    t = token_tiles::<TILE_T, R>(path, x, n, k, t, w_rows, groups, out, fetch);
+    token_tiles::<1, R>(path, x, n, k, t, w_rows, groups, out, fetch);
 }
 
 /// The [`rows_block`] sweep with tiles of `T` tokens, from token `t0` while a
@@ -375,11 +377,13 @@ fn token_tiles<const T: usize, const R: usize>(
     w_rows: &[f32],
     groups: usize,
     out: &mut OutCols<'_>,
+    fetch: &mut Prefetch,
 ) -> usize {
     let mut t = t0;
     while t + T <= n {
         let xs: [&[f32]; T] = std::array::from_fn(|i| &x[(t + i) * k..(t + i + 1) * k]);
         for g in 0..groups {
+            fetch.step();
             let wg = &w_rows[g * R * k..(g + 1) * R * k];
             let w: [&[f32]; R] = std::array::from_fn(|r| &wg[r * k..(r + 1) * k]);
             let mut o = [[0.0; R]; T];
@@ -391,30 +395,88 @@ fn token_tiles<const T: usize, const R: usize>(
     t
 }
 
-/// Row groups decoded together into the scratch block: with [`ROWS_PER_TASK`] = 48, a task's
-/// whole block of rows at once on AVX-512 (12 × 4 rows of 2048 floats = 384 KiB for Gemma 3's
-/// `ffn_down`, L2 resident), so each token tile is loaded once per task. Measured on the 2-core
-/// test machine, Gemma 3 `throughput_report`, alternating runs: 16 groups against 8, prefill of
-/// 512 tokens 795 / 777 against 742 / 746 tok/s, 32-stream decode unchanged.
-const BLOCK_GROUPS: usize = 16;
+/// Software prefetch of a weight block into L2, spread over the register tiles of the block
+/// computed before it, so the next block streams in from memory while the FMAs run (the
+/// hardware prefetchers alone leave a decode step's scratch decoding waiting on memory).
+struct Prefetch {
+    /// Next cache line to fetch.
+    next: *const u8,
+    /// One past the last byte.
+    end: *const u8,
+    /// Lines fetched per [`Prefetch::step`].
+    per_step: usize,
+}
+
+impl Prefetch {
+    /// Fetches `bytes` over about `steps` calls of [`Prefetch::step`].
+    fn new(bytes: &[u8], steps: usize) -> Self {
+        let lines = bytes.len().div_ceil(64);
+        Prefetch {
+            next: bytes.as_ptr(),
+            end: bytes.as_ptr().wrapping_add(bytes.len()),
+            per_step: lines.div_ceil(steps.max(1)),
+        }
+    }
+
+    /// Fetches the next few lines (none once the block is done).
+    #[inline(always)]
+    fn step(&mut self) {
+        for _ in 0..self.per_step {
+            if self.next >= self.end {
+                return;
+            }
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: a prefetch never faults, and `next` lies inside the block.
+            unsafe {
+                use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+                _mm_prefetch::<_MM_HINT_T1>(self.next as *const i8);
+            }
+            self.next = self.next.wrapping_add(64);
+        }
+    }
+}
+
+/// Bytes of decoded f32 weight rows a task holds at once (its scratch block, L2 resident beside
+/// the token tile in L1): each token tile is loaded once per block, so larger blocks stream the
+/// activations from L3 fewer times. See [`block_groups`].
+const BLOCK_BYTES: usize = 512 * 1024;
+
+/// Row groups of `g` rows of `k` floats decoded together into a scratch block of at most
+/// [`BLOCK_BYTES`] (at least one group): e.g. 48 groups of 4 rows (192 rows) for `k` = 640, 16
+/// for `k` = 2048.
+fn block_groups(g: usize, k: usize) -> usize {
+    (BLOCK_BYTES / (4 * k * g)).max(1)
+}
 
 thread_local! {
-    /// Per-thread decoded weight block, `BLOCK_GROUPS * G * in` floats; grows to the widest matrix seen.
+    /// Per-thread decoded weight block, `block_groups(G, in) * G * in` floats (about
+    /// [`BLOCK_BYTES`]); grows to the largest block seen.
     static SCRATCH: RefCell<AlignedVec> = const { RefCell::new(AlignedVec::new()) };
 }
 
 /// Computes rows `r0..r0 + out.len() / n` of `w` against all `n` tokens of
 /// `x`, writing `y[t][r]` through `out` (column `r`, relative to `r0`).
-fn rows_task(path: SimdPath, x: &[f32], n: usize, w: &QMatrix, r0: usize, mut out: OutCols<'_>) {
+///
+/// `next`: the first row of the task this thread probably computes next (`threads` tasks on, in
+/// the same matrix), whose first block is prefetched while this task's last block is computed.
+fn rows_task(
+    path: SimdPath,
+    x: &[f32],
+    n: usize,
+    w: &QMatrix,
+    r0: usize,
+    next: Option<usize>,
+    mut out: OutCols<'_>,
+) {
     // AVX-512 with the scratch path: 4-row groups under 4 × 4 register tiles,
     // whose 16 accumulators take one `reduce16`. Measured on the 2-core test
     // machine, one thread, the whole matmul (Q4_1 [576, 1536] decoded to the
     // scratch block, then the tiles, both with `reduce16`) at 512 tokens:
     // 86 GFLOP/s with 8 × 3 tiles, 103 with 4 × 4.
     if path == SimdPath::Avx512 && n > FUSED_MAX_TOKENS {
-        rows_task_g::<4>(path, x, n, w, r0, &mut out)
+        rows_task_g::<4>(path, x, n, w, r0, next, &mut out)
     } else {
-        rows_task_g::<TILE_R>(path, x, n, w, r0, &mut out)
+        rows_task_g::<TILE_R>(path, x, n, w, r0, next, &mut out)
     }
 }
 
@@ -463,6 +525,7 @@ fn rows_task_g<const G: usize>(
     n: usize,
     w: &QMatrix,
     r0: usize,
+    next: Option<usize>,
     out: &mut OutCols<'_>,
 ) {
     let k = w.cols();
@@ -480,12 +543,15 @@ fn rows_task_g<const G: usize>(
         }
         return;
     }
+    // A block of whole groups from row `r` of the task, or else the last rows one at a time.
+    let block_at = |r: usize| {
+        let groups = ((rows - r) / G).min(block_groups(G, k));
+        (groups, if groups > 0 { groups * G } else { 1 })
+    };
     let mut run = |scratch: &mut AlignedVec| {
         let mut r = 0;
         while r < rows {
-            // A block of whole groups, or else the last rows one at a time.
-            let groups = ((rows - r) / G).min(BLOCK_GROUPS);
-            let count = if groups > 0 { groups * G } else { 1 };
+            let (groups, count) = block_at(r);
             let wr: &[f32] = match w.f32_rows(r0 + r, count) {
                 Some(v) => v,
                 None => {
@@ -494,18 +560,26 @@ fn rows_task_g<const G: usize>(
                     s
                 }
             };
+            // The next block (this task's, or else the next task's first) is fetched into L2
+            // while this one is computed.
+            let ahead = match r + count {
+                r1 if r1 < rows => w.rows_encoded(r0 + r1, block_at(r1).1),
+                _ => next.map_or(&[][..], |r| w.rows_encoded(r, count.min(w.rows() - r))),
+            };
+            let mut fetch = Prefetch::new(ahead, n.div_ceil(TILE_T) * groups.max(1));
             let mut o = out.columns(r, count);
             if groups > 0 {
-                rows_block::<G>(path, x, n, k, wr, &mut o);
+                rows_block::<G>(path, x, n, k, wr, &mut o, &mut fetch);
             } else {
-                rows_block::<1>(path, x, n, k, wr, &mut o);
+                rows_block::<1>(path, x, n, k, wr, &mut o, &mut fetch);
             }
             r += count;
         }
     };
     SCRATCH.with_borrow_mut(|s| {
-        if s.len() < BLOCK_GROUPS * G * k {
-            s.resize(BLOCK_GROUPS * G * k, 0.0);
+        let len = block_groups(G, k) * G * k;
+        if s.len() < len {
+            s.resize(len, 0.0);
         }
         run(s)
     });
@@ -564,7 +638,7 @@ pub fn matmul_into_with(
         return;
     }
     let pool = pool::global();
-    let per_task = rows_per_task(n, out_dim, pool.threads());
+    let per_task = rows_per_task(n, out_dim, in_dim, pool.threads());
     // Task i: the i-th block of `per_task` rows, counting through the parts in order.
     let n_tasks = parts.iter().map(|w| w.rows().div_ceil(per_task)).sum();
     let all = OutCols::new(y, n, out_dim);
@@ -577,7 +651,8 @@ pub fn matmul_into_with(
                 // SAFETY: task i alone writes these columns (blocks of distinct
                 // tasks do not overlap), and `run` calls each task once.
                 let out = unsafe { all.task_columns(col + r0, per_task.min(w.rows() - r0)) };
-                return rows_task(path, x, n, w, r0, out);
+                let next = Some(r0 + pool.threads() * per_task).filter(|&r| r < w.rows());
+                return rows_task(path, x, n, w, r0, next, out);
             }
             i -= here;
             col += w.rows();
@@ -586,19 +661,31 @@ pub fn matmul_into_with(
     });
 }
 
+/// Most tokens of a step whose matmuls are split into a few large tasks per thread (see
+/// [`rows_per_task`]): few tokens per weight row, so the weights' stream from memory matters and
+/// a task of several scratch blocks fetches each next block while it computes the current one.
+const DECODE_MAX_TOKENS: usize = 64;
+
 /// Tasks per thread a decode-sized matmul is split into (enough for load
 /// balance, few enough that the per-task cost stays small).
 const TASKS_PER_THREAD: usize = 8;
 
-/// Weight rows per pool task for `n` tokens and `out_dim` output rows on
-/// `threads` threads: [`ROWS_PER_TASK`] when each row is much work (many
-/// tokens), else about `out_dim / (threads * TASKS_PER_THREAD)` rows (e.g. 3072 for the 49152-row
-/// LM head on 2 threads), always a multiple of [`TILE_R`]. Row grouping never
-/// changes a value (each output element has one fixed reduction order).
-fn rows_per_task(n: usize, out_dim: usize, threads: usize) -> usize {
-    if n > FUSED_MAX_TOKENS {
-        return ROWS_PER_TASK;
-    }
-    let even = out_dim.div_ceil(threads.max(1) * TASKS_PER_THREAD);
-    even.next_multiple_of(TILE_R).max(ROWS_PER_TASK)
+/// Weight rows per pool task for `n` tokens and `out_dim` output rows of `k` columns on
+/// `threads` threads, always a multiple of 12 (whole groups of 3 and 4 rows) and at least
+/// [`ROWS_PER_TASK`]:
+/// - up to [`DECODE_MAX_TOKENS`] tokens: about `out_dim / (threads * TASKS_PER_THREAD)` (e.g.
+///   3072 for the 49152-row LM head on 2 threads), several scratch blocks per task;
+/// - more tokens: one scratch block ([`block_groups`] groups of 4 rows), but no more than a
+///   quarter of the rows per thread, so the threads stay balanced.
+///
+/// Row grouping never changes a value (each output element has one fixed reduction order).
+fn rows_per_task(n: usize, out_dim: usize, k: usize, threads: usize) -> usize {
+    let threads = threads.max(1);
+    let rows = if n > DECODE_MAX_TOKENS {
+        (block_groups(4, k) * 4).min(out_dim.div_ceil(threads * 4))
+    } else {
+        out_dim.div_ceil(threads * TASKS_PER_THREAD)
+    };
+    // Whole 3-row and 4-row groups (the register tiles of both kernels).
+    (rows / (TILE_R * 4) * (TILE_R * 4)).max(ROWS_PER_TASK)
 }

@@ -187,11 +187,19 @@ fn batch_invariant_bitwise() {
 
 #[test]
 fn task_sizes() {
-    assert_eq!(rows_per_task(32, 49152, 2), ROWS_PER_TASK);
-    assert_eq!(rows_per_task(1, 49152, 2), 3072);
-    assert_eq!(rows_per_task(1, 960, 2), 60);
-    assert_eq!(rows_per_task(3, 576, 2), ROWS_PER_TASK);
-    assert_eq!(rows_per_task(1, 100_000, 0) % TILE_R, 0);
+    assert_eq!(rows_per_task(32, 49152, 640, 2), 3072);
+    assert_eq!(rows_per_task(1, 49152, 640, 2), 3072);
+    assert_eq!(rows_per_task(1, 960, 576, 2), 60);
+    assert_eq!(rows_per_task(3, 576, 576, 2), ROWS_PER_TASK);
+    // Prefill: one scratch block per task, within a quarter of the rows per thread.
+    assert_eq!(rows_per_task(65, 49152, 640, 2), 204);
+    assert_eq!(rows_per_task(512, 2048, 2048, 2), 60);
+    assert_eq!(rows_per_task(512, 1536, 640, 2), 192);
+    assert_eq!(rows_per_task(512, 640, 640, 2), 72);
+    assert_eq!(rows_per_task(512, 100, 640, 2), ROWS_PER_TASK);
+    for (n, out, k, threads) in [(1, 100_000, 640, 0), (512, 7000, 123, 3), (9, 50, 4096, 2)] {
+        assert_eq!(rows_per_task(n, out, k, threads) % 12, 0);
+    }
 }
 
 #[test]
@@ -215,13 +223,19 @@ fn portable_matches_simd_closely() {
 #[test]
 #[ignore]
 fn matmul_report() {
-    crate::model::pool::set_threads(1);
+    let env = |name: &str, default: f64| {
+        std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    };
+    let threads = env("MATMUL_REPORT_THREADS", 1.0) as usize;
+    let total = env("MATMUL_REPORT_GFLOP", 4.0) * 1e9;
+    crate::model::pool::set_threads(threads);
     let path = SimdPath::detect();
     for (format, rows, k, n) in [
         (GgmlType::F32, 2048, 640, 512),
         (GgmlType::Q5_0, 2048, 640, 512),
         (GgmlType::Q6_K, 640, 2048, 512),
         (GgmlType::Q8_0, 49152, 640, 32),
+        (GgmlType::Q8_0, 262144, 640, 32),
         (GgmlType::Q5_0, 4096, 640, 32),
         (GgmlType::Q4_1, 1536, 576, 512),
     ] {
@@ -232,13 +246,13 @@ fn matmul_report() {
         assert_eq!(x.as_ptr() as usize % 64, 0);
         let mut y = Vec::new();
         matmul_into_with(path, x, n, k, &w, &mut y);
-        let reps = (4e9 / (2.0 * (rows * k * n) as f64)).ceil() as usize;
+        let reps = (total / (2.0 * (rows * k * n) as f64)).ceil() as usize;
         let t = std::time::Instant::now();
         for _ in 0..reps {
             matmul_into_with(path, x, n, k, &w, &mut y);
         }
         let s = t.elapsed().as_secs_f64();
         let gflops = 2.0 * (rows * k * n * reps) as f64 / s / 1e9;
-        println!("{format} [{rows}, {k}] x {n} tokens: {gflops:.1} GFLOP/s ({path:?}, 1 thread)");
+        println!("{format} [{rows}, {k}] x {n} tokens: {gflops:.1} GFLOP/s ({path:?}, {threads} threads)");
     }
 }
