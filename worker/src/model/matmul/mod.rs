@@ -16,16 +16,18 @@
 //! Weights, steps of up to `FUSED_MAX_TOKENS` (8) tokens (decode): the fused
 //! kernels decode each weight block in registers and use it for up to 4
 //! tokens at once (AVX-512, every block format: [`fused`]). Larger steps: a task decodes
-//! `BLOCK_GROUPS` groups of `G` weight rows at a time (`G` = 4 on AVX-512 for
+//! up to [`BLOCK_BYTES`] of whole groups of `G` weight rows at a time (`G` = 4 on AVX-512 for
 //! steps of more than 8 tokens, else [`TILE_R`]) into a per-thread f32
 //! scratch block (L2 resident, reused across calls: no allocation in the hot
-//! path) with the format's SIMD decoder; F32 weights are used in place. Every
+//! path) with the format's SIMD decoder, while the next block is prefetched from memory
+//! ([`Prefetch`]); F32 weights are used in place. Every
 //! decoder gives exactly the reference's dequantized values (see
 //! [`super::kernels`]), so the products are those of the float32 reference;
 //! only the summation order differs from it.
 //!
-//! Blocking: tasks of the [`pool`] own blocks of at least [`ROWS_PER_TASK`] weight rows
-//! (more for steps of few tokens, see `rows_per_task`) and write their
+//! Blocking: tasks of the [`pool`] own at least [`ROWS_PER_TASK`] weight rows (one scratch
+//! block for prefill-sized steps, a few tasks per thread of several blocks for decode steps:
+//! see `rows_per_task`) and write their
 //! columns of `y` in place; inside a task, register tiles walk the shared
 //! dimension, the token tile staying in L1 while the decoded block streams
 //! past it: on AVX-512, 4 tokens × 4 rows (16 accumulators, one transposed
