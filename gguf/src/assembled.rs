@@ -6,13 +6,10 @@
 //! exactly as for a parsed file, only [`GgufFile::origin`] tells them apart.
 
 use std::collections::HashMap;
-use std::ops::Range;
 use std::path::PathBuf;
-use std::sync::Arc;
-
-use memmap2::Mmap;
 
 use crate::error::{GgufError, Result};
+use crate::mapped::MappedBytes;
 use crate::metadata::MetadataValue;
 use crate::reader::{GgufFile, Storage, TensorInfo};
 use crate::GgmlType;
@@ -24,44 +21,32 @@ pub enum TensorData {
     /// Bytes computed while assembling (e.g. permuted rows, shifted norm weights).
     Owned(Vec<u8>),
     /// A byte range of a memory-mapped file, shared by every tensor that lies in it.
-    Mapped {
-        /// The mapping.
-        map: Arc<Mmap>,
-        /// Byte range within the mapping.
-        range: Range<usize>,
-    },
+    Mapped(MappedBytes),
 }
 
 impl std::fmt::Debug for TensorData {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             TensorData::Owned(v) => write!(f, "Owned({} bytes)", v.len()),
-            TensorData::Mapped { range, .. } => write!(f, "Mapped({range:?})"),
+            TensorData::Mapped(b) => write!(f, "Mapped({:?})", b.range()),
         }
     }
 }
 
 impl TensorData {
-    /// The bytes. Panics if a `Mapped` range lies outside its mapping (checked by
-    /// [`GgufFile::assemble`]).
+    /// The bytes.
     pub fn bytes(&self) -> &[u8] {
         match self {
             TensorData::Owned(v) => v,
-            TensorData::Mapped { map, range } => &map[range.clone()],
+            TensorData::Mapped(b) => b,
         }
     }
 
-    fn len(&self) -> usize {
+    /// The shared mapped range, or `None` for owned bytes.
+    pub fn mapped(&self) -> Option<&MappedBytes> {
         match self {
-            TensorData::Owned(v) => v.len(),
-            TensorData::Mapped { range, .. } => range.len(),
-        }
-    }
-
-    fn in_bounds(&self) -> bool {
-        match self {
-            TensorData::Owned(_) => true,
-            TensorData::Mapped { map, range } => range.start <= range.end && range.end <= map.len(),
+            TensorData::Owned(_) => None,
+            TensorData::Mapped(b) => Some(b),
         }
     }
 }
@@ -84,7 +69,7 @@ impl GgufFile {
     /// from (shown in errors) and `origin` a short description returned by [`GgufFile::origin`].
     ///
     /// Errors: [`GgufError::Malformed`] (naming `path`) for a duplicate metadata key or tensor
-    /// name, or a mapped range outside its mapping; [`GgufError::SizeMismatch`] when a tensor's
+    /// name; [`GgufError::SizeMismatch`] when a tensor's
     /// byte length disagrees with its dims and type; [`GgufError::UnsupportedType`] for a type
     /// whose size is unknown.
     pub fn assemble(
@@ -117,19 +102,11 @@ impl GgufFile {
             let size = info
                 .byte_size()
                 .ok_or(GgufError::UnsupportedType(info.dtype))?;
-            if !t.data.in_bounds() {
-                return Err(malformed(format!(
-                    "tensor `{}`: data range outside its file",
-                    info.name
-                )));
-            }
-            if t.data.len() as u64 != size {
+            let len = t.data.bytes().len();
+            if len as u64 != size {
                 return Err(GgufError::SizeMismatch(format!(
                     "tensor `{}`: {} {:?} needs {size} bytes, got {}",
-                    info.name,
-                    info.dtype,
-                    info.dims,
-                    t.data.len()
+                    info.name, info.dtype, info.dims, len
                 )));
             }
             if tensor_index
@@ -152,29 +129,29 @@ impl GgufFile {
         ))
     }
 
-    /// The bytes of the assembled tensor named like `info`, which must be `size` long.
-    pub(crate) fn assembled_bytes<'a>(
+    /// The data of the assembled tensor named like `info`, which must be `size` bytes long.
+    pub(crate) fn assembled_data<'a>(
         &self,
         data: &'a [TensorData],
         info: &TensorInfo,
         size: u64,
-    ) -> Result<&'a [u8]> {
-        let bytes = self
+    ) -> Result<&'a TensorData> {
+        let tensor = self
             .tensor_index
             .get(&info.name)
-            .map(|&i| data[i].bytes())
+            .map(|&i| &data[i])
             .ok_or_else(|| GgufError::Malformed {
                 path: self.path.clone(),
                 message: format!("no tensor `{}`", info.name),
             })?;
-        if bytes.len() as u64 != size {
+        let held = tensor.bytes().len();
+        if held as u64 != size {
             return Err(GgufError::SizeMismatch(format!(
-                "tensor `{}`: {size} bytes asked for, {} held",
-                info.name,
-                bytes.len()
+                "tensor `{}`: {size} bytes asked for, {held} held",
+                info.name
             )));
         }
-        Ok(bytes)
+        Ok(tensor)
     }
 }
 
@@ -191,7 +168,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mapped = dir.path().join("data.bin");
         std::fs::write(&mapped, f32_bytes(&[9.0, 1.0, 2.0, 3.0, 4.0])).unwrap();
-        let map = Arc::new(unsafe { Mmap::map(&std::fs::File::open(&mapped).unwrap()) }.unwrap());
+        // SAFETY: the test's own file, not modified while mapped.
+        let map = unsafe { memmap2::Mmap::map(&std::fs::File::open(&mapped).unwrap()) }.unwrap();
+        let map = MappedBytes::new(std::sync::Arc::new(map), 4..20).unwrap();
         let file = GgufFile::assemble(
             dir.path().to_path_buf(),
             "test".into(),
@@ -207,7 +186,7 @@ mod tests {
                     name: "a".into(),
                     dims: vec![2, 2],
                     dtype: GgmlType::F32,
-                    data: TensorData::Mapped { map, range: 4..20 },
+                    data: TensorData::Mapped(map.clone()),
                 },
                 AssembledTensor {
                     name: "b".into(),
@@ -226,8 +205,11 @@ mod tests {
             crate::dequantize_to_vec(a.dtype, file.tensor_bytes(a).unwrap(), 4).unwrap(),
             [1.0, 2.0, 3.0, 4.0]
         );
+        let shared = file.tensor_mapped(a).unwrap().unwrap();
+        assert_eq!((shared.range(), shared.as_ptr()), (4..20, map.as_ptr()));
         let b = file.tensor("b").unwrap();
         assert_eq!(file.tensor_bytes(b).unwrap(), f32_bytes(&[7.0]));
+        assert!(file.tensor_mapped(b).unwrap().is_none());
     }
 
     #[test]

@@ -10,12 +10,15 @@
 
 use std::collections::HashMap;
 use std::fs::File;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use memmap2::Mmap;
 
 use crate::assembled::TensorData;
 use crate::error::{GgufError, Result};
+use crate::mapped::MappedBytes;
 use crate::metadata::{MetadataArray, MetadataValue, ValueType};
 use crate::GgmlType;
 
@@ -53,6 +56,11 @@ impl TensorInfo {
 
 /// An opened, memory-mapped GGUF file with parsed metadata and tensor infos, or a model assembled
 /// in the same shape from other files (see [`GgufFile::assemble`]).
+///
+/// Tensor bytes are read from the mapping, never copied by the reader; [`GgufFile::tensor_mapped`]
+/// hands them out as a range that keeps the mapping alive after the `GgufFile` is dropped. The file
+/// must therefore not be truncated or overwritten in place while it (or such a range) is in use:
+/// replace a model file by renaming a new one over it.
 pub struct GgufFile {
     pub(crate) path: PathBuf,
     pub(crate) storage: Storage,
@@ -67,8 +75,9 @@ pub struct GgufFile {
 
 /// Where a [`GgufFile`]'s tensor data lives.
 pub(crate) enum Storage {
-    /// A GGUF file: tensor offsets are relative to `data_offset` in this mapping.
-    Mapped(Mmap),
+    /// A GGUF file: tensor offsets are relative to `data_offset` in this mapping, which tensors
+    /// share with the consumers of their bytes ([`GgufFile::tensor_mapped`]).
+    Mapped(Arc<Mmap>),
     /// An assembled model: one byte source per tensor, in tensor order; `origin` says what it was
     /// assembled from.
     Assembled {
@@ -313,7 +322,7 @@ impl GgufFile {
 
         let file = GgufFile {
             path,
-            storage: Storage::Mapped(mmap),
+            storage: Storage::Mapped(Arc::new(mmap)),
             version,
             alignment,
             data_offset,
@@ -551,6 +560,29 @@ impl GgufFile {
     /// For an assembled model, the bytes of the tensor named `info.name` (checked against
     /// `info`'s size).
     pub fn tensor_bytes(&self, info: &TensorInfo) -> Result<&[u8]> {
+        Ok(match self.locate(info)? {
+            Located::File(map, range) => &map[range],
+            Located::Assembled(data) => data.bytes(),
+        })
+    }
+
+    /// `info`'s bytes as a range of the memory-mapped file that holds them unmodified, shared with
+    /// the mapping (no copy; the range keeps the mapping alive): always `Some` for a GGUF file, and
+    /// for an assembled model `Some` for a tensor used as stored in its file and `None` for one
+    /// computed while assembling (read it with [`Self::tensor_bytes`]).
+    ///
+    /// Errors: as [`Self::tensor_bytes`].
+    pub fn tensor_mapped(&self, info: &TensorInfo) -> Result<Option<MappedBytes>> {
+        Ok(match self.locate(info)? {
+            Located::File(map, range) => Some(
+                MappedBytes::new(map.clone(), range).expect("tensor range checked against the map"),
+            ),
+            Located::Assembled(data) => data.mapped().cloned(),
+        })
+    }
+
+    /// Where `info`'s data lies, its size and bounds checked (see [`Self::tensor_bytes`]).
+    fn locate(&self, info: &TensorInfo) -> Result<Located<'_>> {
         let size = match info.byte_size() {
             Some(s) => s,
             None if info.dtype.block_size().is_none() => {
@@ -567,13 +599,19 @@ impl GgufFile {
         };
         let mmap = match &self.storage {
             Storage::Mapped(mmap) => mmap,
-            Storage::Assembled { data, .. } => return self.assembled_bytes(data, info, size),
+            Storage::Assembled { data, .. } => {
+                return self
+                    .assembled_data(data, info, size)
+                    .map(Located::Assembled)
+            }
         };
         let file_size = mmap.len() as u64;
         let start = self.data_offset.checked_add(info.offset);
         let end = start.and_then(|s| s.checked_add(size));
         match (start, end) {
-            (Some(start), Some(end)) if end <= file_size => Ok(&mmap[start as usize..end as usize]),
+            (Some(start), Some(end)) if end <= file_size => {
+                Ok(Located::File(mmap, start as usize..end as usize))
+            }
             _ => Err(GgufError::TensorOutOfBounds {
                 name: info.name.clone(),
                 start: start.unwrap_or(u64::MAX),
@@ -582,6 +620,14 @@ impl GgufFile {
             }),
         }
     }
+}
+
+/// Where a tensor's data lies (see [`GgufFile::locate`]).
+enum Located<'a> {
+    /// A checked byte range of a GGUF file's mapping.
+    File(&'a Arc<Mmap>, Range<usize>),
+    /// An assembled tensor's data.
+    Assembled(&'a TensorData),
 }
 
 fn optional<T>(r: Result<T>) -> Result<Option<T>> {

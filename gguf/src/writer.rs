@@ -343,6 +343,19 @@ mod tests {
         let got = dequantize_to_vec(t.dtype, f.tensor_bytes(t).unwrap(), 3).unwrap();
         assert_eq!(got, [1.0, 2.0, 3.0]);
         assert!(f.tensor("nope").is_none());
+        // A tensor's shared range is its bytes in the file's mapping, and outlives the file.
+        let t = f.tensor("t.q8").unwrap().clone();
+        let bytes = f.tensor_bytes(&t).unwrap();
+        let shared = f.tensor_mapped(&t).unwrap().unwrap();
+        assert_eq!(
+            (shared.as_ptr(), shared.len()),
+            (bytes.as_ptr(), bytes.len())
+        );
+        let start = (f.data_offset() + t.offset) as usize;
+        assert_eq!(shared.range(), start..start + 68);
+        let copy = bytes.to_vec();
+        drop(f);
+        assert_eq!(&*shared, copy);
         std::fs::remove_dir_all(dir).unwrap();
     }
 

@@ -9,7 +9,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use gguf::{GgmlType, TensorData};
+use gguf::{GgmlType, MappedBytes, TensorData};
 use memmap2::Mmap;
 use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
@@ -154,16 +154,19 @@ fn read_file(path: &Path) -> Result<HashMap<String, SourceTensor>> {
             }
         };
         let (start, end) = info.data_offsets;
+        // safetensors checked that the offsets cover the data section exactly.
+        let bytes = MappedBytes::new(map.clone(), data_start + start..data_start + end)
+            .ok_or_else(|| ModelFileError::Safetensors {
+                path: path.to_path_buf(),
+                message: format!("tensor `{name}`: data past the end of the file"),
+            })?;
         out.insert(
             name,
             SourceTensor {
                 file: path.to_path_buf(),
                 dtype,
                 shape: info.shape.clone(),
-                data: TensorData::Mapped {
-                    map: map.clone(),
-                    range: data_start + start..data_start + end,
-                },
+                data: TensorData::Mapped(bytes),
             },
         );
     }

@@ -161,3 +161,36 @@ fn gemma3_270m_config_gives_the_published_ggufs_metadata_and_tensors() {
         assert_eq!(s.transform == Transform::AddOne, norm, "{}", s.gguf);
     }
 }
+
+/// The tensors a folder holds as stored are handed out as ranges of their safetensors file's
+/// memory map (served from the page cache, not copied); the ones the reader converts (llama's
+/// permuted Q/K rows, its RoPE factors, Gemma's `1 + w` norms) are owned.
+#[test]
+fn stored_tensors_are_shared_from_the_mapping_and_converted_ones_are_owned() {
+    let converted = |arch: &str, name: &str| match arch {
+        "llama3rope" => {
+            name.contains(".attn_q.") || name.contains(".attn_k.") || name == "rope_freqs.weight"
+        }
+        _ => name.ends_with("norm.weight"),
+    };
+    for arch in ["llama3rope", "gemma2"] {
+        let hf = open_folder(&fixture(arch).join("hf-f32")).unwrap();
+        let mut shared = 0;
+        for t in hf.tensors() {
+            let mapped = hf.tensor_mapped(t).unwrap();
+            assert_eq!(
+                mapped.is_none(),
+                converted(arch, &t.name),
+                "{arch}: {}",
+                t.name
+            );
+            if let Some(m) = mapped {
+                let bytes = hf.tensor_bytes(t).unwrap();
+                assert_eq!((m.as_ptr(), m.len()), (bytes.as_ptr(), bytes.len()));
+                assert!(m.map().as_ptr_range().contains(&m.as_ptr()), "{}", t.name);
+                shared += 1;
+            }
+        }
+        assert!(shared > hf.tensors().len() / 2, "{arch}: {shared} shared");
+    }
+}

@@ -4,11 +4,12 @@
 
 use std::borrow::Cow;
 
-use gguf::{GgmlType, GgufFile};
+use gguf::{GgmlType, GgufFile, MappedBytes};
 
 use super::ArchError;
 
-/// A tensor's type, GGUF dims and raw bytes.
+/// A tensor's type, GGUF dims and raw bytes, and the memory map holding those bytes when the
+/// source has them unmodified in one.
 #[derive(Debug, Clone)]
 pub struct TensorData<'a> {
     /// Element type (quantized types as ggml lays out their blocks).
@@ -18,6 +19,10 @@ pub struct TensorData<'a> {
     /// The data, row-major in `dtype`'s encoding: borrowed from a memory map or owned when the
     /// source had to convert it (e.g. to permute rows).
     pub bytes: Cow<'a, [u8]>,
+    /// The same bytes as a shared range of the memory-mapped file that holds them as stored, for
+    /// a consumer that keeps them past the source's lifetime without copying them (the weights,
+    /// which are then served from the page cache); `None` when the source computed them.
+    pub mapped: Option<MappedBytes>,
 }
 
 /// Metadata and tensors looked up by their GGUF names (`llama.block_count`,
@@ -72,6 +77,7 @@ impl ModelSource for GgufFile {
             dtype: info.dtype,
             dims: info.dims.clone(),
             bytes: Cow::Borrowed(self.tensor_bytes(info)?),
+            mapped: self.tensor_mapped(info)?,
         }))
     }
 

@@ -1,7 +1,9 @@
 //! Weights on the GPU, in the file's own formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K,
 //! F16, BF16, F32): each matrix
 //! part is uploaded as the GGUF tensor's bytes, unchanged (row `o` of a `[rows, cols]` part is
-//! `row_bytes` bytes of consecutive blocks), and decoded inside the matrix kernels. Norm vectors,
+//! `row_bytes` bytes of consecutive blocks), and decoded inside the matrix kernels. The host side
+//! reads those bytes straight from the model file's memory map (no heap copy) when the file holds
+//! them as stored. Norm vectors,
 //! biases and RoPE frequency factors are uploaded as f32.
 //!
 //! Loading mirrors [`crate::model::ModelWeights::load`]: same tensor names, shapes and checks, Q/K/V
@@ -13,7 +15,7 @@
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream};
-use gguf::{GgmlType, GgufFile};
+use gguf::{GgmlType, GgufFile, TensorData};
 
 use crate::arch::{layer_tensors, LayerTensors, ModelDesc};
 use crate::model::ModelError;
@@ -29,8 +31,16 @@ pub struct HostPart {
     pub rows: usize,
     /// Input features.
     pub cols: usize,
-    /// `rows * row_bytes(format, cols)` bytes, as stored in the file.
-    pub bytes: Vec<u8>,
+    /// `rows * row_bytes(format, cols)` bytes, as stored in the file: a range of its memory map
+    /// when the file holds them as stored, else a copy (a tensor converted by the source).
+    pub data: TensorData,
+}
+
+impl HostPart {
+    /// The part's bytes.
+    pub fn bytes(&self) -> &[u8] {
+        self.data.bytes()
+    }
 }
 
 /// Elements each lane of the matrix kernels decodes at once (`CHUNK` in `kernels/common.cuh`): every
@@ -124,13 +134,14 @@ impl HostWeights {
 
     /// Bytes the weights take on the GPU.
     pub fn device_bytes(&self) -> usize {
-        let parts = |p: &[HostPart]| p.iter().map(|p| p.bytes.len()).sum::<usize>();
+        let parts = |p: &[HostPart]| p.iter().map(|p| p.bytes().len()).sum::<usize>();
         let floats = |v: Option<&Vec<f32>>| v.map_or(0, |v| v.len() * 4);
         let mut total =
-            self.token_embd.bytes.len() + (self.output_norm.len() + self.rope_factors.len()) * 4;
-        total += self.output.as_ref().map_or(0, |p| p.bytes.len());
+            self.token_embd.bytes().len() + (self.output_norm.len() + self.rope_factors.len()) * 4;
+        total += self.output.as_ref().map_or(0, |p| p.bytes().len());
         for l in &self.layers {
-            total += parts(&l.wqkv) + parts(&l.w_gate_up) + l.wo.bytes.len() + l.w_down.bytes.len();
+            total +=
+                parts(&l.wqkv) + parts(&l.w_gate_up) + l.wo.bytes().len() + l.w_down.bytes().len();
             total += (l.attn_norm.len() + l.ffn_norm.len()) * 4;
             total += floats(l.qkv_bias.as_ref()) + floats(l.post_attn_norm.as_ref());
             total += floats(l.post_ffn_norm.as_ref());
@@ -173,7 +184,10 @@ fn part(file: &GgufFile, name: &str, cols: usize, rows: usize) -> Result<HostPar
         format: info.dtype,
         rows,
         cols,
-        bytes: bytes.to_vec(),
+        data: match file.tensor_mapped(info)? {
+            Some(mapped) => TensorData::Mapped(mapped),
+            None => TensorData::Owned(bytes.to_vec()),
+        },
     })
 }
 
@@ -267,7 +281,7 @@ impl GpuWeights {
                 rows: p.rows,
                 cols: p.cols,
                 data: stream
-                    .clone_htod(&p.bytes)
+                    .clone_htod(p.bytes())
                     .map_err(|e| format!("uploading {}: {e}", p.name))?,
             })
         };
@@ -395,11 +409,16 @@ mod tests {
         for p in l.wqkv.iter().chain(&l.w_gate_up).chain([&l.wo, &l.w_down]) {
             let info = file.tensor(&p.name).unwrap();
             assert_eq!(p.format, info.dtype);
-            assert_eq!(p.bytes, file.tensor_bytes(info).unwrap());
-            assert_eq!(p.bytes.len(), p.rows * row_bytes(p.format, p.cols).unwrap());
+            let bytes = file.tensor_bytes(info).unwrap();
+            assert_eq!(p.bytes(), bytes);
+            assert_eq!(p.data.mapped().map(|m| m.as_ptr()), Some(bytes.as_ptr()));
+            assert_eq!(
+                p.bytes().len(),
+                p.rows * row_bytes(p.format, p.cols).unwrap()
+            );
         }
         assert_eq!(w.token_embd.rows, config.vocab_size);
-        assert!(w.device_bytes() > w.token_embd.bytes.len());
+        assert!(w.device_bytes() > w.token_embd.bytes().len());
         assert_eq!(w.rope_factors, vec![1.0; config.head_dim / 2]);
         assert!(l.qkv_bias.is_none() && l.qk_norm.is_none() && l.post_attn_norm.is_none());
     }
@@ -433,7 +452,10 @@ mod tests {
             assert_eq!(l.post_attn_norm.as_ref().map(Vec::len), post);
             assert_eq!(l.post_ffn_norm.as_ref().map(Vec::len), post);
             for p in l.wqkv.iter().chain(&l.w_gate_up).chain([&l.wo, &l.w_down]) {
-                assert_eq!(p.bytes.len(), p.rows * row_bytes(p.format, p.cols).unwrap());
+                assert_eq!(
+                    p.bytes().len(),
+                    p.rows * row_bytes(p.format, p.cols).unwrap()
+                );
             }
         }
         let want = c

@@ -85,7 +85,9 @@ impl CpuModel {
     /// Opens the model at `path` (a GGUF file or a Hugging Face folder, see
     /// [`model_files::open`]), reads its description and loads all
     /// weights, matrices in the file's own format (~100 MB for SmolLM2-135M
-    /// Q4_1), norm vectors and biases as f32.
+    /// Q4_1), norm vectors and biases as f32. The matrices borrow the file's memory map (see
+    /// [`ModelWeights`]): the file must not be truncated or overwritten in place while the model
+    /// lives; replace it by renaming a new file over it.
     ///
     /// Errors: [`ModelError::ModelFile`] (I/O, format, unsupported tensor types, a bad folder),
     /// [`ModelError::Arch`], [`ModelError::InvalidConfig`],

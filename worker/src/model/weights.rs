@@ -4,6 +4,13 @@
 //! [`QMatrix`]es decoded tile by tile inside [`super::matmul`]; norm vectors
 //! are dequantized to f32.
 //!
+//! Matrices whose bytes the source holds unmodified in a memory map (every tensor of a GGUF file,
+//! the tensors of a Hugging Face folder used as stored) are not copied: the [`QMatrix`] borrows
+//! them from the map, so loading reads no weight data, the weights live in the page cache
+//! (shared, loaded on first use) and the map stays open as long as the weights. The model file must
+//! therefore not be truncated or overwritten in place while the worker runs (replace it by
+//! renaming a new file over it). F32 matrices and tensors the source converted are copied.
+//!
 //! Tensor names and GGUF shapes follow llama.cpp's converter
 //! (`token_embd`, `blk.N.attn_{norm,q,k,v,output}`, `blk.N.ffn_{norm,gate,up,down}`,
 //! `output_norm`, optional `output`; per architecture also `blk.N.attn_{q,k,v}.bias`,
@@ -43,7 +50,8 @@ impl Matrix {
         self.parts[0].cols()
     }
 
-    /// Bytes held in memory.
+    /// Bytes of the parts (on the heap, or in the page cache for parts borrowed from the model
+    /// file's memory map).
     pub fn size_bytes(&self) -> usize {
         self.parts.iter().map(QMatrix::size_bytes).sum()
     }
@@ -179,7 +187,8 @@ fn find<'a>(
 }
 
 /// Loads a GGUF `[cols, rows]` tensor as a row-major `[rows, cols]`
-/// [`QMatrix`] in the file's format (bytes copied out of the source).
+/// [`QMatrix`] in the file's format: borrowed from the source's memory map when it has one for the
+/// tensor ([`TensorData::mapped`]), else copied.
 fn matrix(src: &dyn ModelSource, name: &str, cols: u64, rows: u64) -> Result<QMatrix, ModelError> {
     let t = find(src, name, &[cols, rows])?;
     let (rows, cols) = (rows as usize, cols as usize);
@@ -190,8 +199,11 @@ fn matrix(src: &dyn ModelSource, name: &str, cols: u64, rows: u64) -> Result<QMa
             t.dtype
         )));
     }
-    QMatrix::from_bytes(t.dtype, rows, cols, &t.bytes)
-        .map_err(|e| ModelError::InvalidConfig(format!("tensor `{name}`: {e}")))
+    match t.mapped {
+        Some(mapped) => QMatrix::from_mapped(t.dtype, rows, cols, mapped),
+        None => QMatrix::from_bytes(t.dtype, rows, cols, &t.bytes),
+    }
+    .map_err(|e| ModelError::InvalidConfig(format!("tensor `{name}`: {e}")))
 }
 
 /// Loads a `[len]` tensor as f32.
@@ -304,6 +316,84 @@ mod tests {
             let w = ModelWeights::load(&file, &desc).unwrap();
             assert_eq!(w.output.is_some(), untied, "{arch}");
             assert_eq!(w.lm_head().rows(), 384);
+        }
+    }
+
+    /// A matrix of a GGUF file borrows its rows from the file's memory map (no copy; the map
+    /// outlives the file handle) and multiplies bitwise like a heap copy of the same bytes, on every
+    /// path, for every format; tensors start at odd offsets (`general.alignment` 1), so nothing may
+    /// assume aligned rows. F32 matrices are converted to floats as before.
+    #[test]
+    fn gguf_matrices_borrow_the_mapped_file_and_multiply_like_copies() {
+        use crate::model::kernels::SERVED_FORMATS;
+        use crate::model::matmul::matmul_with;
+        use crate::model::SimdPath;
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mapped.gguf");
+        let mut w = gguf::GgufWriter::new();
+        w.add_u32("general.alignment", 1);
+        let shape = |format: gguf::GgmlType| match format.block_size() {
+            Some(256) => (7, 512),
+            _ => (9, 96),
+        };
+        for (i, format) in SERVED_FORMATS.into_iter().enumerate() {
+            let (rows, cols) = shape(format);
+            let bytes = gguf::testing::random_encoding(format, rows * cols, 40 + i as u64);
+            w.add_tensor_raw(
+                &format.to_string(),
+                &[cols as u64, rows as u64],
+                format,
+                bytes,
+            )
+            .unwrap();
+        }
+        w.write(&path).unwrap();
+
+        let file = GgufFile::open(&path).unwrap();
+        let mut odd_starts = 0;
+        let loaded: Vec<(QMatrix, QMatrix)> = SERVED_FORMATS
+            .into_iter()
+            .map(|format| {
+                let (rows, cols) = shape(format);
+                let name = format.to_string();
+                let m = matrix(&file, &name, cols as u64, rows as u64).unwrap();
+                let info = file.tensor(&name).unwrap();
+                let bytes = file.tensor_bytes(info).unwrap();
+                let copy = QMatrix::from_bytes(format, rows, cols, bytes).unwrap();
+                assert_eq!(m.is_mapped(), format != gguf::GgmlType::F32, "{name}");
+                if m.is_mapped() {
+                    let map = file.tensor_mapped(info).unwrap().unwrap();
+                    let in_map = map.map().as_ptr_range();
+                    let rows_at = m.rows_encoded(0, rows).as_ptr_range();
+                    assert_eq!(rows_at, bytes.as_ptr_range(), "{name}");
+                    assert!(in_map.start <= rows_at.start && rows_at.end <= in_map.end);
+                    assert_eq!(m.clone().row_encoded(1).as_ptr(), m.row_encoded(1).as_ptr());
+                    assert_ne!(copy.row_encoded(0).as_ptr(), m.row_encoded(0).as_ptr());
+                    odd_starts += usize::from(rows_at.start as usize % 2 == 1);
+                }
+                assert_eq!(m.size_bytes(), copy.size_bytes());
+                (m, copy)
+            })
+            .collect();
+        assert!(odd_starts > 0, "no tensor starts at an odd address");
+        drop(file);
+
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        for (mapped, copy) in &loaded {
+            let (rows, k) = (mapped.rows(), mapped.cols());
+            let (mut a, mut b) = (vec![0.0; rows * k], vec![1.0; rows * k]);
+            for path in SimdPath::available() {
+                mapped.dequantize_rows_with(path, 0, &mut a);
+                copy.dequantize_rows_with(path, 0, &mut b);
+                assert_eq!(bits(&a), bits(&b), "{} {path:?}", mapped.format());
+                for n in [1, 3, 70] {
+                    let x: Vec<f32> = (0..n * k).map(|i| (i % 13) as f32 * 0.25 - 1.5).collect();
+                    let y = matmul_with(path, &x, n, k, std::slice::from_ref(mapped));
+                    let want = matmul_with(path, &x, n, k, std::slice::from_ref(copy));
+                    assert_eq!(bits(&y), bits(&want), "{} {path:?} n={n}", mapped.format());
+                }
+            }
         }
     }
 }

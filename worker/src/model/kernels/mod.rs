@@ -35,7 +35,7 @@ mod dequant;
 
 use std::sync::OnceLock;
 
-use gguf::GgmlType;
+use gguf::{GgmlType, MappedBytes};
 
 /// An instruction-set path for the kernels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,19 +86,24 @@ impl SimdPath {
     }
 }
 
-/// Storage of a [`QMatrix`]: F32 matrices as floats (used in place), all other
-/// formats as the file's bytes.
+/// Storage of a [`QMatrix`]: F32 matrices as floats (used in place, so they need `f32` alignment),
+/// all other formats as the file's bytes, either copied to the heap or borrowed from the model
+/// file's memory map.
 #[derive(Debug, Clone)]
 enum Storage {
     F32(Vec<f32>),
     Bytes(Vec<u8>),
+    /// The bytes in the file's mapping (served from the page cache; a clone shares the mapping).
+    Mapped(MappedBytes),
 }
 
 /// A row-major `[rows, cols]` weight matrix stored in a GGUF tensor format.
 ///
 /// Row `r` holds the `cols` input weights of output feature `r`, encoded as
 /// `cols / block_size` consecutive blocks of the format ([`Self::row_bytes`]
-/// bytes per row).
+/// bytes per row). The encoded bytes are either a heap copy ([`Self::from_bytes`]) or a range of
+/// the memory-mapped model file ([`Self::from_mapped`]); every accessor and kernel reads both
+/// alike, with unaligned loads (a row starts at any byte).
 #[derive(Debug, Clone)]
 pub struct QMatrix {
     format: GgmlType,
@@ -109,7 +114,8 @@ pub struct QMatrix {
 }
 
 impl QMatrix {
-    /// Wraps `bytes` (the tensor data as stored in a GGUF file) as a `[rows, cols]` matrix.
+    /// Wraps a copy of `bytes` (the tensor data as stored in a GGUF file) as a `[rows, cols]`
+    /// matrix.
     ///
     /// Errors (as text) if the format is one `gguf` cannot decode
     /// ([`GgmlType::Unsupported`]), if `cols` is not a multiple of the format's block size, or
@@ -119,6 +125,35 @@ impl QMatrix {
         rows: usize,
         cols: usize,
         bytes: &[u8],
+    ) -> Result<QMatrix, String> {
+        Self::build(format, rows, cols, bytes, || Storage::Bytes(bytes.to_vec()))
+    }
+
+    /// Like [`Self::from_bytes`], but borrows `bytes` from the model file's memory map instead of
+    /// copying them: the weights are then read from the page cache (loaded on first use, shared
+    /// with other processes mapping the file, evictable under memory pressure) and the map lives
+    /// as long as the matrix. An F32 matrix is still converted to floats in memory.
+    ///
+    /// Errors: as [`Self::from_bytes`].
+    pub fn from_mapped(
+        format: GgmlType,
+        rows: usize,
+        cols: usize,
+        bytes: MappedBytes,
+    ) -> Result<QMatrix, String> {
+        Self::build(format, rows, cols, &bytes, || {
+            Storage::Mapped(bytes.clone())
+        })
+    }
+
+    /// Checks `bytes` against the shape and keeps them: as floats for F32, else as `keep` stores
+    /// them.
+    fn build(
+        format: GgmlType,
+        rows: usize,
+        cols: usize,
+        bytes: &[u8],
+        keep: impl FnOnce() -> Storage,
     ) -> Result<QMatrix, String> {
         let row_bytes = format
             .byte_size(cols as u64)
@@ -139,7 +174,7 @@ impl QMatrix {
                     .collect(),
             )
         } else {
-            Storage::Bytes(bytes.to_vec())
+            keep()
         };
         Ok(QMatrix {
             format,
@@ -187,35 +222,47 @@ impl QMatrix {
         self.row_bytes
     }
 
-    /// Bytes held in memory.
+    /// Bytes of the matrix (in the heap, or in the page cache when borrowed from the file's map,
+    /// see [`Self::is_mapped`]).
     pub fn size_bytes(&self) -> usize {
         self.rows * self.row_bytes
+    }
+
+    /// Whether the encoded bytes are borrowed from the model file's memory map rather than held
+    /// on the heap.
+    pub fn is_mapped(&self) -> bool {
+        matches!(self.data, Storage::Mapped(_))
     }
 
     /// Rows `r0..r0 + count` as f32 values when the matrix is stored as F32.
     pub(crate) fn f32_rows(&self, r0: usize, count: usize) -> Option<&[f32]> {
         match &self.data {
             Storage::F32(v) => Some(&v[r0 * self.cols..(r0 + count) * self.cols]),
-            Storage::Bytes(_) => None,
+            Storage::Bytes(_) | Storage::Mapped(_) => None,
+        }
+    }
+
+    /// All encoded rows, wherever they are kept (`None` for F32 storage, which has none).
+    fn encoded(&self) -> Option<&[u8]> {
+        match &self.data {
+            Storage::Bytes(b) => Some(b),
+            Storage::Mapped(b) => Some(b),
+            Storage::F32(_) => None,
         }
     }
 
     /// The encoded bytes of row `r` (empty for F32 storage, which has none).
     pub(crate) fn row_encoded(&self, r: usize) -> &[u8] {
-        match &self.data {
-            Storage::Bytes(b) => &b[r * self.row_bytes..(r + 1) * self.row_bytes],
-            Storage::F32(_) => &[],
-        }
+        self.rows_encoded(r, 1)
     }
 
     /// The encoded bytes of rows `r0..r0 + count` (empty for F32 storage).
     ///
     /// Panics if the rows are out of range.
     pub(crate) fn rows_encoded(&self, r0: usize, count: usize) -> &[u8] {
-        match &self.data {
-            Storage::Bytes(b) => &b[r0 * self.row_bytes..(r0 + count) * self.row_bytes],
-            Storage::F32(_) => &[],
-        }
+        self.encoded().map_or(&[], |b| {
+            &b[r0 * self.row_bytes..(r0 + count) * self.row_bytes]
+        })
     }
 
     /// Decodes rows `r0..r0 + out.len() / cols` into `out` (row-major) with the detected path.
@@ -238,9 +285,8 @@ impl QMatrix {
         );
         match &self.data {
             Storage::F32(v) => out.copy_from_slice(&v[r0 * self.cols..(r0 + count) * self.cols]),
-            Storage::Bytes(b) => {
-                let bytes = &b[r0 * self.row_bytes..(r0 + count) * self.row_bytes];
-                dequant::decode(path, self.format, bytes, out);
+            Storage::Bytes(_) | Storage::Mapped(_) => {
+                dequant::decode(path, self.format, self.rows_encoded(r0, count), out);
             }
         }
     }

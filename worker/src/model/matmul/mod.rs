@@ -58,7 +58,6 @@ mod simd;
 #[cfg(test)]
 mod tests;
 
-
 use out_cols::OutCols;
 use simd::tile_portable;
 #[cfg(target_arch = "x86_64")]

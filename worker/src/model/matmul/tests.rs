@@ -224,7 +224,10 @@ fn portable_matches_simd_closely() {
 #[ignore]
 fn matmul_report() {
     let env = |name: &str, default: f64| {
-        std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
     };
     let threads = env("MATMUL_REPORT_THREADS", 1.0) as usize;
     let total = env("MATMUL_REPORT_GFLOP", 4.0) * 1e9;
