@@ -51,14 +51,21 @@ pub const TILE_R: usize = 3;
 /// SIMD lanes of the portable and AVX2 accumulators.
 const LANES: usize = 8;
 
+mod dot;
 #[cfg(target_arch = "x86_64")]
 mod fused;
 mod out_cols;
+mod prefetch;
 mod simd;
 #[cfg(test)]
 mod tests;
 
+pub use dot::{
+    add_scaled, add_scaled_rows, add_scaled_rows_with, add_scaled_with, dot, dot_block_scaled_with,
+    dot_rows, dot_tile_with, dot_with,
+};
 use out_cols::OutCols;
+use prefetch::Prefetch;
 use simd::tile_portable;
 #[cfg(target_arch = "x86_64")]
 use simd::{avx2, avx512};
@@ -112,227 +119,6 @@ fn tile<const T: usize, const R: usize>(
     }
     let _ = path;
     tile_portable::<T, R>(x, w, k, out)
-}
-
-/// Dot product of two equal-length slices, on the detected path, with the
-/// same operation order as every element of [`matmul`].
-pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-    dot_with(SimdPath::detect(), a, b)
-}
-
-/// [`dot`] on a given path.
-pub fn dot_with(path: SimdPath, a: &[f32], b: &[f32]) -> f32 {
-    debug_assert_eq!(a.len(), b.len());
-    let mut out = [[0.0f32; 1]; 1];
-    tile::<1, 1>(path, &[a], &[b], a.len(), &mut out);
-    out[0][0]
-}
-
-/// `y[i] += a * x[i]` for every `i` (a product, then a sum: two roundings,
-/// bitwise the same on every path and for any length): 16 lanes at a time on
-/// AVX-512, a plain loop (compiler-vectorised for the baseline target)
-/// elsewhere. Attention accumulates `Σ p_j v_j` with it.
-///
-/// Panics if `x.len() != y.len()`.
-pub fn add_scaled(y: &mut [f32], a: f32, x: &[f32]) {
-    add_scaled_with(SimdPath::detect(), y, a, x)
-}
-
-/// [`add_scaled`] on a given path (bitwise the same result on every path).
-///
-/// Panics if `x.len() != y.len()`.
-pub fn add_scaled_with(path: SimdPath, y: &mut [f32], a: f32, x: &[f32]) {
-    assert_eq!(x.len(), y.len(), "add_scaled: lengths differ");
-    #[cfg(target_arch = "x86_64")]
-    if path == SimdPath::Avx512 {
-        // SAFETY: `Avx512` is only detected with AVX-512F present; lengths checked above.
-        return unsafe { avx512::add_scaled(y, a, x) };
-    }
-    for (y, &x) in y.iter_mut().zip(x) {
-        *y += a * x;
-    }
-}
-
-/// `N` [`add_scaled`] calls in a row, `y += a[i] * xs[i]` for `i = 0..N`,
-/// bitwise equal to them (each element sees the same products and sums in the
-/// same order) but with `y` kept in registers across the `N` rows on AVX-512.
-///
-/// Panics if a row's length differs from `y`'s.
-pub fn add_scaled_rows<const N: usize>(y: &mut [f32], a: &[f32; N], xs: [&[f32]; N]) {
-    add_scaled_rows_with(SimdPath::detect(), y, a, xs)
-}
-
-/// [`add_scaled_rows`] on a given path (bitwise the same result on every path).
-///
-/// Panics if a row's length differs from `y`'s.
-pub fn add_scaled_rows_with<const N: usize>(
-    path: SimdPath,
-    y: &mut [f32],
-    a: &[f32; N],
-    xs: [&[f32]; N],
-) {
-    assert!(
-        xs.iter().all(|x| x.len() == y.len()),
-        "add_scaled_rows: lengths differ"
-    );
-    #[cfg(target_arch = "x86_64")]
-    if path == SimdPath::Avx512 {
-        // SAFETY: `Avx512` comes only from `SimdPath::available`, which
-        // detected AVX-512F; lengths checked above.
-        return unsafe { avx512::add_scaled_rows(y, a, xs) };
-    }
-    for (x, &a) in xs.iter().zip(a) {
-        add_scaled_with(path, y, a, x);
-    }
-}
-
-/// `R` dot products of `a` with `rows[r]` (each `a.len()` long) on the
-/// detected path, computed together (independent accumulators, so the FMA
-/// latency is hidden) and each bitwise equal to [`dot`]`(a, rows[r])`.
-pub fn dot_rows<const R: usize>(a: &[f32], rows: [&[f32]; R]) -> [f32; R] {
-    dot_tile_with::<1, R>(SimdPath::detect(), [a], rows)[0]
-}
-
-/// `out[t][r] =` [`dot_with`]`(path, a[t], rows[r])` for a `T × R` register
-/// tile (every slice as long as `a[0]`): each product bitwise equal to that
-/// [`dot_with`] (the same lane accumulators, lane reduction and tail; see the
-/// module docs), with each loaded row used for all `T` (or `R`) partners.
-/// Attention scores a block of queries against a block of keys with it.
-#[inline]
-pub fn dot_tile_with<const T: usize, const R: usize>(
-    path: SimdPath,
-    a: [&[f32]; T],
-    rows: [&[f32]; R],
-) -> [[f32; R]; T] {
-    let k = a[0].len();
-    assert!(
-        a.iter().chain(&rows).all(|x| x.len() == k),
-        "dot_tile_with: lengths differ"
-    );
-    let mut out = [[0.0f32; R]; T];
-    tile::<T, R>(path, &a, &rows, k, &mut out);
-    out
-}
-
-/// `out[i * stride + j] =` [`dot_with`]`(path, a_i, b[j]) * scale` for every row `a_i` of `a`
-/// (`[m, k]`) and every `b[j]` (`k` long): a block of attention scores. Each value is bitwise
-/// that [`dot_with`] times `scale` (the same tile kernels, whose every product is a [`dot_with`]);
-/// the register tiles (4 × 4 on AVX-512, 4 × 3 elsewhere) load each row once per tile.
-///
-/// Panics if `a.len()` is not a multiple of `k`, a `b[j]` is not `k` long, or `out` is too
-/// short.
-pub fn dot_block_scaled_with(
-    path: SimdPath,
-    a: &[f32],
-    k: usize,
-    b: &[&[f32]],
-    scale: f32,
-    out: &mut [f32],
-    stride: usize,
-) {
-    assert!(
-        k > 0 && a.len().is_multiple_of(k),
-        "dot_block_scaled_with: a is not [m, k]"
-    );
-    assert!(
-        b.iter().all(|r| r.len() == k),
-        "dot_block_scaled_with: a row of b is not k long"
-    );
-    let m = a.len() / k;
-    if m == 0 || b.is_empty() {
-        return;
-    }
-    assert!(
-        out.len() >= (m - 1) * stride + b.len() && stride >= b.len(),
-        "dot_block_scaled_with: out too short"
-    );
-    #[cfg(target_arch = "x86_64")]
-    if path == SimdPath::Avx512 {
-        // SAFETY: `Avx512` comes only from `SimdPath::available`, which detected AVX-512F,
-        // AVX2 and FMA; shapes checked above.
-        return unsafe { avx512::dot_block_scaled(a, k, b, scale, out, stride) };
-    }
-    dot_block::<4, TILE_R, false>(path, a, k, b, scale, out, stride);
-}
-
-/// The loops of [`dot_block_scaled_with`] with `T × R` tiles, and `T × 1`, `1 × R`, `1 × 1` at
-/// the edges; `WIDE`: call the AVX-512 tile kernel directly (from [`avx512::dot_block_scaled`],
-/// where it inlines), else [`tile`] on `path`.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn dot_block<const T: usize, const R: usize, const WIDE: bool>(
-    path: SimdPath,
-    a: &[f32],
-    k: usize,
-    b: &[&[f32]],
-    scale: f32,
-    out: &mut [f32],
-    stride: usize,
-) {
-    let m = a.len() / k;
-    let row = |i: usize| &a[i * k..(i + 1) * k];
-    let mut i = 0;
-    while i + T <= m {
-        let x: [&[f32]; T] = std::array::from_fn(|t| row(i + t));
-        block_cols::<T, R, WIDE>(path, &x, b, k, scale, &mut out[i * stride..], stride);
-        i += T;
-    }
-    for i in i..m {
-        block_cols::<1, R, WIDE>(path, &[row(i)], b, k, scale, &mut out[i * stride..], stride);
-    }
-}
-
-/// One band of `T` rows of [`dot_block`] against all of `b`.
-#[inline(always)]
-fn block_cols<const T: usize, const R: usize, const WIDE: bool>(
-    path: SimdPath,
-    x: &[&[f32]; T],
-    b: &[&[f32]],
-    k: usize,
-    scale: f32,
-    out: &mut [f32],
-    stride: usize,
-) {
-    let mut j = 0;
-    let mut put = |j: usize, vals: &[f32], t: usize| {
-        let at = t * stride + j;
-        for (o, &v) in out[at..at + vals.len()].iter_mut().zip(vals) {
-            *o = v * scale;
-        }
-    };
-    while j + R <= b.len() {
-        let w: [&[f32]; R] = std::array::from_fn(|r| b[j + r]);
-        let mut o = [[0.0f32; R]; T];
-        run_tile::<T, R, WIDE>(path, x, &w, k, &mut o);
-        for (t, vals) in o.iter().enumerate() {
-            put(j, vals, t);
-        }
-        j += R;
-    }
-    for (j, &bj) in b.iter().enumerate().skip(j) {
-        let mut o = [[0.0f32; 1]; T];
-        run_tile::<T, 1, WIDE>(path, x, &[bj], k, &mut o);
-        for (t, vals) in o.iter().enumerate() {
-            put(j, vals, t);
-        }
-    }
-}
-
-#[inline(always)]
-fn run_tile<const T: usize, const R: usize, const WIDE: bool>(
-    path: SimdPath,
-    x: &[&[f32]; T],
-    w: &[&[f32]; R],
-    k: usize,
-    out: &mut [[f32; R]; T],
-) {
-    #[cfg(target_arch = "x86_64")]
-    if WIDE {
-        // SAFETY: `WIDE` is only set by `avx512::dot_block_scaled`, whose caller checked the
-        // AVX-512 path; rows are `k` long.
-        return unsafe { avx512::tile::<T, R>(x, w, k, out) };
-    }
-    tile::<T, R>(path, x, w, k, out)
 }
 
 /// Computes the `groups * R` weight rows of `w_rows` (each `k` long, decoded
@@ -394,47 +180,6 @@ fn token_tiles<const T: usize, const R: usize>(
         t += T;
     }
     t
-}
-
-/// Software prefetch of a weight block into L2, spread over the register tiles of the block
-/// computed before it, so the next block streams in from memory while the FMAs run (the
-/// hardware prefetchers alone leave a decode step's scratch decoding waiting on memory).
-struct Prefetch {
-    /// Next cache line to fetch.
-    next: *const u8,
-    /// One past the last byte.
-    end: *const u8,
-    /// Lines fetched per [`Prefetch::step`].
-    per_step: usize,
-}
-
-impl Prefetch {
-    /// Fetches `bytes` over about `steps` calls of [`Prefetch::step`].
-    fn new(bytes: &[u8], steps: usize) -> Self {
-        let lines = bytes.len().div_ceil(64);
-        Prefetch {
-            next: bytes.as_ptr(),
-            end: bytes.as_ptr().wrapping_add(bytes.len()),
-            per_step: lines.div_ceil(steps.max(1)),
-        }
-    }
-
-    /// Fetches the next few lines (none once the block is done).
-    #[inline(always)]
-    fn step(&mut self) {
-        for _ in 0..self.per_step {
-            if self.next >= self.end {
-                return;
-            }
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: a prefetch never faults, and `next` lies inside the block.
-            unsafe {
-                use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
-                _mm_prefetch::<_MM_HINT_T1>(self.next as *const i8);
-            }
-            self.next = self.next.wrapping_add(64);
-        }
-    }
 }
 
 /// Bytes of decoded f32 weight rows a task holds at once (its scratch block, L2 resident beside

@@ -170,7 +170,7 @@ pub(super) mod avx512 {
         out: &mut [f32],
         stride: usize,
     ) {
-        super::super::dot_block::<4, 4, true>(
+        super::super::dot::dot_block::<4, 4, true>(
             super::super::SimdPath::Avx512,
             a,
             k,
