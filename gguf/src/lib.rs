@@ -8,6 +8,7 @@
 #![warn(missing_docs)]
 
 mod assembled;
+mod cursor;
 mod error;
 mod ggml_type;
 pub mod kquant;
