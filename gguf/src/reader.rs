@@ -125,14 +125,14 @@ impl GgufFile {
             pos: 0,
             path: &path,
         };
-        let magic = if mmap.len() >= 4 {
-            c.u32("magic")?
-        } else {
-            return Err(GgufError::BadMagic {
+        if mmap.is_empty() {
+            return Err(GgufError::Malformed {
                 path: path.clone(),
-                found: 0,
+                message: "the file is empty (0 bytes)".into(),
             });
-        };
+        }
+        // A file of 1 to 3 bytes is a truncation error naming the bytes left.
+        let magic = c.u32("magic")?;
         if magic != GGUF_MAGIC {
             return Err(GgufError::BadMagic {
                 path: path.clone(),

@@ -386,6 +386,30 @@ mod tests {
         std::fs::remove_dir_all(dir).unwrap();
     }
 
+    /// A file shorter than the 4-byte magic says what it is (empty, or cut
+    /// inside the magic), not that it holds a magic of zero.
+    #[test]
+    fn names_empty_and_short_files() {
+        let dir = tempdir();
+        let path = dir.join("short.gguf");
+        std::fs::write(&path, b"").unwrap();
+        let err = GgufFile::open(&path).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            format!(
+                "{}: malformed GGUF file: the file is empty (0 bytes)",
+                path.display()
+            )
+        );
+        std::fs::write(&path, b"GG").unwrap();
+        let err = GgufFile::open(&path).unwrap_err().to_string();
+        assert!(
+            err.ends_with("truncated while reading magic at offset 0 (need 4 bytes, 2 left)"),
+            "{err}"
+        );
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
     fn tempdir() -> std::path::PathBuf {
         use std::sync::atomic::{AtomicU32, Ordering};
         static N: AtomicU32 = AtomicU32::new(0);
