@@ -21,7 +21,7 @@ impl<'a> Cursor<'a> {
         }
     }
 
-    pub(crate) fn take(&mut self, n: u64, what: &str) -> Result<&'a [u8]> {
+    fn take(&mut self, n: u64, what: &str) -> Result<&'a [u8]> {
         let remaining = (self.buf.len() - self.pos) as u64;
         if n > remaining {
             return Err(self.err(format!(
@@ -34,7 +34,7 @@ impl<'a> Cursor<'a> {
         Ok(s)
     }
 
-    pub(crate) fn array<const N: usize>(&mut self, what: &str) -> Result<[u8; N]> {
+    fn array<const N: usize>(&mut self, what: &str) -> Result<[u8; N]> {
         Ok(self
             .take(N as u64, what)?
             .try_into()
@@ -91,7 +91,7 @@ impl<'a> Cursor<'a> {
         })
     }
 
-    pub(crate) fn array_value(&mut self, what: &str) -> Result<MetadataArray> {
+    fn array_value(&mut self, what: &str) -> Result<MetadataArray> {
         let ty = self.value_type(what)?;
         let count = self.u64(what)?;
         let n = self.check_count(count, ty, what)?;
