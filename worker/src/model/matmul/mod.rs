@@ -123,7 +123,7 @@ fn tile<const T: usize, const R: usize>(
 
 /// Computes the `groups * R` weight rows of `w_rows` (each `k` long, decoded
 /// f32) against all `n` tokens of `x`, writing `y[t][r]` through `out`
-/// (column `r` of the block); `fetch` advances once per register tile.
+/// (column `r` of the block); `fetch` is spread over the block's register tiles.
 ///
 /// Loop order: token tiles outermost, then the row groups of the block, so a
 /// tile of `T` token rows stays in L1 while the block's decoded rows (up to
@@ -143,8 +143,17 @@ fn rows_block<const R: usize>(
     fetch: &mut Prefetch,
 ) {
     let groups = w_rows.len() / (R * k);
+    let wide = if path == SimdPath::Avx512 && R == TILE_R {
+        8
+    } else {
+        TILE_T
+    };
+    // Token tiles of `wide`, then of `TILE_T`, then single tokens (`wide` is a multiple of
+    // `TILE_T`), each swept over every group.
+    let tiles = n / wide + n % wide / TILE_T + n % TILE_T;
+    fetch.spread_over(tiles * groups);
     let mut t = 0;
-    if path == SimdPath::Avx512 && R == TILE_R {
+    if wide == 8 {
         t = token_tiles::<8, R>(path, x, n, k, t, w_rows, groups, out, fetch);
     }
     t = token_tiles::<TILE_T, R>(path, x, n, k, t, w_rows, groups, out, fetch);
@@ -312,7 +321,7 @@ fn rows_task_g<const G: usize>(
                 r1 if r1 < rows => w.rows_encoded(r0 + r1, block_at(r1).1),
                 _ => next.map_or(&[][..], |r| w.rows_encoded(r, count.min(w.rows() - r))),
             };
-            let mut fetch = Prefetch::new(ahead, n.div_ceil(TILE_T) * groups.max(1));
+            let mut fetch = Prefetch::new(ahead);
             let mut o = out.columns(r, count);
             if groups > 0 {
                 rows_block::<G>(path, x, n, k, wr, &mut o, &mut fetch);

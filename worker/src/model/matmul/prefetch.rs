@@ -14,14 +14,22 @@ pub(super) struct Prefetch {
 }
 
 impl Prefetch {
-    /// Fetches `bytes` over about `steps` calls of [`Prefetch::step`].
-    pub(super) fn new(bytes: &[u8], steps: usize) -> Self {
-        let lines = bytes.len().div_ceil(64);
+    /// Fetches `bytes`, once [`Prefetch::spread_over`] has said over how many steps.
+    pub(super) fn new(bytes: &[u8]) -> Self {
         Prefetch {
             next: bytes.as_ptr(),
             end: bytes.as_ptr().wrapping_add(bytes.len()),
-            per_step: lines.div_ceil(steps.max(1)),
+            per_step: 0,
         }
+    }
+
+    /// Spreads the lines not yet fetched evenly over `steps` calls of [`Prefetch::step`] (the
+    /// register tiles of the computing block, which knows how many it runs).
+    pub(super) fn spread_over(&mut self, steps: usize) {
+        let lines = (self.end as usize)
+            .saturating_sub(self.next as usize)
+            .div_ceil(64);
+        self.per_step = lines.div_ceil(steps.max(1));
     }
 
     /// Fetches the next few lines (none once the block is done).
