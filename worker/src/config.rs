@@ -8,9 +8,9 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
 use serde::{Deserialize, Serialize};
 
-use crate::cuda::{DeviceKind, Numerics};
+use crate::backend::cpu::KvDtype;
+use crate::backend::cuda::{DeviceKind, Numerics};
 use crate::engine::{EngineConfig, SchedulerConfig};
-use crate::model::KvDtype;
 
 /// Command-line flags. Every flag is optional here so that the file and environment can supply it.
 #[derive(Debug, Parser, Serialize)]

@@ -234,7 +234,8 @@ mod tests {
     use inference_proto::worker::{AddRequest, EngineStats, SamplingParams};
 
     use super::*;
-    use crate::engine::{spawn_engine, BatchEntry, BatchModel, Command};
+    use crate::backend::{BatchEntry, BatchModel};
+    use crate::engine::{spawn_engine, Command};
 
     /// A model whose steps wait while `closed` is set (a hung engine), else take 1 ms.
     struct GateModel {

@@ -8,7 +8,8 @@ use std::path::Path;
 use gguf::TokenizerMetadata;
 
 use crate::arch::ModelDesc;
-use crate::model::{CpuModel, ModelError, ModelWeights};
+use crate::backend::cpu::{CpuModel, ModelWeights};
+use crate::backend::ModelError;
 
 /// The outcome of [`inspect`]: a human-readable report and, when the file cannot be served, why.
 #[derive(Debug)]

@@ -17,8 +17,8 @@
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
-use worker::engine::BatchEntry;
-use worker::model::CpuModel;
+use worker::backend::cpu::CpuModel;
+use worker::backend::BatchEntry;
 use worker::sampler::argmax;
 
 const BLOCK: usize = 16;

@@ -30,13 +30,13 @@ use half::{bf16, f16};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::Value;
-use worker::cuda::cache::{cache_dir, ModuleCache};
-use worker::cuda::kernels::FILES;
-use worker::cuda::{probe, CudaModel, CudaOptions, GpuInfo, Numerics};
-use worker::engine::{BatchEntry, BatchModel};
-use worker::model::matmul::matmul;
-use worker::model::ops::{rms_norm, swiglu, RopeTable};
-use worker::model::QMatrix;
+use worker::backend::cpu::matmul::matmul;
+use worker::backend::cpu::ops::{rms_norm, swiglu, RopeTable};
+use worker::backend::cpu::QMatrix;
+use worker::backend::cuda::cache::{cache_dir, ModuleCache};
+use worker::backend::cuda::kernels::FILES;
+use worker::backend::cuda::{probe, CudaModel, CudaOptions, GpuInfo, Numerics};
+use worker::backend::{BatchEntry, BatchModel};
 use worker::sampler::argmax;
 
 #[path = "cuda_gpu/arch_ops.rs"]
@@ -164,11 +164,11 @@ fn run_matmul(
     x: &CudaSlice<u8>,
     m: usize,
 ) -> Vec<f32> {
-    let suffix = worker::cuda::weights::format_suffix(format).unwrap();
+    let suffix = worker::backend::cuda::weights::format_suffix(format).unwrap();
     let kind = if prefix == "gemv" {
-        worker::cuda::launch::MatmulKernel::Gemv
+        worker::backend::cuda::launch::MatmulKernel::Gemv
     } else {
-        worker::cuda::launch::MatmulKernel::Gemm
+        worker::backend::cuda::launch::MatmulKernel::Gemm
     };
     let out: CudaSlice<f32> = k.stream.alloc_zeros(m * n_out).unwrap();
     let (n_i, k_i, xs, m_i, os, oo, acc, f32o) = (
@@ -387,7 +387,7 @@ fn tiny_model_against_cpu() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tiny.gguf");
     gguf::testing::write_tiny_llama(&path, 1).unwrap();
-    let cpu = worker::model::CpuModel::load(&path).unwrap();
+    let cpu = worker::backend::cpu::CpuModel::load(&path).unwrap();
     let vocab = cpu.vocab_size() as u32;
     let mut rng = ChaCha8Rng::seed_from_u64(11);
     let prompts: Vec<Vec<u32>> = (0..64)

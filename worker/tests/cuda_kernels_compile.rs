@@ -8,9 +8,11 @@
 //! With `CUDA_MODULE_CACHE_FILL=DIR` it also stores every CUBIN in the module cache at `DIR`, so a GPU
 //! host without NVRTC can run from it (`scripts/gpu-check --prepare`).
 
-use worker::cuda::cache::ModuleCache;
-use worker::cuda::compile::{compile, load_nvrtc, nvrtc_version, parse_ptxas_log, Numerics};
-use worker::cuda::kernels::FILES;
+use worker::backend::cuda::cache::ModuleCache;
+use worker::backend::cuda::compile::{
+    compile, load_nvrtc, nvrtc_version, parse_ptxas_log, Numerics,
+};
+use worker::backend::cuda::kernels::FILES;
 
 const ARCHS: [&str; 2] = ["sm_80", "sm_90"];
 

@@ -18,8 +18,8 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use serde_json::Value;
-use worker::engine::BatchEntry;
-use worker::model::{CpuModel, KvDtype, PagedKvCache};
+use worker::backend::cpu::{CpuModel, KvDtype, PagedKvCache};
+use worker::backend::BatchEntry;
 use worker::sampler::argmax;
 
 const BLOCK: usize = 16;
@@ -341,7 +341,7 @@ fn env_list(name: &str, default: &[usize]) -> Vec<usize> {
 #[ignore = "timing report; run with --ignored --nocapture"]
 fn throughput_report() {
     // Compute threads (the caller included); 0 or unset: one per core.
-    worker::model::pool::set_threads(env_list("THROUGHPUT_THREADS", &[0])[0]);
+    worker::backend::cpu::pool::set_threads(env_list("THROUGHPUT_THREADS", &[0])[0]);
     let kv_dtype = match std::env::var("THROUGHPUT_KV").as_deref() {
         Ok("f16") => KvDtype::F16,
         _ => KvDtype::F32,

@@ -1,5 +1,5 @@
 //! Which tensors a layer of each architecture has, by GGUF name and shape: one description both
-//! backends load from (the CPU into [`crate::model::LayerWeights`], CUDA into its host weights).
+//! backends load from (the CPU into [`crate::backend::cpu::LayerWeights`], CUDA into its host weights).
 
 use super::{ModelDesc, Projections};
 

@@ -16,12 +16,12 @@ use inference_proto::worker::{
 };
 use tokio::sync::mpsc;
 
-use super::batch::{BatchEntry, BatchModel};
 use super::masks::{self, MaskJobs};
 use super::monitor::{EngineSnapshot, Publisher};
 use super::scheduler::{Chunk, Scheduler, SchedulerConfig, SeqId};
 use super::sequence::{Sequence, StopReason};
 use super::{Command, ConnId, EngineHandle};
+use crate::backend::{BatchEntry, BatchModel};
 use crate::kv::BlockPool;
 use crate::sampler::{Sampler, SamplingConfig};
 use structured_output::ConstraintState;

@@ -6,7 +6,6 @@
 //! publishes after every step and command batch ([`EngineSnapshot`], see `monitor`), so they never
 //! wait for a step.
 
-mod batch;
 mod core;
 mod masks;
 mod monitor;
@@ -20,7 +19,6 @@ use structured_output::ConstraintState;
 use tokio::sync::{mpsc, oneshot, watch};
 
 pub use self::core::{spawn_engine, EngineConfig};
-pub use batch::{BatchEntry, BatchModel};
 pub use masks::mask_seconds;
 pub use monitor::EngineSnapshot;
 pub use scheduler::{Chunk, Schedule, Scheduler, SchedulerConfig, SeqId};

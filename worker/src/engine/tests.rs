@@ -4,6 +4,8 @@
 
 use std::time::Duration;
 
+use crate::backend::{BatchEntry, BatchModel};
+
 use inference_proto::public::{constraint::Kind, Constraint};
 use inference_proto::worker::{AddRequest, SamplingParams, StepOutput, StopReason};
 use structured_output::{ConstraintCompiler, ConstraintState, VocabSource};

@@ -13,11 +13,11 @@
 
 use super::*;
 use worker::arch::{Activation, RopeStyle};
-use worker::model::ops::{gated_into, rms_norm_chunks_in_place, softcap_in_place};
-use worker::model::{AlignedVec, CpuModel};
+use worker::backend::cpu::ops::{gated_into, rms_norm_chunks_in_place, softcap_in_place};
+use worker::backend::cpu::{AlignedVec, CpuModel};
 
 fn elementwise(total: usize) -> LaunchConfig {
-    worker::cuda::launch::elementwise(total)
+    worker::backend::cuda::launch::elementwise(total)
 }
 
 #[test]
@@ -106,7 +106,7 @@ fn arch_kernels_against_cpu() {
             .arg(&b_)
             .arg(&c)
             .arg(&eps);
-        unsafe { b.launch(worker::cuda::launch::head_rmsnorm(rows)) }.unwrap();
+        unsafe { b.launch(worker::backend::cuda::launch::head_rmsnorm(rows)) }.unwrap();
         let mut want = qkv.clone();
         for row in want.chunks_exact_mut(width) {
             rms_norm_chunks_in_place(&mut row[..nh * hd], &qn, eps);
@@ -186,7 +186,7 @@ fn arch_kernels_against_cpu() {
             .arg(&eps)
             .arg(&dx)
             .arg(&acc);
-        unsafe { b.launch(worker::cuda::launch::rmsnorm(rows)) }.unwrap();
+        unsafe { b.launch(worker::backend::cuda::launch::rmsnorm(rows)) }.unwrap();
         let normed = rms_norm(&y, &wt, eps);
         let want: Vec<f32> = x.iter().zip(&normed).map(|(a, b)| a + b).collect();
         report(

@@ -107,7 +107,7 @@ fn kernels_against_cpu() {
         let (n, f) = (4i32, ffn as i32);
         let mut b = k.stream.launch_builder(&k.funcs["swiglu"]);
         b.arg(&dg).arg(&n).arg(&f).arg(&out);
-        unsafe { b.launch(worker::cuda::launch::elementwise(4 * ffn)) }.unwrap();
+        unsafe { b.launch(worker::backend::cuda::launch::elementwise(4 * ffn)) }.unwrap();
         let want = swiglu(&gu, ffn);
         report("swiglu", rel_err(&k.read_act(&out, want.len()), &want), tol);
 
@@ -153,7 +153,7 @@ fn kernels_against_cpu() {
             let dw = k.stream.clone_htod(&bytes).unwrap();
             let x = k.round(&random(&mut rng, 33 * cols, 1.0));
             let dx = k.act(&x);
-            let suffix = worker::cuda::weights::format_suffix(format).unwrap();
+            let suffix = worker::backend::cuda::weights::format_suffix(format).unwrap();
             let mut first_rows: Vec<Vec<f32>> = Vec::new();
             for m in [1usize, 3, 8, 9, 33] {
                 let want = matmul(&x[..m * cols], m, cols, std::slice::from_ref(&qm));
@@ -231,7 +231,8 @@ fn kernels_against_cpu() {
             );
             let out = k.act(&vec![0.0; nq * nh * hd]);
             let cfg =
-                worker::cuda::launch::attention_decode(nq, nh, hd, pos0 + nq, 48 * 1024).unwrap();
+                worker::backend::cuda::launch::attention_decode(nq, nh, hd, pos0 + nq, 48 * 1024)
+                    .unwrap();
             let mut b = k.stream.launch_builder(&k.funcs["attention_decode"]);
             b.arg(&dq)
                 .arg(&w_i)
@@ -269,7 +270,7 @@ fn kernels_against_cpu() {
                 .arg(&dv);
             b.arg(&bs_i).arg(&a).arg(&b_).arg(&c).arg(&scale).arg(&out);
             b.arg(&softcap).arg(&window);
-            unsafe { b.launch(worker::cuda::launch::attention_prefill(1, nh)) }.unwrap();
+            unsafe { b.launch(worker::backend::cuda::launch::attention_prefill(1, nh)) }.unwrap();
             report(
                 &format!("attention_prefill{label}"),
                 rel_err(&k.read_act(&out, want.len()), &want),

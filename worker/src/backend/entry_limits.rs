@@ -1,7 +1,6 @@
 //! The checks every backend makes on a batch entry before it computes anything.
 
-use super::ModelError;
-use crate::engine::BatchEntry;
+use super::{BatchEntry, ModelError};
 
 /// What a batch entry must stay within: the model's vocabulary and context, and the KV pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

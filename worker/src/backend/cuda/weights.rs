@@ -6,7 +6,7 @@
 //! them as stored. Norm vectors,
 //! biases and RoPE frequency factors are uploaded as f32.
 //!
-//! Loading mirrors [`crate::model::ModelWeights::load`]: same tensor names, shapes and checks, Q/K/V
+//! Loading mirrors [`crate::backend::cpu::ModelWeights::load`]: same tensor names, shapes and checks, Q/K/V
 //! and gate/up kept as parts of one logical matrix (one kernel launch per part, each writing its
 //! column range of the fused output; Phi-3's fused `attn_qkv` and gate|up `ffn_up` are one part
 //! each), and the per-architecture tensors the [`ModelDesc`] asks for (Q/K/V biases, q/k norms,
@@ -18,7 +18,7 @@ use cudarc::driver::{CudaSlice, CudaStream};
 use gguf::{GgmlType, GgufFile, TensorData};
 
 use crate::arch::{layer_tensors, LayerTensors, ModelDesc};
-use crate::model::ModelError;
+use crate::backend::ModelError;
 
 /// One matrix part on the host: the file's bytes of a row-major `[rows, cols]` matrix.
 #[derive(Debug, Clone)]
@@ -379,7 +379,7 @@ mod tests {
             for prefix in ["gemv", "gemm"] {
                 let name = format!("{prefix}_{suffix}");
                 assert!(
-                    crate::cuda::kernels::KernelFile::containing(&name).is_some(),
+                    crate::backend::cuda::kernels::KernelFile::containing(&name).is_some(),
                     "{name} is not in the kernel list"
                 );
             }

@@ -38,9 +38,9 @@ use super::kv::{GpuKv, KvBlocks};
 use super::launch::{self, DEFAULT_SMEM_LIMIT};
 use super::weights::{GpuWeights, HostWeights};
 use crate::arch::ModelDesc;
-use crate::engine::{BatchEntry, BatchModel};
-use crate::model::EntryLimits;
-use crate::model::ModelError;
+use crate::backend::EntryLimits;
+use crate::backend::ModelError;
+use crate::backend::{BatchEntry, BatchModel};
 
 mod record;
 

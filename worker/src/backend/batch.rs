@@ -1,7 +1,7 @@
 //! What the engine asks of a backend: "run this flat batch with these block tables, give me logits".
 //!
 //! Everything above this trait (scheduler, KV block manager, sampler, stop policy) is shared by every
-//! backend and tested once; the CPU llama model and the CUDA model (`crate::cuda::CudaModel`)
+//! backend and tested once; the CPU llama model and the CUDA model (`crate::backend::cuda::CudaModel`)
 //! implement it.
 
 /// One sequence's part of a step's batch.

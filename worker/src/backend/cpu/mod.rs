@@ -3,7 +3,7 @@
 //!
 //! Entry point: [`CpuModel::load`], then [`CpuModel::forward_batch`] over a
 //! [`PagedKvCache`] from [`CpuModel::new_kv`] (also available through
-//! [`crate::engine::BatchModel`]).
+//! [`crate::backend::BatchModel`]).
 //!
 //! # Batch invariance
 //!
@@ -48,8 +48,6 @@
 mod aligned;
 mod attention;
 mod batch_model;
-mod entry_limits;
-mod error;
 mod forward;
 pub mod kernels;
 mod kv_cache;
@@ -63,8 +61,6 @@ mod weights;
 
 pub use aligned::AlignedVec;
 pub use attention::{attention, attention_into, AttnOptions, HeadShape, QueryPos};
-pub use entry_limits::EntryLimits;
-pub use error::ModelError;
 pub use forward::CpuModel;
 pub use kernels::{QMatrix, SimdPath};
 pub use kv_cache::{KvDtype, PagedKvCache, PagedLayer};

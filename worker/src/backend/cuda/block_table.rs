@@ -1,10 +1,10 @@
 //! Packing one engine step for the GPU: the flat token list, per-row positions and KV slots, the
 //! entries' block tables as one `[n_entries, stride]` u32 matrix, the rows whose logits are wanted, and
-//! (fast mode) the prefill tiles of `attention_prefill.cu`. Entries are checked with the CPU model's own
-//! [`EntryLimits::check`] (the same [`ModelError`]s) before anything is uploaded.
+//! (fast mode) the prefill tiles of `attention_prefill.cu`. The batch is checked and laid out by the
+//! backends' shared [`StepPlan`] (the same [`ModelError`]s as the CPU backend) before anything is
+//! uploaded.
 
-use crate::engine::BatchEntry;
-use crate::model::{EntryLimits, ModelError};
+use crate::backend::{BatchEntry, EntryLimits, ModelError, StepPlan};
 
 /// Query rows per prefill tile (`PF_QUERIES` in `kernels/attention_prefill.cu`).
 pub const PREFILL_TILE_ROWS: usize = 16;
@@ -86,46 +86,36 @@ pub fn pack_step(
     table_stride: Option<usize>,
     split_prefill: bool,
 ) -> Result<StepInputs, ModelError> {
-    let bs = limits.block_size;
-    let mut needed_blocks = Vec::with_capacity(batch.len());
-    for (entry, e) in batch.iter().enumerate() {
-        let needed = limits.check(entry, e)?;
-        needed_blocks.push(needed);
-    }
-    let most = needed_blocks.iter().copied().max().unwrap_or(0);
-    let stride = table_stride.unwrap_or(most).max(1);
-    if let Some(entry) = needed_blocks.iter().position(|&n| n > stride) {
+    let plan = StepPlan::new(batch, limits)?;
+    let stride = table_stride.unwrap_or(plan.most_blocks()).max(1);
+    if let Some(entry) = plan.needed_blocks.iter().position(|&n| n > stride) {
         return Err(ModelError::BlockTableTooShort {
             entry,
-            needed: needed_blocks[entry],
+            needed: plan.needed_blocks[entry],
             have: stride,
         });
     }
-    let n: usize = batch.iter().map(|e| e.tokens.len()).sum();
     let mut s = StepInputs {
         table_stride: stride,
         block_tables: vec![0; batch.len() * stride],
         ..Default::default()
     };
-    let mut writes = Vec::with_capacity(n);
-    for (entry, e) in batch.iter().enumerate() {
-        let needed = needed_blocks[entry];
+    for (entry, &needed) in plan.needed_blocks.iter().enumerate() {
         s.block_tables[entry * stride..entry * stride + needed]
-            .copy_from_slice(&e.block_table[..needed]);
-        let row0 = s.tokens.len();
-        let tiled = split_prefill && e.tokens.len() > 1;
-        for (i, &t) in e.tokens.iter().enumerate() {
-            let pos = e.start_pos + i;
-            let slot = e.block_table[pos / bs] as usize * bs + pos % bs;
-            s.tokens.push(t);
-            s.positions.push(pos as i32);
-            s.att_positions.push(if tiled { -1 } else { pos as i32 });
-            s.slots.push(slot as i64);
-            s.table_index.push(entry as i32);
-            writes.push((slot, entry));
-            s.max_keys = s.max_keys.max(pos + 1);
-        }
-        if tiled {
+            .copy_from_slice(&batch[entry].block_table[..needed]);
+    }
+    for t in &plan.tokens {
+        let tiled = split_prefill && batch[t.entry].tokens.len() > 1;
+        s.tokens.push(t.token);
+        s.positions.push(t.pos as i32);
+        s.att_positions.push(if tiled { -1 } else { t.pos as i32 });
+        s.slots.push(t.slot as i64);
+        s.table_index.push(t.entry as i32);
+        s.max_keys = s.max_keys.max(t.pos + 1);
+    }
+    let mut row0 = 0;
+    for (entry, e) in batch.iter().enumerate() {
+        if split_prefill && e.tokens.len() > 1 {
             for start in (0..e.tokens.len()).step_by(PREFILL_TILE_ROWS) {
                 let nq = PREFILL_TILE_ROWS.min(e.tokens.len() - start);
                 s.prefill_tiles.extend([
@@ -136,18 +126,9 @@ pub fn pack_step(
                 ]);
             }
         }
-        if e.want_logits {
-            s.logit_rows.push((s.tokens.len() - 1) as i32);
-        }
+        row0 += e.tokens.len();
     }
-    writes.sort_unstable();
-    if let Some(w) = writes.windows(2).find(|w| w[0].0 == w[1].0) {
-        return Err(ModelError::SlotConflict {
-            slot: w[0].0,
-            first: w[0].1,
-            second: w[1].1,
-        });
-    }
+    s.logit_rows = plan.logit_rows.iter().map(|&r| r as i32).collect();
     s.real_rows = s.tokens.len();
     Ok(s)
 }

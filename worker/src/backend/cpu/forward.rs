@@ -8,7 +8,7 @@
 //! step, never inside a kernel's inner loop, so a plain Llama runs exactly the
 //! operations it ran before they existed.
 //!
-//! Batch invariant: see the [`crate::model`] module docs.
+//! Batch invariant: see the [`crate::backend::cpu`] module docs.
 
 use std::cell::RefCell;
 use std::path::Path;
@@ -19,9 +19,9 @@ use super::ops::{
     gated_into, rms_norm_chunks_in_place, rms_norm_into, softcap_in_place, RopeTable,
 };
 use super::weights::ModelWeights;
-use super::{AlignedVec, EntryLimits, KvDtype, ModelError, PagedKvCache};
+use super::{AlignedVec, KvDtype, PagedKvCache};
 use crate::arch::{ModelDesc, ModelSource};
-use crate::engine::BatchEntry;
+use crate::backend::{BatchEntry, EntryLimits, ModelError, StepPlan};
 
 /// A model of any [`crate::arch::Arch`] with weights in memory in their file
 /// formats, run on the CPU with f32 activations.
@@ -69,16 +69,12 @@ fn with_workspace<R>(f: impl FnOnce(&mut Workspace) -> R) -> R {
     })
 }
 
-/// Per-token bookkeeping of a flattened batch (validated).
+/// A checked, flattened batch: the shared [`StepPlan`] plus each token's attention query.
 struct Plan<'a> {
-    /// Token ids, `[num_tokens]`.
-    tokens: Vec<u32>,
+    /// Token ids, positions, KV slots and logit rows.
+    step: StepPlan,
     /// Position and block table of each token, `[num_tokens]`.
     queries: Vec<QueryPos<'a>>,
-    /// KV slot each token writes, `[num_tokens]`.
-    slots: Vec<usize>,
-    /// Row (flattened token index) of the last token of each entry that wants logits, in batch order.
-    logit_rows: Vec<usize>,
 }
 
 impl CpuModel {
@@ -168,48 +164,24 @@ impl CpuModel {
                 c.kv_dim()
             )));
         }
-        let bs = kv.block_size();
-        let n: usize = batch.iter().map(|e| e.tokens.len()).sum();
-        let mut plan = Plan {
-            tokens: Vec::with_capacity(n),
-            queries: Vec::with_capacity(n),
-            slots: Vec::with_capacity(n),
-            logit_rows: Vec::new(),
-        };
-        // (slot, entry) of every write, to detect two writes of one slot.
-        let mut writes = Vec::with_capacity(n);
-        let limits = EntryLimits {
-            vocab_size: c.vocab_size,
-            context_length: c.context_length,
-            num_blocks: kv.num_blocks(),
-            block_size: bs,
-        };
-        for (entry, e) in batch.iter().enumerate() {
-            limits.check(entry, e)?;
-            for (i, &t) in e.tokens.iter().enumerate() {
-                let pos = e.start_pos + i;
-                let slot = kv.slot(e.block_table, pos);
-                plan.tokens.push(t);
-                plan.queries.push(QueryPos {
-                    pos,
-                    block_table: e.block_table,
-                });
-                plan.slots.push(slot);
-                writes.push((slot, entry));
-            }
-            if e.want_logits {
-                plan.logit_rows.push(plan.tokens.len() - 1);
-            }
-        }
-        writes.sort_unstable();
-        if let Some(w) = writes.windows(2).find(|w| w[0].0 == w[1].0) {
-            return Err(ModelError::SlotConflict {
-                slot: w[0].0,
-                first: w[0].1,
-                second: w[1].1,
-            });
-        }
-        Ok(plan)
+        let step = StepPlan::new(
+            batch,
+            EntryLimits {
+                vocab_size: c.vocab_size,
+                context_length: c.context_length,
+                num_blocks: kv.num_blocks(),
+                block_size: kv.block_size(),
+            },
+        )?;
+        let queries = step
+            .tokens
+            .iter()
+            .map(|t| QueryPos {
+                pos: t.pos,
+                block_table: batch[t.entry].block_table,
+            })
+            .collect();
+        Ok(Plan { step, queries })
     }
 
     /// Runs a flattened batch of sequences in one step.
@@ -225,7 +197,7 @@ impl CpuModel {
     /// All tokens of all entries form one `[num_tokens, hidden]` activation,
     /// so every linear layer is a single matrix multiply; only the rows that
     /// need logits go through the last layer's attention output and FFN, the
-    /// final norm and the LM head. Batch invariant (see the [`crate::model`]
+    /// final norm and the LM head. Batch invariant (see the [`crate::backend::cpu`]
     /// module docs).
     ///
     /// Errors, checked before anything is written (`kv` is left unchanged):
@@ -243,7 +215,7 @@ impl CpuModel {
         kv: &mut PagedKvCache,
     ) -> Result<Vec<Vec<f32>>, ModelError> {
         let plan = self.plan(batch, kv)?;
-        let n = plan.tokens.len();
+        let n = plan.queries.len();
         if n == 0 {
             return Ok(Vec::new());
         }
@@ -280,8 +252,8 @@ impl CpuModel {
         let n_layers = self.weights.layers.len();
 
         let mut x = vec![0.0f32; n * hidden];
-        for (&t, row) in plan.tokens.iter().zip(x.chunks_exact_mut(hidden)) {
-            self.weights.token_embd.row_into(t as usize, row);
+        for (t, row) in plan.step.tokens.iter().zip(x.chunks_exact_mut(hidden)) {
+            self.weights.token_embd.row_into(t.token as usize, row);
         }
         if let Some(scale) = c.embed_scale {
             for v in &mut x {
@@ -315,14 +287,19 @@ impl CpuModel {
                     rope.apply_style(c.rope_style, qt, t);
                     rope.apply_style(c.rope_style, k, t);
                     ws.q.extend_from_slice(qt);
-                    kv.write(l, plan.slots[t], k, v);
+                    kv.write(l, plan.step.tokens[t].slot, k, v);
                 }
-                if l + 1 == n_layers && plan.logit_rows.len() < rows {
-                    let q = gather_rows(&ws.q, q_dim, &plan.logit_rows);
+                if l + 1 == n_layers && plan.step.logit_rows.len() < rows {
+                    let q = gather_rows(&ws.q, q_dim, &plan.step.logit_rows);
                     ws.q.clear();
                     ws.q.extend_from_slice(&q);
-                    x = gather_rows(&x, hidden, &plan.logit_rows);
-                    queries = plan.logit_rows.iter().map(|&r| plan.queries[r]).collect();
+                    x = gather_rows(&x, hidden, &plan.step.logit_rows);
+                    queries = plan
+                        .step
+                        .logit_rows
+                        .iter()
+                        .map(|&r| plan.queries[r])
+                        .collect();
                     if queries.is_empty() {
                         return Ok(Vec::new());
                     }
@@ -364,7 +341,7 @@ impl CpuModel {
             }
 
             // After the last layer `x` holds exactly the logit rows, in batch order.
-            let m = plan.logit_rows.len();
+            let m = plan.step.logit_rows.len();
             if m == 0 {
                 return Ok(Vec::new());
             }

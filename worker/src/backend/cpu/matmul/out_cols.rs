@@ -1,6 +1,6 @@
 //! [`OutCols`]: disjoint column blocks of the matmul output, written in place by parallel tasks.
 
-use crate::model::pool::DisjointSlice;
+use crate::backend::cpu::pool::DisjointSlice;
 
 /// A block of columns `col0..col0 + cols` of a row-major `[n, stride]`
 /// output, written one element at a time by one task. Blocks made by

@@ -2,7 +2,7 @@
 //!
 //! - the row maximum is a 16-lane fold (the maximum of the non-NaN values does not depend on
 //!   the order; when it is a zero, its sign cannot change `x - max`'s exponential);
-//! - `exp(x - max)` is computed 16 lanes at a time on AVX-512 by [`crate::model::vexp`],
+//! - `exp(x - max)` is computed 16 lanes at a time on AVX-512 by [`crate::backend::cpu::vexp`],
 //!   bitwise `f32::exp`;
 //! - the sums `Σ e_j`, sequential per row as in [`softmax_in_place`], run for up to 8 rows at
 //!   once, so their add latencies overlap.
@@ -12,7 +12,7 @@
 use std::ops::Range;
 
 use super::super::SimdPath;
-use crate::model::vexp::{exp_sub, vector_exp_ok};
+use crate::backend::cpu::vexp::{exp_sub, vector_exp_ok};
 
 /// Rows whose sums are accumulated together.
 const SUM_ROWS: usize = 8;

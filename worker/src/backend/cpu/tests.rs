@@ -1,8 +1,9 @@
 //! Batch-invariance and validation tests of [`CpuModel::forward_batch`] on the tiny random model
 //! (2 layers, hidden 64, 4 query / 2 KV heads of 16, context 256).
 
-use super::{CpuModel, KvDtype, ModelError, PagedKvCache};
-use crate::engine::BatchEntry;
+use super::{CpuModel, KvDtype, PagedKvCache};
+use crate::backend::BatchEntry;
+use crate::backend::ModelError;
 
 fn tiny() -> (tempfile::TempDir, CpuModel) {
     let dir = tempfile::tempdir().unwrap();

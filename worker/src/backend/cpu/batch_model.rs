@@ -1,8 +1,8 @@
-//! [`crate::engine::BatchModel`] for the CPU llama model: a thin adapter over
+//! [`crate::backend::BatchModel`] for the CPU llama model: a thin adapter over
 //! [`CpuModel::forward_batch`] and [`PagedKvCache`].
 
 use super::{CpuModel, PagedKvCache};
-use crate::engine::{BatchEntry, BatchModel};
+use crate::backend::{BatchEntry, BatchModel};
 
 impl BatchModel for CpuModel {
     type Kv = PagedKvCache;

@@ -16,58 +16,58 @@ pub struct KernelFile {
 }
 
 /// `kernels/common.cuh`, prepended to every file.
-pub const PRELUDE: &str = include_str!("../../../kernels/common.cuh");
+pub const PRELUDE: &str = include_str!("../../../../kernels/common.cuh");
 
 /// Every kernel file, in a fixed order.
 pub const FILES: &[KernelFile] = &[
     KernelFile {
         name: "embedding.cu",
-        source: include_str!("../../../kernels/embedding.cu"),
+        source: include_str!("../../../../kernels/embedding.cu"),
         kernels: &["embedding"],
     },
     KernelFile {
         name: "rmsnorm.cu",
-        source: include_str!("../../../kernels/rmsnorm.cu"),
+        source: include_str!("../../../../kernels/rmsnorm.cu"),
         kernels: &["rmsnorm"],
     },
     KernelFile {
         name: "rope.cu",
-        source: include_str!("../../../kernels/rope.cu"),
+        source: include_str!("../../../../kernels/rope.cu"),
         kernels: &["rope"],
     },
     KernelFile {
         name: "kv_write.cu",
-        source: include_str!("../../../kernels/kv_write.cu"),
+        source: include_str!("../../../../kernels/kv_write.cu"),
         kernels: &["kv_write"],
     },
     KernelFile {
         name: "gated.cu",
-        source: include_str!("../../../kernels/gated.cu"),
+        source: include_str!("../../../../kernels/gated.cu"),
         kernels: &["swiglu", "geglu"],
     },
     KernelFile {
         name: "head_rmsnorm.cu",
-        source: include_str!("../../../kernels/head_rmsnorm.cu"),
+        source: include_str!("../../../../kernels/head_rmsnorm.cu"),
         kernels: &["head_rmsnorm"],
     },
     KernelFile {
         name: "bias_add.cu",
-        source: include_str!("../../../kernels/bias_add.cu"),
+        source: include_str!("../../../../kernels/bias_add.cu"),
         kernels: &["bias_add"],
     },
     KernelFile {
         name: "softcap.cu",
-        source: include_str!("../../../kernels/softcap.cu"),
+        source: include_str!("../../../../kernels/softcap.cu"),
         kernels: &["softcap"],
     },
     KernelFile {
         name: "gather_rows.cu",
-        source: include_str!("../../../kernels/gather_rows.cu"),
+        source: include_str!("../../../../kernels/gather_rows.cu"),
         kernels: &["gather_rows"],
     },
     KernelFile {
         name: "matmul_gemv.cu",
-        source: include_str!("../../../kernels/matmul_gemv.cu"),
+        source: include_str!("../../../../kernels/matmul_gemv.cu"),
         kernels: &[
             "gemv_f32",
             "gemv_f16",
@@ -84,7 +84,7 @@ pub const FILES: &[KernelFile] = &[
     },
     KernelFile {
         name: "matmul_gemm.cu",
-        source: include_str!("../../../kernels/matmul_gemm.cu"),
+        source: include_str!("../../../../kernels/matmul_gemm.cu"),
         kernels: &[
             "gemm_f32",
             "gemm_f16",
@@ -101,17 +101,17 @@ pub const FILES: &[KernelFile] = &[
     },
     KernelFile {
         name: "attention_decode.cu",
-        source: include_str!("../../../kernels/attention_decode.cu"),
+        source: include_str!("../../../../kernels/attention_decode.cu"),
         kernels: &["attention_decode"],
     },
     KernelFile {
         name: "attention_prefill.cu",
-        source: include_str!("../../../kernels/attention_prefill.cu"),
+        source: include_str!("../../../../kernels/attention_prefill.cu"),
         kernels: &["attention_prefill"],
     },
     KernelFile {
         name: "select.cu",
-        source: include_str!("../../../kernels/select.cu"),
+        source: include_str!("../../../../kernels/select.cu"),
         kernels: &["argmax", "topk"],
     },
 ];

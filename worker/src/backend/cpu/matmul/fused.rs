@@ -11,7 +11,7 @@ use std::arch::x86_64::*;
 
 use gguf::GgmlType;
 
-use crate::model::kernels::blocks512::{self, Block512};
+use crate::backend::cpu::kernels::blocks512::{self, Block512};
 
 /// How many row groups ahead of the current one the kernels prefetch
 /// (measured on the 2-core test machine: 1 group 4.4 GB/s per core from

@@ -1,10 +1,11 @@
-//! Errors from loading and running the model.
+//! Errors from loading a model and checking a step's batch, shared by every backend.
 
 use gguf::GgufError;
 
 use crate::arch::ArchError;
 
-/// Everything that can go wrong while loading or running a [`super::CpuModel`].
+/// Everything that can go wrong while loading a model or checking a batch before a step, in any
+/// backend ([`super::cpu::CpuModel`], [`super::cuda::CudaModel`]).
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
     /// Reading the GGUF file or decoding a tensor failed.

@@ -1,5 +1,5 @@
 //! The CUDA backend: the forward pass of every architecture on an NVIDIA GPU, behind the same
-//! [`crate::engine::BatchModel`] interface as the CPU model, so the scheduler, KV block manager and
+//! [`crate::backend::BatchModel`] interface as the CPU model, so the scheduler, KV block manager and
 //! sampler are shared.
 //!
 //! - [`device`]: the `device` setting (`cpu | cuda | auto`) and GPU discovery through the driver,

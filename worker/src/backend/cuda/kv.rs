@@ -1,6 +1,6 @@
 //! The CUDA backend's KV cache: paged K/V blocks of every layer on the GPU, addressed through the
 //! engine's block tables exactly like the CPU cache, plus the step buffers and decode graphs that
-//! point into them (the engine owns all of it as [`crate::engine::BatchModel::Kv`]).
+//! point into them (the engine owns all of it as [`crate::backend::BatchModel::Kv`]).
 
 use cudarc::driver::CudaSlice;
 
@@ -16,7 +16,7 @@ pub struct KvBlocks {
     pub(super) block_size: usize,
 }
 
-/// The CUDA backend's [`crate::engine::BatchModel::Kv`]: the K/V blocks (managed by the engine's block manager like
+/// The CUDA backend's [`crate::backend::BatchModel::Kv`]: the K/V blocks (managed by the engine's block manager like
 /// the CPU cache), plus the step buffers and decode graphs that point into them.
 pub struct GpuKv {
     pub(super) blocks: KvBlocks,

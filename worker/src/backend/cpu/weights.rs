@@ -28,8 +28,8 @@
 //! attention scores equal the Hugging Face model's.
 
 use super::kernels::QMatrix;
-use super::ModelError;
 use crate::arch::{layer_tensors, ModelDesc, ModelSource, TensorData};
+use crate::backend::ModelError;
 
 /// A weight matrix `[rows, cols]` made of one or more [`QMatrix`] parts
 /// stacked by rows (e.g. Q, K and V), each in its own file format.
@@ -325,9 +325,9 @@ mod tests {
     /// assume aligned rows. F32 matrices are converted to floats as before.
     #[test]
     fn gguf_matrices_borrow_the_mapped_file_and_multiply_like_copies() {
-        use crate::model::kernels::SERVED_FORMATS;
-        use crate::model::matmul::matmul_with;
-        use crate::model::SimdPath;
+        use crate::backend::cpu::kernels::SERVED_FORMATS;
+        use crate::backend::cpu::matmul::matmul_with;
+        use crate::backend::cpu::SimdPath;
 
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("mapped.gguf");

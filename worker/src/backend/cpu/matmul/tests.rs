@@ -108,7 +108,7 @@ fn naive(x: &[f32], n: usize, parts: &[QMatrix]) -> Vec<f64> {
 #[test]
 fn every_path_and_format_matches_reference_and_is_batch_invariant() {
     for path in SimdPath::available() {
-        for format in crate::model::kernels::SERVED_FORMATS {
+        for format in crate::backend::cpu::kernels::SERVED_FORMATS {
             let shapes: &[(usize, [usize; 2])] = if format.block_size() == Some(256) {
                 &[(256, [1, 5]), (512, [3, 17])]
             } else {
@@ -231,7 +231,7 @@ fn matmul_report() {
     };
     let threads = env("MATMUL_REPORT_THREADS", 1.0) as usize;
     let total = env("MATMUL_REPORT_GFLOP", 4.0) * 1e9;
-    crate::model::pool::set_threads(threads);
+    crate::backend::cpu::pool::set_threads(threads);
     let path = SimdPath::detect();
     for (format, rows, k, n) in [
         (GgmlType::F32, 2048, 640, 512),
@@ -243,7 +243,7 @@ fn matmul_report() {
         (GgmlType::Q4_1, 1536, 576, 512),
     ] {
         let w = [encoded(format, rows, k, 3)];
-        let mut x = crate::model::aligned::AlignedVec::new();
+        let mut x = crate::backend::cpu::aligned::AlignedVec::new();
         x.extend_from_slice(&data(n * k, 1));
         let x = &x[..];
         assert_eq!(x.as_ptr() as usize % 64, 0);
