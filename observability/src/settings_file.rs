@@ -1,11 +1,42 @@
-//! Unknown keys in a TOML settings file: a misspelt key (`kv_cache_mb` for `kv_cache_mib`) would
-//! otherwise be ignored silently by figment and serde, and the binary would start with the default.
+//! A binary's settings from defaults, a TOML file, environment variables and flags ([`load`]), and
+//! unknown keys in that file ([`check_known_keys`]): a misspelt key (`kv_cache_mb` for
+//! `kv_cache_mib`) would otherwise be ignored silently by figment and serde, and the binary would
+//! start with the default.
 
 use std::path::Path;
 
-use figment::providers::{Format, Serialized, Toml};
+use figment::providers::{Env, Format, Serialized, Toml};
 use figment::value::{Dict, Value};
-use figment::Provider;
+use figment::{Figment, Provider};
+
+/// Merges, each over the one before: `defaults`, the TOML file `file` (when given, after
+/// [`check_known_keys`]), the environment provider `env` (e.g. `Env::prefixed("WORKER_")`; its
+/// `config` key is ignored, that is the file's own flag) and `cli` (the parsed flags, whose unset
+/// options serialize to nothing).
+///
+/// Errors: an unreadable or invalid file, a key in the file that is not a setting (nested ones
+/// too), or a value of the wrong type (figment's message names the key and where it came from).
+pub fn load<S, C>(
+    defaults: &S,
+    file: Option<&Path>,
+    env: Env,
+    cli: &C,
+) -> Result<S, Box<figment::Error>>
+where
+    S: serde::Serialize + serde::de::DeserializeOwned,
+    C: serde::Serialize,
+{
+    let mut figment = Figment::from(Serialized::defaults(defaults));
+    if let Some(path) = file {
+        check_known_keys(defaults, path)?;
+        figment = figment.merge(Toml::file_exact(path));
+    }
+    figment
+        .merge(env.ignore(&["config"]))
+        .merge(Serialized::defaults(cli))
+        .extract()
+        .map_err(Box::new)
+}
 
 /// Checks that every key of the TOML file at `file`, in nested tables too, is a field of the
 /// settings whose defaults are `defaults` (their serialized form lists every field, `None` ones

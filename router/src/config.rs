@@ -6,8 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use figment::providers::{Env, Format, Serialized, Toml};
-use figment::Figment;
+use figment::providers::Env;
 use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::admission::AdmissionLimits;
@@ -275,16 +274,12 @@ impl RouterSettings {
     /// Errors: an unreadable or invalid file, a key in the file that is not a setting (nested ones
     /// too, e.g. `limits.max_new_tokenz`), or a value of the wrong type.
     pub fn load(cli: &Cli) -> Result<Self, Box<figment::Error>> {
-        let mut figment = Figment::from(Serialized::defaults(Self::default()));
-        if let Some(path) = &cli.config {
-            observability::settings_file::check_known_keys(&Self::default(), path)?;
-            figment = figment.merge(Toml::file_exact(path));
-        }
-        figment
-            .merge(Env::prefixed("ROUTER_").split("__").ignore(&["config"]))
-            .merge(Serialized::defaults(cli))
-            .extract()
-            .map_err(Box::new)
+        observability::settings_file::load(
+            &Self::default(),
+            cli.config.as_deref(),
+            Env::prefixed("ROUTER_").split("__"),
+            cli,
+        )
     }
 
     /// The reconnect backoff bounds.

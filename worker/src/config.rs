@@ -4,8 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::Parser;
-use figment::providers::{Env, Format, Serialized, Toml};
-use figment::Figment;
+use figment::providers::Env;
 use serde::{Deserialize, Serialize};
 
 use crate::backend::cpu::KvDtype;
@@ -250,16 +249,12 @@ impl WorkerSettings {
     /// would otherwise be ignored), or a value of the wrong type (figment's message names the key and
     /// where it came from).
     pub fn load(cli: &Cli) -> Result<Self, Box<figment::Error>> {
-        let mut figment = Figment::from(Serialized::defaults(Self::default()));
-        if let Some(path) = &cli.config {
-            observability::settings_file::check_known_keys(&Self::default(), path)?;
-            figment = figment.merge(Toml::file_exact(path));
-        }
-        figment
-            .merge(Env::prefixed("WORKER_").ignore(&["config"]))
-            .merge(Serialized::defaults(cli))
-            .extract()
-            .map_err(Box::new)
+        observability::settings_file::load(
+            &Self::default(),
+            cli.config.as_deref(),
+            Env::prefixed("WORKER_"),
+            cli,
+        )
     }
 
     /// Checks what the file and environment cannot type-check: a model path is given, the block
