@@ -155,7 +155,7 @@ async fn run(settings: WorkerSettings, backend: Backend) -> anyhow::Result<()> {
                 prepared,
                 move |file: &gguf::GgufFile| CudaModel::from_file(file, gpu, options),
                 |model: &CudaModel, config: &EngineConfig| {
-                    model.check_kv_fits(config.num_blocks, config.block_size)
+                    Ok(model.check_kv_fits(config.num_blocks, config.block_size)?)
                 },
             )
             .await
@@ -183,7 +183,7 @@ where
     M: BatchModel,
     E: Into<anyhow::Error>,
     L: FnOnce(&gguf::GgufFile) -> Result<M, E> + Send + 'static,
-    C: FnOnce(&M, &EngineConfig) -> Result<(), String>,
+    C: FnOnce(&M, &EngineConfig) -> anyhow::Result<()>,
 {
     let Prepared {
         settings,

@@ -34,7 +34,7 @@ fn every_kernel_compiles_for_sm80_and_sm90_in_both_modes() {
         for arch in ARCHS {
             for numerics in [Numerics::Exact, Numerics::Fast] {
                 match compile(file, arch, numerics, true) {
-                    Err(e) => failures.push(e),
+                    Err(e) => failures.push(e.to_string()),
                     Ok(module) => {
                         assert!(
                             module.cubin.starts_with(b"\x7fELF"),

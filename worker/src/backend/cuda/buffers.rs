@@ -8,7 +8,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
 
 use super::compile::Numerics;
-use super::model::driver;
+use super::error::{driver, CudaError};
 use crate::arch::ModelDesc;
 
 /// Sizes of the step buffers, in elements of rows / logit rows / block-table entries / tile ints.
@@ -83,11 +83,11 @@ impl StepBuffers {
         c: &ModelDesc,
         numerics: Numerics,
         cap: Capacity,
-    ) -> Result<StepBuffers, String> {
+    ) -> Result<StepBuffers, CudaError> {
         fn z<T: DeviceRepr + ValidAsZeroBits>(
             stream: &Arc<CudaStream>,
             n: usize,
-        ) -> Result<CudaSlice<T>, String> {
+        ) -> Result<CudaSlice<T>, CudaError> {
             driver("allocating step buffers", stream.alloc_zeros::<T>(n.max(1)))
         }
         let a = numerics.act_bytes();

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use sha2::{Digest, Sha256};
 
 use super::compile::{compile, compile_options, Numerics};
+use super::error::CudaError;
 use super::kernels::KernelFile;
 
 /// Bumped when the cache's format or the meaning of a key changes.
@@ -70,13 +71,13 @@ impl ModuleCache {
     /// Returns the image and whether it came from the cache. A cache that cannot be written only
     /// logs a warning.
     ///
-    /// Errors: a miss with NVRTC unavailable, or a compile error.
+    /// Errors: a miss with NVRTC unavailable, or a compile error (see [`compile`]).
     pub fn load_or_compile(
         &self,
         file: &KernelFile,
         arch: &str,
         numerics: Numerics,
-    ) -> Result<(Vec<u8>, bool), String> {
+    ) -> Result<(Vec<u8>, bool), CudaError> {
         let path = self.path(file, &cache_key(file, arch, numerics));
         if let Ok(bytes) = std::fs::read(&path) {
             if !bytes.is_empty() {

@@ -8,11 +8,12 @@
 
 use std::ffi::{c_char, CStr, CString};
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
 use serde::{Deserialize, Serialize};
 
+use super::error::{CudaError, NvrtcUnavailable};
 use super::kernels::KernelFile;
 
 /// The numeric mode of the CUDA backend, fixed when the kernels are compiled.
@@ -90,10 +91,10 @@ pub fn nvrtc_lib_dir() -> Option<PathBuf> {
 /// Makes NVRTC callable: preloads `libnvrtc.so.12` (and its builtins) from [`nvrtc_lib_dir`] when
 /// that folder has it, then checks that cudarc can load the library. Idempotent.
 ///
-/// Errors: a message naming what was searched (the library is optional until a kernel must be
-/// compiled: cached CUBINs need no NVRTC).
-pub fn load_nvrtc() -> Result<(), String> {
-    static LOADED: OnceLock<Result<(), String>> = OnceLock::new();
+/// Errors: [`CudaError::NvrtcUnavailable`], naming what was searched (the library is optional
+/// until a kernel must be compiled: cached CUBINs need no NVRTC).
+pub fn load_nvrtc() -> Result<(), CudaError> {
+    static LOADED: OnceLock<Result<(), NvrtcUnavailable>> = OnceLock::new();
     LOADED
         .get_or_init(|| {
             if let Some(dir) = nvrtc_lib_dir() {
@@ -103,22 +104,24 @@ pub fn load_nvrtc() -> Result<(), String> {
             if unsafe { nvrtc_sys::is_culib_present() } {
                 Ok(())
             } else {
-                Err("NVRTC (libnvrtc.so.12) not found: install the CUDA 12 toolkit's NVRTC, or run \
-                     scripts/fetch-nvrtc and set NVRTC_LIB_DIR to the folder it prints"
-                    .to_string())
+                Err(NvrtcUnavailable::NotFound)
             }
         })
         .clone()
+        .map_err(CudaError::from)
 }
 
-fn preload_from(dir: &Path) -> Result<(), String> {
+fn preload_from(dir: &Path) -> Result<(), NvrtcUnavailable> {
     let main = dir.join("libnvrtc.so.12");
     if !main.is_file() {
-        return Err(format!("{} does not exist", main.display()));
+        return Err(NvrtcUnavailable::MissingLibrary(main));
     }
     // Builtins first (libnvrtc loads them by name at compile time), then the library itself.
     let mut names: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map_err(|e| format!("reading {}: {e}", dir.display()))?
+        .map_err(|e| NvrtcUnavailable::ReadDir {
+            dir: dir.to_path_buf(),
+            error: Arc::new(e),
+        })?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| {
             p.file_name()
@@ -131,46 +134,65 @@ fn preload_from(dir: &Path) -> Result<(), String> {
     for path in names {
         // SAFETY: loading NVIDIA's NVRTC libraries, whose initialisers have no preconditions. The
         // handles are leaked on purpose: the libraries stay loaded for the life of the process.
-        let lib = unsafe { libloading::Library::new(&path) }
-            .map_err(|e| format!("loading {}: {e}", path.display()))?;
+        let lib =
+            unsafe { libloading::Library::new(&path) }.map_err(|e| NvrtcUnavailable::Load {
+                path: path.clone(),
+                error: Arc::new(e),
+            })?;
         std::mem::forget(lib);
     }
     Ok(())
 }
 
 /// NVRTC's version, `(major, minor)`. Errors when NVRTC cannot be loaded.
-pub fn nvrtc_version() -> Result<(i32, i32), String> {
+pub fn nvrtc_version() -> Result<(i32, i32), CudaError> {
     load_nvrtc()?;
     let (mut major, mut minor) = (0, 0);
     // SAFETY: two valid out-pointers.
     let rc = unsafe { nvrtc_sys::nvrtcVersion(&mut major, &mut minor) };
-    nvrtc_result(rc).map_err(|e| format!("nvrtcVersion: {e}"))?;
+    nvrtc_result(rc, None, "nvrtcVersion")?;
     Ok((major, minor))
 }
 
-fn nvrtc_result(rc: nvrtc_sys::nvrtcResult) -> Result<(), String> {
+/// `rc` as a result: [`CudaError::NvrtcCall`] of `call` (about kernel file `file`) unless it is
+/// `NVRTC_SUCCESS`.
+fn nvrtc_result(
+    rc: nvrtc_sys::nvrtcResult,
+    file: Option<&'static str>,
+    call: &'static str,
+) -> Result<(), CudaError> {
     if rc == nvrtc_sys::nvrtcResult::NVRTC_SUCCESS {
         Ok(())
     } else {
-        Err(format!("{rc:?}"))
+        Err(CudaError::NvrtcCall {
+            file,
+            call,
+            status: rc,
+        })
     }
 }
 
 /// Compiles `file` (with the prelude) for `arch` in mode `numerics` to a CUBIN.
 ///
-/// Errors: NVRTC missing, or the compile failed (the message holds NVRTC's log with file and line).
+/// Errors: [`CudaError::NvrtcUnavailable`], [`CudaError::Compile`] (the message holds NVRTC's log
+/// with file and line), or another NVRTC call failing ([`CudaError::NvrtcCreateProgram`],
+/// [`CudaError::NvrtcCall`], [`CudaError::NulInSource`]).
 pub fn compile(
     file: &KernelFile,
     arch: &str,
     numerics: Numerics,
     verbose: bool,
-) -> Result<CompiledModule, String> {
+) -> Result<CompiledModule, CudaError> {
     load_nvrtc()?;
-    let src = CString::new(file.full_source()).map_err(|e| e.to_string())?;
-    let name = CString::new(file.name).map_err(|e| e.to_string())?;
+    let src = CString::new(file.full_source()).map_err(CudaError::NulInSource)?;
+    let name = CString::new(file.name).map_err(CudaError::NulInSource)?;
     let options = compile_options(arch, numerics, verbose);
-    let prog = nvrtc::create_program(&src, Some(&name))
-        .map_err(|e| format!("{}: creating the NVRTC program: {e:?}", file.name))?;
+    let prog = nvrtc::create_program(&src, Some(&name)).map_err(|error| {
+        CudaError::NvrtcCreateProgram {
+            file: file.name,
+            error,
+        }
+    })?;
     let _guard = ProgramGuard(prog);
     // SAFETY: `prog` is a live program; the options are NUL-free strings.
     let compiled = unsafe { nvrtc::compile_program(prog, &options) };
@@ -178,21 +200,23 @@ pub fn compile(
     let log = unsafe { nvrtc::get_program_log(prog) }
         .map(|raw| c_chars_to_string(&raw))
         .unwrap_or_default();
-    if let Err(e) = compiled {
-        return Err(format!(
-            "{} ({arch}, {}): {e:?}\n{log}",
-            file.name,
-            numerics.as_str()
-        ));
+    if let Err(status) = compiled {
+        return Err(CudaError::Compile {
+            file: file.name,
+            arch: arch.to_string(),
+            numerics,
+            status,
+            log,
+        });
     }
     let mut size = 0usize;
     // SAFETY: valid out-pointer; the program compiled.
-    nvrtc_result(unsafe { nvrtc_sys::nvrtcGetCUBINSize(prog, &mut size) })
-        .map_err(|e| format!("{}: nvrtcGetCUBINSize: {e}", file.name))?;
+    let rc = unsafe { nvrtc_sys::nvrtcGetCUBINSize(prog, &mut size) };
+    nvrtc_result(rc, Some(file.name), "nvrtcGetCUBINSize")?;
     let mut cubin = vec![0u8; size];
     // SAFETY: `cubin` has the size NVRTC reported.
-    nvrtc_result(unsafe { nvrtc_sys::nvrtcGetCUBIN(prog, cubin.as_mut_ptr() as *mut c_char) })
-        .map_err(|e| format!("{}: nvrtcGetCUBIN: {e}", file.name))?;
+    let rc = unsafe { nvrtc_sys::nvrtcGetCUBIN(prog, cubin.as_mut_ptr() as *mut c_char) };
+    nvrtc_result(rc, Some(file.name), "nvrtcGetCUBIN")?;
     Ok(CompiledModule { cubin, log })
 }
 
@@ -299,6 +323,25 @@ mod tests {
             (Numerics::Exact.act_bytes(), Numerics::Fast.act_bytes()),
             (4, 2)
         );
+    }
+
+    #[test]
+    fn preload_names_the_missing_library() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = preload_from(dir.path()).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!("{}/libnvrtc.so.12 does not exist", dir.path().display())
+        );
+        let lib = dir.path().join("libnvrtc.so.12");
+        std::fs::write(&lib, b"not an ELF").unwrap();
+        let err = preload_from(dir.path()).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with(&format!("loading {}: ", lib.display())),
+            "{err}"
+        );
+        assert!(matches!(err, NvrtcUnavailable::Load { path, .. } if path == lib));
     }
 
     #[test]

@@ -7,6 +7,7 @@ use cudarc::driver::{sys as driver_sys, CudaContext};
 use serde::{Deserialize, Serialize};
 
 use super::compile::arch_name;
+use super::error::{driver, CudaError};
 
 /// The `device` setting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -46,33 +47,34 @@ pub enum Backend {
 
 /// Opens CUDA device `ordinal`.
 ///
-/// Errors (one line): the driver library cannot be loaded, `cuInit` fails (e.g. no device or a driver
-/// too old for CUDA 12), or the ordinal is out of range.
-pub fn probe(ordinal: usize) -> Result<GpuInfo, String> {
+/// Errors (one line): [`CudaError::NoDriver`] (the driver library cannot be loaded),
+/// [`CudaError::Driver`] (`cuInit` fails, e.g. no device or a driver too old for CUDA 12),
+/// [`CudaError::NoGpu`], [`CudaError::OrdinalOutOfRange`], [`CudaError::ComputeCapabilityTooOld`],
+/// or [`CudaError::DriverPanicked`].
+pub fn probe(ordinal: usize) -> Result<GpuInfo, CudaError> {
     // cudarc panics when a symbol is missing from an old driver; report that as an error too.
-    let outcome = std::panic::catch_unwind(|| -> Result<GpuInfo, String> {
+    let outcome = std::panic::catch_unwind(|| -> Result<GpuInfo, CudaError> {
         // SAFETY: dlopen of the driver library by name; the handle is dropped again.
         if !unsafe { driver_sys::is_culib_present() } {
-            return Err("no CUDA driver: libcuda.so could not be loaded".into());
+            return Err(CudaError::NoDriver);
         }
-        cudarc::driver::result::init().map_err(|e| format!("cuInit failed: {e}"))?;
-        let count = CudaContext::device_count().map_err(|e| format!("cuDeviceGetCount: {e}"))?;
+        driver("cuInit failed", cudarc::driver::result::init())?;
+        let count = driver("cuDeviceGetCount", CudaContext::device_count())?;
         if count <= 0 {
-            return Err("the CUDA driver reports no GPU".into());
+            return Err(CudaError::NoGpu);
         }
-        if ordinal >= count as usize {
-            return Err(format!(
-                "cuda_device {ordinal} does not exist (the driver reports {count} GPU(s))"
-            ));
+        let count = count as usize;
+        if ordinal >= count {
+            return Err(CudaError::OrdinalOutOfRange { ordinal, count });
         }
-        let ctx = CudaContext::new(ordinal).map_err(|e| format!("creating a CUDA context: {e}"))?;
-        let (major, minor) = ctx
-            .compute_capability()
-            .map_err(|e| format!("reading the compute capability: {e}"))?;
+        let ctx = driver("creating a CUDA context", CudaContext::new(ordinal))?;
+        let (major, minor) = driver("reading the compute capability", ctx.compute_capability())?;
         if major < 8 {
-            return Err(format!(
-                "GPU {ordinal} has compute capability {major}.{minor}; the kernels need 8.0 or newer"
-            ));
+            return Err(CudaError::ComputeCapabilityTooOld {
+                ordinal,
+                major,
+                minor,
+            });
         }
         Ok(GpuInfo {
             name: ctx.name().unwrap_or_else(|_| "unknown GPU".into()),
@@ -84,33 +86,35 @@ pub fn probe(ordinal: usize) -> Result<GpuInfo, String> {
     });
     match outcome {
         Ok(result) => result,
-        Err(panic) => Err(format!(
-            "the CUDA driver is unusable: {}",
-            panic
+        Err(panic) => Err(CudaError::DriverPanicked {
+            message: panic
                 .downcast_ref::<String>()
                 .map(String::as_str)
                 .or_else(|| panic.downcast_ref::<&str>().copied())
                 .unwrap_or("panic while probing")
-        )),
+                .to_string(),
+        }),
     }
 }
 
 /// Resolves the `device` setting with `probe_gpu` (normally [`probe`] of the configured ordinal).
 ///
-/// Errors: `device = cuda` and the probe failed; the message is one line, names the setting and says
-/// what was found, e.g. `device = "cuda" but no usable GPU: no CUDA driver: libcuda.so could not be
+/// Errors: [`CudaError::NoUsableGpu`] when `device = cuda` and the probe failed; the message is one
+/// line, names the setting and says what was found, e.g. `device = "cuda" but no usable GPU: no CUDA driver: libcuda.so could not be
 /// loaded (use --device cpu or auto)`.
 pub fn choose_backend(
     kind: DeviceKind,
-    probe_gpu: impl FnOnce() -> Result<GpuInfo, String>,
-) -> Result<Backend, String> {
+    probe_gpu: impl FnOnce() -> Result<GpuInfo, CudaError>,
+) -> Result<Backend, CudaError> {
     match kind {
         DeviceKind::Cpu => Ok(Backend::Cpu {
             reason: "device = cpu".into(),
         }),
-        DeviceKind::Cuda => probe_gpu().map(Backend::Cuda).map_err(|e| {
-            format!("device = \"cuda\" but no usable GPU: {e} (use --device cpu or auto)")
-        }),
+        DeviceKind::Cuda => probe_gpu()
+            .map(Backend::Cuda)
+            .map_err(|e| CudaError::NoUsableGpu {
+                reason: Box::new(e),
+            }),
         DeviceKind::Auto => Ok(match probe_gpu() {
             Ok(gpu) => Backend::Cuda(gpu),
             Err(e) => Backend::Cpu {
@@ -126,12 +130,21 @@ mod tests {
 
     #[test]
     fn cuda_without_gpu_is_an_error_auto_falls_back() {
-        let none = || Err::<GpuInfo, _>("no CUDA driver".to_string());
+        let none = || Err::<GpuInfo, _>(CudaError::NoDriver);
         let err = choose_backend(DeviceKind::Cuda, none).unwrap_err();
-        assert!(err.starts_with("device = \"cuda\" but no usable GPU: no CUDA driver"));
-        assert!(!err.contains('\n'));
+        assert!(
+            matches!(&err, CudaError::NoUsableGpu { reason } if matches!(**reason, CudaError::NoDriver))
+        );
+        assert_eq!(
+            err.to_string(),
+            "device = \"cuda\" but no usable GPU: no CUDA driver: libcuda.so could not be loaded \
+             (use --device cpu or auto)"
+        );
         match choose_backend(DeviceKind::Auto, none).unwrap() {
-            Backend::Cpu { reason } => assert!(reason.contains("no CUDA driver")),
+            Backend::Cpu { reason } => assert_eq!(
+                reason,
+                "device = auto and no usable GPU: no CUDA driver: libcuda.so could not be loaded"
+            ),
             Backend::Cuda(_) => panic!("auto picked CUDA without a GPU"),
         }
         let cpu = choose_backend(DeviceKind::Cpu, || panic!("cpu must not probe")).unwrap();

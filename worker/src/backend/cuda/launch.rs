@@ -3,6 +3,8 @@
 
 use cudarc::driver::LaunchConfig;
 
+use super::error::LaunchShapeError;
+
 /// Rows up to which the matrix kernels use `gemv_*` (4 rows per warp pass); above, `gemm_*`.
 pub const GEMV_MAX_ROWS: usize = 8;
 /// Threads of the row-wise kernels (embedding, RoPE, KV write, gather).
@@ -102,26 +104,27 @@ pub fn attention_decode_smem(head_dim: usize, max_keys: usize) -> usize {
 
 /// `attention_decode`: grid (rows, heads), 128 threads.
 ///
-/// Errors: `head_dim` neither divides 128 nor is a multiple of it (the kernel's thread groups), or
-/// the shared memory needed exceeds `smem_limit` (the opt-in limit set at load).
+/// Errors: [`LaunchShapeError::HeadDim`] when `head_dim` neither divides 128 nor is a multiple of it
+/// (the kernel's thread groups), [`LaunchShapeError::SharedMemory`] when the shared memory needed
+/// exceeds `smem_limit` (the opt-in limit set at load).
 pub fn attention_decode(
     n_rows: usize,
     n_heads: usize,
     head_dim: usize,
     max_keys: usize,
     smem_limit: usize,
-) -> Result<LaunchConfig, String> {
+) -> Result<LaunchConfig, LaunchShapeError> {
     let threads = ATTENTION_THREADS as usize;
     if head_dim == 0 || !(threads.is_multiple_of(head_dim) || head_dim.is_multiple_of(threads)) {
-        return Err(format!(
-            "head_dim {head_dim} must divide {threads} or be a multiple of it"
-        ));
+        return Err(LaunchShapeError::HeadDim { head_dim, threads });
     }
     let smem = attention_decode_smem(head_dim, max_keys);
     if smem > smem_limit {
-        return Err(format!(
-            "attention over {max_keys} keys needs {smem} bytes of shared memory, the limit is {smem_limit}"
-        ));
+        return Err(LaunchShapeError::SharedMemory {
+            max_keys,
+            smem,
+            limit: smem_limit,
+        });
     }
     Ok(LaunchConfig {
         grid_dim: (n_rows.max(1) as u32, n_heads as u32, 1),
@@ -169,12 +172,22 @@ mod tests {
         let c = attention_decode(5, 9, 64, 8192, DEFAULT_SMEM_LIMIT).unwrap();
         assert_eq!(c.grid_dim, (5, 9, 1));
         assert_eq!(c.shared_mem_bytes as usize, (64 + 256 + 8192) * 4);
-        assert!(attention_decode(1, 9, 48, 10, DEFAULT_SMEM_LIMIT).is_err());
+        assert_eq!(
+            attention_decode(1, 9, 48, 10, DEFAULT_SMEM_LIMIT)
+                .unwrap_err()
+                .to_string(),
+            "head_dim 48 must divide 128 or be a multiple of it"
+        );
         assert!(attention_decode(1, 9, 192, 10, DEFAULT_SMEM_LIMIT).is_err());
         // Gemma's 256-wide heads: whole multiples of the block.
         let c = attention_decode(2, 4, 256, 100, DEFAULT_SMEM_LIMIT).unwrap();
         assert_eq!(c.shared_mem_bytes as usize, (256 + 256 + 100) * 4);
-        assert!(attention_decode(1, 9, 64, 20_000, DEFAULT_SMEM_LIMIT).is_err());
+        assert_eq!(
+            attention_decode(1, 9, 64, 20_000, DEFAULT_SMEM_LIMIT)
+                .unwrap_err()
+                .to_string(),
+            "attention over 20000 keys needs 81280 bytes of shared memory, the limit is 49152"
+        );
         assert_eq!(attention_prefill(3, 9).grid_dim, (3, 9, 1));
     }
 }

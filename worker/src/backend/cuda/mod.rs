@@ -12,12 +12,14 @@
 //!   buffers; [`launch`]: launch shapes; [`graphs`]: decode batch buckets and captured CUDA graphs.
 //! - [`kv`]: the KV cache ([`GpuKv`]), GPU blocks addressed through the engine's block tables.
 //! - [`model`]: [`CudaModel`], the forward pass and the `BatchModel` impl.
+//! - [`error`]: [`CudaError`], what can fail in all of the above.
 
 pub mod block_table;
 pub mod buffers;
 pub mod cache;
 pub mod compile;
 pub mod device;
+pub mod error;
 pub mod graphs;
 pub mod kernels;
 pub mod kv;
@@ -27,5 +29,6 @@ pub mod weights;
 
 pub use compile::Numerics;
 pub use device::{choose_backend, probe, Backend, DeviceKind, GpuInfo};
+pub use error::CudaError;
 pub use kv::GpuKv;
 pub use model::{unverified_architecture, CudaModel, CudaOptions};

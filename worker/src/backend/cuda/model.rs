@@ -32,6 +32,7 @@ use super::buffers::{Capacity, StepBuffers};
 use super::cache::ModuleCache;
 use super::compile::Numerics;
 use super::device::GpuInfo;
+use super::error::{driver, CudaError};
 use super::graphs::{bucket_for, decode_buckets, Captured, DecodeGraphs};
 use super::kernels::FILES;
 use super::kv::{GpuKv, KvBlocks};
@@ -61,19 +62,12 @@ pub struct CudaOptions {
     pub verified_only: bool,
 }
 
-/// Why `desc` cannot run on CUDA when only verified paths are allowed: the kernels of every
-/// architecture but plain Llama (biases, q/k norms, post-norms, GeGLU, soft-caps, sliding
-/// windows, RoPE factors) are compile-checked and host-emulated but have not run on a GPU.
-/// `None` when it can.
-pub fn unverified_architecture(desc: &ModelDesc) -> Option<String> {
-    (!desc.is_plain_llama()).then(|| {
-        format!(
-            "the CUDA path of this `{}` model has not been verified on a GPU yet (only plain Llama \
-             has); with device = auto the worker refuses it: use --device cpu, or --device cuda \
-             to run it anyway",
-            desc.arch
-        )
-    })
+/// Why `desc` cannot run on CUDA when only verified paths are allowed
+/// ([`CudaError::UnverifiedArchitecture`]): the kernels of every architecture but plain Llama
+/// (biases, q/k norms, post-norms, GeGLU, soft-caps, sliding windows, RoPE factors) are
+/// compile-checked and host-emulated but have not run on a GPU. `None` when it can.
+pub fn unverified_architecture(desc: &ModelDesc) -> Option<CudaError> {
+    (!desc.is_plain_llama()).then_some(CudaError::UnverifiedArchitecture { arch: desc.arch })
 }
 
 /// A model of any supported architecture on a GPU.
@@ -88,22 +82,18 @@ pub struct CudaModel {
     smem_limit: usize,
 }
 
-pub(super) fn driver<T>(
-    what: &str,
-    r: Result<T, cudarc::driver::DriverError>,
-) -> Result<T, String> {
-    r.map_err(|e| format!("{what}: {e}"))
-}
-
 impl CudaModel {
     /// Loads the model at `path` (a GGUF file or a Hugging Face folder) onto `gpu`: reads and checks the config and weights like the
     /// CPU model, compiles (or takes from the cache) every kernel file for the GPU's architecture,
     /// and uploads the weights.
     ///
-    /// Errors: the CPU model's load errors ([`ModelError`]), a kernel that cannot be compiled (NVRTC
-    /// missing on a cache miss, or a compile error), a head size the attention kernel does not
-    /// support, or a driver error (e.g. out of memory).
-    pub fn load(path: &Path, gpu: GpuInfo, options: CudaOptions) -> anyhow::Result<CudaModel> {
+    /// Errors: the CPU model's load errors ([`CudaError::Model`]), an architecture refused by
+    /// `verified_only` ([`CudaError::UnverifiedArchitecture`]), a kernel that cannot be compiled
+    /// (NVRTC missing on a cache miss, or a compile error: [`CudaError::NvrtcUnavailable`],
+    /// [`CudaError::Compile`]), a head size or context the attention kernel does not support
+    /// ([`CudaError::ModelUnsupported`]), or a driver error, e.g. out of memory
+    /// ([`CudaError::Driver`]).
+    pub fn load(path: &Path, gpu: GpuInfo, options: CudaOptions) -> Result<CudaModel, CudaError> {
         let file = model_files::open(path).map_err(ModelError::from)?;
         CudaModel::from_file(&file, gpu, options)
     }
@@ -114,39 +104,34 @@ impl CudaModel {
         file: &gguf::GgufFile,
         gpu: GpuInfo,
         options: CudaOptions,
-    ) -> anyhow::Result<CudaModel> {
+    ) -> Result<CudaModel, CudaError> {
         let config = ModelDesc::from_source(file).map_err(ModelError::from)?;
         if options.verified_only {
             if let Some(why) = unverified_architecture(&config) {
-                anyhow::bail!(why);
+                return Err(why);
             }
         }
         let host = HostWeights::load(file, &config)?;
         let ctx = gpu.ctx.clone();
-        driver("binding the CUDA context", ctx.bind_to_thread()).map_err(anyhow::Error::msg)?;
+        driver("binding the CUDA context", ctx.bind_to_thread())?;
         // One stream, so cudarc's cross-stream event tracking is not needed (and it would put event
         // records into captured graphs).
         // SAFETY: no allocation has been made on this context by this model yet; all work of the
         // model is ordered on its single stream.
         unsafe { ctx.disable_event_tracking() };
-        let stream =
-            driver("creating a CUDA stream", ctx.new_stream()).map_err(anyhow::Error::msg)?;
+        let stream = driver("creating a CUDA stream", ctx.new_stream())?;
         let cache = ModuleCache::new(&options.cache_dir);
         let mut funcs = HashMap::new();
         let (mut hits, started) = (0, std::time::Instant::now());
         for file in FILES {
-            let (cubin, hit) = cache
-                .load_or_compile(file, &gpu.arch, options.numerics)
-                .map_err(anyhow::Error::msg)?;
+            let (cubin, hit) = cache.load_or_compile(file, &gpu.arch, options.numerics)?;
             hits += usize::from(hit);
             let module = driver(
                 &format!("loading {}", file.name),
                 ctx.load_module(Ptx::from_binary(cubin)),
-            )
-            .map_err(anyhow::Error::msg)?;
+            )?;
             for &k in file.kernels {
-                let f = driver(&format!("kernel {k}"), module.load_function(k))
-                    .map_err(anyhow::Error::msg)?;
+                let f = driver(&format!("kernel {k}"), module.load_function(k))?;
                 funcs.insert(k, f);
             }
         }
@@ -169,8 +154,7 @@ impl CudaModel {
                 ctx.attribute(
                     driver_sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
                 ),
-            )
-            .map_err(anyhow::Error::msg)? as usize;
+            )? as usize;
             smem_limit = needed.min(optin);
             driver(
                 "raising attention's shared memory",
@@ -178,8 +162,7 @@ impl CudaModel {
                     driver_sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                     smem_limit as i32,
                 ),
-            )
-            .map_err(anyhow::Error::msg)?;
+            )?;
         }
         launch::attention_decode(
             1,
@@ -188,8 +171,8 @@ impl CudaModel {
             config.context_length,
             smem_limit,
         )
-        .map_err(|e| anyhow::anyhow!("this model cannot run on the CUDA backend: {e}"))?;
-        let weights = GpuWeights::upload(&host, &stream).map_err(anyhow::Error::msg)?;
+        .map_err(CudaError::ModelUnsupported)?;
+        let weights = GpuWeights::upload(&host, &stream)?;
         tracing::info!(
             gpu = %gpu.name,
             weight_mib = host.device_bytes() >> 20,
@@ -228,19 +211,17 @@ impl CudaModel {
     }
 
     /// Checks that a KV pool of `num_blocks` blocks of `block_size` tokens fits in the GPU's free
-    /// memory (keeping 512 MiB for step buffers and graphs). Errors: a message with both sizes.
-    pub fn check_kv_fits(&self, num_blocks: usize, block_size: usize) -> Result<(), String> {
+    /// memory (keeping 512 MiB for step buffers and graphs).
+    ///
+    /// Errors: [`CudaError::KvCacheTooLarge`] with both sizes, or [`CudaError::Driver`] when the
+    /// free memory cannot be read.
+    pub fn check_kv_fits(&self, num_blocks: usize, block_size: usize) -> Result<(), CudaError> {
         let _ = self.gpu.ctx.bind_to_thread();
         let (free, _) = driver("reading free memory", self.gpu.ctx.mem_get_info())?;
         let need = num_blocks * block_size * self.kv_bytes_per_token();
         let reserve = 512usize << 20;
         if need + reserve > free {
-            return Err(format!(
-                "the KV cache needs {} MiB but the GPU has {} MiB free (512 MiB are kept for step \
-                 buffers); lower kv_cache_mib or kv_cache_blocks",
-                need >> 20,
-                free >> 20
-            ));
+            return Err(CudaError::KvCacheTooLarge { need, free });
         }
         Ok(())
     }
@@ -258,12 +239,12 @@ impl CudaModel {
         }
     }
 
-    fn upload(&self, buf: &mut StepBuffers, s: &StepInputs) -> Result<(), String> {
+    fn upload(&self, buf: &mut StepBuffers, s: &StepInputs) -> Result<(), CudaError> {
         fn put<T: DeviceRepr>(
             stream: &Arc<CudaStream>,
             host: &[T],
             dev: &mut CudaSlice<T>,
-        ) -> Result<(), String> {
+        ) -> Result<(), CudaError> {
             if host.is_empty() {
                 return Ok(());
             }
@@ -282,7 +263,7 @@ impl CudaModel {
         put(&self.stream, &s.prefill_tiles, &mut buf.tiles)
     }
 
-    fn download(&self, buf: &StepBuffers, n_logits: usize) -> Result<Vec<Vec<f32>>, String> {
+    fn download(&self, buf: &StepBuffers, n_logits: usize) -> Result<Vec<Vec<f32>>, CudaError> {
         let vocab = self.config.vocab_size;
         let mut host = vec![0.0f32; n_logits * vocab];
         if n_logits > 0 {
@@ -297,7 +278,7 @@ impl CudaModel {
     }
 
     /// Makes sure `kv` has step buffers for `need`, reallocating (and dropping the graphs) if not.
-    fn ensure_buffers(&self, kv: &mut GpuKv, need: Capacity) -> Result<(), String> {
+    fn ensure_buffers(&self, kv: &mut GpuKv, need: Capacity) -> Result<(), CudaError> {
         if kv.buffers.as_ref().is_some_and(|b| b.cap.covers(&need)) {
             return Ok(());
         }
@@ -314,9 +295,14 @@ impl CudaModel {
         Ok(())
     }
 
-    fn forward(&self, batch: &[BatchEntry<'_>], kv: &mut GpuKv) -> anyhow::Result<Vec<Vec<f32>>> {
-        driver("binding the CUDA context", self.gpu.ctx.bind_to_thread())
-            .map_err(anyhow::Error::msg)?;
+    /// One step (see the module docs). Errors: the batch checks' [`CudaError::Model`], or a driver
+    /// or launch error.
+    fn forward(
+        &self,
+        batch: &[BatchEntry<'_>],
+        kv: &mut GpuKv,
+    ) -> Result<Vec<Vec<f32>>, CudaError> {
+        driver("binding the CUDA context", self.gpu.ctx.bind_to_thread())?;
         let fast = self.options.numerics == Numerics::Fast;
         // Heads wider than the tiled prefill kernel's run every query through the decode kernel.
         let tiled = fast && self.config.head_dim <= launch::PREFILL_MAX_HEAD_DIM;
@@ -326,9 +312,7 @@ impl CudaModel {
         }
         if s.is_pure_decode() {
             if let Some(bucket) = bucket_for(s.real_rows, &self.buckets) {
-                return self
-                    .decode_with_graph(batch, kv, bucket)
-                    .map_err(anyhow::Error::msg);
+                return self.decode_with_graph(batch, kv, bucket);
             }
         }
         let need = Capacity {
@@ -337,9 +321,9 @@ impl CudaModel {
             tables: s.block_tables.len(),
             tiles: s.prefill_tiles.len(),
         };
-        self.ensure_buffers(kv, need).map_err(anyhow::Error::msg)?;
+        self.ensure_buffers(kv, need)?;
         let (blocks, buf) = kv.split();
-        self.upload(buf, &s).map_err(anyhow::Error::msg)?;
+        self.upload(buf, &s)?;
         self.record(
             blocks,
             buf,
@@ -348,10 +332,8 @@ impl CudaModel {
             s.prefill_tiles.len() / 4,
             s.table_stride,
             s.max_keys,
-        )
-        .map_err(anyhow::Error::msg)?;
+        )?;
         self.download(buf, s.logit_rows.len())
-            .map_err(anyhow::Error::msg)
     }
 
     /// A pure decode step through the graph of `bucket` (captured on first use).
@@ -360,10 +342,9 @@ impl CudaModel {
         batch: &[BatchEntry<'_>],
         kv: &mut GpuKv,
         bucket: usize,
-    ) -> Result<Vec<Vec<f32>>, String> {
+    ) -> Result<Vec<Vec<f32>>, CudaError> {
         let stride = self.config.context_length.div_ceil(kv.blocks.block_size);
-        let mut s =
-            pack_step(batch, self.limits(kv), Some(stride), false).map_err(|e| e.to_string())?;
+        let mut s = pack_step(batch, self.limits(kv), Some(stride), false)?;
         let real = s.real_rows;
         s.pad_to(bucket);
         let need = Capacity {
@@ -395,8 +376,8 @@ impl CudaModel {
             let flags = driver_sys::CUgraphInstantiate_flags(0);
             let ended = self.stream.end_capture(flags);
             recorded?;
-            let graph = driver("capturing a decode graph", ended)?
-                .ok_or_else(|| "graph capture produced no graph".to_string())?;
+            let graph =
+                driver("capturing a decode graph", ended)?.ok_or(CudaError::NoGraphCaptured)?;
             tracing::debug!(bucket, "captured a decode graph");
             graphs.insert(bucket, Captured(graph));
         }
@@ -447,7 +428,7 @@ impl BatchModel for CudaModel {
         batch: &[BatchEntry<'_>],
         kv: &mut GpuKv,
     ) -> anyhow::Result<Vec<Vec<f32>>> {
-        self.forward(batch, kv)
+        Ok(self.forward(batch, kv)?)
     }
 
     fn context_length(&self) -> usize {

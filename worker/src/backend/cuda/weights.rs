@@ -17,6 +17,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, CudaStream};
 use gguf::{GgmlType, GgufFile, TensorData};
 
+use super::error::{driver, CudaError};
 use crate::arch::{layer_tensors, LayerTensors, ModelDesc};
 use crate::backend::ModelError;
 
@@ -272,9 +273,9 @@ impl GpuWeights {
 
     /// Uploads `host` on `stream` (synchronously).
     ///
-    /// Errors: a driver error (e.g. out of memory), as text.
-    pub fn upload(host: &HostWeights, stream: &Arc<CudaStream>) -> Result<GpuWeights, String> {
-        let up = |p: &HostPart| -> Result<GpuPart, String> {
+    /// Errors: [`CudaError::Driver`] (e.g. out of memory), naming the tensor when it is a matrix.
+    pub fn upload(host: &HostWeights, stream: &Arc<CudaStream>) -> Result<GpuWeights, CudaError> {
+        let up = |p: &HostPart| -> Result<GpuPart, CudaError> {
             Ok(GpuPart {
                 format: p.format,
                 format_id: p.format.id() as i32,
@@ -282,13 +283,17 @@ impl GpuWeights {
                 cols: p.cols,
                 data: stream
                     .clone_htod(p.bytes())
-                    .map_err(|e| format!("uploading {}: {e}", p.name))?,
+                    .map_err(|error| CudaError::Driver {
+                        what: format!("uploading {}", p.name),
+                        error,
+                    })?,
             })
         };
         let vec = |v: &[f32]| {
-            stream
-                .clone_htod(v)
-                .map_err(|e| format!("uploading a norm, bias or RoPE factors: {e}"))
+            driver(
+                "uploading a norm, bias or RoPE factors",
+                stream.clone_htod(v),
+            )
         };
         let mut layers = Vec::with_capacity(host.layers.len());
         for l in &host.layers {
@@ -316,9 +321,7 @@ impl GpuWeights {
             output: host.output.as_ref().map(up).transpose()?,
             rope_factors: vec(&host.rope_factors)?,
         };
-        stream
-            .synchronize()
-            .map_err(|e| format!("uploading the weights: {e}"))?;
+        driver("uploading the weights", stream.synchronize())?;
         Ok(w)
     }
 }

@@ -4,10 +4,11 @@
 use cudarc::driver::{CudaSlice, PushKernelArg};
 
 use super::super::buffers::StepBuffers;
+use super::super::error::{driver, CudaError};
 use super::super::kv::KvBlocks;
 use super::super::launch::{self, MatmulKernel, ROW_THREADS};
 use super::super::weights::{format_suffix, GpuPart};
-use super::{driver, CudaModel};
+use super::CudaModel;
 use crate::arch::{Activation, RopeStyle};
 
 impl CudaModel {
@@ -24,7 +25,7 @@ impl CudaModel {
         out_stride: usize,
         accumulate: bool,
         out_f32: bool,
-    ) -> Result<(), String> {
+    ) -> Result<(), CudaError> {
         let kind = MatmulKernel::for_rows(m);
         let mut off = 0usize;
         for p in parts {
@@ -53,7 +54,7 @@ impl CudaModel {
         n: usize,
         out: &CudaSlice<u8>,
         accumulate: bool,
-    ) -> Result<(), String> {
+    ) -> Result<(), CudaError> {
         let (ni, dim, eps) = (n as i32, self.config.hidden as i32, self.config.rms_eps);
         let acc = i32::from(accumulate);
         let mut b = self.stream.launch_builder(self.f("rmsnorm"));
@@ -81,7 +82,7 @@ impl CudaModel {
         n_tiles: usize,
         table_stride: usize,
         max_keys: usize,
-    ) -> Result<(), String> {
+    ) -> Result<(), CudaError> {
         let c = &self.config;
         let (hidden, q_dim, kv_dim, ffn) = (c.hidden, c.q_dim(), c.kv_dim(), c.ffn_dim);
         let width = q_dim + 2 * kv_dim;
@@ -290,7 +291,7 @@ impl CudaModel {
         k: usize,
         rows: usize,
         buf: &StepBuffers,
-    ) -> Result<(), String> {
+    ) -> Result<(), CudaError> {
         let hidden = self.config.hidden;
         let parts = std::slice::from_ref(w);
         match post_norm {
