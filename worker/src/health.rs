@@ -234,7 +234,7 @@ mod tests {
     use inference_proto::worker::{AddRequest, EngineStats, SamplingParams};
 
     use super::*;
-    use crate::backend::{BatchEntry, BatchModel};
+    use crate::backend::{BatchEntry, BatchModel, Logits};
     use crate::engine::{spawn_engine, Command};
 
     /// A model whose steps wait while `closed` is set (a hung engine), else take 1 ms.
@@ -252,16 +252,17 @@ mod tests {
             &self,
             batch: &[BatchEntry<'_>],
             _kv: &mut (),
-        ) -> anyhow::Result<Vec<Vec<f32>>> {
+            logits: &mut Logits,
+        ) -> anyhow::Result<()> {
             std::thread::sleep(Duration::from_millis(1));
             while self.closed.load(Ordering::Acquire) {
                 std::thread::sleep(Duration::from_millis(1));
             }
-            Ok(batch
-                .iter()
-                .filter(|e| e.want_logits)
-                .map(|_| vec![1.0, 0.0, 0.0, 0.0])
-                .collect())
+            logits.clear(4);
+            for _ in batch.iter().filter(|e| e.want_logits) {
+                logits.push_row(&[1.0, 0.0, 0.0, 0.0]);
+            }
+            Ok(())
         }
         fn context_length(&self) -> usize {
             100_000

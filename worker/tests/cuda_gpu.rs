@@ -36,7 +36,7 @@ use worker::backend::cpu::QMatrix;
 use worker::backend::cuda::cache::{cache_dir, ModuleCache};
 use worker::backend::cuda::kernels::FILES;
 use worker::backend::cuda::{probe, CudaModel, CudaOptions, GpuInfo, Numerics};
-use worker::backend::{BatchEntry, BatchModel};
+use worker::backend::{BatchEntry, BatchModel, Logits};
 use worker::sampler::argmax;
 
 #[path = "cuda_gpu/arch_ops.rs"]
@@ -275,9 +275,12 @@ fn run_greedy<M: BatchModel>(
                 want_logits: true,
             })
             .collect();
-        let mut logits = model.forward_batch(&entries, &mut kv).expect("prefill");
-        for (&i, l) in group.iter().zip(&logits) {
-            out[i].1 = l.clone();
+        let mut logits = Logits::new();
+        model
+            .forward_batch(&entries, &mut kv, &mut logits)
+            .expect("prefill");
+        for (&i, l) in group.iter().zip(logits.iter()) {
+            out[i].1 = l.to_vec();
         }
         for step in 0..steps {
             let next: Vec<u32> = logits.iter().map(|l| argmax(l) as u32).collect();
@@ -297,7 +300,9 @@ fn run_greedy<M: BatchModel>(
                     want_logits: true,
                 })
                 .collect();
-            logits = model.forward_batch(&entries, &mut kv).expect("decode");
+            model
+                .forward_batch(&entries, &mut kv, &mut logits)
+                .expect("decode");
         }
     }
     out

@@ -18,7 +18,7 @@ mod entry_limits;
 mod error;
 mod step_plan;
 
-pub use batch::{BatchEntry, BatchModel};
+pub use batch::{BatchEntry, BatchModel, Logits};
 pub use entry_limits::EntryLimits;
 pub use error::ModelError;
 pub use step_plan::{PlannedToken, StepPlan};

@@ -21,7 +21,7 @@ use super::monitor::{EngineSnapshot, Publisher};
 use super::scheduler::{Chunk, Scheduler, SchedulerConfig, SeqId};
 use super::sequence::{Sequence, StopReason};
 use super::{Command, ConnId, EngineHandle};
-use crate::backend::{BatchEntry, BatchModel};
+use crate::backend::{BatchEntry, BatchModel, Logits};
 use crate::kv::BlockPool;
 use crate::sampler::{Sampler, SamplingConfig};
 use structured_output::ConstraintState;
@@ -71,6 +71,8 @@ fn initial_stats(config: &EngineConfig) -> EngineStats {
 struct Engine<M: BatchModel> {
     model: M,
     kv: M::Kv,
+    /// The step's logits, written by the model and read by the sampler; kept from step to step.
+    logits: Logits,
     pool: BlockPool,
     scheduler: Scheduler,
     seqs: HashMap<SeqId, Sequence>,
@@ -89,6 +91,7 @@ impl<M: BatchModel> Engine<M> {
         Self {
             model,
             kv,
+            logits: Logits::new(),
             pool: BlockPool::new(config.num_blocks, config.block_size, config.prefix_caching),
             scheduler: Scheduler::new(config.scheduler),
             seqs: HashMap::new(),
@@ -296,11 +299,15 @@ impl<M: BatchModel> Engine<M> {
         // Structured output: the constrained sequences' masks are computed during the forward pass.
         let jobs = MaskJobs::take(&schedule.chunks, &mut self.seqs);
         let lent = jobs.ids();
-        let (logits, outcomes) = jobs.overlap(|| self.execute(&schedule.chunks));
+        let (executed, outcomes) = jobs.overlap(|| self.execute(&schedule.chunks));
         masks::restore(outcomes, &lent, &mut self.seqs);
         let mut per_conn: HashMap<ConnId, StepOutput> = HashMap::new();
-        match logits {
-            Ok(logits) => self.update(&schedule.chunks, logits, &mut per_conn),
+        match executed {
+            Ok(()) => {
+                let logits = std::mem::take(&mut self.logits);
+                self.update(&schedule.chunks, &logits, &mut per_conn);
+                self.logits = logits;
+            }
             Err(message) => {
                 for chunk in &schedule.chunks {
                     self.fail(chunk.seq, CODE_INTERNAL, message.clone(), &mut per_conn);
@@ -320,8 +327,9 @@ impl<M: BatchModel> Engine<M> {
         }
     }
 
-    /// Runs the batch; returns the logits of every chunk that ends its sequence's known tokens.
-    fn execute(&mut self, chunks: &[Chunk]) -> Result<Vec<Vec<f32>>, String> {
+    /// Runs the batch, leaving in `self.logits` the logits of every chunk that ends its
+    /// sequence's known tokens.
+    fn execute(&mut self, chunks: &[Chunk]) -> Result<(), String> {
         let entries: Vec<BatchEntry<'_>> = chunks
             .iter()
             .map(|c| {
@@ -337,8 +345,11 @@ impl<M: BatchModel> Engine<M> {
             .collect();
         let model = &self.model;
         let kv = &mut self.kv;
-        match catch_unwind(AssertUnwindSafe(|| model.forward_batch(&entries, kv))) {
-            Ok(Ok(logits)) => Ok(logits),
+        let logits = &mut self.logits;
+        match catch_unwind(AssertUnwindSafe(|| {
+            model.forward_batch(&entries, kv, logits)
+        })) {
+            Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(format!("model forward failed: {e:#}")),
             Err(_) => Err("model forward panicked".into()),
         }
@@ -347,10 +358,10 @@ impl<M: BatchModel> Engine<M> {
     fn update(
         &mut self,
         chunks: &[Chunk],
-        logits: Vec<Vec<f32>>,
+        logits: &Logits,
         per_conn: &mut HashMap<ConnId, StepOutput>,
     ) {
-        let mut logits = logits.into_iter();
+        let mut logits = logits.iter();
         for chunk in chunks {
             let seq = self.seqs.get_mut(&chunk.seq).expect("scheduled sequence");
             seq.computed += chunk.num_tokens;
@@ -366,7 +377,7 @@ impl<M: BatchModel> Engine<M> {
                 self.fail(chunk.seq, CODE_INTERNAL, message, per_conn);
                 continue;
             };
-            let (sampled, stop) = match seq.accept_logits(&row) {
+            let (sampled, stop) = match seq.accept_logits(row) {
                 Ok(accepted) => accepted,
                 Err(e) => {
                     // llguidance failed for this sequence: it fails, the engine goes on.

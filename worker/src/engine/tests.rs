@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::backend::{BatchEntry, BatchModel};
+use crate::backend::{BatchEntry, BatchModel, Logits};
 
 use inference_proto::public::{constraint::Kind, Constraint};
 use inference_proto::worker::{AddRequest, SamplingParams, StepOutput, StopReason};
@@ -40,11 +40,12 @@ impl BatchModel for SumModel {
         &self,
         batch: &[BatchEntry<'_>],
         kv: &mut SlotKv,
-    ) -> anyhow::Result<Vec<Vec<f32>>> {
+        out: &mut Logits,
+    ) -> anyhow::Result<()> {
         std::thread::sleep(Duration::from_millis(2));
         let bs = kv.block_size;
         let slot = |table: &[u32], pos: usize| table[pos / bs] as usize * bs + pos % bs;
-        let mut out = Vec::new();
+        out.clear(VOCAB as usize);
         for e in batch {
             anyhow::ensure!(!e.tokens.is_empty(), "empty entry");
             for (i, &t) in e.tokens.iter().enumerate() {
@@ -57,10 +58,10 @@ impl BatchModel for SumModel {
                     .sum();
                 let mut logits = vec![0.0; VOCAB as usize];
                 logits[((sum + end as u32) % VOCAB) as usize] = 10.0;
-                out.push(logits);
+                out.push_row(&logits);
             }
         }
-        Ok(out)
+        Ok(())
     }
     fn context_length(&self) -> usize {
         CONTEXT

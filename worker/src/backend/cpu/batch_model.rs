@@ -1,8 +1,8 @@
 //! [`crate::backend::BatchModel`] for the CPU llama model: a thin adapter over
-//! [`CpuModel::forward_batch`] and [`PagedKvCache`].
+//! [`CpuModel::forward_batch_into`] and [`PagedKvCache`].
 
 use super::{CpuModel, PagedKvCache};
-use crate::backend::{BatchEntry, BatchModel};
+use crate::backend::{BatchEntry, BatchModel, Logits};
 
 impl BatchModel for CpuModel {
     type Kv = PagedKvCache;
@@ -19,8 +19,9 @@ impl BatchModel for CpuModel {
         &self,
         batch: &[BatchEntry<'_>],
         kv: &mut PagedKvCache,
-    ) -> anyhow::Result<Vec<Vec<f32>>> {
-        Ok(CpuModel::forward_batch(self, batch, kv)?)
+        logits: &mut Logits,
+    ) -> anyhow::Result<()> {
+        Ok(CpuModel::forward_batch_into(self, batch, kv, logits)?)
     }
 
     fn context_length(&self) -> usize {

@@ -21,7 +21,7 @@ use super::ops::{
 use super::weights::ModelWeights;
 use super::{AlignedVec, KvDtype, PagedKvCache};
 use crate::arch::{ModelDesc, ModelSource};
-use crate::backend::{BatchEntry, EntryLimits, ModelError, StepPlan};
+use crate::backend::{BatchEntry, EntryLimits, Logits, ModelError, StepPlan};
 
 /// A model of any [`crate::arch::Arch`] with weights in memory in their file
 /// formats, run on the CPU with f32 activations.
@@ -52,8 +52,6 @@ struct Workspace {
     gate_up: Vec<f32>,
     /// Gated activation output, `[rows, ffn_dim]`.
     h: AlignedVec,
-    /// Logits, `[logit rows, vocab]`.
-    logits: Vec<f32>,
 }
 
 thread_local! {
@@ -214,10 +212,25 @@ impl CpuModel {
         batch: &[BatchEntry<'_>],
         kv: &mut PagedKvCache,
     ) -> Result<Vec<Vec<f32>>, ModelError> {
+        let mut logits = Logits::new();
+        self.forward_batch_into(batch, kv, &mut logits)?;
+        Ok(logits.iter().map(<[f32]>::to_vec).collect())
+    }
+
+    /// [`CpuModel::forward_batch`] into the caller's buffer, kept from step to step (the LM head
+    /// writes it in place: no copy, no allocation once it is large enough). Errors as
+    /// [`CpuModel::forward_batch`]; after an error `logits` is unspecified.
+    pub fn forward_batch_into(
+        &self,
+        batch: &[BatchEntry<'_>],
+        kv: &mut PagedKvCache,
+        logits: &mut Logits,
+    ) -> Result<(), ModelError> {
         let plan = self.plan(batch, kv)?;
+        logits.clear(self.config.vocab_size);
         let n = plan.queries.len();
         if n == 0 {
-            return Ok(Vec::new());
+            return Ok(());
         }
         let c = &self.config;
         let (hidden, q_dim, kv_dim) = (c.hidden, c.q_dim(), c.kv_dim());
@@ -301,7 +314,7 @@ impl CpuModel {
                         .map(|&r| plan.queries[r])
                         .collect();
                     if queries.is_empty() {
-                        return Ok(Vec::new());
+                        return Ok(());
                     }
                 }
                 let rows = queries.len();
@@ -343,7 +356,7 @@ impl CpuModel {
             // After the last layer `x` holds exactly the logit rows, in batch order.
             let m = plan.step.logit_rows.len();
             if m == 0 {
-                return Ok(Vec::new());
+                return Ok(());
             }
             debug_assert_eq!(x.len(), m * hidden);
             rms_norm_into(&x, &self.weights.output_norm, c.rms_eps, &mut ws.xn);
@@ -352,16 +365,12 @@ impl CpuModel {
                 m,
                 hidden,
                 &self.weights.lm_head().parts,
-                &mut ws.logits,
+                logits.buffer(c.vocab_size),
             );
             if let Some(cap) = c.final_softcap {
-                softcap_in_place(&mut ws.logits, cap);
+                softcap_in_place(logits.buffer(c.vocab_size), cap);
             }
-            Ok(ws
-                .logits
-                .chunks_exact(c.vocab_size)
-                .map(<[f32]>::to_vec)
-                .collect())
+            Ok(())
         })
     }
 }

@@ -41,7 +41,7 @@ use super::weights::{GpuWeights, HostWeights};
 use crate::arch::ModelDesc;
 use crate::backend::EntryLimits;
 use crate::backend::ModelError;
-use crate::backend::{BatchEntry, BatchModel};
+use crate::backend::{BatchEntry, BatchModel, Logits};
 
 mod record;
 
@@ -263,18 +263,23 @@ impl CudaModel {
         put(&self.stream, &s.prefill_tiles, &mut buf.tiles)
     }
 
-    fn download(&self, buf: &StepBuffers, n_logits: usize) -> Result<Vec<Vec<f32>>, CudaError> {
+    fn download(
+        &self,
+        buf: &StepBuffers,
+        n_logits: usize,
+        logits: &mut Logits,
+    ) -> Result<(), CudaError> {
         let vocab = self.config.vocab_size;
-        let mut host = vec![0.0f32; n_logits * vocab];
+        let host = logits.buffer(vocab);
+        host.resize(n_logits * vocab, 0.0);
         if n_logits > 0 {
             driver(
                 "copying logits",
                 self.stream
-                    .memcpy_dtoh(&buf.logits.slice(0..n_logits * vocab), &mut host),
+                    .memcpy_dtoh(&buf.logits.slice(0..n_logits * vocab), host.as_mut_slice()),
             )?;
         }
-        driver("finishing the step", self.stream.synchronize())?;
-        Ok(host.chunks_exact(vocab).map(<[f32]>::to_vec).collect())
+        driver("finishing the step", self.stream.synchronize())
     }
 
     /// Makes sure `kv` has step buffers for `need`, reallocating (and dropping the graphs) if not.
@@ -301,18 +306,20 @@ impl CudaModel {
         &self,
         batch: &[BatchEntry<'_>],
         kv: &mut GpuKv,
-    ) -> Result<Vec<Vec<f32>>, CudaError> {
+        logits: &mut Logits,
+    ) -> Result<(), CudaError> {
         driver("binding the CUDA context", self.gpu.ctx.bind_to_thread())?;
         let fast = self.options.numerics == Numerics::Fast;
         // Heads wider than the tiled prefill kernel's run every query through the decode kernel.
         let tiled = fast && self.config.head_dim <= launch::PREFILL_MAX_HEAD_DIM;
         let s = pack_step(batch, self.limits(kv), None, tiled)?;
         if s.n_rows() == 0 {
-            return Ok(Vec::new());
+            logits.clear(self.config.vocab_size);
+            return Ok(());
         }
         if s.is_pure_decode() {
             if let Some(bucket) = bucket_for(s.real_rows, &self.buckets) {
-                return self.decode_with_graph(batch, kv, bucket);
+                return self.decode_with_graph(batch, kv, bucket, logits);
             }
         }
         let need = Capacity {
@@ -333,7 +340,7 @@ impl CudaModel {
             s.table_stride,
             s.max_keys,
         )?;
-        self.download(buf, s.logit_rows.len())
+        self.download(buf, s.logit_rows.len(), logits)
     }
 
     /// A pure decode step through the graph of `bucket` (captured on first use).
@@ -342,7 +349,8 @@ impl CudaModel {
         batch: &[BatchEntry<'_>],
         kv: &mut GpuKv,
         bucket: usize,
-    ) -> Result<Vec<Vec<f32>>, CudaError> {
+        logits: &mut Logits,
+    ) -> Result<(), CudaError> {
         let stride = self.config.context_length.div_ceil(kv.blocks.block_size);
         let mut s = pack_step(batch, self.limits(kv), Some(stride), false)?;
         let real = s.real_rows;
@@ -383,9 +391,8 @@ impl CudaModel {
         }
         let graph = graphs.get(bucket).expect("captured above");
         driver("replaying a decode graph", graph.0.launch())?;
-        let mut logits = self.download(buf, bucket)?;
-        logits.truncate(real);
-        Ok(logits)
+        // Padding rows' logits stay on the GPU.
+        self.download(buf, real, logits)
     }
 }
 
@@ -427,8 +434,9 @@ impl BatchModel for CudaModel {
         &self,
         batch: &[BatchEntry<'_>],
         kv: &mut GpuKv,
-    ) -> anyhow::Result<Vec<Vec<f32>>> {
-        Ok(self.forward(batch, kv)?)
+        logits: &mut Logits,
+    ) -> anyhow::Result<()> {
+        Ok(self.forward(batch, kv, logits)?)
     }
 
     fn context_length(&self) -> usize {
