@@ -16,7 +16,7 @@ pub mod cpu;
 pub mod cuda;
 mod entry_limits;
 mod error;
-mod step_plan;
+pub(crate) mod step_plan;
 
 pub use batch::{BatchEntry, BatchModel, Logits};
 pub use entry_limits::EntryLimits;

@@ -77,18 +77,25 @@ impl StepPlan {
     }
 }
 
+/// Small batches for the tests of every backend's step packing.
 #[cfg(test)]
-mod tests {
-    use super::*;
+pub(crate) mod test_batch {
+    use super::{BatchEntry, EntryLimits};
 
-    const LIMITS: EntryLimits = EntryLimits {
+    /// 100 tokens, 64 positions, 8 blocks of 4 slots.
+    pub(crate) const LIMITS: EntryLimits = EntryLimits {
         vocab_size: 100,
         context_length: 64,
         num_blocks: 8,
         block_size: 4,
     };
 
-    fn entry<'a>(tokens: &'a [u32], start_pos: usize, table: &'a [u32]) -> BatchEntry<'a> {
+    /// An entry that wants logits.
+    pub(crate) fn entry<'a>(
+        tokens: &'a [u32],
+        start_pos: usize,
+        table: &'a [u32],
+    ) -> BatchEntry<'a> {
         BatchEntry {
             tokens,
             start_pos,
@@ -96,6 +103,12 @@ mod tests {
             want_logits: true,
         }
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::test_batch::{entry, LIMITS};
+    use super::*;
 
     #[test]
     fn lays_out_tokens_slots_and_logit_rows() {

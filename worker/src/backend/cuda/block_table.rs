@@ -136,22 +136,7 @@ pub fn pack_step(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const LIMITS: EntryLimits = EntryLimits {
-        vocab_size: 100,
-        context_length: 64,
-        num_blocks: 8,
-        block_size: 4,
-    };
-
-    fn entry<'a>(tokens: &'a [u32], start_pos: usize, table: &'a [u32]) -> BatchEntry<'a> {
-        BatchEntry {
-            tokens,
-            start_pos,
-            block_table: table,
-            want_logits: true,
-        }
-    }
+    use crate::backend::step_plan::test_batch::{entry, LIMITS};
 
     #[test]
     fn packs_rows_slots_tables_and_logit_rows() {
