@@ -1,5 +1,5 @@
 // Paged attention, one full pass per (query row, head): the decode kernel, and in exact mode the kernel
-// for every query (prefill chunks too), mirroring worker/src/model/attention.rs.
+// for every query (prefill chunks too), mirroring worker/src/backend/cpu/attention/.
 //
 // Query row r (RoPE applied, inside the fused QKV activation, `width` wide) at position positions[r]
 // attends to its sequence's keys first..=pos (first = pos + 1 - window with a sliding window,

@@ -1,5 +1,5 @@
 // Shared prelude of every kernel file: prepended to each `.cu` source before NVRTC compiles it (the
-// worker embeds both; see worker/src/cuda/kernels.rs). No CUDA headers are included, so the sources
+// worker embeds both; see worker/src/backend/cuda/kernels.rs). No CUDA headers are included, so the sources
 // compile with NVRTC alone on a machine without the CUDA toolkit. The prelude also compiles as host
 // C++ behind a small shim (worker/tests/cuda_host.rs), which checks the weight decoders and the
 // kernels that run under its emulated launch against the CPU backend without a GPU.
@@ -73,7 +73,7 @@ __device__ __forceinline__ u32 ld_u32(const u8* p) {
 }
 
 // Bytes of one row of `k` elements in format FMT (k a multiple of 32 for Q4_0..Q8_0, of 256 for the
-// k-quants; worker/src/cuda/weights.rs::row_bytes checks this on the host).
+// k-quants; worker/src/backend/cuda/weights.rs::row_bytes checks this on the host).
 __host__ __device__ __forceinline__ i64 row_bytes_of(int fmt, int k) {
     switch (fmt) {
         case FMT_F32: return 4ll * k;
@@ -266,14 +266,14 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
     return total;
 }
 
-// Soft-cap of one value, tanh(s / cap) * cap (worker/src/model/attention/mod.rs::softcap_in_place);
+// Soft-cap of one value, tanh(s / cap) * cap (worker/src/backend/cpu/attention/mod.rs::softcap_in_place);
 // cap <= 0 means none (the value is returned unchanged).
 __device__ __forceinline__ float softcap_score(float s, float cap) {
     return cap > 0.0f ? __fmul_rn(tanhf(__fdiv_rn(s, cap)), cap) : s;
 }
 
 // The first key a query at `pos` attends to: pos + 1 - window with a sliding window (window > 0),
-// else 0 (worker/src/model/attention/mod.rs::AttnOptions::keys).
+// else 0 (worker/src/backend/cpu/attention/mod.rs::AttnOptions::keys).
 __device__ __forceinline__ int first_key(int pos, int window) {
     return window > 0 && pos + 1 > window ? pos + 1 - window : 0;
 }

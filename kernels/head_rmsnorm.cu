@@ -1,5 +1,5 @@
 // Per-head RMSNorm of the Q and K heads of every row of the fused QKV activation, in place (Qwen 3's
-// and Gemma 3's q/k norms, applied before RoPE), as worker/src/model/ops.rs::rms_norm_chunks_in_place:
+// and Gemma 3's q/k norms, applied before RoPE), as worker/src/backend/cpu/ops.rs::rms_norm_chunks_in_place:
 // each head_dim-wide head x becomes (x * scale) * w with scale = 1 / sqrt(mean(x^2) + eps), w = q_norm
 // for the Q heads and k_norm for the K heads ([head_dim] each, f32). The mean of squares is summed in
 // f64 sequentially in element order, by one lane, exactly as the CPU does, so the scale is bitwise the

@@ -1,5 +1,5 @@
 // RMSNorm of every row: out = (x * scale) * weight, scale = 1 / sqrt(mean(x^2) + eps), as
-// worker/src/model/ops.rs::rms_norm; with `accumulate`, out += that instead (Gemma's post-attention
+// worker/src/backend/cpu/ops.rs::rms_norm; with `accumulate`, out += that instead (Gemma's post-attention
 // and post-feed-forward norms: the normed block output is added to the residual stream, x += norm(y);
 // x and out must then be different buffers). The mean of squares is accumulated in f64: thread t sums
 // elements t, t + blockDim, ... in order, then a fixed pairwise tree over threads (block size fixed by the host,

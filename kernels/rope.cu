@@ -1,5 +1,5 @@
 // Rotary position embedding (Su et al. 2021) of the Q and K heads of every row of the fused QKV
-// activation, in place, as worker/src/model/ops.rs::RopeTable: pair i of a head is rotated by angle
+// activation, in place, as worker/src/backend/cpu/ops.rs::RopeTable: pair i of a head is rotated by angle
 // (pos * pos_scale) * base^(-2i / head_dim) / factors[i], the angle and its cos/sin computed in f64 and
 // rounded to f32 exactly as the CPU table. `factors` ([head_dim / 2]) are Llama 3's per-frequency
 // divisors (rope_freqs.weight); the host passes ones when the model has none (x / 1.0 == x), and

@@ -5,17 +5,18 @@
 
 use std::path::Path;
 
-use figment::providers::{Env, Format, Serialized, Toml};
-use figment::value::{Dict, Value};
-use figment::{Figment, Provider};
+use figment::providers::{Data, Env, Format, Serialized, Toml};
+use figment::value::{Dict, Map, Value};
+use figment::{Figment, Metadata, Profile, Provider};
 
 /// Merges, each over the one before: `defaults`, the TOML file `file` (when given, after
 /// [`check_known_keys`]), the environment provider `env` (e.g. `Env::prefixed("WORKER_")`; its
 /// `config` key is ignored, that is the file's own flag) and `cli` (the parsed flags, whose unset
 /// options serialize to nothing).
 ///
-/// Errors: an unreadable or invalid file, a key in the file that is not a setting (nested ones
-/// too), or a value of the wrong type (figment's message names the key and where it came from).
+/// Errors: an unreadable or invalid file (named), a key in the file that is not a setting (nested
+/// ones too), or a value of the wrong type (figment's message names the key, as `limits.max_new_tokens`
+/// for the file, and where it came from).
 pub fn load<S, C>(
     defaults: &S,
     file: Option<&Path>,
@@ -29,7 +30,7 @@ where
     let mut figment = Figment::from(Serialized::defaults(defaults));
     if let Some(path) = file {
         check_known_keys(defaults, path)?;
-        figment = figment.merge(Toml::file_exact(path));
+        figment = figment.merge(SettingsFile(Toml::file_exact(path)));
     }
     figment
         .merge(env.ignore(&["config"]))
@@ -42,15 +43,24 @@ where
 /// settings whose defaults are `defaults` (their serialized form lists every field, `None` ones
 /// included).
 ///
-/// Errors: the file cannot be read or parsed (figment's message), or it has keys the settings do not,
-/// named with their table path (e.g. ``unknown setting `limits.max_new_tokenz` in router.toml; known
-/// keys: ...``).
+/// Errors: the file cannot be read or parsed (``settings file router.toml: ...``), or it has keys the
+/// settings do not, named with their table path, and the known keys likewise (e.g. ``unknown
+/// setting `limits.max_new_tokenz` in router.toml; known keys: ..., limits.max_new_tokens, ...``).
 pub fn check_known_keys<S: serde::Serialize>(
     defaults: &S,
     file: &Path,
 ) -> Result<(), Box<figment::Error>> {
     let known = merged(Serialized::defaults(defaults).data()?);
-    let given = merged(Toml::file_exact(file).data()?);
+    let given = Toml::file_exact(file).data().map_err(|e| {
+        // figment names neither the file of an I/O error nor that of a TOML syntax error.
+        let reason = e.to_string();
+        Box::new(figment::Error::from(format!(
+            "settings file {}: {}",
+            file.display(),
+            reason.trim_end()
+        )))
+    })?;
+    let given = merged(given);
     let mut unknown = Vec::new();
     collect_unknown(&given, &known, "", &mut unknown);
     if unknown.is_empty() {
@@ -61,7 +71,8 @@ pub fn check_known_keys<S: serde::Serialize>(
         .map(|k| format!("`{k}`"))
         .collect::<Vec<_>>()
         .join(", ");
-    let mut known_keys: Vec<&str> = known.keys().map(String::as_str).collect();
+    let mut known_keys = Vec::new();
+    leaf_paths(&known, "", &mut known_keys);
     known_keys.sort_unstable();
     Err(Box::new(figment::Error::from(format!(
         "unknown setting{} {names} in {}; known keys: {}",
@@ -71,8 +82,36 @@ pub fn check_known_keys<S: serde::Serialize>(
     ))))
 }
 
+/// The settings file as a figment provider whose messages name a key by its path in the file
+/// (`limits.max_new_tokens`) instead of figment's default `default.limits.max_new_tokens` (the
+/// profile first, which a settings file never names).
+struct SettingsFile(Data<Toml>);
+
+impl Provider for SettingsFile {
+    fn metadata(&self) -> Metadata {
+        self.0
+            .metadata()
+            .interpolater(|_: &Profile, keys: &[&str]| keys.join("."))
+    }
+
+    fn data(&self) -> Result<Map<Profile, Dict>, figment::Error> {
+        self.0.data()
+    }
+}
+
+/// Appends to `out` the path (`prefix` + key, tables joined by `.`) of every non-table value in
+/// `dict`.
+fn leaf_paths(dict: &Dict, prefix: &str, out: &mut Vec<String>) {
+    for (key, value) in dict {
+        match value {
+            Value::Dict(_, inner) => leaf_paths(inner, &format!("{prefix}{key}."), out),
+            _ => out.push(format!("{prefix}{key}")),
+        }
+    }
+}
+
 /// The dictionaries of every profile, merged (settings files here use the default profile).
-fn merged(data: figment::value::Map<figment::Profile, Dict>) -> Dict {
+fn merged(data: Map<Profile, Dict>) -> Dict {
     data.into_values().flatten().collect()
 }
 
@@ -95,12 +134,12 @@ fn collect_unknown(given: &Dict, known: &Dict, prefix: &str, out: &mut Vec<Strin
 mod tests {
     use super::*;
 
-    #[derive(serde::Serialize, Default)]
+    #[derive(serde::Serialize, serde::Deserialize, Default, Debug, PartialEq)]
     struct Limits {
         max_new_tokens: u32,
     }
 
-    #[derive(serde::Serialize, Default)]
+    #[derive(serde::Serialize, serde::Deserialize, Default, Debug, PartialEq)]
     struct Settings {
         model: Option<String>,
         threads: usize,
@@ -127,15 +166,72 @@ mod tests {
             e.contains("unknown settings `limits.max_new_tokenz`, `thread`"),
             "{e}"
         );
-        assert!(e.contains("known keys: limits, model, threads"), "{e}");
+        assert!(
+            e.contains("known keys: limits.max_new_tokens, model, threads"),
+            "{e}"
+        );
         let e = check("[nope]\nx = 1\n").unwrap_err();
         assert!(e.contains("unknown setting `nope` in"), "{e}");
     }
 
     #[test]
-    fn unreadable_or_invalid_files_are_errors() {
-        assert!(check("threads = ").is_err());
-        let missing = check_known_keys(&Settings::default(), Path::new("/nonexistent/s.toml"));
-        assert!(missing.is_err());
+    fn unreadable_or_invalid_files_are_errors_naming_the_file() {
+        let e = check("threads = ").unwrap_err();
+        assert!(e.starts_with("settings file "), "{e}");
+        assert!(e.contains("s.toml: TOML parse error at line 1"), "{e}");
+        assert!(!e.ends_with('\n'), "{e:?}");
+        let missing = check_known_keys(&Settings::default(), Path::new("/nonexistent/s.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            missing.starts_with("settings file /nonexistent/s.toml: No such file"),
+            "{missing}"
+        );
+    }
+
+    /// Loads `toml` over the defaults with `TEST_SF_*` variables (none set) and no flags.
+    fn load_file(toml: &str) -> Result<Settings, String> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.toml");
+        std::fs::write(&path, toml).unwrap();
+        #[derive(serde::Serialize)]
+        struct NoFlags {}
+        load(
+            &Settings::default(),
+            Some(&path),
+            Env::prefixed("TEST_SF_UNSET_"),
+            &NoFlags {},
+        )
+        .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn the_file_is_merged_over_the_defaults() {
+        let s = load_file(
+            "threads = 3
+[limits]
+max_new_tokens = 9
+",
+        )
+        .unwrap();
+        assert_eq!((s.threads, s.limits.max_new_tokens, s.model), (3, 9, None));
+    }
+
+    #[test]
+    fn a_wrong_type_names_the_key_as_the_file_spells_it() {
+        let e = load_file(
+            "[limits]
+max_new_tokens = \"x\"
+",
+        )
+        .unwrap_err();
+        assert!(e.contains("for key \"limits.max_new_tokens\" in "), "{e}");
+        assert!(e.contains("s.toml TOML file"), "{e}");
+        let e = load_file(
+            "threads = -1
+",
+        )
+        .unwrap_err();
+        assert!(e.contains("for key \"threads\" in "), "{e}");
     }
 }

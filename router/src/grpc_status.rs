@@ -109,7 +109,7 @@ mod tests {
             (
                 RouteError::NoWorkerReady { configured: 2 },
                 Code::Unavailable,
-                "no worker is ready (0 of 2 connected); retry shortly",
+                "no worker is ready (0 of 2 known); retry shortly",
             ),
             (
                 QueueFull::Requests { waiting: 4, max: 4 }.into(),
@@ -135,7 +135,7 @@ mod tests {
                     waited_ms: 500,
                 },
                 Code::Unavailable,
-                "no worker is ready (0 of 1 connected); waited 500 ms for one",
+                "no worker is ready (0 of 1 known); waited 500 ms for one",
             ),
             (
                 RouteError::FailoversExhausted {
@@ -160,7 +160,7 @@ mod tests {
                 },
                 Code::Unavailable,
                 "worker w disconnected, and no worker is left to continue the request: no worker \
-                 is ready (0 of 1 connected); waited 500 ms for one (7 tokens had been generated)",
+                 is ready (0 of 1 known); waited 500 ms for one (7 tokens had been generated)",
             ),
             (
                 RouteError::DeadlineExceeded {

@@ -28,7 +28,7 @@ pub enum RouteError {
     )]
     NoWorkersKnown,
     /// None of the `configured` workers is ready now (new requests are refused at once).
-    #[error("no worker is ready (0 of {configured} connected); retry shortly")]
+    #[error("no worker is ready (0 of {configured} known); retry shortly")]
     NoWorkerReady {
         /// Workers known to the router.
         configured: usize,
@@ -37,9 +37,7 @@ pub enum RouteError {
     #[error(transparent)]
     Overloaded(#[from] QueueFull),
     /// A queued request waited `waited_ms` (the failover timeout) without a ready worker.
-    #[error(
-        "no worker is ready ({ready} of {configured} connected); waited {waited_ms} ms for one"
-    )]
+    #[error("no worker is ready ({ready} of {configured} known); waited {waited_ms} ms for one")]
     NoWorkerInTime {
         /// Workers ready when it gave up.
         ready: usize,

@@ -97,12 +97,12 @@ pub fn inspect(path: &Path) -> Inspection {
             &mut report,
             "tokenizer",
             format!(
-                "{} ({}), {} tokens, bos {:?}, eos {:?}, chat template: {}",
+                "{} ({}), {} tokens, bos {}, eos {}, chat template: {}",
                 t.model,
                 if t.pre.is_empty() { "-" } else { &t.pre },
                 t.tokens.len(),
-                t.bos_token_id,
-                t.eos_token_id,
+                token_id(t.bos_token_id),
+                token_id(t.eos_token_id),
                 if t.chat_template.is_some() {
                     "yes"
                 } else {
@@ -138,6 +138,11 @@ pub fn inspect(path: &Path) -> Inspection {
     Inspection { report, unservable }
 }
 
+/// A special token's id as `inspect` prints it: the number, or `none`.
+fn token_id(id: Option<u32>) -> String {
+    id.map_or_else(|| "none".to_string(), |id| id.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -152,6 +157,8 @@ mod tests {
         assert!(i.report.contains("architecture   llama"), "{}", i.report);
         assert!(i.report.contains("servable       yes"), "{}", i.report);
         assert!(i.report.contains("tokenizer      gpt2"), "{}", i.report);
+        assert!(i.report.contains(", bos 1, eos 2, "), "{}", i.report);
+        assert_eq!(token_id(None), "none");
     }
 
     #[test]
