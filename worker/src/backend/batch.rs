@@ -56,6 +56,8 @@ pub trait BatchModel: Send + 'static {
 /// The logits of one step: a row of `vocab` f32 for each entry that wanted them, in batch order,
 /// in one row-major `[rows, vocab]` buffer that the engine keeps from step to step (32 rows of Gemma
 /// 3's 262,144-token vocabulary are 32 MiB, so neither a copy per row nor a new buffer per step).
+/// Its allocation keeps the largest step's size: at most `max_num_seqs` rows, e.g. 128 MiB for 128
+/// Gemma 3 sequences.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Logits {
     values: Vec<f32>,
