@@ -114,12 +114,22 @@ pub struct Limits {
     pub max_stop_sequence_chars: u32,
     /// Largest `max_new_tokens` a request may ask for, in tokens.
     pub max_new_tokens: u32,
-    /// `max_new_tokens` when a request leaves it unset (capped by the room left in the context).
+    /// `max_new_tokens` when a request leaves it unset, capped by `max_new_tokens` (so lowering
+    /// the maximum alone lowers it too) and by the room left in the context: see
+    /// [`Limits::default_new_tokens`].
     pub default_max_new_tokens: u32,
     /// Longest prompt, in tokens; 0 means the model's context length minus one.
     pub max_input_tokens: u32,
     /// Largest encoded request, in bytes.
     pub max_request_bytes: u32,
+}
+
+impl Limits {
+    /// The `max_new_tokens` of a request that leaves it unset, before the context's room:
+    /// `min(default_max_new_tokens, max_new_tokens)`.
+    pub fn default_new_tokens(&self) -> u32 {
+        self.default_max_new_tokens.min(self.max_new_tokens)
+    }
 }
 
 impl Default for Limits {
@@ -456,12 +466,6 @@ impl RouterSettings {
             return Err(
                 "limits.max_new_tokens and limits.default_max_new_tokens must be at least 1".into(),
             );
-        }
-        if l.default_max_new_tokens > l.max_new_tokens {
-            return Err(format!(
-                "limits.default_max_new_tokens ({}) exceeds limits.max_new_tokens ({})",
-                l.default_max_new_tokens, l.max_new_tokens
-            ));
         }
         Ok(())
     }

@@ -44,6 +44,16 @@ fn main() -> ExitCode {
 }
 
 async fn run(settings: RouterSettings) -> anyhow::Result<()> {
+    let l = &settings.limits;
+    if l.default_max_new_tokens > l.max_new_tokens {
+        tracing::info!(
+            default_max_new_tokens = l.default_max_new_tokens,
+            max_new_tokens = l.max_new_tokens,
+            "requests without max_new_tokens get limits.max_new_tokens ({}): the default is capped \
+             by the maximum",
+            l.max_new_tokens
+        );
+    }
     let discovery = settings.discovery();
     if settings.workers.is_empty() && discovery.is_none() {
         anyhow::bail!(

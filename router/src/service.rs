@@ -166,7 +166,7 @@ impl TextGeneration for TextGenerationService {
                 max_stop_sequences: l.max_stop_sequences,
                 max_stop_sequence_chars: l.max_stop_sequence_chars,
                 max_new_tokens: l.max_new_tokens,
-                default_max_new_tokens: l.default_max_new_tokens,
+                default_max_new_tokens: l.default_new_tokens(),
                 max_input_tokens,
                 max_request_bytes: l.max_request_bytes,
             }),

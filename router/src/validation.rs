@@ -311,7 +311,8 @@ pub fn check_vocab(sampling: &Sampling, vocab_size: u32) -> Result<(), Validatio
 
 /// Checks the tokenized prompt and returns the effective `max_new_tokens`.
 ///
-/// Unset `max_new_tokens` becomes `default_max_new_tokens`, capped by the room left in the context.
+/// Unset `max_new_tokens` becomes [`Limits::default_new_tokens`], capped by the room left in the
+/// context.
 ///
 /// Errors: [`ValidationError::Invalid`] for a prompt with no tokens, a prompt that leaves no room in the context
 /// or passes `max_input_tokens`, and a `max_new_tokens` that does not fit in the context after the
@@ -352,7 +353,7 @@ pub fn check_prompt(
             ),
         ),
         Some(n) => Ok(n),
-        None => Ok(limits.default_max_new_tokens.min(room).max(1)),
+        None => Ok(limits.default_new_tokens().min(room).max(1)),
     }
 }
 

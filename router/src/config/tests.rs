@@ -156,6 +156,19 @@ fn health_and_stall_times_are_checked() {
 }
 
 #[test]
+fn a_lowered_maximum_caps_the_default_instead_of_refusing() {
+    let mut s = RouterSettings {
+        workers: vec!["a:1".into()],
+        ..Default::default()
+    };
+    s.limits.max_new_tokens = 7;
+    assert!(s.validate().is_ok());
+    assert_eq!(s.limits.default_new_tokens(), 7);
+    s.limits.max_new_tokens = 0;
+    assert!(s.validate().unwrap_err().contains("must be at least 1"));
+}
+
+#[test]
 fn tls_settings_are_checked() {
     let dir = tempfile::tempdir().unwrap();
     let ca = tls_certs::test_ca::TestCa::new("ca");

@@ -287,6 +287,14 @@ fn prompt_against_context() {
         .to_string()
         .contains("at most 90"));
     assert!(check_prompt(0, None, 100, &l).is_err());
+    // A maximum lowered below the default lowers the default with it.
+    let low = Limits {
+        max_new_tokens: 7,
+        ..Limits::default()
+    };
+    assert_eq!(low.default_new_tokens(), 7);
+    assert_eq!(check_prompt(10, None, 100, &low).unwrap(), 7);
+    assert_eq!(check_prompt(95, None, 100, &low).unwrap(), 5);
     let l = Limits {
         max_input_tokens: 5,
         ..Limits::default()
