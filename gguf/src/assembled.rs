@@ -210,6 +210,13 @@ mod tests {
         let b = file.tensor("b").unwrap();
         assert_eq!(file.tensor_bytes(b).unwrap(), f32_bytes(&[7.0]));
         assert!(file.tensor_mapped(b).unwrap().is_none());
+        // The data in one lookup: shared where it is mapped, copied where it was computed.
+        let a_data = file.tensor_data(a).unwrap();
+        let a_shared = a_data.mapped().unwrap();
+        assert_eq!((a_shared.range(), a_shared.as_ptr()), (4..20, map.as_ptr()));
+        let b_data = file.tensor_data(b).unwrap();
+        assert!(b_data.mapped().is_none());
+        assert_eq!(b_data.bytes(), f32_bytes(&[7.0]));
     }
 
     #[test]

@@ -462,6 +462,19 @@ impl GgufFile {
         })
     }
 
+    /// `info`'s data in one lookup: the shared mapped range of [`Self::tensor_mapped`] when there
+    /// is one, else a copy of the bytes computed while assembling.
+    ///
+    /// Errors: as [`Self::tensor_bytes`].
+    pub fn tensor_data(&self, info: &TensorInfo) -> Result<TensorData> {
+        Ok(match self.locate(info)? {
+            Located::File(map, range) => TensorData::Mapped(
+                MappedBytes::new(map.clone(), range).expect("tensor range checked against the map"),
+            ),
+            Located::Assembled(data) => data.clone(),
+        })
+    }
+
     /// Where `info`'s data lies, its size and bounds checked (see [`Self::tensor_bytes`]).
     fn locate(&self, info: &TensorInfo) -> Result<Located<'_>> {
         let size = match info.byte_size() {

@@ -353,6 +353,8 @@ mod tests {
         );
         let start = (f.data_offset() + t.offset) as usize;
         assert_eq!(shared.range(), start..start + 68);
+        let data = f.tensor_data(&t).unwrap();
+        assert_eq!(data.mapped().map(|m| m.range()), Some(start..start + 68));
         let copy = bytes.to_vec();
         drop(f);
         assert_eq!(&*shared, copy);

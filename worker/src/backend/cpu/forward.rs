@@ -34,8 +34,8 @@ pub struct CpuModel {
 }
 
 /// Activation buffers of a forward pass, kept per thread and reused by every
-/// step (resized, never reallocated once grown to the largest step), so a
-/// step allocates only its returned logits.
+/// step (resized, never reallocated once grown to the largest step); the
+/// logits go into the caller's [`Logits`].
 #[derive(Default)]
 struct Workspace {
     /// Normed activations, `[rows, hidden]`.

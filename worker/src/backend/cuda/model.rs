@@ -39,9 +39,7 @@ use super::kv::{GpuKv, KvBlocks};
 use super::launch::{self, DEFAULT_SMEM_LIMIT};
 use super::weights::{GpuWeights, HostWeights};
 use crate::arch::ModelDesc;
-use crate::backend::EntryLimits;
-use crate::backend::ModelError;
-use crate::backend::{BatchEntry, BatchModel, Logits};
+use crate::backend::{BatchEntry, BatchModel, EntryLimits, Logits, ModelError};
 
 mod record;
 

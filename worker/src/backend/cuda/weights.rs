@@ -172,11 +172,11 @@ fn part(file: &GgufFile, name: &str, cols: usize, rows: usize) -> Result<HostPar
             info.dtype
         ))
     })?;
-    let bytes = file.tensor_bytes(info)?;
-    if bytes.len() != rows * rb {
+    let data = file.tensor_data(info)?;
+    if data.bytes().len() != rows * rb {
         return Err(ModelError::InvalidConfig(format!(
             "tensor `{name}`: {} bytes for [{rows}, {cols}] {}",
-            bytes.len(),
+            data.bytes().len(),
             info.dtype
         )));
     }
@@ -185,10 +185,7 @@ fn part(file: &GgufFile, name: &str, cols: usize, rows: usize) -> Result<HostPar
         format: info.dtype,
         rows,
         cols,
-        data: match file.tensor_mapped(info)? {
-            Some(mapped) => TensorData::Mapped(mapped),
-            None => TensorData::Owned(bytes.to_vec()),
-        },
+        data,
     })
 }
 
@@ -281,12 +278,10 @@ impl GpuWeights {
                 format_id: p.format.id() as i32,
                 rows: p.rows,
                 cols: p.cols,
-                data: stream
-                    .clone_htod(p.bytes())
-                    .map_err(|error| CudaError::Driver {
-                        what: format!("uploading {}", p.name),
-                        error,
-                    })?,
+                data: driver(
+                    &format!("uploading {}", p.name),
+                    stream.clone_htod(p.bytes()),
+                )?,
             })
         };
         let vec = |v: &[f32]| {
