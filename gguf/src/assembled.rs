@@ -9,47 +9,10 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use crate::error::{GgufError, Result};
-use crate::mapped::MappedBytes;
 use crate::metadata::MetadataValue;
 use crate::reader::{GgufFile, Storage, TensorInfo};
+use crate::tensor_data::TensorData;
 use crate::GgmlType;
-
-/// The bytes of one assembled tensor, laid out as a GGUF file would hold them (little-endian,
-/// `dims[0]` contiguous).
-#[derive(Clone)]
-pub enum TensorData {
-    /// Bytes computed while assembling (e.g. permuted rows, shifted norm weights).
-    Owned(Vec<u8>),
-    /// A byte range of a memory-mapped file, shared by every tensor that lies in it.
-    Mapped(MappedBytes),
-}
-
-impl std::fmt::Debug for TensorData {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            TensorData::Owned(v) => write!(f, "Owned({} bytes)", v.len()),
-            TensorData::Mapped(b) => write!(f, "Mapped({:?})", b.range()),
-        }
-    }
-}
-
-impl TensorData {
-    /// The bytes.
-    pub fn bytes(&self) -> &[u8] {
-        match self {
-            TensorData::Owned(v) => v,
-            TensorData::Mapped(b) => b,
-        }
-    }
-
-    /// The shared mapped range, or `None` for owned bytes.
-    pub fn mapped(&self) -> Option<&MappedBytes> {
-        match self {
-            TensorData::Owned(_) => None,
-            TensorData::Mapped(b) => Some(b),
-        }
-    }
-}
 
 /// One tensor of an assembled model.
 #[derive(Debug, Clone)]
@@ -158,6 +121,7 @@ impl GgufFile {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::MappedBytes;
 
     fn f32_bytes(v: &[f32]) -> Vec<u8> {
         v.iter().flat_map(|x| x.to_le_bytes()).collect()

@@ -16,11 +16,11 @@ use std::sync::Arc;
 
 use memmap2::Mmap;
 
-use crate::assembled::TensorData;
 use crate::cursor::Cursor;
 use crate::error::{GgufError, Result};
 use crate::mapped::MappedBytes;
 use crate::metadata::{MetadataArray, MetadataValue, ValueType};
+use crate::tensor_data::TensorData;
 use crate::GgmlType;
 
 /// The GGUF magic, `"GGUF"` read as a little-endian u32.
