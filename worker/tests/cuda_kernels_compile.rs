@@ -9,10 +9,9 @@
 //! host without NVRTC can run from it (`scripts/gpu-check --prepare`).
 
 use worker::backend::cuda::cache::ModuleCache;
-use worker::backend::cuda::compile::{
-    compile, load_nvrtc, nvrtc_version, parse_ptxas_log, Numerics,
-};
+use worker::backend::cuda::compile::{compile, load_nvrtc, nvrtc_version, parse_ptxas_log};
 use worker::backend::cuda::kernels::FILES;
+use worker::backend::cuda::Numerics;
 
 const ARCHS: [&str; 2] = ["sm_80", "sm_90"];
 

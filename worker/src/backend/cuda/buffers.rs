@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
 
-use super::compile::Numerics;
 use super::error::{driver, CudaError};
+use super::numerics::Numerics;
 use crate::arch::ModelDesc;
 
 /// Sizes of the step buffers, in elements of rows / logit rows / block-table entries / tile ints.

@@ -10,9 +10,10 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
-use super::compile::{compile, compile_options, Numerics};
+use super::compile::{compile, compile_options};
 use super::error::CudaError;
 use super::kernels::KernelFile;
+use super::numerics::Numerics;
 
 /// Bumped when the cache's format or the meaning of a key changes.
 const CACHE_FORMAT: &str = "smollm-serve-cuda-cubin-v1";

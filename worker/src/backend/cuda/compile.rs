@@ -11,41 +11,10 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
-use serde::{Deserialize, Serialize};
 
 use super::error::{CudaError, NvrtcUnavailable};
 use super::kernels::KernelFile;
-
-/// The numeric mode of the CUDA backend, fixed when the kernels are compiled.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum Numerics {
-    /// f32 activations, KV cache and accumulation, no TF32, no implicit FMA contraction, fixed
-    /// reduction order per output element: greedy ids equal the CPU reference, results are batch
-    /// invariant.
-    Exact,
-    /// bf16 activations and KV cache (f32 accumulation), FlashAttention-style prefill: less memory
-    /// traffic, results diverge slightly from the reference (measured by `scripts/gpu-check`).
-    Fast,
-}
-
-impl Numerics {
-    /// `"exact"` or `"fast"`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Numerics::Exact => "exact",
-            Numerics::Fast => "fast",
-        }
-    }
-
-    /// Bytes of one activation / KV element: 4 (f32) or 2 (bf16).
-    pub fn act_bytes(self) -> usize {
-        match self {
-            Numerics::Exact => 4,
-            Numerics::Fast => 2,
-        }
-    }
-}
+use super::numerics::Numerics;
 
 /// NVRTC options for `arch` (e.g. `sm_90`) in numeric mode `numerics`; `verbose` adds ptxas' resource
 /// report to the log.

@@ -16,7 +16,7 @@ use cudarc::driver::DriverError;
 use cudarc::nvrtc::result::NvrtcError;
 use cudarc::nvrtc::sys::nvrtcResult;
 
-use super::compile::Numerics;
+use super::numerics::Numerics;
 use crate::arch::Arch;
 use crate::backend::ModelError;
 

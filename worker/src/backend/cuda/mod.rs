@@ -5,7 +5,8 @@
 //! - [`device`]: the `device` setting (`cpu | cuda | auto`) and GPU discovery through the driver,
 //!   loaded at run time with cudarc (nothing CUDA is needed to build, or to run the CPU backend).
 //! - [`kernels`]: the `.cu` sources of `kernels/`, embedded; [`compile`]: NVRTC to CUBIN for the
-//!   GPU's own architecture, in the `exact` or `fast` [`Numerics`], and the ptxas resource report;
+//!   GPU's own architecture, in the `exact` or `fast` [`Numerics`] ([`numerics`]), and the ptxas
+//!   resource report;
 //!   [`cache`]: the on-disk module cache keyed by (source hash, architecture, mode).
 //! - [`weights`]: weights uploaded in the file's formats; [`block_table`]: a step's packed inputs
 //!   (block tables, slots, positions, logit rows, prefill tiles); [`buffers`]: the persistent step
@@ -25,10 +26,11 @@ pub mod kernels;
 pub mod kv;
 pub mod launch;
 pub mod model;
+pub mod numerics;
 pub mod weights;
 
-pub use compile::Numerics;
 pub use device::{choose_backend, probe, Backend, DeviceKind, GpuInfo};
 pub use error::CudaError;
 pub use kv::GpuKv;
 pub use model::{unverified_architecture, CudaModel, CudaOptions};
+pub use numerics::Numerics;
