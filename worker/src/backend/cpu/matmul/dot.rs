@@ -142,17 +142,35 @@ pub fn dot_block_scaled_with(
     if path == SimdPath::Avx512 {
         // SAFETY: `Avx512` comes only from `SimdPath::available`, which detected AVX-512F,
         // AVX2 and FMA; shapes checked above.
-        return unsafe { avx512::dot_block_scaled(a, k, b, scale, out, stride) };
+        return unsafe { dot_block_scaled_avx512(a, k, b, scale, out, stride) };
     }
     dot_block::<4, TILE_R, false>(path, a, k, b, scale, out, stride);
 }
 
+/// [`dot_block_scaled_with`] on AVX-512: 4 × 4 tiles of [`avx512::tile`] (inlined here), then
+/// 4 × 1, 1 × 4 and 1 × 1 at the edges.
+///
+/// # Safety
+/// The CPU must support AVX-512F, AVX2 and FMA; shapes as checked by the caller.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn dot_block_scaled_avx512(
+    a: &[f32],
+    k: usize,
+    b: &[&[f32]],
+    scale: f32,
+    out: &mut [f32],
+    stride: usize,
+) {
+    dot_block::<4, 4, true>(SimdPath::Avx512, a, k, b, scale, out, stride);
+}
+
 /// The loops of [`dot_block_scaled_with`] with `T × R` tiles, and `T × 1`, `1 × R`, `1 × 1` at
-/// the edges; `WIDE`: call the AVX-512 tile kernel directly (from [`avx512::dot_block_scaled`],
+/// the edges; `WIDE`: call the AVX-512 tile kernel directly (from [`dot_block_scaled_avx512`],
 /// where it inlines), else [`tile`] on `path`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-pub(super) fn dot_block<const T: usize, const R: usize, const WIDE: bool>(
+fn dot_block<const T: usize, const R: usize, const WIDE: bool>(
     path: SimdPath,
     a: &[f32],
     k: usize,
@@ -220,7 +238,7 @@ fn run_tile<const T: usize, const R: usize, const WIDE: bool>(
 ) {
     #[cfg(target_arch = "x86_64")]
     if WIDE {
-        // SAFETY: `WIDE` is only set by `avx512::dot_block_scaled`, whose caller checked the
+        // SAFETY: `WIDE` is only set by `dot_block_scaled_avx512`, whose caller checked the
         // AVX-512 path; rows are `k` long.
         return unsafe { avx512::tile::<T, R>(x, w, k, out) };
     }

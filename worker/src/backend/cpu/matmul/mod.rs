@@ -48,8 +48,6 @@ pub const ROWS_PER_TASK: usize = 48;
 const TILE_T: usize = 4;
 /// Weight rows per register tile (and per decoded scratch tile).
 pub const TILE_R: usize = 3;
-/// SIMD lanes of the portable and AVX2 accumulators.
-const LANES: usize = 8;
 
 mod dot;
 #[cfg(target_arch = "x86_64")]

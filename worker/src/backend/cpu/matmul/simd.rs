@@ -2,7 +2,8 @@
 //! SIMD path (portable, AVX2+FMA, AVX-512), with the lane layouts and reductions the module
 //! docs of [`super`] fix.
 
-use super::LANES;
+/// SIMD lanes of the portable and AVX2 accumulators.
+const LANES: usize = 8;
 
 /// Computes `out[t][r] = dot(x[t], w[r])` for a `T × R` tile.
 /// `x` holds `T` rows and `w` holds `R` rows, both of length `k`.
@@ -154,31 +155,6 @@ pub(super) mod avx512 {
                 }
             }
         }
-    }
-
-    /// [`super::super::dot_block_scaled_with`] on AVX-512: 4 × 4 tiles of [`tile`] (inlined here),
-    /// then 4 × 1, 1 × 4 and 1 × 1 at the edges.
-    ///
-    /// # Safety
-    /// The CPU must support AVX-512F, AVX2 and FMA; shapes as checked by the caller.
-    #[target_feature(enable = "avx512f,avx2,fma")]
-    pub(crate) unsafe fn dot_block_scaled(
-        a: &[f32],
-        k: usize,
-        b: &[&[f32]],
-        scale: f32,
-        out: &mut [f32],
-        stride: usize,
-    ) {
-        super::super::dot::dot_block::<4, 4, true>(
-            super::super::SimdPath::Avx512,
-            a,
-            k,
-            b,
-            scale,
-            out,
-            stride,
-        );
     }
 
     /// [`super::super::add_scaled`]: 16 lanes at a time, multiply then add.
