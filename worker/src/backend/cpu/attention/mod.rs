@@ -14,7 +14,12 @@
 //!   Work Partitioning").
 //! - [`per_query`]: one task per (token, head) or (token, KV head), a full pass over the keys per
 //!   query: the tokens that are not in such a run (decode tokens), where there is nothing to
-//!   share a key row with, and the reference the tiled kernel is tested against.
+//!   share a key row with, and the reference the tiled kernel is tested against. When such
+//!   tokens are too few to fill the threads and their context outgrows L2, [`split`] spreads each
+//!   one's scores, softmax and values over the threads instead, with the per-query arithmetic.
+//!
+//! Which kernel runs which queries is decided here ([`attention_into_with`],
+//! [`attention_untiled`]); the kernels share their inputs ([`inputs`]) and key layout ([`keys`]).
 //!
 //! Both compute every query's output with the same floating-point operations in the same order,
 //! so they are bitwise equal (tested on every SIMD path, f32 and f16 caches): each score is one
@@ -26,8 +31,9 @@
 //! `Σ p_j v_j` accumulated into a zeroed row in increasing `j`, a product then a sum per element
 //! (never fused), so the grouping of keys into kernel calls cannot change a bit: the per-query
 //! kernel and the tiled kernel's edge rows use [`add_scaled_rows`](super::matmul::add_scaled_rows)
-//! over groups of [`WIDE_KEYS`] / [`NARROW_KEYS`] keys aligned to the absolute key index, the
-//! tiled kernel's other rows a register-blocked kernel over a whole key block (`simd`).
+//! over groups of [`WIDE_KEYS`](keys::WIDE_KEYS) / [`NARROW_KEYS`](keys::NARROW_KEYS) keys
+//! aligned to the absolute key index, the tiled kernel's other rows a register-blocked kernel over
+//! a whole key block (`simd`).
 //!
 //! Why not FlashAttention's online softmax: it rescales the running output and sum at every key
 //! block boundary, which rounds differently from the one-shot softmax of the reference (the
@@ -55,6 +61,8 @@
 //! its key range: never on the other queries, their number, how the prompt was chunked,
 //! which kernel ran it, which queries shared its tile, or how the work was split between threads.
 
+mod inputs;
+mod keys;
 mod per_query;
 #[cfg(target_arch = "x86_64")]
 mod simd;
@@ -71,83 +79,21 @@ use super::aligned::AlignedVec;
 use super::kv_cache::PagedLayer;
 use super::pool;
 use super::SimdPath;
-
-/// Keys scored (and value rows summed) per kernel call on AVX-512: 16 lane
-/// sums share one transposed reduction. Measured on the 2-core test machine
-/// against 4 keys and a scalar `Σ p_j v_j` loop, together with the vectorised
-/// [`add_scaled`](super::matmul::add_scaled) and an aligned cache: 512-token
-/// prefill 358-391 -> 476-479 tok/s, 32-stream decode (context 128) 272-278 ->
-/// 334-336 tok/s.
-const WIDE_KEYS: usize = 16;
-/// The same on the other paths, whose 16 registers hold 4 rows' accumulators
-/// without spilling.
-const NARROW_KEYS: usize = 4;
+use inputs::At;
+pub use inputs::{AttnOptions, HeadShape, QueryPos};
 
 /// Shortest run of consecutive positions of one sequence that goes to the tiled kernel (a
 /// single query has no one to share its key rows with; the per-query kernel can also split its
 /// heads over threads).
 const MIN_RUN: usize = 2;
 
-/// Shape of the attention heads.
-#[derive(Debug, Clone, Copy)]
-pub struct HeadShape {
-    /// Query heads.
-    pub n_heads: usize,
-    /// Key/value heads (divides `n_heads`; query head `h` uses KV head
-    /// `h / (n_heads / n_kv_heads)`).
-    pub n_kv_heads: usize,
-    /// Width of one head.
-    pub head_dim: usize,
-}
-
-/// How a layer scores its keys (see the module docs).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct AttnOptions {
-    /// Scores are `q·k * scale`.
-    pub scale: f32,
-    /// Scaled scores `s` become `softcap * tanh(s / softcap)`.
-    pub softcap: Option<f32>,
-    /// A query at `pos` attends to keys `pos + 1 - window ..= pos` only (`None`: all of `0..=pos`).
-    pub window: Option<usize>,
-}
-
-impl AttnOptions {
-    /// Plain causal attention scaled by `1 / sqrt(head_dim)`.
-    pub fn plain(head_dim: usize) -> AttnOptions {
-        AttnOptions {
-            scale: 1.0 / (head_dim as f32).sqrt(),
-            softcap: None,
-            window: None,
-        }
-    }
-
-    /// The positions a query at `pos` attends to.
-    pub fn keys(&self, pos: usize) -> std::ops::Range<usize> {
-        let first = match self.window {
-            Some(w) => (pos + 1).saturating_sub(w),
-            None => 0,
-        };
-        first..pos + 1
-    }
-}
-
-/// `s = cap * tanh(s / cap)` for every score (Gemma 2's attention soft-capping; one formula per
-/// element, so every kernel gets the same bits).
-pub(super) fn softcap_in_place(scores: &mut [f32], cap: f32) {
-    for s in scores {
-        *s = (*s / cap).tanh() * cap;
-    }
-}
-
-/// Where one query token sits: its position in its sequence and the sequence's block table.
-#[derive(Debug, Clone, Copy)]
-pub struct QueryPos<'a> {
-    /// Position of the token in its sequence (0-based); it attends to positions `0..=pos`.
-    pub pos: usize,
-    /// The sequence's physical block ids (block `i` holds positions `i * block_size ..`); covers
-    /// at least `pos + 1` positions.
-    pub block_table: &'a [u32],
-}
+/// K and V bytes of one token's context (all KV heads, f32) past which the untiled queries go to
+/// the split kernel when they are too few to fill the threads, and else the per-query kernel's
+/// tasks take all the query heads of a KV head even for a lone decode token: 2 MiB, a core's L2
+/// on the test machine, reached at 1,366 positions for SmolLM2 (`kv_dim` 192). Measured, 2
+/// threads, one stream at 8,064 positions: 9 one-head tasks each stream their KV head's 4 MiB
+/// (3 × the traffic).
+const SHARED_KV_BYTES: usize = 2 << 20;
 
 thread_local! {
     /// The tiled tasks' outputs before they are copied into place (reused across calls).
@@ -221,21 +167,15 @@ fn attention_into_with(
     out.clear();
     out.resize(n * q_dim, 0.0);
     let mut tiled_rows = vec![false; n];
-    let plan = tiled::plan(queries, s, opts, pool::global().threads(), &mut tiled_rows);
-    if !plan.tasks.is_empty() {
-        TILED_OUT.with_borrow_mut(|buf| {
-            let at = tiled::At {
-                q,
-                queries,
-                layer,
-                block_size,
-                s,
-                opts,
-            };
-            tiled::run(path, &plan, &at, buf, out)
-        });
-    }
-    let at = per_query::At {
+    let plan = tiled::plan(
+        queries,
+        s,
+        opts,
+        MIN_RUN,
+        pool::global().threads(),
+        &mut tiled_rows,
+    );
+    let at = At {
         q,
         queries,
         layer,
@@ -243,10 +183,41 @@ fn attention_into_with(
         s,
         opts,
     };
-    per_query::attention_per_query(path, &at, out, &tiled_rows);
+    if !plan.tasks.is_empty() {
+        TILED_OUT.with_borrow_mut(|buf| tiled::run(path, &plan, &at, buf, out));
+    }
+    attention_untiled(path, &at, out, &tiled_rows);
 }
 
-/// The per-query reference on a given path: every query by [`per_query`], none tiled.
+/// Attention of every query `t` with `skip[t] == false` into its row of `out` (`[n, n_heads *
+/// head_dim]`, zero on entry; the other rows are left alone), on `path`: by the [`split`] kernel
+/// when there are fewer (token, KV head) pairs than pool threads and the deepest query's K/V rows
+/// outgrow [`SHARED_KV_BYTES`], else by the [`per_query`] kernel (told whether they outgrow it).
+fn attention_untiled(path: SimdPath, at: &At<'_>, out: &mut [f32], skip: &[bool]) {
+    let live = skip.iter().filter(|&&x| !x).count();
+    if live == 0 {
+        return;
+    }
+    let s = at.s;
+    let deepest = at
+        .queries
+        .iter()
+        .zip(skip)
+        .filter(|(_, &skip)| !skip)
+        .map(|(q, _)| at.opts.keys(q.pos).len())
+        .max()
+        .unwrap_or(0);
+    let kv_past_l2 = deepest * s.n_kv_heads * s.head_dim * 4 * 2 > SHARED_KV_BYTES;
+    let threads = pool::global().threads();
+    if threads > 1 && live * s.n_kv_heads < threads && kv_past_l2 {
+        split::attention_split(path, at, out, skip)
+    } else {
+        per_query::attention_per_query(path, at, out, skip, live, kv_past_l2)
+    }
+}
+
+/// The untiled reference on a given path: every query by [`attention_untiled`] (the per-query
+/// kernel, or the split kernel for lone deep tokens), none tiled.
 #[cfg(test)]
 fn attention_per_query_with(
     path: SimdPath,
@@ -259,7 +230,7 @@ fn attention_per_query_with(
 ) -> Vec<f32> {
     let mut out = vec![0.0; queries.len() * s.n_heads * s.head_dim];
     let skip = vec![false; queries.len()];
-    let at = per_query::At {
+    let at = At {
         q,
         queries,
         layer,
@@ -267,31 +238,6 @@ fn attention_per_query_with(
         s,
         opts,
     };
-    per_query::attention_per_query(path, &at, &mut out, &skip);
+    attention_untiled(path, &at, &mut out, &skip);
     out
-}
-
-/// Fills `offsets` with the offset in the layer (`[num_slots, kv_dim]`) of the row of the KV
-/// head starting at column `kv_off`, for positions `keys` in order, block by block through
-/// `block_table` (no division per key: at 4096 keys, two divisions per key and pass cost more
-/// than the dot products).
-///
-/// Panics if `block_table` does not cover `keys` (checked by the model before).
-fn key_offsets(
-    block_table: &[u32],
-    block_size: usize,
-    kv_dim: usize,
-    kv_off: usize,
-    keys: std::ops::Range<usize>,
-    offsets: &mut Vec<usize>,
-) {
-    offsets.clear();
-    let mut pos = keys.start;
-    while pos < keys.end {
-        let (block, within) = (pos / block_size, pos % block_size);
-        let first = (block_table[block] as usize * block_size + within) * kv_dim + kv_off;
-        let take = (block_size - within).min(keys.end - pos);
-        offsets.extend((0..take).map(|i| first + i * kv_dim));
-        pos += take;
-    }
 }

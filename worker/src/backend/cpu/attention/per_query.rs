@@ -9,26 +9,9 @@ use super::super::kv_cache::PagedLayer;
 use super::super::matmul::{add_scaled_rows_with, add_scaled_with, dot_tile_with, dot_with};
 use super::super::pool;
 use super::super::SimdPath;
+use super::inputs::{softcap_in_place, At, QueryPos};
+use super::keys::{key_offsets, NARROW_KEYS, WIDE_KEYS};
 use super::softmax::softmax_rows;
-use super::{
-    key_offsets, softcap_in_place, AttnOptions, HeadShape, QueryPos, NARROW_KEYS, WIDE_KEYS,
-};
-
-/// The inputs of one attention call (as [`super::attention`]'s arguments).
-pub(super) struct At<'a> {
-    /// Query rows, `[n, n_heads * head_dim]`.
-    pub q: &'a [f32],
-    /// Position and block table of each query.
-    pub queries: &'a [QueryPos<'a>],
-    /// The layer's K/V.
-    pub layer: &'a PagedLayer,
-    /// Tokens per KV block.
-    pub block_size: usize,
-    /// Head shape.
-    pub s: HeadShape,
-    /// Scale, soft-cap and window.
-    pub opts: AttnOptions,
-}
 
 /// Per-thread buffers of one (token, head) task, reused across calls: no allocation per task.
 #[derive(Default)]
@@ -45,21 +28,22 @@ thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
 }
 
-/// K and V bytes of one token's context (all KV heads, f32) past which a task takes all the
-/// query heads of a KV head even for a lone decode token: 2 MiB, a core's L2 on the test
-/// machine, reached at 1,366 positions for SmolLM2 (`kv_dim` 192). Measured, 2 threads, one
-/// stream at 8,064 positions: 9 one-head tasks each stream their KV head's 4 MiB (3 × the
-/// traffic).
-const SHARED_KV_BYTES: usize = 2 << 20;
-
 /// Attention of every query `t` with `skip[t] == false` into its row of `out`
 /// (`[n, n_heads * head_dim]`, zero on entry; the other rows are left alone), on `path`. Shapes
-/// and formulas as [`super::attention`].
+/// and formulas as [`super::attention`]; `live` is the number of those queries, `kv_past_l2`
+/// whether the deepest one's K/V rows outgrow L2 (see [`super::attention_untiled`]).
 ///
 /// Each (token, head) output is computed by one pool task in one full pass over the query's keys
 /// (`opts.keys(pos)`) in increasing order (a task takes one head, or all heads of a KV head when
 /// there are enough tasks; the operations per head are the same either way).
-pub(super) fn attention_per_query(path: SimdPath, at: &At<'_>, out: &mut [f32], skip: &[bool]) {
+pub(super) fn attention_per_query(
+    path: SimdPath,
+    at: &At<'_>,
+    out: &mut [f32],
+    skip: &[bool],
+    live: usize,
+    kv_past_l2: bool,
+) {
     let At {
         q,
         queries,
@@ -75,10 +59,6 @@ pub(super) fn attention_per_query(path: SimdPath, at: &At<'_>, out: &mut [f32], 
     let group = s.n_heads / s.n_kv_heads;
     debug_assert_eq!(q.len(), n * q_dim);
     debug_assert_eq!(out.len(), n * q_dim);
-    let live = skip.iter().filter(|&&x| !x).count();
-    if live == 0 {
-        return;
-    }
     let wide = path == SimdPath::Avx512;
     let pool = pool::global();
     // Query heads per task: all the heads that share a KV head, so each K/V row
@@ -87,24 +67,7 @@ pub(super) fn attention_per_query(path: SimdPath, at: &At<'_>, out: &mut [f32], 
     // pass over them is a trip to memory, and one pass for all the heads beats
     // spreading the heads over threads); else one head per task (a single
     // decode token at a short context).
-    let deepest = queries
-        .iter()
-        .zip(skip)
-        .filter(|(_, &skip)| !skip)
-        .map(|(q, _)| opts.keys(q.pos).len())
-        .max()
-        .unwrap_or(0);
-    if super::split::wanted(
-        live,
-        s.n_kv_heads,
-        deepest * kv_dim * 4 * 2,
-        SHARED_KV_BYTES,
-    ) {
-        return super::split::attention_split(path, at, out, skip);
-    }
-    let per_task = if live * s.n_kv_heads >= 2 * pool.threads()
-        || deepest * kv_dim * 4 * 2 > SHARED_KV_BYTES
-    {
+    let per_task = if live * s.n_kv_heads >= 2 * pool.threads() || kv_past_l2 {
         group
     } else {
         1

@@ -21,9 +21,9 @@ use super::super::kv_cache::PagedLayer;
 use super::super::matmul::{add_scaled_rows_with, add_scaled_with, dot_with};
 use super::super::pool::{self, DisjointSlice};
 use super::super::SimdPath;
-use super::per_query::At;
+use super::inputs::{softcap_in_place, At, QueryPos};
+use super::keys::{key_offsets, NARROW_KEYS, WIDE_KEYS};
 use super::softmax::softmax_rows;
-use super::{key_offsets, softcap_in_place, QueryPos, NARROW_KEYS, WIDE_KEYS};
 
 /// Keys per score task (a multiple of every path's key group).
 const KEYS_PER_TASK: usize = 512;
@@ -42,19 +42,6 @@ thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
     /// A widened f16 row per pool thread.
     static ROW: RefCell<AlignedVec> = const { RefCell::new(AlignedVec::new()) };
-}
-
-/// Whether [`attention_split`] should run the `live` tokens (the per-query kernel's choice
-/// otherwise): fewer (token, KV head) pairs than threads, and the deepest token's K/V rows past
-/// `shared_kv_bytes`.
-pub(super) fn wanted(
-    live: usize,
-    n_kv_heads: usize,
-    kv_bytes: usize,
-    shared_kv_bytes: usize,
-) -> bool {
-    let threads = pool::global().threads();
-    threads > 1 && live * n_kv_heads < threads && kv_bytes > shared_kv_bytes
 }
 
 /// Attention of every query `t` with `skip[t] == false` into its row of `out` (`[n, n_heads *

@@ -8,14 +8,11 @@ use super::super::kv_cache::PagedLayer;
 use super::super::matmul::{add_scaled_rows_with, add_scaled_with, dot_block_scaled_with};
 use super::super::pool;
 use super::super::SimdPath;
-pub(super) use super::per_query::At;
+use super::inputs::{softcap_in_place, At, AttnOptions, HeadShape, QueryPos};
+use super::keys::{key_offsets, NARROW_KEYS, WIDE_KEYS};
 #[cfg(target_arch = "x86_64")]
 use super::simd;
 use super::softmax::softmax_rows;
-use super::{
-    key_offsets, softcap_in_place, AttnOptions, HeadShape, QueryPos, MIN_RUN, NARROW_KEYS,
-    WIDE_KEYS,
-};
 
 /// Keys per key block: the block's K (or V) rows, 16 KiB in f32 at head_dim 64, stay in L1
 /// while every query row of the task uses them. A multiple of [`WIDE_KEYS`] and
@@ -66,12 +63,13 @@ pub(super) fn query_block(
     by_cache.min(run.div_ceil(blocks_wanted)).max(1)
 }
 
-/// Finds the runs of at least [`MIN_RUN`] queries of one sequence (the same block table) at
+/// Finds the runs of at least `min_run` queries of one sequence (the same block table) at
 /// consecutive positions, marks their queries in `tiled`, and cuts them into tasks.
 pub(super) fn plan(
     queries: &[QueryPos<'_>],
     s: HeadShape,
     opts: AttnOptions,
+    min_run: usize,
     threads: usize,
     tiled: &mut [bool],
 ) -> Plan {
@@ -87,7 +85,7 @@ pub(super) fn plan(
         {
             j += 1;
         }
-        if j - i >= MIN_RUN {
+        if j - i >= min_run {
             tiled[i..j].fill(true);
             // A task's score rows span the first query's keys to the last query's.
             let last = queries[j - 1].pos;
