@@ -21,10 +21,10 @@ use worker::backend::cpu::CpuModel;
 use worker::backend::cuda::{Backend, CudaModel, CudaOptions};
 use worker::backend::BatchModel;
 use worker::config::{Cli, WorkerCommand, WorkerSettings};
-use worker::describe::describe_model;
 use worker::engine::{spawn_engine, EngineConfig};
 use worker::health::Lifecycle;
 use worker::metrics::WorkerMetrics;
+use worker::model_info::model_info;
 use worker::service::WorkerService;
 
 /// Reset-but-unaccepted HTTP/2 streams a connection may hold before the server closes it: at the
@@ -211,8 +211,8 @@ where
         // converted only once).
         let file = model_files::open(&path).map_err(|e| bad(e.into()))?;
         let model = load(&file).map_err(|e| bad(e.into()))?;
-        let description = describe_model(&path, &file, model.context_length(), model.vocab_size())
-            .map_err(bad)?;
+        let description =
+            model_info(&path, &file, model.context_length(), model.vocab_size()).map_err(bad)?;
         Ok((model, description))
     });
     let (model, description) = tokio::select! {

@@ -17,7 +17,7 @@ use inference_proto::worker::{InfoResponse, TokenizerSpec};
 /// `tokenizer.ggml.eos_token_ids`.
 ///
 /// Errors: missing or malformed `tokenizer.ggml.*` metadata.
-pub fn describe_model(
+pub fn model_info(
     path: &Path,
     file: &GgufFile,
     context_length: usize,
