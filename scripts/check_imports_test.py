@@ -176,6 +176,14 @@ class GraphTests(unittest.TestCase):
                 use crate::b::Other;
                 #[cfg(test)]
                 fn helper() { crate::b::f() }
+                #[cfg(all(test, target_arch = "x86_64"))]
+                fn x86_helper() { crate::b::f() }
+                impl A {
+                    #[cfg(test)]
+                    fn method() { crate::b::f() }
+                }
+                #[cfg(any(test, feature = "testing"))]
+                pub fn also_in_builds(_: A) {}
             """,
             "app/src/a/tests.rs": "use crate::b::B;\n",
             "app/src/b.rs": """
@@ -329,6 +337,12 @@ class ErrorTests(unittest.TestCase):
         with tempfile.TemporaryDirectory() as d:
             with contextlib.redirect_stderr(io.StringIO()):
                 self.assertEqual(ci.main(["--root", d]), 2)
+
+    def test_test_only_attributes(self):
+        self.assertTrue(ci.test_only("cfg(test)"))
+        self.assertTrue(ci.test_only('cfg(all(test,target_arch="x86_64"))'))
+        self.assertFalse(ci.test_only('cfg(any(test,feature="x"))'))
+        self.assertFalse(ci.test_only('cfg(all(not(test),unix))'))
 
     def test_an_unknown_argument_is_an_error(self):
         with contextlib.redirect_stderr(io.StringIO()):
