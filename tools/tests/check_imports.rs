@@ -1,5 +1,6 @@
-//! Runs the unit tests of `scripts/check-imports` (the import-circle check of `.ci/run`), so that
-//! `cargo test` covers the script too. They need `python3` (3.11 or later) and nothing else.
+//! Runs the unit tests of `scripts/check-imports`, the import-circle check of `.ci/run`
+//! (`scripts/check_imports/test_check_imports.py`), so that `cargo test` covers the script too.
+//! They need `python3` (3.11 or later) and nothing else.
 
 use std::path::Path;
 use std::process::Command;

@@ -10,11 +10,14 @@ import textwrap
 import unittest
 from importlib.machinery import SourceFileLoader
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
-_loader = SourceFileLoader("check_imports", os.path.join(_HERE, "check-imports"))
-_spec = importlib.util.spec_from_loader("check_imports", _loader)
-ci = importlib.util.module_from_spec(_spec)
-_loader.exec_module(ci)
+from . import graph, rust
+from . import workspace as cargo_workspace
+
+_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "check-imports")
+_loader = SourceFileLoader("check_imports_cli", _SCRIPT)
+_spec = importlib.util.spec_from_loader("check_imports_cli", _loader)
+cli = importlib.util.module_from_spec(_spec)
+_loader.exec_module(cli)
 
 
 class Workspace:
@@ -40,7 +43,7 @@ class Workspace:
         """(exit code, stdout, stderr) of the script's main."""
         out, err = io.StringIO(), io.StringIO()
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = ci.main(["--root", self.root, *args])
+            code = cli.main(["--root", self.root, *args])
         return code, out.getvalue(), err.getvalue()
 
     def circles(self):
@@ -55,11 +58,11 @@ class Workspace:
 
     def edges(self, member="app"):
         """{(from, to)} of every target of a member."""
-        package = ci.Package(member, os.path.join(self.root, member))
-        parser = ci.Parser(package.path)
+        package = cargo_workspace.Package(member, os.path.join(self.root, member))
+        parser = rust.Parser(package.path)
         found = set()
-        for root_file in ci.target_roots(package):
-            found.update(ci.target_edges(parser.load_target(package, root_file)))
+        for root_file in cargo_workspace.target_roots(package):
+            found.update(graph.target_edges(parser.load_target(package, root_file)))
         return found
 
     def close(self):
@@ -74,7 +77,7 @@ def workspace(test, files, **kw):
 
 class LexerTests(unittest.TestCase):
     def test_comments_strings_chars_and_lifetimes_name_no_path(self):
-        toks = [t for t, _ in ci.lex(r'''
+        toks = [t for t, _ in rust.lex(r'''
             // crate::a::X
             /* crate::b::Y /* nested */ crate::c::Z */
             let s = "crate::d::W \" crate::e::V";
@@ -89,7 +92,7 @@ class LexerTests(unittest.TestCase):
         self.assertIn("crate :: g :: T", joined)
 
     def test_lines_are_counted_through_comments_and_strings(self):
-        toks = ci.lex('/* a\nb */ "x\ny"\nr"p\nq" z')
+        toks = rust.lex('/* a\nb */ "x\ny"\nr"p\nq" z')
         self.assertEqual(toks[-1], ("z", 5))
 
 
@@ -227,6 +230,14 @@ class GraphTests(unittest.TestCase):
         files["app/src/b.rs"] += "pub fn f(_: A) {}\n"
         self.assertEqual(workspace(self, files).circles(), ["app: src/a.rs -> src/b.rs -> src/a.rs"])
 
+    def test_globs_that_lead_back_resolve_to_the_definition(self):
+        ws = workspace(self, {
+            "app/src/lib.rs": "mod a;\nmod b;\nuse a::*;\nuse b::*;\nfn f() { from_b() }\n",
+            "app/src/a.rs": "use super::*;\npub fn from_a() {}\n",
+            "app/src/b.rs": "use super::*;\npub fn from_b() {}\n",
+        })
+        self.assertEqual(ws.edges(), {("src/lib.rs", "src/b.rs")})
+
     def test_qualified_paths_in_code(self):
         ws = workspace(self, {
             "app/src/lib.rs": "mod a;\nmod b;\nmod c;\nmod d;\n",
@@ -293,7 +304,12 @@ class GraphTests(unittest.TestCase):
     def test_path_attributes_and_test_targets(self):
         ws = workspace(self, {
             "app/src/lib.rs": "pub struct L;\n",
-            "app/tests/gpu.rs": '#[path = "gpu/formats.rs"]\nmod formats;\npub struct G;\nfn t() { formats::f() }\n',
+            "app/tests/gpu.rs": """
+                #[path = "gpu/formats.rs"]
+                mod formats;
+                pub struct G;
+                fn t() { formats::f() }
+            """,
             "app/tests/gpu/formats.rs": "use super::G;\npub fn f() {}\n",
             "app/tests/common/mod.rs": "pub fn c() {}\n",
         })
@@ -336,17 +352,30 @@ class ErrorTests(unittest.TestCase):
     def test_no_workspace_is_an_error(self):
         with tempfile.TemporaryDirectory() as d:
             with contextlib.redirect_stderr(io.StringIO()):
-                self.assertEqual(ci.main(["--root", d]), 2)
+                self.assertEqual(cli.main(["--root", d]), 2)
 
     def test_test_only_attributes(self):
-        self.assertTrue(ci.test_only("cfg(test)"))
-        self.assertTrue(ci.test_only('cfg(all(test,target_arch="x86_64"))'))
-        self.assertFalse(ci.test_only('cfg(any(test,feature="x"))'))
-        self.assertFalse(ci.test_only('cfg(all(not(test),unix))'))
+        self.assertTrue(rust.test_only("cfg(test)"))
+        self.assertTrue(rust.test_only('cfg(all(test,target_arch="x86_64"))'))
+        self.assertFalse(rust.test_only('cfg(any(test,feature="x"))'))
+        self.assertFalse(rust.test_only('cfg(all(not(test),unix))'))
+
+    def test_an_internal_error_is_exit_2_not_a_circle(self):
+        def broken(root):
+            raise IndexError("a bug")
+
+        real = cli.check_workspace
+        cli.check_workspace = broken
+        try:
+            with contextlib.redirect_stderr(io.StringIO()) as err:
+                self.assertEqual(cli.main(["--root", "."]), 2)
+        finally:
+            cli.check_workspace = real
+        self.assertIn("internal error", err.getvalue())
 
     def test_an_unknown_argument_is_an_error(self):
         with contextlib.redirect_stderr(io.StringIO()):
-            self.assertEqual(ci.main(["--nonsense"]), 2)
+            self.assertEqual(cli.main(["--nonsense"]), 2)
 
 
 if __name__ == "__main__":

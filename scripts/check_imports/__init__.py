@@ -1,0 +1,1 @@
+"""The import-circle check of `scripts/check-imports` (see its help)."""
