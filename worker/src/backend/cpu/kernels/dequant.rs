@@ -11,7 +11,7 @@
 
 use gguf::GgmlType;
 
-use super::SimdPath;
+use super::simd_path::SimdPath;
 
 /// Decodes whole rows: `bytes` holds `out.len() / block_size` encoded blocks.
 ///
