@@ -11,10 +11,21 @@
 //!   against `fixtures/gemma3-270m.json` in exact mode: greedy ids token-exact, top-5 logits
 //!   within 1e-3, alone and batched.
 
-use super::*;
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+use gguf::GgmlType;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use serde_json::Value;
 use worker::arch::{Activation, RopeStyle};
-use worker::backend::cpu::ops::{gated_into, rms_norm_chunks_in_place, softcap_in_place};
+use worker::backend::cpu::ops::{
+    gated_into, rms_norm, rms_norm_chunks_in_place, softcap_in_place, RopeTable,
+};
 use worker::backend::cpu::{AlignedVec, CpuModel};
+use worker::backend::cuda::{CudaModel, Numerics};
+use worker::backend::BatchModel;
+
+use super::common::{cases_from, gpu, options, random, rel_err, rows_cfg, run_greedy, Kernels};
+use super::formats::weight_bytes;
 
 fn elementwise(total: usize) -> LaunchConfig {
     worker::backend::cuda::launch::elementwise(total)

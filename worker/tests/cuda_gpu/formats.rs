@@ -1,7 +1,14 @@
 //! Weight formats for the GPU checks (part of `cuda_gpu`): test matrices in every format the
 //! kernels decode, llama.cpp's fixture blocks, and a decode through the `embedding` kernel.
 
-use super::*;
+use cudarc::driver::PushKernelArg;
+use gguf::GgmlType;
+use half::{bf16, f16};
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+use serde_json::Value;
+
+use super::common::{random, rows_cfg, Kernels};
 
 /// Every weight format the CUDA kernels decode.
 pub const ALL_FORMATS: [GgmlType; 11] = [

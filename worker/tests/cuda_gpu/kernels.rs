@@ -1,7 +1,21 @@
 //! `kernels_against_cpu` (part of `cuda_gpu`): every kernel on random inputs against the CPU
 //! implementation (or a float64 reference for attention), both numeric modes.
 
-use super::*;
+use cudarc::driver::{CudaSlice, PushKernelArg};
+use gguf::GgmlType;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use worker::backend::cpu::matmul::matmul;
+use worker::backend::cpu::ops::{rms_norm, swiglu, RopeTable};
+use worker::backend::cpu::QMatrix;
+use worker::backend::cuda::Numerics;
+use worker::sampler::argmax;
+
+use super::attention_ref::attention_ref;
+use super::common::{gpu, random, rel_err, rows_cfg, run_matmul, Kernels};
+use super::formats::{
+    embed_tokens, encode, fixture_blocks, run_embedding, weight_bytes, ALL_FORMATS,
+};
 
 #[test]
 #[ignore = "needs an NVIDIA GPU (scripts/gpu-check)"]
