@@ -17,21 +17,14 @@
 //! Needs `helm` (scripts/install-helm puts it in `.cache/helm/bin`, scripts/test runs it first; `HELM`
 //! names another binary) and the release binaries (`cargo build --release --bins`).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
 use integration_tests::ops::{health, wait_health};
 use integration_tests::{bin_path, free_port, tiny_model, Process};
-use serde::Deserialize;
 use serde_json::Value;
 use tonic_health::pb::health_check_response::ServingStatus;
-
-const RELEASE: &str = "smollm-serve";
-const NAMESPACE: &str = "inference";
-const CLUSTER_DOMAIN: &str = "cluster.local";
-/// Worker keys the chart writes ahead of the binary (none: every key it writes is a worker setting).
-const PENDING_WORKER_KEYS: &[&str] = &[];
 
 #[path = "helm_chart/checks.rs"]
 mod checks;
@@ -42,9 +35,9 @@ mod secrets;
 #[path = "helm_chart/settings.rs"]
 mod settings;
 
-use checks::*;
-use render::*;
-use settings::*;
+use checks::{check_profile, pod_labels_match};
+use render::{helm_bin, helm_template, items, port_of, profiles, repo_root, str_of, Manifests};
+use settings::without_host_settings;
 
 #[test]
 fn profiles_lint_render_and_hold_together() {

@@ -1,6 +1,14 @@
 //! What every rendered profile must hold: ports, probes, settings, hardening, grace periods.
 
-use super::*;
+use serde_json::Value;
+
+use super::render::{
+    container_port, items, port_of, str_of, u64_of, Manifests, CLUSTER_DOMAIN, NAMESPACE,
+};
+use super::settings::{assert_known_keys, load_settings};
+
+/// Worker keys the chart writes ahead of the binary (none: every key it writes is a worker setting).
+const PENDING_WORKER_KEYS: &[&str] = &[];
 
 pub(crate) fn pod_labels_match(selector: &Value, labels: &Value) -> bool {
     let selector = selector.as_object().expect("a label selector");

@@ -1,6 +1,17 @@
 //! Rendering the chart with `helm template` and reading the manifests back.
 
-use super::*;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+/// The Helm release name the chart is rendered as.
+pub(crate) const RELEASE: &str = "smollm-serve";
+/// The namespace the chart is rendered into.
+pub(crate) const NAMESPACE: &str = "inference";
+/// The cluster's DNS domain (the chart's default), the suffix of the Services' names.
+pub(crate) const CLUSTER_DOMAIN: &str = "cluster.local";
 
 pub(crate) fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -1,6 +1,12 @@
 //! Secrets: API keys, TLS certificates mounted from Secrets, and the worker NetworkPolicy.
 
-use super::*;
+use std::path::Path;
+
+use serde_json::Value;
+
+use super::checks::{assert_grpc_probes, pod_labels_match};
+use super::render::{container_port, items, port_of, str_of, u64_of, Manifests};
+use super::settings::load_settings;
 
 #[test]
 fn api_keys_secret_and_worker_network_policy() {

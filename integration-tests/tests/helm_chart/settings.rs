@@ -1,6 +1,12 @@
 //! The binaries' settings files as the chart renders them, loaded with the binaries' own loader.
 
-use super::*;
+use std::path::Path;
+use std::process::Command;
+
+use integration_tests::bin_path;
+use serde_json::Value;
+
+use super::render::{items, str_of, Manifests};
 
 /// A pod's settings file as the binary reads it: the TOML from the ConfigMap, and the binary's own
 /// effective settings (`--check-config`, with the container's environment).
