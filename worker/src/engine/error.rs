@@ -67,3 +67,35 @@ pub(super) fn with_sources(error: &dyn std::error::Error) -> String {
     }
     text
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{ModelError, StepError};
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("outer")]
+    struct Outer(#[source] std::io::Error);
+
+    #[test]
+    fn a_failed_step_reads_with_its_sources_as_anyhow_printed_it() {
+        let e = Outer(std::io::Error::other("inner"));
+        assert_eq!(with_sources(&e), "outer: inner");
+        // The step error is transparent: its message and sources are the backend's.
+        let step = StepError::Device(Box::new(Outer(std::io::Error::other("inner"))));
+        assert_eq!(with_sources(&step), "outer: inner");
+        let step = StepError::from(ModelError::EmptyInput { entry: 2 });
+        assert_eq!(with_sources(&step), "batch entry 2 has no tokens");
+    }
+
+    #[test]
+    fn only_the_model_and_the_constraint_failing_are_internal() {
+        use EngineErrorKind::*;
+        for kind in [InvalidRequest, ExceedsKvCache, NoKvRoom] {
+            assert!(!kind.is_internal(), "{kind:?}");
+        }
+        for kind in [ModelFailed, ConstraintFailed] {
+            assert!(kind.is_internal(), "{kind:?}");
+        }
+    }
+}

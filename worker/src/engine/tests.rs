@@ -490,3 +490,57 @@ async fn constrained_sequences_follow_their_constraint_alone_batched_and_preempt
     let got = c.collect(&["long"]).await.remove(0).unwrap();
     assert_eq!(got, (vec![1; 4], StopReason::Length));
 }
+
+/// A model whose every step fails (`panics`: by panicking, else with a device error).
+struct BrokenModel {
+    panics: bool,
+}
+
+impl BatchModel for BrokenModel {
+    type Kv = ();
+    fn kv_bytes_per_token(&self) -> usize {
+        4
+    }
+    fn new_kv(&self, _num_blocks: usize, _block_size: usize) {}
+    fn forward_batch(
+        &self,
+        _batch: &[BatchEntry<'_>],
+        _kv: &mut (),
+        _logits: &mut Logits,
+    ) -> Result<(), StepError> {
+        assert!(!self.panics, "the device caught fire");
+        Err(StepError::Device(Box::new(std::io::Error::other(
+            "device lost",
+        ))))
+    }
+    fn context_length(&self) -> usize {
+        CONTEXT
+    }
+    fn vocab_size(&self) -> usize {
+        VOCAB as usize
+    }
+}
+
+#[tokio::test]
+async fn a_failing_model_fails_the_step_s_requests_as_internal_and_keeps_serving() {
+    for (panics, message) in [
+        (false, "model forward failed: device lost"),
+        (true, "model forward panicked"),
+    ] {
+        let engine = spawn_engine(BrokenModel { panics }, config(64, 64, true));
+        let (tx, rx) = mpsc::unbounded_channel::<EngineOutput>();
+        let mut c = Client {
+            conn: engine.new_connection(),
+            engine,
+            tx,
+            rx,
+        };
+        c.add(add("a", vec![1, 2], 4, vec![]));
+        c.add(add("b", vec![3], 4, vec![]));
+        let want = Err(EngineError::new(EngineErrorKind::ModelFailed, message));
+        assert_eq!(c.collect(&["a", "b"]).await, [want.clone(), want]);
+        let stats = c.stats().await;
+        assert_eq!((stats.failed_requests, stats.kv_blocks_used), (2, 0));
+        assert!(c.engine.snapshot().alive);
+    }
+}
