@@ -20,23 +20,9 @@ pub mod inference {
     }
 }
 
-/// The accepted ranges of the sampling parameters (`GenerateRequest` and the worker protocol's
-/// `SamplingParams`): the router checks requests against them, and the worker checks again because
-/// it does not trust its callers. One definition, so the two can never disagree.
-pub mod sampling_limits {
-    /// Largest accepted `min_p` (a probability ratio).
-    pub const MAX_MIN_P: f32 = 1.0;
-    /// Largest accepted `repetition_penalty` (CTRL; 1 = off).
-    pub const MAX_REPETITION_PENALTY: f32 = 10.0;
-    /// Largest accepted magnitude of `frequency_penalty` and `presence_penalty` (OpenAI's range).
-    pub const MAX_ABS_PENALTY: f32 = 2.0;
-    /// Largest accepted magnitude of a `logit_bias` value (OpenAI's range).
-    pub const MAX_ABS_LOGIT_BIAS: f32 = 100.0;
-    /// Most `logit_bias` entries per request (OpenAI's limit).
-    pub const MAX_LOGIT_BIAS_ENTRIES: usize = 300;
-    /// Largest accepted `top_logprobs` (OpenAI's limit).
-    pub const MAX_TOP_LOGPROBS: u32 = 20;
-}
+/// The accepted ranges of the sampling parameters (see the `sampling-limits` crate): the router
+/// checks requests against them, and the worker checks again because it does not trust its callers.
+pub use sampling_limits;
 
 /// Encoded `FileDescriptorSet` of both protocols (for gRPC reflection).
 pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/descriptor.bin"));

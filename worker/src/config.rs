@@ -261,30 +261,25 @@ impl WorkerSettings {
     /// size is at least 1, `metrics_listen` and `health_listen` are empty or `IP:PORT`, the TLS
     /// files are a complete pair that can be read and used. The model file is not opened.
     ///
-    /// Errors: a message naming the setting.
-    pub fn validate(&self) -> Result<(), String> {
+    /// Errors: a [`SettingsError`] naming the setting.
+    pub fn validate(&self) -> Result<(), SettingsError> {
         if self.model.as_ref().is_none_or(|m| m.as_os_str().is_empty()) {
-            return Err("no model given: set `model` (--model PATH.gguf, WORKER_MODEL)".into());
+            return Err(SettingsError::NoModel);
         }
         if self.block_size == 0 {
-            return Err("block_size must be at least 1".into());
+            return Err(SettingsError::ZeroBlockSize);
         }
         if self.max_num_seqs == 0 || self.max_batch_tokens == 0 {
-            return Err(format!(
-                "max_num_seqs ({}) and max_batch_tokens ({}) must be at least 1",
-                self.max_num_seqs, self.max_batch_tokens
-            ));
+            return Err(SettingsError::ZeroBatch {
+                max_num_seqs: self.max_num_seqs,
+                max_batch_tokens: self.max_batch_tokens,
+            });
         }
         if self.kv_cache_mib == 0 && self.kv_cache_blocks == 0 {
-            return Err(
-                "kv_cache_mib is 0 and kv_cache_blocks is 0: the KV cache would be empty".into(),
-            );
+            return Err(SettingsError::NoKvCache);
         }
         if !(0.0..=0.5).contains(&self.kv_watermark) {
-            return Err(format!(
-                "kv_watermark {} is outside [0, 0.5]",
-                self.kv_watermark
-            ));
+            return Err(SettingsError::KvWatermark(self.kv_watermark));
         }
         for (setting, value) in [
             ("metrics_listen", &self.metrics_listen),
@@ -292,12 +287,15 @@ impl WorkerSettings {
         ] {
             let value = value.trim();
             if !value.is_empty() && value.parse::<SocketAddr>().is_err() {
-                return Err(format!("{setting} {value:?} is not an IP:PORT address"));
+                return Err(SettingsError::NotAnAddress {
+                    setting,
+                    value: value.into(),
+                });
             }
         }
         self.tls_cert()?;
         if self.engine_stall_timeout_ms == 0 {
-            return Err("engine_stall_timeout_ms must be at least 1".into());
+            return Err(SettingsError::ZeroStallTimeout);
         }
         Ok(())
     }
@@ -306,13 +304,14 @@ impl WorkerSettings {
     ///
     /// Errors: only one of `tls_cert` and `tls_key` is set, or a file cannot be read or is invalid
     /// (the message names it).
-    pub fn tls_cert(&self) -> Result<Option<std::sync::Arc<tls_certs::ReloadingCert>>, String> {
+    pub fn tls_cert(
+        &self,
+    ) -> Result<Option<std::sync::Arc<tls_certs::ReloadingCert>>, tls_certs::TlsError> {
         tls_certs::CertFiles::from_settings(
             ("tls_cert", &self.tls_cert),
             ("tls_key", &self.tls_key),
         )
         .and_then(|files| files.map(tls_certs::ReloadingCert::load).transpose())
-        .map_err(|e| e.to_string())
     }
 
     /// The plain health port's address, when it is on.
@@ -324,9 +323,9 @@ impl WorkerSettings {
     /// The engine settings for a model with `kv_bytes_per_token` bytes of K/V per token.
     ///
     /// Errors: a zero block size, or a KV budget smaller than one block.
-    pub fn engine_config(&self, kv_bytes_per_token: usize) -> Result<EngineConfig, String> {
+    pub fn engine_config(&self, kv_bytes_per_token: usize) -> Result<EngineConfig, SettingsError> {
         if self.block_size == 0 {
-            return Err("block_size must be at least 1".into());
+            return Err(SettingsError::ZeroBlockSize);
         }
         let block_bytes = kv_bytes_per_token * self.block_size;
         let num_blocks = if self.kv_cache_blocks > 0 {
@@ -335,10 +334,11 @@ impl WorkerSettings {
             self.kv_cache_mib * (1 << 20) / block_bytes.max(1)
         };
         if num_blocks == 0 {
-            return Err(format!(
-                "kv_cache_mib = {} MiB holds no block of {} tokens ({block_bytes} bytes)",
-                self.kv_cache_mib, self.block_size
-            ));
+            return Err(SettingsError::KvCacheTooSmall {
+                kv_cache_mib: self.kv_cache_mib,
+                block_size: self.block_size,
+                block_bytes,
+            });
         }
         Ok(EngineConfig {
             block_size: self.block_size,
@@ -352,6 +352,59 @@ impl WorkerSettings {
             },
         })
     }
+}
+
+/// A worker setting that cannot be used; every message names the setting.
+#[derive(Debug, thiserror::Error)]
+pub enum SettingsError {
+    /// `model` is not set.
+    #[error("no model given: set `model` (--model PATH.gguf, WORKER_MODEL)")]
+    NoModel,
+    /// `block_size` is 0.
+    #[error("block_size must be at least 1")]
+    ZeroBlockSize,
+    /// `max_num_seqs` or `max_batch_tokens` is 0.
+    #[error(
+        "max_num_seqs ({max_num_seqs}) and max_batch_tokens ({max_batch_tokens}) must be at least 1"
+    )]
+    ZeroBatch {
+        /// The `max_num_seqs` setting.
+        max_num_seqs: usize,
+        /// The `max_batch_tokens` setting.
+        max_batch_tokens: usize,
+    },
+    /// Both `kv_cache_mib` and `kv_cache_blocks` are 0.
+    #[error("kv_cache_mib is 0 and kv_cache_blocks is 0: the KV cache would be empty")]
+    NoKvCache,
+    /// `kv_watermark` outside [0, 0.5].
+    #[error("kv_watermark {0} is outside [0, 0.5]")]
+    KvWatermark(f64),
+    /// `metrics_listen` or `health_listen` is neither empty nor `IP:PORT`.
+    #[error("{setting} {value:?} is not an IP:PORT address")]
+    NotAnAddress {
+        /// The setting.
+        setting: &'static str,
+        /// Its value (trimmed).
+        value: String,
+    },
+    /// The TLS settings or files cannot be used.
+    #[error(transparent)]
+    Tls(#[from] tls_certs::TlsError),
+    /// `engine_stall_timeout_ms` is 0.
+    #[error("engine_stall_timeout_ms must be at least 1")]
+    ZeroStallTimeout,
+    /// `kv_cache_mib` holds no whole KV block of this model.
+    #[error(
+        "kv_cache_mib = {kv_cache_mib} MiB holds no block of {block_size} tokens ({block_bytes} bytes)"
+    )]
+    KvCacheTooSmall {
+        /// The `kv_cache_mib` setting.
+        kv_cache_mib: usize,
+        /// The `block_size` setting.
+        block_size: usize,
+        /// Bytes of one block of this model.
+        block_bytes: usize,
+    },
 }
 
 #[cfg(test)]
@@ -438,7 +491,8 @@ mod tests {
             ..tls.clone()
         }
         .validate()
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(
             err.starts_with("`tls_key` is set but `tls_cert` is not"),
             "{err}"
@@ -448,7 +502,8 @@ mod tests {
             ..tls.clone()
         }
         .validate()
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(
             err.starts_with("cannot read TLS certificate file /nonexistent/w.crt"),
             "{err}"
@@ -458,7 +513,8 @@ mod tests {
             ..tls
         }
         .validate()
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert_eq!(err, "health_listen \"x\" is not an IP:PORT address");
     }
 }

@@ -231,11 +231,9 @@ pub async fn wait_idle(engine: &EngineHandle, timeout: Duration) -> bool {
 mod tests {
     use std::sync::atomic::AtomicBool;
 
-    use inference_proto::worker::{AddRequest, EngineStats, SamplingParams};
-
     use super::*;
-    use crate::backend::{BatchEntry, BatchModel, Logits};
-    use crate::engine::{spawn_engine, Command};
+    use crate::backend::{BatchEntry, BatchModel, Logits, StepError};
+    use crate::engine::{spawn_engine, Command, EngineRequest, EngineStats};
 
     /// A model whose steps wait while `closed` is set (a hung engine), else take 1 ms.
     struct GateModel {
@@ -253,7 +251,7 @@ mod tests {
             batch: &[BatchEntry<'_>],
             _kv: &mut (),
             logits: &mut Logits,
-        ) -> anyhow::Result<()> {
+        ) -> Result<(), StepError> {
             std::thread::sleep(Duration::from_millis(1));
             while self.closed.load(Ordering::Acquire) {
                 std::thread::sleep(Duration::from_millis(1));
@@ -303,22 +301,18 @@ mod tests {
         // Idle for longer than the stall timeout: still serving.
         tokio::time::sleep(stall * 3).await;
         assert!(lifecycle.is_serving() && !lifecycle.is_stalled());
-        let (out, _rx) = tokio::sync::mpsc::unbounded_channel();
+        let (out, _rx) = tokio::sync::mpsc::unbounded_channel::<crate::engine::EngineOutput>();
         let conn = engine.new_connection();
         assert!(engine.send(Command::Add {
             conn,
-            request: Box::new(AddRequest {
+            request: Box::new(EngineRequest {
                 request_id: "a".into(),
                 prompt_ids: vec![1, 2, 3],
                 max_new_tokens: 1_000,
-                sampling: Some(SamplingParams {
-                    top_p: 1.0,
-                    ..Default::default()
-                }),
                 ..Default::default()
             }),
             constraint: None,
-            out,
+            out: Box::new(out),
         }));
         // Busy with steps: serving. Then its steps hang: NOT_SERVING after the stall timeout.
         wait_for("steps run", || engine.snapshot().stats.steps > 5).await;

@@ -102,7 +102,8 @@ async fn run(settings: WorkerSettings, backend: Backend) -> anyhow::Result<()> {
         tracing::info!(%bound, "serving grpc.health.v1 in plain text (health_listen)");
     }
     // TLS of the gRPC port, re-read on change (read before the model load: a bad file fails fast).
-    let cert = settings.tls_cert().map_err(anyhow::Error::msg)?;
+    // Its message alone (the message already holds its source's).
+    let cert = settings.tls_cert().map_err(|e| anyhow::anyhow!("{e}"))?;
     if let Some(cert) = &cert {
         cert.watch(observability::reload::RELOAD_PERIOD);
         tracing::info!(cert = %cert.files().cert.display(), "TLS on the gRPC port");

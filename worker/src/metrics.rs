@@ -24,14 +24,13 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use inference_proto::worker::EngineStats;
 use observability::const_metrics::{counter, gauge};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
-use crate::engine::EngineHandle;
+use crate::engine::{EngineHandle, EngineStats};
 use crate::health::Lifecycle;
 
 /// Sampling period while the engine has work, and while it is idle.

@@ -4,6 +4,8 @@
 //! backend and tested once; the CPU llama model and the CUDA model (`crate::backend::cuda::CudaModel`)
 //! implement it.
 
+use super::StepError;
+
 /// One sequence's part of a step's batch.
 ///
 /// The tokens run at positions `start_pos .. start_pos + tokens.len()`; the sequence's earlier
@@ -39,14 +41,15 @@ pub trait BatchModel: Send + 'static {
     /// batch order and nothing else. `logits` is the caller's buffer, kept from step to step, so a
     /// step allocates none; after an error its contents are unspecified.
     ///
-    /// Errors: an empty entry, an out-of-vocabulary id, a block table too short for the positions,
-    /// positions past the context length.
+    /// Errors: [`StepError::Batch`] for an empty entry, an out-of-vocabulary id, a block table too
+    /// short for the positions, positions past the context length; [`StepError::Device`] when the
+    /// device fails.
     fn forward_batch(
         &self,
         batch: &[BatchEntry<'_>],
         kv: &mut Self::Kv,
         logits: &mut Logits,
-    ) -> anyhow::Result<()>;
+    ) -> Result<(), StepError>;
     /// Context length, in tokens.
     fn context_length(&self) -> usize;
     /// Vocabulary size (length of each logits vector).

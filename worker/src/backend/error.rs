@@ -1,4 +1,5 @@
-//! Errors from loading a model and checking a step's batch, shared by every backend.
+//! Errors from loading a model and checking a step's batch ([`ModelError`]), and from running a step
+//! ([`StepError`]), shared by every backend.
 
 use gguf::GgufError;
 
@@ -98,4 +99,20 @@ pub enum ModelError {
     /// The cache was created for a model with a different shape.
     #[error("KV cache does not match the model ({0})")]
     CacheMismatch(String),
+}
+
+/// Why [`BatchModel::forward_batch`](super::BatchModel::forward_batch) failed. The engine fails the
+/// step's sequences with its message (and the messages of its sources, as `anyhow`'s `{:#}` would
+/// print them) and goes on.
+#[derive(Debug, thiserror::Error)]
+pub enum StepError {
+    /// The backend's checks refused the batch before anything ran: an empty entry, an id outside
+    /// the vocabulary, a block table too short, positions past the context length, a KV slot
+    /// written twice, a cache of another shape (the variants of [`ModelError`] about a batch).
+    #[error(transparent)]
+    Batch(#[from] ModelError),
+    /// The device failed while running the step (a driver call, a kernel launch, an upload); the
+    /// backend's own error, e.g. a `CudaError`.
+    #[error(transparent)]
+    Device(Box<dyn std::error::Error + Send + Sync>),
 }

@@ -2,8 +2,9 @@
 //!
 //! - The seam: [`BatchEntry`] and [`BatchModel`] (what the engine asks of a backend: run one flat
 //!   batch over paged KV blocks, give back logits), [`EntryLimits`] and the [`StepPlan`] (every
-//!   backend's checks of a batch and its KV slot layout, slot conflicts included), and
-//!   [`ModelError`] (loading a model and checking a batch, for every backend).
+//!   backend's checks of a batch and its KV slot layout, slot conflicts included), [`ModelError`]
+//!   (loading a model and checking a batch, for every backend) and [`StepError`] (why a step
+//!   failed).
 //! - [`cpu`]: the f32 forward pass with the project's own SIMD kernels.
 //! - [`cuda`]: the same forward pass on an NVIDIA GPU (NVRTC-compiled kernels of `kernels/`).
 //!
@@ -20,5 +21,5 @@ pub(crate) mod step_plan;
 
 pub use batch::{BatchEntry, BatchModel, Logits};
 pub use entry_limits::EntryLimits;
-pub use error::ModelError;
+pub use error::{ModelError, StepError};
 pub use step_plan::{PlannedToken, StepPlan};

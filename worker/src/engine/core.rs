@@ -10,26 +10,21 @@ use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Instant;
 
-use inference_proto::worker::{
-    AddRequest, EngineStats, LoadReport, RequestError, StepOutput, StopReason as WireStopReason,
-    TokenLogprob, TokenOutput,
-};
+use structured_output::ConstraintState;
 use tokio::sync::mpsc;
 
+use super::error::with_sources;
 use super::masks::{self, MaskJobs};
 use super::monitor::{EngineSnapshot, Publisher};
 use super::scheduler::{Chunk, Scheduler, SchedulerConfig, SeqId};
-use super::sequence::{Sequence, StopReason};
-use super::{Command, ConnId, EngineHandle};
+use super::sequence::Sequence;
+use super::{
+    Command, ConnId, EngineError, EngineErrorKind, EngineHandle, EngineLoad, EngineOutput,
+    EngineRequest, EngineStats, GeneratedToken, OutputSink, RequestFailure,
+};
 use crate::backend::{BatchEntry, BatchModel, Logits};
 use crate::kv::BlockPool;
-use crate::sampler::{Sampler, SamplingConfig};
-use structured_output::ConstraintState;
-
-/// gRPC status codes used in [`RequestError::code`].
-const CODE_INVALID_ARGUMENT: i32 = 3;
-const CODE_RESOURCE_EXHAUSTED: i32 = 8;
-const CODE_INTERNAL: i32 = 13;
+use crate::sampler::Sampler;
 
 /// Engine settings.
 #[derive(Debug, Clone, Copy)]
@@ -79,7 +74,7 @@ struct Engine<M: BatchModel> {
     /// (connection, request id) -> sequence.
     ids: HashMap<(ConnId, String), SeqId>,
     next_seq: SeqId,
-    outputs: HashMap<ConnId, mpsc::UnboundedSender<StepOutput>>,
+    outputs: HashMap<ConnId, Box<dyn OutputSink>>,
     stats: EngineStats,
     publisher: Publisher,
 }
@@ -143,15 +138,13 @@ impl<M: BatchModel> Engine<M> {
             } => {
                 self.outputs.insert(conn, out);
                 let request_id = request.request_id.clone();
-                if let Err((code, message)) = self.admit(conn, *request, constraint) {
+                if let Err(error) = self.admit(conn, *request, constraint) {
                     self.stats.failed_requests += 1;
-                    let mut step = StepOutput::default();
-                    step.errors.push(RequestError {
-                        request_id,
-                        code,
-                        message,
-                    });
-                    self.deliver(conn, step);
+                    let refused = EngineOutput {
+                        errors: vec![RequestFailure { request_id, error }],
+                        ..Default::default()
+                    };
+                    self.deliver(conn, refused);
                 }
             }
             Command::Cancel { conn, request_id } => {
@@ -186,37 +179,36 @@ impl<M: BatchModel> Engine<M> {
     fn admit(
         &mut self,
         conn: ConnId,
-        req: AddRequest,
+        req: EngineRequest,
         constraint: Option<Box<ConstraintState>>,
-    ) -> Result<(), (i32, String)> {
-        let invalid = |m: String| (CODE_INVALID_ARGUMENT, m);
+    ) -> Result<(), EngineError> {
         let ctx = self.model.context_length();
         let vocab = self.model.vocab_size();
         if req.request_id.is_empty() {
-            return Err(invalid("request_id is empty".into()));
+            return Err(EngineError::invalid("request_id is empty"));
         }
         if self.ids.contains_key(&(conn, req.request_id.clone())) {
-            return Err(invalid(format!(
+            return Err(EngineError::invalid(format!(
                 "request_id {:?} is already running",
                 req.request_id
             )));
         }
         if req.prompt_ids.is_empty() {
-            return Err(invalid("prompt has no tokens".into()));
+            return Err(EngineError::invalid("prompt has no tokens"));
         }
         if req.prompt_ids.len() >= ctx {
-            return Err(invalid(format!(
+            return Err(EngineError::invalid(format!(
                 "prompt is {} tokens; this model's context is {ctx} tokens",
                 req.prompt_ids.len()
             )));
         }
         if let Some(bad) = req.prompt_ids.iter().find(|&&id| id as usize >= vocab) {
-            return Err(invalid(format!(
+            return Err(EngineError::invalid(format!(
                 "prompt token id {bad} is outside the vocabulary (size {vocab})"
             )));
         }
         if req.max_new_tokens as usize <= req.generated_ids.len() {
-            return Err(invalid(format!(
+            return Err(EngineError::invalid(format!(
                 "max_new_tokens ({}) must exceed the {} tokens already generated",
                 req.max_new_tokens,
                 req.generated_ids.len()
@@ -224,12 +216,12 @@ impl<M: BatchModel> Engine<M> {
         }
         let total = req.prompt_ids.len() + req.generated_ids.len();
         if total >= ctx {
-            return Err(invalid(format!(
+            return Err(EngineError::invalid(format!(
                 "prompt plus generated tokens is {total} tokens; this model's context is {ctx} tokens"
             )));
         }
         if let Some(bad) = req.generated_ids.iter().find(|&&id| id as usize >= vocab) {
-            return Err(invalid(format!(
+            return Err(EngineError::invalid(format!(
                 "generated token id {bad} is outside the vocabulary (size {vocab})"
             )));
         }
@@ -238,8 +230,8 @@ impl<M: BatchModel> Engine<M> {
         let blocks = self.pool.blocks_for(longest);
         if blocks > self.pool.num_blocks() {
             // Never servable here (not a momentary overload): a client must not retry it.
-            return Err((
-                CODE_INVALID_ARGUMENT,
+            return Err(EngineError::new(
+                EngineErrorKind::ExceedsKvCache,
                 format!(
                     "prompt ({} tokens) + max_new_tokens ({}) needs {blocks} KV blocks; this \
                      worker's KV cache has {} blocks of {} tokens",
@@ -250,10 +242,11 @@ impl<M: BatchModel> Engine<M> {
                 ),
             ));
         }
-        let wire = req.sampling.unwrap_or_default();
-        let config = SamplingConfig::from_wire(&wire).map_err(invalid)?;
-        config.check_vocab(vocab).map_err(invalid)?;
-        let sampler = Sampler::new(config, wire.seed);
+        req.sampling
+            .validate()
+            .and_then(|()| req.sampling.check_vocab(vocab))
+            .map_err(|e| EngineError::invalid(e.to_string()))?;
+        let sampler = Sampler::new(req.sampling, req.seed);
         let id = self.next_seq;
         self.next_seq += 1;
         self.stats.prompt_tokens += req.prompt_ids.len() as u64;
@@ -301,16 +294,16 @@ impl<M: BatchModel> Engine<M> {
         let lent = jobs.ids();
         let (executed, outcomes) = jobs.overlap(|| self.execute(&schedule.chunks));
         masks::restore(outcomes, &lent, &mut self.seqs);
-        let mut per_conn: HashMap<ConnId, StepOutput> = HashMap::new();
+        let mut per_conn: HashMap<ConnId, EngineOutput> = HashMap::new();
         match executed {
             Ok(()) => {
                 let logits = std::mem::take(&mut self.logits);
                 self.update(&schedule.chunks, &logits, &mut per_conn);
                 self.logits = logits;
             }
-            Err(message) => {
+            Err(error) => {
                 for chunk in &schedule.chunks {
-                    self.fail(chunk.seq, CODE_INTERNAL, message.clone(), &mut per_conn);
+                    self.fail(chunk.seq, error.clone(), &mut per_conn);
                 }
             }
         }
@@ -329,7 +322,10 @@ impl<M: BatchModel> Engine<M> {
 
     /// Runs the batch, leaving in `self.logits` the logits of every chunk that ends its
     /// sequence's known tokens.
-    fn execute(&mut self, chunks: &[Chunk]) -> Result<(), String> {
+    ///
+    /// Errors: [`EngineErrorKind::ModelFailed`] when the model fails (the message has its error and
+    /// their sources) or panics.
+    fn execute(&mut self, chunks: &[Chunk]) -> Result<(), EngineError> {
         let entries: Vec<BatchEntry<'_>> = chunks
             .iter()
             .map(|c| {
@@ -350,8 +346,14 @@ impl<M: BatchModel> Engine<M> {
             model.forward_batch(&entries, kv, logits)
         })) {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(format!("model forward failed: {e:#}")),
-            Err(_) => Err("model forward panicked".into()),
+            Ok(Err(e)) => Err(EngineError::new(
+                EngineErrorKind::ModelFailed,
+                format!("model forward failed: {}", with_sources(&e)),
+            )),
+            Err(_) => Err(EngineError::new(
+                EngineErrorKind::ModelFailed,
+                "model forward panicked",
+            )),
         }
     }
 
@@ -359,7 +361,7 @@ impl<M: BatchModel> Engine<M> {
         &mut self,
         chunks: &[Chunk],
         logits: &Logits,
-        per_conn: &mut HashMap<ConnId, StepOutput>,
+        per_conn: &mut HashMap<ConnId, EngineOutput>,
     ) {
         let mut logits = logits.iter();
         for chunk in chunks {
@@ -373,15 +375,17 @@ impl<M: BatchModel> Engine<M> {
                 continue; // a prefill chunk that does not reach the end yet
             }
             let Some(row) = logits.next() else {
-                let message = "the model returned too few logits".to_string();
-                self.fail(chunk.seq, CODE_INTERNAL, message, per_conn);
+                let message = "the model returned too few logits";
+                let error = EngineError::new(EngineErrorKind::ModelFailed, message);
+                self.fail(chunk.seq, error, per_conn);
                 continue;
             };
             let (sampled, stop) = match seq.accept_logits(row) {
                 Ok(accepted) => accepted,
                 Err(e) => {
                     // llguidance failed for this sequence: it fails, the engine goes on.
-                    self.fail(chunk.seq, CODE_INTERNAL, e.to_string(), per_conn);
+                    let error = EngineError::new(EngineErrorKind::ConstraintFailed, e.to_string());
+                    self.fail(chunk.seq, error, per_conn);
                     continue;
                 }
             };
@@ -390,18 +394,13 @@ impl<M: BatchModel> Engine<M> {
                 .entry(seq.conn)
                 .or_default()
                 .tokens
-                .push(TokenOutput {
+                .push(GeneratedToken {
                     request_id: seq.request_id.clone(),
                     token_id: sampled.token_id,
                     logprob: sampled.logprob,
-                    finished: stop.is_some(),
-                    stop_reason: wire_reason(stop) as i32,
+                    stop,
                     index: (seq.generated().len() - 1) as u32,
-                    top_logprobs: sampled
-                        .top_logprobs
-                        .iter()
-                        .map(|&(token_id, logprob)| TokenLogprob { token_id, logprob })
-                        .collect(),
+                    top_logprobs: sampled.top_logprobs,
                 });
             if stop.is_some() {
                 self.stats.finished_requests += 1;
@@ -410,25 +409,25 @@ impl<M: BatchModel> Engine<M> {
         }
     }
 
+    /// Fails sequence `id` with `error` (into its connection's output) and drops it.
     fn fail(
         &mut self,
         id: SeqId,
-        code: i32,
-        message: String,
-        per_conn: &mut HashMap<ConnId, StepOutput>,
+        error: EngineError,
+        per_conn: &mut HashMap<ConnId, EngineOutput>,
     ) {
         if let Some(seq) = self.seqs.get(&id) {
-            if code == CODE_INTERNAL {
+            if error.kind.is_internal() {
+                let message = &error.message;
                 tracing::warn!(request_id = %seq.request_id, %message, "request failed");
             }
             per_conn
                 .entry(seq.conn)
                 .or_default()
                 .errors
-                .push(RequestError {
+                .push(RequestFailure {
                     request_id: seq.request_id.clone(),
-                    code,
-                    message,
+                    error,
                 });
             self.stats.failed_requests += 1;
         }
@@ -448,26 +447,24 @@ impl<M: BatchModel> Engine<M> {
             self.pool.block_size()
         );
         let mut per_conn = HashMap::new();
-        self.fail(id, CODE_RESOURCE_EXHAUSTED, message, &mut per_conn);
+        let error = EngineError::new(EngineErrorKind::NoKvRoom, message);
+        self.fail(id, error, &mut per_conn);
         for (conn, out) in per_conn {
             self.deliver(conn, out);
         }
     }
 
     /// Sends `out` to its connection; a connection that is gone has its sequences dropped.
-    fn deliver(&mut self, conn: ConnId, out: StepOutput) {
-        let delivered = self
-            .outputs
-            .get(&conn)
-            .is_some_and(|tx| tx.send(out).is_ok());
+    fn deliver(&mut self, conn: ConnId, out: EngineOutput) {
+        let delivered = self.outputs.get(&conn).is_some_and(|sink| sink.send(out));
         if !delivered {
             self.close_connection(conn);
         }
     }
 
     /// The load report sent with every step.
-    fn load(&self) -> LoadReport {
-        LoadReport {
+    fn load(&self) -> EngineLoad {
+        EngineLoad {
             running_sequences: self.scheduler.num_running() as u32,
             waiting_sequences: self.scheduler.num_waiting() as u32,
             free_kv_tokens: (self.pool.num_available() * self.pool.block_size()) as u64,
@@ -492,15 +489,5 @@ impl<M: BatchModel> Engine<M> {
         };
         stats.prefix_cache_blocks = pool.cached as u64;
         stats
-    }
-}
-
-fn wire_reason(reason: Option<StopReason>) -> WireStopReason {
-    match reason {
-        None => WireStopReason::Unspecified,
-        Some(StopReason::StopToken) => WireStopReason::StopToken,
-        Some(StopReason::Length) => WireStopReason::Length,
-        Some(StopReason::ContextFull) => WireStopReason::ContextFull,
-        Some(StopReason::ConstraintComplete) => WireStopReason::ConstraintComplete,
     }
 }

@@ -2,40 +2,51 @@
 //! the continuously batched loop (schedule, execute one batched forward, update).
 //!
 //! RPC handlers talk to it only through [`EngineHandle`] (commands over a channel), so the hot path has
-//! no locks and cancelling is just a message. Health, `Info` and metrics read the state the engine
+//! no locks and cancelling is just a message. It speaks its own language, not the wire's: it takes
+//! [`EngineRequest`]s, sends [`EngineOutput`]s to each connection's [`OutputSink`], fails requests
+//! with an [`EngineError`] of an [`EngineErrorKind`] and counts in [`EngineStats`]; the gRPC service
+//! (`crate::service`) converts at its edge. Health, `Info` and metrics read the state the engine
 //! publishes after every step and command batch ([`EngineSnapshot`], see `monitor`), so they never
 //! wait for a step.
 
 mod core;
+mod error;
 mod masks;
 mod monitor;
+mod output;
+mod request;
 mod scheduler;
 mod sequence;
+mod stats;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use inference_proto::worker::{AddRequest, EngineStats, StepOutput};
 use structured_output::ConstraintState;
 use tokio::sync::{mpsc, oneshot, watch};
 
 pub use self::core::{spawn_engine, EngineConfig};
+pub use error::{EngineError, EngineErrorKind};
 pub use masks::mask_seconds;
 pub use monitor::EngineSnapshot;
+pub use output::{EngineLoad, EngineOutput, GeneratedToken, OutputSink, RequestFailure};
+pub use request::EngineRequest;
 pub use scheduler::{Chunk, Schedule, Scheduler, SchedulerConfig, SeqId};
 pub use sequence::{Sequence, StopReason};
+pub use stats::EngineStats;
 
 /// Identifies one router connection (one bidirectional stream).
 pub type ConnId = u64;
 
 /// Messages from RPC handlers to the engine thread.
 pub enum Command {
-    /// Admit a request; its outputs go to `out`. `constraint` is its compiled structured-output
-    /// constraint, already advanced by its `generated_ids` (compiled off the engine thread).
+    /// Admit a request; the connection's outputs go to `out` (from now on, for all its requests).
+    /// `constraint` is its compiled structured-output constraint, already advanced by its
+    /// `generated_ids` (compiled off the engine thread).
     Add {
         conn: ConnId,
-        request: Box<AddRequest>,
+        request: Box<EngineRequest>,
         constraint: Option<Box<ConstraintState>>,
-        out: mpsc::UnboundedSender<StepOutput>,
+        out: Box<dyn OutputSink>,
     },
     /// Drop one request (no further output is sent for it).
     Cancel { conn: ConnId, request_id: String },

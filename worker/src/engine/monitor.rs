@@ -15,8 +15,9 @@
 
 use std::time::{Duration, Instant};
 
-use inference_proto::worker::EngineStats;
 use tokio::sync::watch;
+
+use super::EngineStats;
 
 /// The engine's state as of its last step or command batch.
 #[derive(Debug, Clone, PartialEq)]

@@ -4,14 +4,14 @@
 
 use std::time::Duration;
 
-use crate::backend::{BatchEntry, BatchModel, Logits};
-
+// The structured-output crate compiles the wire's `Constraint`: only the constraint test builds one.
 use inference_proto::public::{constraint::Kind, Constraint};
-use inference_proto::worker::{AddRequest, SamplingParams, StepOutput, StopReason};
 use structured_output::{ConstraintCompiler, ConstraintState, VocabSource};
 use tokio::sync::mpsc;
 
 use super::*;
+use crate::backend::{BatchEntry, BatchModel, Logits, ModelError, StepError};
+use crate::sampler::SamplingConfig;
 
 const VOCAB: u32 = 50;
 const CONTEXT: usize = 64;
@@ -41,13 +41,15 @@ impl BatchModel for SumModel {
         batch: &[BatchEntry<'_>],
         kv: &mut SlotKv,
         out: &mut Logits,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), StepError> {
         std::thread::sleep(Duration::from_millis(2));
         let bs = kv.block_size;
         let slot = |table: &[u32], pos: usize| table[pos / bs] as usize * bs + pos % bs;
         out.clear(VOCAB as usize);
-        for e in batch {
-            anyhow::ensure!(!e.tokens.is_empty(), "empty entry");
+        for (entry, e) in batch.iter().enumerate() {
+            if e.tokens.is_empty() {
+                return Err(ModelError::EmptyInput { entry }.into());
+            }
             for (i, &t) in e.tokens.iter().enumerate() {
                 kv.slots[slot(e.block_table, e.start_pos + i)] = Some(t);
             }
@@ -95,29 +97,26 @@ fn config(num_blocks: usize, max_batch_tokens: usize, prefix_caching: bool) -> E
     }
 }
 
-fn add(id: &str, prompt: Vec<u32>, max_new: u32, stops: Vec<u32>) -> AddRequest {
-    AddRequest {
+fn add(id: &str, prompt: Vec<u32>, max_new: u32, stops: Vec<u32>) -> EngineRequest {
+    EngineRequest {
         request_id: id.into(),
         prompt_ids: prompt,
-        sampling: Some(SamplingParams {
-            top_p: 1.0,
-            seed: 1,
-            ..Default::default()
-        }),
+        sampling: SamplingConfig::default(),
+        seed: 1,
         max_new_tokens: max_new,
         stop_token_ids: stops,
         ..Default::default()
     }
 }
 
-/// A request's tokens and stop reason, or its error message.
-type Outcome = Result<(Vec<u32>, StopReason), String>;
+/// A request's tokens and stop reason, or its error.
+type Outcome = Result<(Vec<u32>, StopReason), EngineError>;
 
 struct Client {
     engine: EngineHandle,
     conn: ConnId,
-    tx: mpsc::UnboundedSender<StepOutput>,
-    rx: mpsc::UnboundedReceiver<StepOutput>,
+    tx: mpsc::UnboundedSender<EngineOutput>,
+    rx: mpsc::UnboundedReceiver<EngineOutput>,
 }
 
 impl Client {
@@ -133,12 +132,12 @@ impl Client {
         }
     }
 
-    fn add(&self, request: AddRequest) {
+    fn add(&self, request: EngineRequest) {
         self.add_constrained(request, None);
     }
 
-    fn add_constrained(&self, request: AddRequest, constraint: Option<Box<ConstraintState>>) {
-        let out = self.tx.clone();
+    fn add_constrained(&self, request: EngineRequest, constraint: Option<Box<ConstraintState>>) {
+        let out = Box::new(self.tx.clone());
         assert!(self.engine.send(Command::Add {
             conn: self.conn,
             request: Box::new(request),
@@ -158,14 +157,14 @@ impl Client {
                 .expect("engine alive");
             for e in &step.errors {
                 if let Some(i) = ids.iter().position(|id| *id == e.request_id) {
-                    results[i] = Some(Err(e.message.clone()));
+                    results[i] = Some(Err(e.error.clone()));
                 }
             }
             for t in &step.tokens {
                 if let Some(i) = ids.iter().position(|id| *id == t.request_id) {
                     tokens[i].push(t.token_id);
-                    if t.finished {
-                        results[i] = Some(Ok((tokens[i].clone(), t.stop_reason())));
+                    if let Some(reason) = t.stop {
+                        results[i] = Some(Ok((tokens[i].clone(), reason)));
                     }
                 }
             }
@@ -212,23 +211,44 @@ async fn generates_until_each_stop_condition() {
 #[tokio::test]
 async fn rejects_bad_requests_and_keeps_serving() {
     let mut c = Client::new(config(8, 64, true));
+    let invalid = EngineErrorKind::InvalidRequest;
     let cases = [
-        (add("empty", vec![], 4, vec![]), "no tokens"),
-        (add("long", vec![1; CONTEXT], 4, vec![]), "context is 64"),
-        (add("oov", vec![99], 4, vec![]), "outside the vocabulary"),
-        (add("zero", vec![1], 0, vec![]), "max_new_tokens"),
-        (add("huge", vec![1; 30], 20, vec![]), "needs 13 KV blocks"),
+        (add("empty", vec![], 4, vec![]), "no tokens", invalid),
+        (
+            add("long", vec![1; CONTEXT], 4, vec![]),
+            "context is 64",
+            invalid,
+        ),
+        (
+            add("oov", vec![99], 4, vec![]),
+            "outside the vocabulary",
+            invalid,
+        ),
+        (add("zero", vec![1], 0, vec![]), "max_new_tokens", invalid),
+        (
+            add("huge", vec![1; 30], 20, vec![]),
+            "needs 13 KV blocks",
+            EngineErrorKind::ExceedsKvCache,
+        ),
     ];
-    for (request, needle) in cases {
+    for (request, needle, kind) in cases {
         let id = request.request_id.clone();
         c.add(request);
         let err = c.collect(&[&id]).await.remove(0).unwrap_err();
-        assert!(err.contains(needle), "{id}: {err}");
+        assert!(err.message.contains(needle), "{id}: {err}");
+        assert_eq!(err.kind, kind, "{id}: {err}");
     }
     let mut bad_sampling = add("temp", vec![1], 2, vec![]);
-    bad_sampling.sampling.as_mut().unwrap().temperature = -1.0;
+    bad_sampling.sampling.temperature = -1.0;
     c.add(bad_sampling);
-    assert!(c.collect(&["temp"]).await[0].is_err());
+    let err = c.collect(&["temp"]).await.remove(0).unwrap_err();
+    assert_eq!(
+        (err.kind, err.message.as_str()),
+        (
+            invalid,
+            "temperature must be a finite number >= 0 (0 = greedy), got -1"
+        )
+    );
     c.add(add("ok", vec![1], 2, vec![]));
     assert_eq!(
         c.collect(&["ok"]).await[0],
@@ -256,12 +276,12 @@ async fn cancel_and_closed_connections_free_every_block() {
 
     // A connection whose receiver is dropped is cleaned up by the engine on its next send.
     let conn2 = c.engine.new_connection();
-    let (tx2, rx2) = mpsc::unbounded_channel();
+    let (tx2, rx2) = mpsc::unbounded_channel::<EngineOutput>();
     c.engine.send(Command::Add {
         conn: conn2,
         request: Box::new(add("c", vec![1], 50, vec![])),
         constraint: None,
-        out: tx2,
+        out: Box::new(tx2),
     });
     drop(rx2);
     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -469,4 +489,58 @@ async fn constrained_sequences_follow_their_constraint_alone_batched_and_preempt
     c.add_constrained(add("long", prompts[1].clone(), 4, vec![0]), regex("a{10}"));
     let got = c.collect(&["long"]).await.remove(0).unwrap();
     assert_eq!(got, (vec![1; 4], StopReason::Length));
+}
+
+/// A model whose every step fails (`panics`: by panicking, else with a device error).
+struct BrokenModel {
+    panics: bool,
+}
+
+impl BatchModel for BrokenModel {
+    type Kv = ();
+    fn kv_bytes_per_token(&self) -> usize {
+        4
+    }
+    fn new_kv(&self, _num_blocks: usize, _block_size: usize) {}
+    fn forward_batch(
+        &self,
+        _batch: &[BatchEntry<'_>],
+        _kv: &mut (),
+        _logits: &mut Logits,
+    ) -> Result<(), StepError> {
+        assert!(!self.panics, "the device caught fire");
+        Err(StepError::Device(Box::new(std::io::Error::other(
+            "device lost",
+        ))))
+    }
+    fn context_length(&self) -> usize {
+        CONTEXT
+    }
+    fn vocab_size(&self) -> usize {
+        VOCAB as usize
+    }
+}
+
+#[tokio::test]
+async fn a_failing_model_fails_the_step_s_requests_as_internal_and_keeps_serving() {
+    for (panics, message) in [
+        (false, "model forward failed: device lost"),
+        (true, "model forward panicked"),
+    ] {
+        let engine = spawn_engine(BrokenModel { panics }, config(64, 64, true));
+        let (tx, rx) = mpsc::unbounded_channel::<EngineOutput>();
+        let mut c = Client {
+            conn: engine.new_connection(),
+            engine,
+            tx,
+            rx,
+        };
+        c.add(add("a", vec![1, 2], 4, vec![]));
+        c.add(add("b", vec![3], 4, vec![]));
+        let want = Err(EngineError::new(EngineErrorKind::ModelFailed, message));
+        assert_eq!(c.collect(&["a", "b"]).await, [want.clone(), want]);
+        let stats = c.stats().await;
+        assert_eq!((stats.failed_requests, stats.kv_blocks_used), (2, 0));
+        assert!(c.engine.snapshot().alive);
+    }
 }

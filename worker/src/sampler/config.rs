@@ -1,20 +1,18 @@
-//! [`SamplingConfig`]: one request's sampling parameters, and their validation from the wire.
+//! [`SamplingConfig`]: one request's sampling parameters, and their validation.
 //!
-//! The ranges are `inference_proto::sampling_limits`, shared with the router; the worker checks them
-//! again because it does not trust its callers.
+//! The ranges are the `sampling-limits` crate's, shared with the router; the engine checks them
+//! again because it does not trust its callers ([`SamplingConfig::validate`], [`SamplingError`]).
 
-use inference_proto::worker::SamplingParams;
-
-pub use inference_proto::sampling_limits::{
+use sampling_limits::{
     MAX_ABS_LOGIT_BIAS, MAX_ABS_PENALTY, MAX_REPETITION_PENALTY, MAX_TOP_LOGPROBS,
 };
 
 /// How to pick the next token: the processing steps of [`Sampler`](super::Sampler), in the order it
 /// applies them (see the [module docs](super) for the whole pipeline).
 ///
-/// [`Default`] is greedy decoding with every step off. A config built by hand is not validated;
-/// [`from_wire`](Self::from_wire) and [`validate`](Self::validate) check the documented ranges, and
-/// out-of-range values that slip through behave as noted on each field (never a panic).
+/// [`Default`] is greedy decoding with every step off. A config is not validated when built;
+/// [`validate`](Self::validate) and [`check_vocab`](Self::check_vocab) check the documented ranges,
+/// and out-of-range values that slip through behave as noted on each field (never a panic).
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplingConfig {
     /// Softmax temperature; `<= 0` (or NaN) means greedy argmax of the processed logits (ties go to the
@@ -65,73 +63,35 @@ impl Default for SamplingConfig {
 }
 
 impl SamplingConfig {
-    /// The config for the worker protocol's `SamplingParams` (the seed is not part of it: pass
-    /// `params.seed` to [`Sampler::new`](super::Sampler::new)).
+    /// Checks the ranges: `temperature` finite and `>= 0`, `top_p` in (0, 1], `min_p` in [0, 1],
+    /// `repetition_penalty` in (0, 10] (1 = off), `frequency_penalty` and `presence_penalty` in
+    /// [-2, 2], every `logit_bias` value in [-100, 100], `top_logprobs` at most 20. Token ids are
+    /// checked by [`check_vocab`](Self::check_vocab), which needs the vocabulary size.
     ///
-    /// `repetition_penalty` 0 (the protocol's unset value) means 1 (off); `logit_bias` is sorted by id.
-    ///
-    /// Errors (a message naming the field and the value): `temperature` negative or not finite, `top_p`
-    /// outside (0, 1], `min_p` outside [0, 1], `repetition_penalty` outside (0, 10] (0 allowed as off),
-    /// `frequency_penalty` or `presence_penalty` outside [-2, 2], a `logit_bias` value outside
-    /// [-100, 100], `top_logprobs` above 20. Token ids are checked by
-    /// [`check_vocab`](Self::check_vocab), which needs the vocabulary size.
-    pub fn from_wire(params: &SamplingParams) -> Result<SamplingConfig, String> {
-        let mut logit_bias: Vec<(u32, f32)> = params
-            .logit_bias
-            .iter()
-            .map(|(&id, &bias)| (id, bias))
-            .collect();
-        logit_bias.sort_unstable_by_key(|&(id, _)| id);
-        let config = SamplingConfig {
-            temperature: params.temperature,
-            top_k: params.top_k,
-            top_p: params.top_p,
-            min_p: params.min_p,
-            repetition_penalty: if params.repetition_penalty == 0.0 {
-                1.0
-            } else {
-                params.repetition_penalty
-            },
-            frequency_penalty: params.frequency_penalty,
-            presence_penalty: params.presence_penalty,
-            logit_bias,
-            top_logprobs: params.top_logprobs,
-        };
-        config.validate()?;
-        Ok(config)
-    }
-
-    /// Checks the ranges [`from_wire`](Self::from_wire) documents (here `repetition_penalty` must be in
-    /// (0, 10]: 0 is only the wire's spelling of "off").
-    pub fn validate(&self) -> Result<(), String> {
+    /// Errors: the first [`SamplingError`] found, in that order.
+    pub fn validate(&self) -> Result<(), SamplingError> {
         let t = self.temperature;
         if !(t.is_finite() && t >= 0.0) {
-            return Err(format!(
-                "temperature must be a finite number >= 0 (0 = greedy), got {t}"
-            ));
+            return Err(SamplingError::Temperature(t));
         }
         let p = self.top_p;
         if !(p > 0.0 && p <= 1.0) {
-            return Err(format!("top_p must be in (0, 1], got {p}"));
+            return Err(SamplingError::TopP(p));
         }
         let m = self.min_p;
         if !(0.0..=1.0).contains(&m) {
-            return Err(format!("min_p must be in [0, 1], got {m}"));
+            return Err(SamplingError::MinP(m));
         }
         let r = self.repetition_penalty;
         if !(r > 0.0 && r <= MAX_REPETITION_PENALTY) {
-            return Err(format!(
-                "repetition_penalty must be in (0, {MAX_REPETITION_PENALTY}] (1 = off), got {r}"
-            ));
+            return Err(SamplingError::RepetitionPenalty(r));
         }
-        for (name, v) in [
+        for (name, value) in [
             ("frequency_penalty", self.frequency_penalty),
             ("presence_penalty", self.presence_penalty),
         ] {
-            if !(-MAX_ABS_PENALTY..=MAX_ABS_PENALTY).contains(&v) {
-                return Err(format!(
-                    "{name} must be in [-{MAX_ABS_PENALTY}, {MAX_ABS_PENALTY}], got {v}"
-                ));
+            if !(-MAX_ABS_PENALTY..=MAX_ABS_PENALTY).contains(&value) {
+                return Err(SamplingError::Penalty { name, value });
             }
         }
         if let Some(&(id, bias)) = self
@@ -139,31 +99,24 @@ impl SamplingConfig {
             .iter()
             .find(|(_, b)| !(-MAX_ABS_LOGIT_BIAS..=MAX_ABS_LOGIT_BIAS).contains(b))
         {
-            return Err(format!(
-                "logit_bias[{id}] must be in [-{MAX_ABS_LOGIT_BIAS}, {MAX_ABS_LOGIT_BIAS}], got {bias}"
-            ));
+            return Err(SamplingError::LogitBias { id, bias });
         }
         if self.top_logprobs > MAX_TOP_LOGPROBS {
-            return Err(format!(
-                "top_logprobs is {}; the limit is {MAX_TOP_LOGPROBS}",
-                self.top_logprobs
-            ));
+            return Err(SamplingError::TopLogprobs(self.top_logprobs));
         }
         Ok(())
     }
 
     /// Checks that every `logit_bias` token id is below `vocab_size` (the length of the logits).
     ///
-    /// Errors: a message with the first offending id and the vocabulary size.
-    pub fn check_vocab(&self, vocab_size: usize) -> Result<(), String> {
+    /// Errors: [`SamplingError::LogitBiasOutsideVocab`] with the first offending id.
+    pub fn check_vocab(&self, vocab_size: usize) -> Result<(), SamplingError> {
         match self
             .logit_bias
             .iter()
             .find(|&&(id, _)| id as usize >= vocab_size)
         {
-            Some((id, _)) => Err(format!(
-                "logit_bias token id {id} is outside the vocabulary (size {vocab_size})"
-            )),
+            Some(&(id, _)) => Err(SamplingError::LogitBiasOutsideVocab { id, vocab_size }),
             None => Ok(()),
         }
     }
@@ -188,4 +141,49 @@ impl SamplingConfig {
     pub(crate) fn processes_logits(&self) -> bool {
         !self.logit_bias.is_empty() || self.repetition_on() || self.frequency_presence_on()
     }
+}
+
+/// A sampling parameter outside its range (the message names the parameter, its range and the
+/// value).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SamplingError {
+    /// `temperature` negative or not finite.
+    #[error("temperature must be a finite number >= 0 (0 = greedy), got {0}")]
+    Temperature(f32),
+    /// `top_p` outside (0, 1].
+    #[error("top_p must be in (0, 1], got {0}")]
+    TopP(f32),
+    /// `min_p` outside [0, 1].
+    #[error("min_p must be in [0, 1], got {0}")]
+    MinP(f32),
+    /// `repetition_penalty` outside (0, 10].
+    #[error("repetition_penalty must be in (0, {max}] (1 = off), got {0}", max = MAX_REPETITION_PENALTY)]
+    RepetitionPenalty(f32),
+    /// `frequency_penalty` or `presence_penalty` outside [-2, 2].
+    #[error("{name} must be in [-{max}, {max}], got {value}", max = MAX_ABS_PENALTY)]
+    Penalty {
+        /// `frequency_penalty` or `presence_penalty`.
+        name: &'static str,
+        /// The value given.
+        value: f32,
+    },
+    /// A `logit_bias` value outside [-100, 100].
+    #[error("logit_bias[{id}] must be in [-{max}, {max}], got {bias}", max = MAX_ABS_LOGIT_BIAS)]
+    LogitBias {
+        /// The token id it biases.
+        id: u32,
+        /// The bias given.
+        bias: f32,
+    },
+    /// `top_logprobs` above 20.
+    #[error("top_logprobs is {0}; the limit is {max}", max = MAX_TOP_LOGPROBS)]
+    TopLogprobs(u32),
+    /// A `logit_bias` token id not below the vocabulary size.
+    #[error("logit_bias token id {id} is outside the vocabulary (size {vocab_size})")]
+    LogitBiasOutsideVocab {
+        /// The first offending id.
+        id: u32,
+        /// The vocabulary size (the length of the logits).
+        vocab_size: usize,
+    },
 }

@@ -65,9 +65,7 @@ mod tests;
 use std::cell::RefCell;
 use std::cmp::Ordering;
 
-pub use config::{
-    SamplingConfig, MAX_ABS_LOGIT_BIAS, MAX_ABS_PENALTY, MAX_REPETITION_PENALTY, MAX_TOP_LOGPROBS,
-};
+pub use config::{SamplingConfig, SamplingError};
 pub use mask::apply_mask;
 pub use rng::{stream_key, uniform};
 

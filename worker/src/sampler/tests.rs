@@ -3,7 +3,6 @@
 
 use std::collections::HashMap;
 
-use inference_proto::worker::SamplingParams;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -635,65 +634,45 @@ fn draw_frequencies_match_the_distribution() {
 }
 
 #[test]
-fn from_wire_validates_and_normalises() {
-    let ok = SamplingParams {
+fn validate_checks_every_range_and_check_vocab_the_bias_ids() {
+    let ok = SamplingConfig {
         temperature: 0.7,
         top_k: 40,
         top_p: 0.9,
-        seed: 5,
         min_p: 0.05,
-        repetition_penalty: 0.0,
+        repetition_penalty: 1.0,
         frequency_penalty: -2.0,
         presence_penalty: 2.0,
-        logit_bias: HashMap::from([(9, 1.5), (2, -100.0)]),
+        logit_bias: vec![(2, -100.0), (9, 1.5)],
         top_logprobs: 20,
     };
-    let c = SamplingConfig::from_wire(&ok).unwrap();
+    assert_eq!(ok.validate(), Ok(()));
+    assert!(ok.check_vocab(10).is_ok());
     assert_eq!(
-        c,
-        SamplingConfig {
-            temperature: 0.7,
-            top_k: 40,
-            top_p: 0.9,
-            min_p: 0.05,
-            repetition_penalty: 1.0,
-            frequency_penalty: -2.0,
-            presence_penalty: 2.0,
-            logit_bias: vec![(2, -100.0), (9, 1.5)],
-            top_logprobs: 20,
-        }
-    );
-    assert!(c.check_vocab(10).is_ok());
-    assert_eq!(
-        c.check_vocab(9).unwrap_err(),
+        ok.check_vocab(9).unwrap_err().to_string(),
         "logit_bias token id 9 is outside the vocabulary (size 9)"
     );
-    let err = |f: &dyn Fn(&mut SamplingParams)| {
-        let mut p = ok.clone();
-        f(&mut p);
-        SamplingConfig::from_wire(&p).unwrap_err()
+    let err = |f: &dyn Fn(&mut SamplingConfig)| {
+        let mut c = ok.clone();
+        f(&mut c);
+        c.validate().unwrap_err().to_string()
     };
-    assert!(err(&|p| p.temperature = -1.0).contains("temperature"));
-    assert!(err(&|p| p.temperature = f32::INFINITY).contains("finite"));
-    assert!(err(&|p| p.top_p = 0.0).contains("top_p must be in (0, 1], got 0"));
-    assert!(err(&|p| p.top_p = f32::NAN).contains("top_p"));
-    assert!(err(&|p| p.min_p = 1.5).contains("min_p must be in [0, 1], got 1.5"));
-    assert!(err(&|p| p.min_p = -0.1).contains("min_p"));
-    assert!(err(&|p| p.repetition_penalty = -1.0).contains("repetition_penalty"));
-    assert!(err(&|p| p.repetition_penalty = 10.5).contains("(0, 10]"));
-    assert!(err(&|p| p.frequency_penalty = 2.5)
+    assert!(err(&|c| c.temperature = -1.0).contains("temperature"));
+    assert!(err(&|c| c.temperature = f32::INFINITY).contains("finite"));
+    assert!(err(&|c| c.top_p = 0.0).contains("top_p must be in (0, 1], got 0"));
+    assert!(err(&|c| c.top_p = f32::NAN).contains("top_p"));
+    assert!(err(&|c| c.min_p = 1.5).contains("min_p must be in [0, 1], got 1.5"));
+    assert!(err(&|c| c.min_p = -0.1).contains("min_p"));
+    assert!(err(&|c| c.repetition_penalty = -1.0).contains("repetition_penalty"));
+    assert!(err(&|c| c.repetition_penalty = 10.5).contains("(0, 10]"));
+    assert!(err(&|c| c.frequency_penalty = 2.5)
         .contains("frequency_penalty must be in [-2, 2], got 2.5"));
-    assert!(err(&|p| p.presence_penalty = f32::NAN).contains("presence_penalty"));
-    assert!(err(&|p| {
-        p.logit_bias.insert(4, 101.0);
-    })
-    .contains("logit_bias[4] must be in [-100, 100], got 101"));
-    assert!(err(&|p| p.top_logprobs = 21).contains("top_logprobs is 21; the limit is 20"));
+    assert!(err(&|c| c.presence_penalty = f32::NAN).contains("presence_penalty"));
+    assert!(err(&|c| c.logit_bias.push((4, 101.0)))
+        .contains("logit_bias[4] must be in [-100, 100], got 101"));
+    assert!(err(&|c| c.top_logprobs = 21).contains("top_logprobs is 21; the limit is 20"));
     // repetition_penalty 10 is the top of the range.
-    let mut p = ok.clone();
-    p.repetition_penalty = 10.0;
-    assert_eq!(
-        SamplingConfig::from_wire(&p).unwrap().repetition_penalty,
-        10.0
-    );
+    let mut c = ok.clone();
+    c.repetition_penalty = 10.0;
+    assert_eq!(c.validate(), Ok(()));
 }

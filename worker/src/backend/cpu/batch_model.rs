@@ -2,7 +2,7 @@
 //! [`CpuModel::forward_batch_into`] and [`PagedKvCache`].
 
 use super::{CpuModel, PagedKvCache};
-use crate::backend::{BatchEntry, BatchModel, Logits};
+use crate::backend::{BatchEntry, BatchModel, Logits, StepError};
 
 impl BatchModel for CpuModel {
     type Kv = PagedKvCache;
@@ -20,7 +20,7 @@ impl BatchModel for CpuModel {
         batch: &[BatchEntry<'_>],
         kv: &mut PagedKvCache,
         logits: &mut Logits,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), StepError> {
         Ok(CpuModel::forward_batch_into(self, batch, kv, logits)?)
     }
 

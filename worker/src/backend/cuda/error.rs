@@ -5,7 +5,8 @@
 //!
 //! Every message is one line (a failed compile adds NVRTC's log on the following lines) and names
 //! what failed. A wrapped error's text is part of its variant's message, so wrapped errors are not
-//! also reported as [`std::error::Error::source`]: `anyhow`'s `{:#}` would print them twice.
+//! also reported as [`std::error::Error::source`]: a message that lists the sources (the engine's
+//! for a failed step, `anyhow`'s `{:#}`) would print them twice.
 //! [`CudaError::Model`] is transparent (message and source are the [`ModelError`]'s).
 
 use std::ffi::NulError;
@@ -18,7 +19,7 @@ use cudarc::nvrtc::sys::nvrtcResult;
 
 use super::numerics::Numerics;
 use crate::arch::Arch;
-use crate::backend::ModelError;
+use crate::backend::{ModelError, StepError};
 
 /// An error of the CUDA backend.
 #[derive(Debug, thiserror::Error)]
@@ -144,6 +145,16 @@ pub enum CudaError {
     /// Loading the model or checking a step's batch failed as in every backend.
     #[error(transparent)]
     Model(#[from] ModelError),
+}
+
+impl From<CudaError> for StepError {
+    /// A batch the shared checks refused stays [`StepError::Batch`]; anything else is the device's.
+    fn from(e: CudaError) -> Self {
+        match e {
+            CudaError::Model(e) => StepError::Batch(e),
+            e => StepError::Device(Box::new(e)),
+        }
+    }
 }
 
 /// `"{file}: "`, or nothing for a call that is not about one kernel file.

@@ -39,7 +39,7 @@ use super::launch::{self, DEFAULT_SMEM_LIMIT};
 use super::numerics::Numerics;
 use super::weights::{GpuWeights, HostWeights};
 use crate::arch::ModelDesc;
-use crate::backend::{BatchEntry, BatchModel, EntryLimits, Logits, ModelError};
+use crate::backend::{BatchEntry, BatchModel, EntryLimits, Logits, ModelError, StepError};
 
 mod record;
 
@@ -433,7 +433,7 @@ impl BatchModel for CudaModel {
         batch: &[BatchEntry<'_>],
         kv: &mut GpuKv,
         logits: &mut Logits,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), StepError> {
         Ok(self.forward(batch, kv, logits)?)
     }
 

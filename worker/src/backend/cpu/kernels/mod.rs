@@ -49,6 +49,33 @@ enum Storage {
     Mapped(MappedBytes),
 }
 
+/// Why bytes cannot be a [`QMatrix`] of the given format and shape.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QMatrixError {
+    /// The format cannot be decoded, or `cols` is not a whole number of its blocks.
+    #[error("{format}: cannot hold rows of {cols} elements")]
+    RowLength {
+        /// The tensor's format.
+        format: GgmlType,
+        /// The row length asked for.
+        cols: usize,
+    },
+    /// The bytes are not exactly `rows` encoded rows (or `cols` is 0).
+    #[error("{format} [{rows}, {cols}] needs {needed} bytes, got {got}")]
+    Size {
+        /// The tensor's format.
+        format: GgmlType,
+        /// Rows asked for.
+        rows: usize,
+        /// Row length asked for.
+        cols: usize,
+        /// Bytes `rows` rows take.
+        needed: usize,
+        /// Bytes given.
+        got: usize,
+    },
+}
+
 /// A row-major `[rows, cols]` weight matrix stored in a GGUF tensor format.
 ///
 /// Row `r` holds the `cols` input weights of output feature `r`, encoded as
@@ -69,7 +96,7 @@ impl QMatrix {
     /// Wraps a copy of `bytes` (the tensor data as stored in a GGUF file) as a `[rows, cols]`
     /// matrix.
     ///
-    /// Errors (as text) if the format is one `gguf` cannot decode
+    /// Errors ([`QMatrixError`]) if the format is one `gguf` cannot decode
     /// ([`GgmlType::Unsupported`]), if `cols` is not a multiple of the format's block size, or
     /// if `bytes` is not exactly `rows` encoded rows.
     pub fn from_bytes(
@@ -77,7 +104,7 @@ impl QMatrix {
         rows: usize,
         cols: usize,
         bytes: &[u8],
-    ) -> Result<QMatrix, String> {
+    ) -> Result<QMatrix, QMatrixError> {
         Self::build(format, rows, cols, bytes, || Storage::Bytes(bytes.to_vec()))
     }
 
@@ -92,7 +119,7 @@ impl QMatrix {
         rows: usize,
         cols: usize,
         bytes: MappedBytes,
-    ) -> Result<QMatrix, String> {
+    ) -> Result<QMatrix, QMatrixError> {
         Self::build(format, rows, cols, &bytes, || {
             Storage::Mapped(bytes.clone())
         })
@@ -106,17 +133,18 @@ impl QMatrix {
         cols: usize,
         bytes: &[u8],
         keep: impl FnOnce() -> Storage,
-    ) -> Result<QMatrix, String> {
+    ) -> Result<QMatrix, QMatrixError> {
         let row_bytes = format
             .byte_size(cols as u64)
-            .ok_or_else(|| format!("{format}: cannot hold rows of {cols} elements"))?
-            as usize;
+            .ok_or(QMatrixError::RowLength { format, cols })? as usize;
         if cols == 0 || bytes.len() != rows * row_bytes {
-            return Err(format!(
-                "{format} [{rows}, {cols}] needs {} bytes, got {}",
-                rows * row_bytes,
-                bytes.len()
-            ));
+            return Err(QMatrixError::Size {
+                format,
+                rows,
+                cols,
+                needed: rows * row_bytes,
+                got: bytes.len(),
+            });
         }
         let data = if format == GgmlType::F32 {
             Storage::F32(

@@ -5,6 +5,13 @@
 //! fails them over) and `Health` says not ready; once the drain ends every stream is closed.
 //! `Health` and `Info` answer from the engine's published state ([`crate::engine::EngineSnapshot`]),
 //! so a long step never delays them.
+//!
+//! The wire's types stop here: [`convert`] turns each `AddRequest` into the engine's request and
+//! the engine's outputs, errors and counters into wire messages; [`constraint`] compiles a
+//! request's structured-output constraint off the async runtime before it goes to the engine.
+
+mod constraint;
+mod convert;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -14,22 +21,21 @@ use std::time::{Duration, Instant};
 use futures::Stream;
 use inference_proto::worker::{
     router_message, worker_message, worker_server::Worker, HealthRequest, HealthResponse,
-    InfoRequest, InfoResponse, RequestError, RouterMessage, StepOutput, WorkerMessage,
+    InfoRequest, InfoResponse, RouterMessage, WorkerMessage,
 };
+use structured_output::ConstraintCompiler;
 use tokio_stream::StreamExt;
-use tonic::{Request, Response, Status, Streaming};
-
-use inference_proto::worker::AddRequest;
-use structured_output::{ConstraintCompiler, ConstraintState};
+use tonic::{Code, Request, Response, Status, Streaming};
 
 use crate::engine::{Command, EngineHandle};
 use crate::health::{health_response, Lifecycle};
 use crate::telemetry::ConnectionSpans;
+use constraint::{compile_off_runtime, Constraints, Refused};
+use convert::{engine_request, refusal, wire_stats, WireSink};
 
-/// `google.rpc.Code` UNAVAILABLE, for requests refused while draining.
-const CODE_UNAVAILABLE: i32 = 14;
-/// `google.rpc.Code` INVALID_ARGUMENT, for a constraint that cannot be followed.
-const CODE_INVALID_ARGUMENT: i32 = 3;
+/// The refusal of a new request while the worker drains (with `UNAVAILABLE`: the router fails it
+/// over to another worker).
+const DRAINING: &str = "the worker is shutting down and takes no new requests";
 
 /// Stall timeout of a service built without [`WorkerService::with_stall_timeout`] (the default of
 /// the `engine_stall_timeout_ms` setting).
@@ -45,7 +51,7 @@ pub struct WorkerService {
     /// `Health` says not ready when the engine has work and made no progress for this long.
     stall_timeout: Duration,
     /// Structured output over the model's vocabulary, or why this model cannot have it.
-    constraints: Arc<Result<ConstraintCompiler, String>>,
+    constraints: Arc<Constraints>,
 }
 
 impl WorkerService {
@@ -54,7 +60,7 @@ impl WorkerService {
     /// have one is logged, and its constrained requests are refused).
     pub fn new(engine: EngineHandle, description: InfoResponse) -> Self {
         let started = Instant::now();
-        let constraints = ConstraintCompiler::from_info(&description).map_err(|e| e.to_string());
+        let constraints = ConstraintCompiler::from_info(&description);
         match &constraints {
             Ok(_) => tracing::info!(
                 ms = started.elapsed().as_millis() as u64,
@@ -109,44 +115,6 @@ fn until_stopped<T: Send + 'static>(
     )
 }
 
-/// The step message that refuses `request_id` with `code` and `message`.
-fn refusal(request_id: String, code: i32, message: String) -> StepOutput {
-    StepOutput {
-        errors: vec![RequestError {
-            request_id,
-            code,
-            message,
-        }],
-        ..Default::default()
-    }
-}
-
-/// The request's constraint compiled and advanced by its `generated_ids` (`None` when it has
-/// none). Errors (the request's `INVALID_ARGUMENT` message): no structured output for this model,
-/// no stop token to end a complete output with, an invalid constraint, or generated tokens the
-/// constraint does not allow.
-fn compile_constraint(
-    constraints: &Result<ConstraintCompiler, String>,
-    request: &AddRequest,
-) -> Result<Option<Box<ConstraintState>>, String> {
-    let Some(constraint) = &request.constraint else {
-        return Ok(None);
-    };
-    let compiler = constraints
-        .as_ref()
-        .map_err(|reason| format!("structured output is not available for this model: {reason}"))?;
-    if request.stop_token_ids.is_empty() {
-        return Err(
-            "a constrained request needs stop_token_ids (they end a complete output)".into(),
-        );
-    }
-    let mut state = compiler.compile(constraint).map_err(|e| e.to_string())?;
-    state
-        .replay(&request.generated_ids)
-        .map_err(|e| format!("generated_ids do not follow the constraint: {e}"))?;
-    Ok(Some(Box::new(state)))
-}
-
 type WorkerStream = Pin<Box<dyn Stream<Item = Result<WorkerMessage, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -188,18 +156,18 @@ impl Worker for WorkerService {
                 let command = match message.kind {
                     Some(router_message::Kind::Add(request)) => {
                         if draining() {
-                            let message = "the worker is shutting down and takes no new requests";
                             let refused =
-                                refusal(request.request_id, CODE_UNAVAILABLE, message.into());
+                                refusal(request.request_id, Code::Unavailable, DRAINING.into());
                             let _ = out_tx.send(refused);
                             continue;
                         }
-                        let constraint = match compile_constraint(&constraints, &request) {
-                            Ok(constraint) => constraint,
-                            Err(message) => {
-                                let refused =
-                                    refusal(request.request_id, CODE_INVALID_ARGUMENT, message);
-                                let _ = out_tx.send(refused);
+                        let (request, constraint) = match compile_off_runtime(&constraints, request)
+                            .await
+                        {
+                            Ok(compiled) => compiled,
+                            Err(Refused { request_id, reason }) => {
+                                let message = reason.to_string();
+                                let _ = out_tx.send(refusal(request_id, reason.code(), message));
                                 continue;
                             }
                         };
@@ -208,9 +176,9 @@ impl Worker for WorkerService {
                         }
                         Command::Add {
                             conn,
-                            request: Box::new(request),
+                            request: Box::new(engine_request(request)),
                             constraint,
-                            out: out_tx.clone(),
+                            out: Box::new(WireSink(out_tx.clone())),
                         }
                     }
                     Some(router_message::Kind::Cancel(cancel)) => {
@@ -252,7 +220,7 @@ impl Worker for WorkerService {
             return Err(Status::unavailable("the engine has stopped"));
         }
         let mut info = (*self.description).clone();
-        info.stats = Some(snapshot.stats);
+        info.stats = Some(wire_stats(snapshot.stats));
         Ok(Response::new(info))
     }
 
@@ -291,67 +259,5 @@ mod tests {
         assert_eq!(stream.next().await, Some(3));
         assert_eq!(stream.next().await, None);
         drop(tx);
-    }
-
-    /// A compiler over the vocabulary `<eos>` (control, id 0), `a`, `b`, `c`.
-    fn abc() -> Result<ConstraintCompiler, String> {
-        let tokens: Vec<String> = ["<eos>", "a", "b", "c"].map(String::from).to_vec();
-        Ok(ConstraintCompiler::new(structured_output::VocabSource {
-            model: "gpt2",
-            tokens: &tokens,
-            token_types: &[3, 1, 1, 1],
-            vocab_size: 4,
-            eos_token_ids: &[0],
-        })
-        .unwrap())
-    }
-
-    fn regex_request(regex: &str, generated: Vec<u32>, stops: Vec<u32>) -> AddRequest {
-        use inference_proto::public::{constraint::Kind, Constraint};
-        AddRequest {
-            request_id: "r".into(),
-            prompt_ids: vec![1],
-            max_new_tokens: 10,
-            stop_token_ids: stops,
-            generated_ids: generated,
-            constraint: Some(Constraint {
-                kind: Some(Kind::Regex(regex.into())),
-            }),
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn constraints_compile_and_replay_generated_ids_or_are_refused_with_the_reason() {
-        let compiler = abc();
-        let unconstrained = AddRequest::default();
-        assert!(compile_constraint(&compiler, &unconstrained)
-            .unwrap()
-            .is_none());
-        // Resumed after "ab": only "c" may follow, then the output is complete.
-        let mut state = compile_constraint(&compiler, &regex_request("abc", vec![1, 2], vec![0]))
-            .unwrap()
-            .unwrap();
-        assert_eq!(state.generated(), 2);
-        let mask = state.compute_mask().unwrap();
-        assert!(mask.allows(3) && mask.num_allowed() == 1);
-        let refused = |request: AddRequest| compile_constraint(&compiler, &request).unwrap_err();
-        let e = refused(regex_request("abc", vec![2], vec![0]));
-        assert!(
-            e.starts_with(
-                "generated_ids do not follow the constraint: token 2 at generated index 0"
-            ),
-            "{e}"
-        );
-        let e = refused(regex_request("abc", vec![], vec![]));
-        assert!(e.contains("needs stop_token_ids"), "{e}");
-        let e = refused(regex_request("(", vec![], vec![0]));
-        assert!(e.starts_with("constraint.regex is invalid"), "{e}");
-        let unavailable: Result<ConstraintCompiler, String> = Err("no tokenizer".into());
-        let e = compile_constraint(&unavailable, &regex_request("a", vec![], vec![0])).unwrap_err();
-        assert_eq!(
-            e,
-            "structured output is not available for this model: no tokenizer"
-        );
     }
 }

@@ -1,0 +1,73 @@
+//! What the engine sends a connection: [`EngineOutput`] (one step's tokens and failures, with the
+//! engine's [`EngineLoad`]), through the connection's [`OutputSink`].
+
+use tokio::sync::mpsc;
+
+use super::{EngineError, StopReason};
+
+/// Everything one engine step produced for one connection; or, sent between steps, the refusal of
+/// a request the engine could not admit (then `load` is `None` and `step` 0).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EngineOutput {
+    /// The tokens generated for the connection's sequences, in batch order.
+    pub tokens: Vec<GeneratedToken>,
+    /// The connection's requests refused or failed; each is no longer active.
+    pub errors: Vec<RequestFailure>,
+    /// The engine's load after the step.
+    pub load: Option<EngineLoad>,
+    /// The engine's step counter when this output was produced (1-based, increasing).
+    pub step: u64,
+}
+
+/// One generated token of one request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GeneratedToken {
+    /// The request's id.
+    pub request_id: String,
+    /// The token.
+    pub token_id: u32,
+    /// log p(token) under the model's raw distribution (temperature 1), in nats.
+    pub logprob: f32,
+    /// Why the sequence ended with this token; `None` while it goes on. When set, the engine has
+    /// freed the sequence.
+    pub stop: Option<StopReason>,
+    /// Index of this token among the request's generated tokens (0-based).
+    pub index: u32,
+    /// The request's `top_logprobs` most likely `(token id, logprob)` at this position under the
+    /// same distribution as `logprob`, most likely first (ties: lower id first); empty when it asked
+    /// for none.
+    pub top_logprobs: Vec<(u32, f32)>,
+}
+
+/// A request the engine refused or could not finish.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestFailure {
+    /// The request's id.
+    pub request_id: String,
+    /// Why.
+    pub error: EngineError,
+}
+
+/// The engine's load, reported with every step's outputs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EngineLoad {
+    /// Sequences in the running batch.
+    pub running_sequences: u32,
+    /// Sequences waiting for admission.
+    pub waiting_sequences: u32,
+    /// KV cache capacity left, in tokens.
+    pub free_kv_tokens: u64,
+}
+
+/// Where the engine sends one connection's outputs (a channel, or the gRPC service's stream in its
+/// wire format).
+pub trait OutputSink: Send + 'static {
+    /// Sends `output`; false when the connection is gone (the engine then drops its sequences).
+    fn send(&self, output: EngineOutput) -> bool;
+}
+
+impl OutputSink for mpsc::UnboundedSender<EngineOutput> {
+    fn send(&self, output: EngineOutput) -> bool {
+        mpsc::UnboundedSender::send(self, output).is_ok()
+    }
+}

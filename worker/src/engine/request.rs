@@ -1,0 +1,27 @@
+//! [`EngineRequest`]: a request to generate, in the engine's terms (the gRPC service builds it from
+//! the wire's `AddRequest`).
+
+use crate::sampler::SamplingConfig;
+
+/// A request to generate tokens after a prompt. The engine checks everything here before admitting
+/// it (a bad request is refused with [`EngineErrorKind::InvalidRequest`](super::EngineErrorKind)).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct EngineRequest {
+    /// The caller's id for the request: non-empty, unique among its connection's open requests.
+    pub request_id: String,
+    /// Prompt token ids: non-empty, shorter than the model's context, inside the vocabulary.
+    pub prompt_ids: Vec<u32>,
+    /// Tokens already generated for this request elsewhere (a failover): recomputed as context,
+    /// counted against `max_new_tokens`, and the sampler's random stream continues at index
+    /// `generated_ids.len()`, so the continuation equals an uninterrupted run.
+    pub generated_ids: Vec<u32>,
+    /// Most tokens to generate, `generated_ids` included (must exceed their number).
+    pub max_new_tokens: u32,
+    /// Token ids that end the sequence (EOS ids unless the caller asked to ignore them).
+    pub stop_token_ids: Vec<u32>,
+    /// How to pick each token (checked by [`SamplingConfig::validate`] and
+    /// [`SamplingConfig::check_vocab`] before admission).
+    pub sampling: SamplingConfig,
+    /// Seed of the request's random stream: draw `n` is a pure function of `(seed, n)`.
+    pub seed: u64,
+}
