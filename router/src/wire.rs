@@ -26,11 +26,12 @@ use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
 use http_body::{Body as HttpBody, Frame, SizeHint};
+use inference_proto::status::code_name;
 use tonic::body::Body;
 use tonic::server::NamedService;
 use tonic::{Code, Status};
 
-use crate::metrics::{code_name, RouterMetrics};
+use crate::metrics::RouterMetrics;
 
 /// Bytes of a gRPC frame header: a compression flag and a big-endian `u32` payload length.
 const FRAME_HEADER_BYTES: usize = 5;
