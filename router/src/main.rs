@@ -11,13 +11,12 @@ use std::time::Duration;
 
 use clap::Parser;
 use inference_proto::public::text_generation_server::TextGenerationServer;
-use router::auth::grpc::KeyGuard;
 use router::config::{Cli, RouterSettings};
 use router::drain::Drain;
 use router::metrics::RouterMetrics;
 use router::pool::WorkerPool;
+use router::request_guard::RequestGuard;
 use router::service::TextGenerationService;
-use router::wire::WireGuard;
 use tls_certs::Alpn;
 
 fn main() -> ExitCode {
@@ -152,14 +151,13 @@ async fn run(settings: RouterSettings) -> anyhow::Result<()> {
     };
     let service = TextGenerationService::new(pool, settings.limits.clone(), drain.clone())
         .with_metrics(metrics.clone());
-    // The decode limit follows max_request_bytes; the wire guard answers an oversized message
-    // with RESOURCE_EXHAUSTED naming it, and counts and logs calls refused before the handler.
+    // The decode limit follows max_request_bytes; the request guard checks the API key, answers
+    // an oversized message with RESOURCE_EXHAUSTED naming it, and counts and logs calls refused
+    // before the handler.
     let max_request_bytes = settings.limits.max_request_bytes as usize;
-    let public_api = WireGuard::new(
-        KeyGuard::new(
-            TextGenerationServer::new(service).max_decoding_message_size(max_request_bytes),
-            keys,
-        ),
+    let public_api = RequestGuard::new(
+        TextGenerationServer::new(service).max_decoding_message_size(max_request_bytes),
+        keys,
         max_request_bytes,
         Some(metrics),
     );

@@ -157,7 +157,8 @@ impl RouterMetrics {
     }
 
     /// Counts a `Generate` call refused before its handler ran (e.g. a message that does not decode
-    /// or is above `max_request_bytes`; see [`crate::wire`]) in `router_requests_total{code}`.
+    /// or is above `max_request_bytes`; see [`crate::request_guard`]) in
+    /// `router_requests_total{code}`.
     pub fn count_rejection(&self, code: Code) {
         self.count_status(code);
     }

@@ -6,7 +6,8 @@
 //! `Generate` is refused with `UNAVAILABLE` while the router drains ([`Drain`]); each running call is
 //! counted until its response stream ends, so a drain can wait for it. The call's `grpc-timeout`
 //! becomes the request's deadline ([`crate::deadline`]). Every handler marks its call as reached
-//! ([`HandlerReached`]), so [`crate::wire::WireGuard`] accounts only calls refused before a handler.
+//! ([`HandlerReached`]), so [`crate::request_guard::RequestGuard`] accounts only calls refused before
+//! a handler.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -29,8 +30,8 @@ use crate::generate;
 use crate::metrics::{RequestObserver, RouterMetrics};
 use crate::model_context::ModelContext;
 use crate::pool::WorkerPool;
+use crate::request_guard::HandlerReached;
 use crate::route_error::RouteError;
-use crate::wire::HandlerReached;
 
 /// The router's public service.
 pub struct TextGenerationService {

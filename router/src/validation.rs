@@ -104,7 +104,7 @@ impl Sampling {
 /// Checks everything that does not need the tokenizer. Returns the sampling parameters.
 ///
 /// Errors: [`ValidationError::Invalid`] for a request larger than `max_request_bytes` (over gRPC
-/// the router's [`crate::wire::WireGuard`] already refuses such a message with `RESOURCE_EXHAUSTED`
+/// the router's [`crate::request_guard::RequestGuard`] already refuses such a message with `RESOURCE_EXHAUSTED`
 /// from its frame header; this check covers the HTTP front and callers of the library), an empty
 /// prompt or message list, an empty message role, `max_new_tokens` of 0 or above the limit, a
 /// negative or non-finite temperature, `top_p` outside (0, 1], `min_p` outside [0, 1],
