@@ -12,7 +12,9 @@ use serde::{Deserialize, Deserializer, Serialize};
 use crate::admission::AdmissionLimits;
 use crate::affinity::AffinityPolicy;
 use crate::model_context::ChatTemplateFile;
+use crate::openai::ModelNames;
 use crate::pool::PoolSettings;
+use crate::validation::RequestLimits;
 
 /// Command-line flags. Every flag is optional here so that the file and environment can supply it.
 #[derive(Debug, Parser, Serialize)]
@@ -104,7 +106,8 @@ pub struct Cli {
     pub check_config: bool,
 }
 
-/// Validation limits applied to every request (all reported by `ModelInfo`).
+/// The `limits` settings: the validation limits applied to every request (all reported by
+/// `ModelInfo`), handed to the fronts as [`RequestLimits`].
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Limits {
@@ -116,7 +119,7 @@ pub struct Limits {
     pub max_new_tokens: u32,
     /// `max_new_tokens` when a request leaves it unset, capped by `max_new_tokens` (so lowering
     /// the maximum alone lowers it too) and by the room left in the context: see
-    /// [`Limits::default_new_tokens`].
+    /// [`RequestLimits::default_new_tokens`].
     pub default_max_new_tokens: u32,
     /// Longest prompt, in tokens; 0 means the model's context length minus one.
     pub max_input_tokens: u32,
@@ -125,10 +128,16 @@ pub struct Limits {
 }
 
 impl Limits {
-    /// The `max_new_tokens` of a request that leaves it unset, before the context's room:
-    /// `min(default_max_new_tokens, max_new_tokens)`.
-    pub fn default_new_tokens(&self) -> u32 {
-        self.default_max_new_tokens.min(self.max_new_tokens)
+    /// The limits the validation checks requests against.
+    pub fn request_limits(&self) -> RequestLimits {
+        RequestLimits {
+            max_stop_sequences: self.max_stop_sequences,
+            max_stop_sequence_chars: self.max_stop_sequence_chars,
+            max_new_tokens: self.max_new_tokens,
+            default_max_new_tokens: self.default_max_new_tokens,
+            max_input_tokens: self.max_input_tokens,
+            max_request_bytes: self.max_request_bytes,
+        }
     }
 }
 
@@ -352,8 +361,8 @@ impl RouterSettings {
     }
 
     /// The names the HTTP API answers to.
-    pub fn model_names(&self) -> crate::openai::ModelNames {
-        crate::openai::ModelNames {
+    pub fn model_names(&self) -> ModelNames {
+        ModelNames {
             served: self.served_model_name.trim().to_string(),
             aliases: self.model_aliases.clone(),
         }

@@ -23,7 +23,6 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 use tracing::Instrument as _;
 
-use crate::config::Limits;
 use crate::deadline::grpc_timeout;
 use crate::drain::{ActiveCall, Drain};
 use crate::generate;
@@ -32,11 +31,12 @@ use crate::model_context::ModelContext;
 use crate::pool::WorkerPool;
 use crate::request_guard::HandlerReached;
 use crate::route_error::RouteError;
+use crate::validation::RequestLimits;
 
 /// The router's public service.
 pub struct TextGenerationService {
     pool: Arc<WorkerPool>,
-    limits: Limits,
+    limits: RequestLimits,
     drain: Arc<Drain>,
     metrics: Option<Arc<RouterMetrics>>,
 }
@@ -44,7 +44,7 @@ pub struct TextGenerationService {
 impl TextGenerationService {
     /// Serves requests over `pool`, validated against `limits`; refuses new calls once `drain` has
     /// started.
-    pub fn new(pool: Arc<WorkerPool>, limits: Limits, drain: Arc<Drain>) -> Self {
+    pub fn new(pool: Arc<WorkerPool>, limits: RequestLimits, drain: Arc<Drain>) -> Self {
         Self {
             pool,
             limits,
