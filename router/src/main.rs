@@ -64,17 +64,14 @@ async fn run(settings: RouterSettings) -> anyhow::Result<()> {
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", settings.listen))?;
     let mut pool_settings = settings.pool_settings();
-    pool_settings.chat_template = settings
-        .chat_template_file()
-        .map_err(anyhow::Error::msg)?
-        .map(std::sync::Arc::new);
-    pool_settings.worker_tls = settings.worker_tls().map_err(anyhow::Error::msg)?;
+    pool_settings.chat_template = settings.chat_template_file()?.map(std::sync::Arc::new);
+    pool_settings.worker_tls = settings.worker_tls()?;
     if let Some(tls) = &pool_settings.worker_tls {
         tls.watch(observability::reload::RELOAD_PERIOD);
         tracing::info!(ca = %tls.ca.display(), "dialling workers over TLS");
     }
     // TLS of the public ports: one certificate for both, re-read on change.
-    let cert = settings.tls_cert().map_err(anyhow::Error::msg)?;
+    let cert = settings.tls_cert()?;
     if let Some(cert) = &cert {
         cert.watch(observability::reload::RELOAD_PERIOD);
         tracing::info!(cert = %cert.files().cert.display(), "TLS on the public ports");
@@ -83,7 +80,7 @@ async fn run(settings: RouterSettings) -> anyhow::Result<()> {
     if let Some((target, interval)) = discovery.clone() {
         tokio::spawn(router::discovery::run(pool.clone(), target, interval));
     }
-    let keys = settings.api_keys().map_err(anyhow::Error::msg)?;
+    let keys = settings.api_keys()?;
     keys.watch();
     if keys.enforced() {
         tracing::info!("API keys required on the public gRPC and HTTP APIs");
