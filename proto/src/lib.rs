@@ -4,9 +4,11 @@
 //! - [`inference::worker::v1`]: the bidirectional router<->worker protocol.
 //!
 //! Both are served and called through [`codec::WireCodec`], which reports a message that does not
-//! decode as `INVALID_ARGUMENT` naming the field.
+//! decode as `INVALID_ARGUMENT` naming the field. [`status::code_name`] spells a status code as
+//! the metrics label it.
 
 pub mod codec;
+pub mod status;
 
 #[allow(clippy::all, missing_docs)]
 pub mod inference {

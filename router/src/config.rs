@@ -11,8 +11,14 @@ use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::admission::AdmissionLimits;
 use crate::affinity::AffinityPolicy;
+use crate::auth::ApiKeys;
 use crate::model_context::ChatTemplateFile;
+use crate::openai::ModelNames;
 use crate::pool::PoolSettings;
+use crate::validation::RequestLimits;
+
+mod error;
+pub use error::SettingsError;
 
 /// Command-line flags. Every flag is optional here so that the file and environment can supply it.
 #[derive(Debug, Parser, Serialize)]
@@ -104,7 +110,8 @@ pub struct Cli {
     pub check_config: bool,
 }
 
-/// Validation limits applied to every request (all reported by `ModelInfo`).
+/// The `limits` settings: the validation limits applied to every request (all reported by
+/// `ModelInfo`), handed to the fronts as [`RequestLimits`].
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Limits {
@@ -116,7 +123,7 @@ pub struct Limits {
     pub max_new_tokens: u32,
     /// `max_new_tokens` when a request leaves it unset, capped by `max_new_tokens` (so lowering
     /// the maximum alone lowers it too) and by the room left in the context: see
-    /// [`Limits::default_new_tokens`].
+    /// [`RequestLimits::default_new_tokens`].
     pub default_max_new_tokens: u32,
     /// Longest prompt, in tokens; 0 means the model's context length minus one.
     pub max_input_tokens: u32,
@@ -125,10 +132,16 @@ pub struct Limits {
 }
 
 impl Limits {
-    /// The `max_new_tokens` of a request that leaves it unset, before the context's room:
-    /// `min(default_max_new_tokens, max_new_tokens)`.
-    pub fn default_new_tokens(&self) -> u32 {
-        self.default_max_new_tokens.min(self.max_new_tokens)
+    /// The limits the validation checks requests against.
+    pub fn request_limits(&self) -> RequestLimits {
+        RequestLimits {
+            max_stop_sequences: self.max_stop_sequences,
+            max_stop_sequence_chars: self.max_stop_sequence_chars,
+            max_new_tokens: self.max_new_tokens,
+            default_max_new_tokens: self.default_max_new_tokens,
+            max_input_tokens: self.max_input_tokens,
+            max_request_bytes: self.max_request_bytes,
+        }
     }
 }
 
@@ -325,13 +338,15 @@ impl RouterSettings {
 
     /// The `chat_template` setting's file, read and compiled; `None` when the setting is empty.
     ///
-    /// Errors: a message naming the file and the problem.
-    pub fn chat_template_file(&self) -> Result<Option<ChatTemplateFile>, String> {
+    /// Errors: [`SettingsError::ChatTemplate`], naming the file and the problem.
+    pub fn chat_template_file(&self) -> Result<Option<ChatTemplateFile>, SettingsError> {
         let path = self.chat_template.trim();
         if path.is_empty() {
             return Ok(None);
         }
-        ChatTemplateFile::read(path).map(Some)
+        ChatTemplateFile::read(path)
+            .map(Some)
+            .map_err(SettingsError::ChatTemplate)
     }
 
     /// The DNS discovery target and period, when discovery is on.
@@ -352,8 +367,8 @@ impl RouterSettings {
     }
 
     /// The names the HTTP API answers to.
-    pub fn model_names(&self) -> crate::openai::ModelNames {
-        crate::openai::ModelNames {
+    pub fn model_names(&self) -> ModelNames {
+        ModelNames {
             served: self.served_model_name.trim().to_string(),
             aliases: self.model_aliases.clone(),
         }
@@ -361,43 +376,44 @@ impl RouterSettings {
 
     /// The API keys of `api_keys` and `api_keys_file` (not enforced when both are empty).
     ///
-    /// Errors: the key file cannot be read (the message names it).
-    pub fn api_keys(&self) -> Result<std::sync::Arc<crate::auth::ApiKeys>, String> {
+    /// Errors: [`SettingsError::ApiKeys`] when the key file cannot be read (the message names it).
+    pub fn api_keys(&self) -> Result<Arc<ApiKeys>, SettingsError> {
         let file = self.api_keys_file.trim();
         let file = (!file.is_empty()).then(|| std::path::Path::new(file));
-        crate::auth::ApiKeys::load(&self.api_keys, file).map_err(|e| e.to_string())
+        ApiKeys::load(&self.api_keys, file).map_err(SettingsError::ApiKeys)
     }
 
     /// The public ports' certificate files, when TLS is on.
     ///
-    /// Errors: only one of `tls_cert` and `tls_key` is set.
-    pub fn tls_cert_files(&self) -> Result<Option<tls_certs::CertFiles>, String> {
+    /// Errors: [`SettingsError::Tls`] when only one of `tls_cert` and `tls_key` is set.
+    pub fn tls_cert_files(&self) -> Result<Option<tls_certs::CertFiles>, SettingsError> {
         tls_certs::CertFiles::from_settings(
             ("tls_cert", &self.tls_cert),
             ("tls_key", &self.tls_key),
         )
-        .map_err(|e| e.to_string())
+        .map_err(SettingsError::Tls)
     }
 
     /// The public ports' certificate, read now (re-read by its `watch`), when TLS is on.
     ///
-    /// Errors: half a pair, or a file that cannot be read or is invalid (the message names it).
-    pub fn tls_cert(&self) -> Result<Option<Arc<tls_certs::ReloadingCert>>, String> {
+    /// Errors: [`SettingsError::Tls`] for half a pair, or a file that cannot be read or is invalid
+    /// (the message names it).
+    pub fn tls_cert(&self) -> Result<Option<Arc<tls_certs::ReloadingCert>>, SettingsError> {
         self.tls_cert_files()?
-            .map(|files| tls_certs::ReloadingCert::load(files).map_err(|e| e.to_string()))
+            .map(|files| tls_certs::ReloadingCert::load(files).map_err(SettingsError::Tls))
             .transpose()
     }
 
     /// How the router dials workers: over TLS trusting `worker_tls_ca`, or plain (`None`).
     ///
-    /// Errors: `worker_tls_server_name` without `worker_tls_ca`, an unreadable or invalid CA file
-    /// (named), an invalid server name.
-    pub fn worker_tls(&self) -> Result<Option<tls_certs::ClientTls>, String> {
+    /// Errors: [`SettingsError::ServerNameWithoutCa`]; [`SettingsError::Tls`] for an unreadable
+    /// or invalid CA file (named) or an invalid server name.
+    pub fn worker_tls(&self) -> Result<Option<tls_certs::ClientTls>, SettingsError> {
         if self.worker_tls_ca.trim().is_empty() && !self.worker_tls_server_name.trim().is_empty() {
-            return Err("`worker_tls_server_name` is set but `worker_tls_ca` is not".into());
+            return Err(SettingsError::ServerNameWithoutCa);
         }
         tls_certs::ClientTls::load(&self.worker_tls_ca, &self.worker_tls_server_name)
-            .map_err(|e| e.to_string())
+            .map_err(SettingsError::Tls)
     }
 
     /// The plain health port's address, when it is on.
@@ -415,18 +431,17 @@ impl RouterSettings {
     /// are `HOST:PORT`, `metrics_listen`, `http_listen` and `health_listen` are empty or `IP:PORT`,
     /// the TLS files are complete pairs that can be read and used.
     ///
-    /// Errors: a message naming the setting.
-    pub fn validate(&self) -> Result<(), String> {
+    /// Errors: a [`SettingsError`] naming the setting.
+    pub fn validate(&self) -> Result<(), SettingsError> {
         if self.workers.is_empty() && self.discovery().is_none() {
-            return Err(
-                "no workers given: set `workers` (--workers HOST:PORT[,HOST:PORT...], \
-                        ROUTER_WORKERS) or `discovery_dns` (--discovery-dns NAME:PORT)"
-                    .into(),
-            );
+            return Err(SettingsError::NoWorkers);
         }
-        let host_port = |setting: &str, value: &str| match value.rsplit_once(':') {
+        let host_port = |setting: &'static str, value: &str| match value.rsplit_once(':') {
             Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => Ok(()),
-            _ => Err(format!("{setting} {value:?} is not HOST:PORT")),
+            _ => Err(SettingsError::NotHostPort {
+                setting,
+                value: value.to_string(),
+            }),
         };
         for worker in &self.workers {
             host_port("workers entry", worker)?;
@@ -441,21 +456,22 @@ impl RouterSettings {
         ] {
             let value = value.trim();
             if !value.is_empty() && value.parse::<SocketAddr>().is_err() {
-                return Err(format!("{setting} {value:?} is not an IP:PORT address"));
+                return Err(SettingsError::NotListenAddress {
+                    setting,
+                    value: value.to_string(),
+                });
             }
         }
         if self.health_interval_ms < 10 {
-            return Err(format!(
-                "health_interval_ms {} is below 10",
-                self.health_interval_ms
+            return Err(SettingsError::HealthIntervalTooShort(
+                self.health_interval_ms,
             ));
         }
         if self.stall_timeout_ms < self.health_interval_ms {
-            return Err(format!(
-                "stall_timeout_ms ({}) must be at least health_interval_ms ({}): a worker's \
-                 progress is only seen that often",
-                self.stall_timeout_ms, self.health_interval_ms
-            ));
+            return Err(SettingsError::StallTimeoutTooShort {
+                stall_timeout_ms: self.stall_timeout_ms,
+                health_interval_ms: self.health_interval_ms,
+            });
         }
         self.chat_template_file()?;
         self.api_keys()?;
@@ -463,9 +479,7 @@ impl RouterSettings {
         self.worker_tls()?;
         let l = &self.limits;
         if l.max_new_tokens == 0 || l.default_max_new_tokens == 0 {
-            return Err(
-                "limits.max_new_tokens and limits.default_max_new_tokens must be at least 1".into(),
-            );
+            return Err(SettingsError::NoNewTokens);
         }
         Ok(())
     }

@@ -20,14 +20,13 @@ use inference_proto::worker::{AddRequest, StopReason, TokenOutput};
 use tokio::sync::mpsc;
 use tracing::Instrument as _;
 
-use crate::config::Limits;
 use crate::detokenizer::IncrementalDetokenizer;
 use crate::model_context::ModelContext;
 use crate::pool::{Session, WorkerPool};
-use crate::request::{validate, GenerationRequest, ValidRequest};
+use crate::request::GenerationRequest;
 use crate::route_error::RouteError;
 use crate::stop::StopMatcher;
-use crate::validation::check_request;
+use crate::validation::{check_request, validate, RequestLimits, ValidRequest};
 
 /// Messages sent to the client of one `Generate` call.
 pub type ResponseSender = mpsc::Sender<Result<GenerateResponse, RouteError>>;
@@ -42,7 +41,7 @@ pub type ResponseReceiver = mpsc::Receiver<Result<GenerateResponse, RouteError>>
 /// Errors (before any message is streamed): those of [`prepare`] and [`launch`].
 pub async fn start(
     pool: &Arc<WorkerPool>,
-    limits: &Limits,
+    limits: &RequestLimits,
     req: GenerateRequest,
     deadline: Option<Instant>,
 ) -> Result<ResponseReceiver, RouteError> {
@@ -74,7 +73,7 @@ pub fn new_request_id() -> String {
 /// reported as such either way).
 pub async fn prepare(
     pool: &Arc<WorkerPool>,
-    limits: &Limits,
+    limits: &RequestLimits,
     req: GenerationRequest,
 ) -> Result<(Arc<ModelContext>, ValidRequest), RouteError> {
     let Some(model) = pool.model() else {

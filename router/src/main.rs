@@ -11,13 +11,12 @@ use std::time::Duration;
 
 use clap::Parser;
 use inference_proto::public::text_generation_server::TextGenerationServer;
-use router::auth::grpc::KeyGuard;
 use router::config::{Cli, RouterSettings};
 use router::drain::Drain;
 use router::metrics::RouterMetrics;
 use router::pool::WorkerPool;
+use router::request_guard::RequestGuard;
 use router::service::TextGenerationService;
-use router::wire::WireGuard;
 use tls_certs::Alpn;
 
 fn main() -> ExitCode {
@@ -65,17 +64,14 @@ async fn run(settings: RouterSettings) -> anyhow::Result<()> {
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", settings.listen))?;
     let mut pool_settings = settings.pool_settings();
-    pool_settings.chat_template = settings
-        .chat_template_file()
-        .map_err(anyhow::Error::msg)?
-        .map(std::sync::Arc::new);
-    pool_settings.worker_tls = settings.worker_tls().map_err(anyhow::Error::msg)?;
+    pool_settings.chat_template = settings.chat_template_file()?.map(std::sync::Arc::new);
+    pool_settings.worker_tls = settings.worker_tls()?;
     if let Some(tls) = &pool_settings.worker_tls {
         tls.watch(observability::reload::RELOAD_PERIOD);
         tracing::info!(ca = %tls.ca.display(), "dialling workers over TLS");
     }
     // TLS of the public ports: one certificate for both, re-read on change.
-    let cert = settings.tls_cert().map_err(anyhow::Error::msg)?;
+    let cert = settings.tls_cert()?;
     if let Some(cert) = &cert {
         cert.watch(observability::reload::RELOAD_PERIOD);
         tracing::info!(cert = %cert.files().cert.display(), "TLS on the public ports");
@@ -84,7 +80,7 @@ async fn run(settings: RouterSettings) -> anyhow::Result<()> {
     if let Some((target, interval)) = discovery.clone() {
         tokio::spawn(router::discovery::run(pool.clone(), target, interval));
     }
-    let keys = settings.api_keys().map_err(anyhow::Error::msg)?;
+    let keys = settings.api_keys()?;
     keys.watch();
     if keys.enforced() {
         tracing::info!("API keys required on the public gRPC and HTTP APIs");
@@ -124,7 +120,7 @@ async fn run(settings: RouterSettings) -> anyhow::Result<()> {
                 .map_err(|e| anyhow::anyhow!("cannot listen on {addr} (http_listen): {e}"))?;
             let front = router::openai::OpenAiFront::new(
                 pool.clone(),
-                settings.limits.clone(),
+                settings.limits.request_limits(),
                 drain.clone(),
                 Some(metrics.clone()),
                 settings.model_names(),
@@ -150,16 +146,15 @@ async fn run(settings: RouterSettings) -> anyhow::Result<()> {
         }
         None => None,
     };
-    let service = TextGenerationService::new(pool, settings.limits.clone(), drain.clone())
+    let service = TextGenerationService::new(pool, settings.limits.request_limits(), drain.clone())
         .with_metrics(metrics.clone());
-    // The decode limit follows max_request_bytes; the wire guard answers an oversized message
-    // with RESOURCE_EXHAUSTED naming it, and counts and logs calls refused before the handler.
+    // The decode limit follows max_request_bytes; the request guard checks the API key, answers
+    // an oversized message with RESOURCE_EXHAUSTED naming it, and counts and logs calls refused
+    // before the handler.
     let max_request_bytes = settings.limits.max_request_bytes as usize;
-    let public_api = WireGuard::new(
-        KeyGuard::new(
-            TextGenerationServer::new(service).max_decoding_message_size(max_request_bytes),
-            keys,
-        ),
+    let public_api = RequestGuard::new(
+        TextGenerationServer::new(service).max_decoding_message_size(max_request_bytes),
+        keys,
         max_request_bytes,
         Some(metrics),
     );

@@ -26,6 +26,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use inference_proto::public::{FinishReason, GenerateResponse};
+use inference_proto::status::code_name;
 use observability::const_metrics::{counter, gauge};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
@@ -156,7 +157,8 @@ impl RouterMetrics {
     }
 
     /// Counts a `Generate` call refused before its handler ran (e.g. a message that does not decode
-    /// or is above `max_request_bytes`; see [`crate::wire`]) in `router_requests_total{code}`.
+    /// or is above `max_request_bytes`; see [`crate::request_guard`]) in
+    /// `router_requests_total{code}`.
     pub fn count_rejection(&self, code: Code) {
         self.count_status(code);
     }
@@ -250,29 +252,6 @@ impl Drop for RequestObserver {
         if !self.done {
             self.metrics.count_status(Code::Cancelled);
         }
-    }
-}
-
-/// The canonical upper-case name of a gRPC status code.
-pub fn code_name(code: Code) -> &'static str {
-    match code {
-        Code::Ok => "OK",
-        Code::Cancelled => "CANCELLED",
-        Code::Unknown => "UNKNOWN",
-        Code::InvalidArgument => "INVALID_ARGUMENT",
-        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
-        Code::NotFound => "NOT_FOUND",
-        Code::AlreadyExists => "ALREADY_EXISTS",
-        Code::PermissionDenied => "PERMISSION_DENIED",
-        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
-        Code::FailedPrecondition => "FAILED_PRECONDITION",
-        Code::Aborted => "ABORTED",
-        Code::OutOfRange => "OUT_OF_RANGE",
-        Code::Unimplemented => "UNIMPLEMENTED",
-        Code::Internal => "INTERNAL",
-        Code::Unavailable => "UNAVAILABLE",
-        Code::DataLoss => "DATA_LOSS",
-        Code::Unauthenticated => "UNAUTHENTICATED",
     }
 }
 

@@ -6,8 +6,30 @@ use std::sync::{Arc, OnceLock};
 use inference_proto::worker::InfoResponse;
 use structured_output::ConstraintCompiler;
 
-use crate::chat_template::{builtin_template, ChatTemplate};
+use crate::chat_template::{builtin_template, ChatTemplate, ChatTemplateError};
 use crate::tokenizer::TextTokenizer;
+
+/// Why the `chat_template` setting's file cannot be used. The messages name the file and hold the
+/// cause's text (so the error has no separate source).
+#[derive(Debug, thiserror::Error)]
+pub enum ChatTemplateFileError {
+    /// The file cannot be read (or is not UTF-8).
+    #[error("chat_template {path:?}: cannot read it: {error}")]
+    Read {
+        /// The file, as the setting names it.
+        path: String,
+        /// The I/O error.
+        error: std::io::Error,
+    },
+    /// The template does not compile.
+    #[error("chat_template {path:?}: {error}")]
+    Invalid {
+        /// The file, as the setting names it.
+        path: String,
+        /// Why it does not compile.
+        error: ChatTemplateError,
+    },
+}
 
 /// A chat template read from the file named by the router's `chat_template` setting; it overrides
 /// the model's own and the built-in ones.
@@ -22,13 +44,18 @@ pub struct ChatTemplateFile {
 impl ChatTemplateFile {
     /// Reads and compiles the template at `path`.
     ///
-    /// Errors: a message naming the file (unreadable, not UTF-8, or a template that does not
-    /// compile).
-    pub fn read(path: &str) -> Result<Self, String> {
-        let source = std::fs::read_to_string(path)
-            .map_err(|e| format!("chat_template {path:?}: cannot read it: {e}"))?;
-        ChatTemplate::new(&source, None, None)
-            .map_err(|e| format!("chat_template {path:?}: {e}"))?;
+    /// Errors: [`ChatTemplateFileError`], naming the file (unreadable, not UTF-8, or a template
+    /// that does not compile).
+    pub fn read(path: &str) -> Result<Self, ChatTemplateFileError> {
+        let source =
+            std::fs::read_to_string(path).map_err(|error| ChatTemplateFileError::Read {
+                path: path.to_string(),
+                error,
+            })?;
+        ChatTemplate::new(&source, None, None).map_err(|error| ChatTemplateFileError::Invalid {
+            path: path.to_string(),
+            error,
+        })?;
         Ok(Self {
             path: path.to_string(),
             source,

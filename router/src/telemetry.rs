@@ -5,9 +5,9 @@
 //! hang under it. Spans are exported only when `otlp_endpoint` is set ([`observability::telemetry`]).
 
 use inference_proto::public::GenerateResponse;
+use inference_proto::status::code_name;
 use tracing::field::Empty;
 
-use crate::metrics::code_name;
 use crate::route_error::RouteError;
 
 /// A new `generate` span for a call with `metadata` (its `traceparent`, if any, becomes the parent).

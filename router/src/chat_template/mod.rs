@@ -32,7 +32,8 @@ mod tests;
 
 pub use builtin::{builtin_template, BuiltinTemplate};
 use helpers::{describe, raise_exception, strftime_now, tojson};
-use pieces::split_marked;
+pub use pieces::TemplatePiece;
+use pieces::{split_marked, CONTENT_CLOSE, CONTENT_OPEN};
 
 const TEMPLATE_NAME: &str = "chat_template";
 
@@ -49,21 +50,6 @@ pub enum ChatTemplateError {
     /// A message's content cannot be kept apart from the template's text: it holds one of the
     /// noncharacters that mark content, or the template cut or repeated the marked content.
     #[error("message content: {0}")]
-    Content(String),
-}
-
-/// Opens a message's content in the marked rendering (a Unicode noncharacter).
-const CONTENT_OPEN: char = '\u{FDD0}';
-/// Closes a message's content in the marked rendering.
-const CONTENT_CLOSE: char = '\u{FDD1}';
-
-/// One piece of a rendered conversation, in order: text the template wrote (special tokens in it
-/// are meant) or a message's content (plain text).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum TemplatePiece {
-    /// Text from the template itself: role headers, separators, special tokens.
-    Markup(String),
-    /// A message's content, to be tokenized as plain text.
     Content(String),
 }
 
@@ -237,5 +223,6 @@ impl ChatTemplate {
             })
             .collect();
         split_marked(&self.render(&marked, add_generation_prompt)?)
+            .map_err(|e| ChatTemplateError::Content(e.to_string()))
     }
 }

@@ -1,31 +1,48 @@
-//! The marked rendering of [`super::ChatTemplate::render_pieces`] cut into template text and message
-//! content.
+//! The marked rendering of `ChatTemplate::render_pieces` (each message's content between
+//! [`CONTENT_OPEN`] and [`CONTENT_CLOSE`]) cut into template text and message content
+//! ([`TemplatePiece`]s).
 
-use super::{ChatTemplateError, TemplatePiece, CONTENT_CLOSE, CONTENT_OPEN};
+/// Opens a message's content in the marked rendering (a Unicode noncharacter).
+pub(super) const CONTENT_OPEN: char = '\u{FDD0}';
+/// Closes a message's content in the marked rendering.
+pub(super) const CONTENT_CLOSE: char = '\u{FDD1}';
+
+/// One piece of a rendered conversation, in order: text the template wrote (special tokens in it
+/// are meant) or a message's content (plain text).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TemplatePiece {
+    /// Text from the template itself: role headers, separators, special tokens.
+    Markup(String),
+    /// A message's content, to be tokenized as plain text.
+    Content(String),
+}
+
+/// The template cut, nested or repeated a message's marked content.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the chat template cut or repeated a message's content, so it cannot be kept apart from the \
+     template's own text"
+)]
+pub(super) struct Unbalanced;
 
 /// Splits a rendering with marked content into pieces (empty pieces are left out, and the markup
 /// around an empty content is one piece).
-pub(super) fn split_marked(text: &str) -> Result<Vec<TemplatePiece>, ChatTemplateError> {
-    let unbalanced = || {
-        ChatTemplateError::Content(
-            "the chat template cut or repeated a message's content, so it cannot be kept apart \
-             from the template's own text"
-                .into(),
-        )
-    };
+///
+/// Errors: [`Unbalanced`] when the marks do not pair up.
+pub(super) fn split_marked(text: &str) -> Result<Vec<TemplatePiece>, Unbalanced> {
     let mut pieces = Vec::new();
     let mut rest = text;
     while let Some(open) = rest.find([CONTENT_OPEN, CONTENT_CLOSE]) {
         if rest[open..].starts_with(CONTENT_CLOSE) {
-            return Err(unbalanced());
+            return Err(Unbalanced);
         }
         push_markup(&mut pieces, &rest[..open]);
         let inner = &rest[open + CONTENT_OPEN.len_utf8()..];
         let close = inner
             .find([CONTENT_OPEN, CONTENT_CLOSE])
-            .ok_or_else(unbalanced)?;
+            .ok_or(Unbalanced)?;
         if inner[close..].starts_with(CONTENT_OPEN) {
-            return Err(unbalanced());
+            return Err(Unbalanced);
         }
         if close > 0 {
             pieces.push(TemplatePiece::Content(inner[..close].to_string()));

@@ -57,7 +57,11 @@ fn precedence_file_env_flags() {
             http_listen: "nope".into(),
             ..s
         };
-        assert!(bad.validate().unwrap_err().contains("http_listen \"nope\""));
+        assert!(bad
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("http_listen \"nope\""));
         Ok(())
     });
 }
@@ -120,7 +124,7 @@ fn api_keys_from_env_and_file_are_checked_and_redacted() {
             api_keys_file: "missing.txt".into(),
             ..s
         };
-        let err = bad.validate().unwrap_err();
+        let err = bad.validate().unwrap_err().to_string();
         assert!(
             err.contains("cannot read the API key file missing.txt"),
             "{err}"
@@ -141,7 +145,8 @@ fn health_and_stall_times_are_checked() {
         ..ok.clone()
     }
     .validate()
-    .unwrap_err();
+    .unwrap_err()
+    .to_string();
     assert!(
         err.contains("stall_timeout_ms (0) must be at least health_interval_ms (2000)"),
         "{err}"
@@ -151,7 +156,8 @@ fn health_and_stall_times_are_checked() {
         ..ok
     }
     .validate()
-    .unwrap_err();
+    .unwrap_err()
+    .to_string();
     assert!(err.contains("health_interval_ms 0 is below 10"), "{err}");
 }
 
@@ -163,9 +169,13 @@ fn a_lowered_maximum_caps_the_default_instead_of_refusing() {
     };
     s.limits.max_new_tokens = 7;
     assert!(s.validate().is_ok());
-    assert_eq!(s.limits.default_new_tokens(), 7);
+    assert_eq!(s.limits.request_limits().default_new_tokens(), 7);
     s.limits.max_new_tokens = 0;
-    assert!(s.validate().unwrap_err().contains("must be at least 1"));
+    assert!(s
+        .validate()
+        .unwrap_err()
+        .to_string()
+        .contains("must be at least 1"));
 }
 
 #[test]
@@ -194,7 +204,7 @@ fn tls_settings_are_checked() {
         Some("worker.local")
     );
     assert_eq!(tls.health_listen().unwrap().port(), 7);
-    let err = |s: RouterSettings| s.validate().unwrap_err();
+    let err = |s: RouterSettings| s.validate().unwrap_err().to_string();
     let half = err(RouterSettings {
         tls_key: String::new(),
         ..tls.clone()

@@ -28,12 +28,12 @@ use serde_json::json;
 use tracing::Instrument as _;
 
 use crate::auth::ApiKeys;
-use crate::config::Limits;
 use crate::drain::Drain;
 use crate::generate::{self, new_request_id};
 use crate::metrics::RouterMetrics;
 use crate::pool::WorkerPool;
 use crate::route_error::RouteError;
+use crate::validation::RequestLimits;
 use error::{ApiError, Endpoint};
 use reply::Reply;
 use run::Choice;
@@ -50,7 +50,7 @@ pub struct ModelNames {
 /// What the HTTP front serves over.
 pub struct OpenAiFront {
     pool: Arc<WorkerPool>,
-    limits: Limits,
+    limits: RequestLimits,
     drain: Arc<Drain>,
     metrics: Option<Arc<RouterMetrics>>,
     names: ModelNames,
@@ -63,7 +63,7 @@ impl OpenAiFront {
     /// `keys` (`GET /health` is open to all).
     pub fn new(
         pool: Arc<WorkerPool>,
-        limits: Limits,
+        limits: RequestLimits,
         drain: Arc<Drain>,
         metrics: Option<Arc<RouterMetrics>>,
         names: ModelNames,

@@ -1,38 +1,26 @@
-//! One worker link: a background task connects, checks health, fetches `Info` (the first worker to
-//! answer defines the [`ModelContext`]), opens the `Generate` stream and routes the worker's step
-//! messages to the requests in flight. A health probe runs beside the stream.
+//! One worker link's state ([`WorkerLink`]): whether it is connected, healthy and making
+//! progress, the requests in flight on it, and its last load report. The task that keeps it
+//! connected is `link_task`.
 //!
-//! When the stream breaks (process killed, connection cut, worker shut down), the link leaves
-//! rotation at once, every request in flight on it hears [`WorkerEvent::Lost`] (and fails over), and
-//! the task reconnects with exponential backoff. A worker whose `Health` answer says not ready stays
-//! connected but takes no new requests until an answer says ready again. A probe that gets no
-//! answer within the interval changes nothing (a busy worker is not a down one; logged at debug,
-//! counted in `router_health_probe_misses_total`); a worker that has work and shows no progress for
-//! `stall_timeout_ms` leaves rotation, its requests fail over (and are cancelled on it), and it
-//! rejoins once it moves again (see `progress`).
-//!
-//! A worker that cannot be reached is logged when it first fails (WARN, with the error), then at
-//! most once a minute while it stays unreachable, and at INFO when it is back (`unreachable`).
+//! When the stream breaks, the link leaves rotation at once and every request in flight on it hears
+//! [`WorkerEvent::Lost`] (and fails over). A worker whose `Health` answer says not ready stays
+//! connected but takes no new requests until an answer says ready again; a worker that has work
+//! and shows no progress for `stall_timeout_ms` leaves rotation, its requests fail over (and are
+//! cancelled on it), and it rejoins once it moves again (see `progress`).
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use inference_proto::worker::{
-    router_message, worker_client::WorkerClient, worker_message, AddRequest, CancelRequest,
-    HealthRequest, HealthResponse, InfoRequest, LoadReport, RouterMessage, StepOutput, TokenOutput,
+    router_message, AddRequest, CancelRequest, HealthResponse, LoadReport, RouterMessage,
+    StepOutput, TokenOutput,
 };
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::UnboundedReceiverStream;
-use tonic::transport::Channel;
 
 use super::kv_fit::KvCapacity;
 use super::progress::{Change, Progress};
-use super::unreachable::{Unreachable, UnreachableLog};
-use super::WorkerPool;
 use crate::affinity::LOAD_REPORT_TTL;
-use crate::model_context::ModelContext;
 use crate::route_error::{WorkerFailure, WorkerFailureKind};
 
 /// What a request hears from its worker.
@@ -136,6 +124,33 @@ impl WorkerLink {
         self.state.lock().expect("link lock")
     }
 
+    /// Records why the last connection attempt failed (`None`: it succeeded).
+    pub(super) fn set_last_error(&self, error: Option<String>) {
+        self.lock().last_error = error;
+    }
+
+    /// Puts the link in service on a new stream whose outbound half is `sender`, with the worker's
+    /// KV cache `kv`, its first health answer `healthy` and a fresh `progress`. Returns `false`
+    /// (and changes nothing) when the link was removed from the pool meanwhile.
+    pub(super) fn connected(
+        &self,
+        sender: mpsc::UnboundedSender<RouterMessage>,
+        kv: Option<KvCapacity>,
+        healthy: bool,
+        progress: Progress,
+    ) -> bool {
+        let mut state = self.lock();
+        if state.removed {
+            return false;
+        }
+        state.sender = Some(sender);
+        state.last_error = None;
+        state.kv = kv;
+        state.healthy = healthy;
+        state.progress = Some(progress);
+        true
+    }
+
     /// The link's state now.
     pub fn snapshot(&self) -> WorkerSnapshot {
         let state = self.lock();
@@ -225,14 +240,14 @@ impl WorkerLink {
     }
 
     /// Records whether the worker is ready; returns whether it changed.
-    fn set_healthy(&self, healthy: bool) -> bool {
+    pub(super) fn set_healthy(&self, healthy: bool) -> bool {
         let mut state = self.lock();
         std::mem::replace(&mut state.healthy, healthy) != healthy
     }
 
     /// Records a `Health` answer; returns whether `healthy` changed, and whether a stalled worker
     /// moves again.
-    fn on_health(&self, answer: &HealthResponse) -> (bool, Change) {
+    pub(super) fn on_health(&self, answer: &HealthResponse) -> (bool, Change) {
         let mut state = self.lock();
         let changed = std::mem::replace(&mut state.healthy, answer.ready) != answer.ready;
         let progress = match state.progress.as_mut() {
@@ -246,7 +261,7 @@ impl WorkerLink {
     /// timeout, takes it out of rotation, cancels this router's requests on it and tells them they
     /// were lost (they fail over). Returns (time since progress, requests failed over) when it
     /// just stalled.
-    fn check_stall(&self) -> Option<(Duration, usize)> {
+    pub(super) fn check_stall(&self) -> Option<(Duration, usize)> {
         let mut state = self.lock();
         let now = Instant::now();
         let inflight = state.inflight.len();
@@ -279,7 +294,7 @@ impl WorkerLink {
 
     /// Routes one step message to its requests; returns how many requests ended (slots freed) and
     /// whether a stalled worker moves again.
-    fn on_step(&self, step: StepOutput) -> (usize, bool) {
+    pub(super) fn on_step(&self, step: StepOutput) -> (usize, bool) {
         let mut state = self.lock();
         let moving = state
             .progress
@@ -317,278 +332,5 @@ impl WorkerLink {
             }
         }
         (before - state.inflight.len(), moving)
-    }
-}
-
-/// `e` and its causes joined by `: `, each cause left out when the message before it already
-/// says it (tonic's transport errors repeat their source: `tcp connect error: tcp connect error:
-/// Connection refused`).
-fn cause_chain(e: &anyhow::Error) -> String {
-    let mut parts: Vec<String> = Vec::new();
-    for cause in e.chain() {
-        let text = cause.to_string();
-        if !parts.last().is_some_and(|last| last.contains(&text)) {
-            parts.push(text);
-        }
-    }
-    parts.join(": ")
-}
-
-/// Keeps `link` connected until the task is aborted (the link was removed).
-pub(super) async fn maintain(pool: Arc<WorkerPool>, link: Arc<WorkerLink>) {
-    let (initial, max) = pool.settings().backoff;
-    let mut delay = initial;
-    let mut unreachable = UnreachableLog::new(UNREACHABLE_LOG_EVERY);
-    loop {
-        let result = run(&pool, &link, &mut unreachable).await;
-        link.lock().last_error = result.as_ref().err().map(cause_chain);
-        match result {
-            Ok(()) => {
-                tracing::warn!(worker = %link.address, "worker stream ended");
-                delay = initial;
-            }
-            Err(e) => match unreachable.failed(Instant::now()) {
-                Some(Unreachable::First) => tracing::warn!(
-                    worker = %link.address,
-                    error = %cause_chain(&e),
-                    "worker unreachable; retrying with backoff"
-                ),
-                Some(Unreachable::Still { attempts, down_for }) => tracing::warn!(
-                    worker = %link.address,
-                    error = %cause_chain(&e),
-                    attempts,
-                    down_for_s = down_for.as_secs(),
-                    "worker still unreachable"
-                ),
-                None => {
-                    tracing::debug!(worker = %link.address, error = %cause_chain(&e), "worker unreachable")
-                }
-            },
-        }
-        let lost = link.fail_all(&format!(
-            "worker {} disconnected while the request was running",
-            link.address
-        ));
-        link.set_healthy(false);
-        pool.refresh_ready();
-        if lost > 0 {
-            tracing::warn!(worker = %link.address, requests = lost, "worker lost with requests in flight; failing them over");
-        }
-        tokio::time::sleep(delay).await;
-        delay = (delay * 2).min(max);
-    }
-}
-
-/// Aborts a task when dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-/// How often a worker that stays unreachable is logged again.
-const UNREACHABLE_LOG_EVERY: Duration = Duration::from_secs(60);
-
-/// Longest wait for a connected worker's `Info` (answered from published state, so at once unless
-/// the process is stopped or hung).
-const INFO_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Connects once and serves the stream until it ends. Returns `Err` when the worker could not be
-/// reached or described, `Ok` when an established stream ended.
-async fn run(
-    pool: &Arc<WorkerPool>,
-    link: &Arc<WorkerLink>,
-    unreachable: &mut UnreachableLog,
-) -> anyhow::Result<()> {
-    let tls = pool.settings().worker_tls.as_ref();
-    let mut endpoint =
-        tonic::transport::Endpoint::from_shared(tls_certs::ClientTls::uri(tls, &link.address))?;
-    if let Some(tls) = tls {
-        endpoint = endpoint.tls_config(tls.tonic_config())?;
-    }
-    let endpoint = endpoint
-        .connect_timeout(Duration::from_secs(2))
-        .tcp_nodelay(true)
-        .http2_keep_alive_interval(Duration::from_secs(10))
-        .keep_alive_timeout(Duration::from_secs(5));
-    let channel = endpoint.connect().await?;
-    let mut client = WorkerClient::new(channel).max_decoding_message_size(64 << 20);
-    let info = tokio::time::timeout(INFO_TIMEOUT, client.info(InfoRequest {}))
-        .await
-        .map_err(|_| anyhow::anyhow!("no Info answer within {INFO_TIMEOUT:?}"))??
-        .into_inner();
-    if let Some((down_for, attempts)) = unreachable.reached(Instant::now()) {
-        tracing::info!(
-            worker = %link.address,
-            down_for_s = down_for.as_secs(),
-            attempts,
-            "worker reachable again"
-        );
-    }
-    {
-        let mut model = pool.model.write().expect("model lock");
-        match model.as_ref() {
-            Some(existing) if !existing.same_model(&info) => {
-                anyhow::bail!(
-                    "worker {} serves {:?}, but this router serves {:?}",
-                    link.address,
-                    info.model_name,
-                    existing.model_name
-                );
-            }
-            Some(_) => {}
-            None => {
-                let template_file = pool.settings().chat_template.as_deref();
-                *model = Some(Arc::new(ModelContext::from_info(&info, template_file)?));
-            }
-        }
-    }
-    // Not ready until a `Health` answer says so.
-    let healthy = match probe(&mut client.clone(), pool.settings().health_interval).await {
-        Ok(answer) => answer.ready,
-        Err(_) => false,
-    };
-    let (tx, rx) = mpsc::unbounded_channel();
-    let mut inbound = client
-        .generate(UnboundedReceiverStream::new(rx))
-        .await?
-        .into_inner();
-    {
-        let mut state = link.lock();
-        if state.removed {
-            return Ok(());
-        }
-        state.sender = Some(tx);
-        state.last_error = None;
-        state.kv = KvCapacity::of(&info);
-        state.healthy = healthy;
-        state.progress = Some(Progress::new(Instant::now(), pool.settings().stall_timeout));
-    }
-    pool.refresh_ready();
-    pool.pump();
-    tracing::info!(worker = %link.address, model = %info.model_name, healthy, "worker connected");
-    let _prober = AbortOnDrop(tokio::spawn(probe_loop(
-        pool.clone(),
-        link.clone(),
-        client.clone(),
-    )));
-    while let Some(message) = inbound.message().await.transpose() {
-        let step = match message.map(|m| m.kind) {
-            Ok(Some(worker_message::Kind::Step(step))) => step,
-            Ok(None) => continue,
-            Err(status) => {
-                tracing::warn!(worker = %link.address, %status, "worker stream failed");
-                break;
-            }
-        };
-        let had_errors = !step.errors.is_empty();
-        let (freed, moving) = link.on_step(step);
-        if moving {
-            tracing::info!(worker = %link.address, "stalled worker makes progress again; back in rotation");
-        }
-        if had_errors || moving {
-            // A hand-back may have taken the worker out of rotation; a stalled one is back.
-            pool.refresh_ready();
-        }
-        if freed > 0 || moving {
-            pool.pump();
-        }
-    }
-    Ok(())
-}
-
-/// The worker's `Health` answer within `timeout`; `Err` says why there was none.
-async fn probe(
-    client: &mut WorkerClient<Channel>,
-    timeout: Duration,
-) -> Result<HealthResponse, String> {
-    match tokio::time::timeout(timeout, client.health(HealthRequest {})).await {
-        Ok(Ok(response)) => Ok(response.into_inner()),
-        Ok(Err(status)) => Err(format!("Health failed: {status}")),
-        Err(_) => Err(format!("no Health answer within {timeout:?}")),
-    }
-}
-
-/// Probes the worker every health interval: a "not ready" answer takes it out of rotation (a ready
-/// one puts it back), no answer changes nothing; then applies the stall rule.
-async fn probe_loop(
-    pool: Arc<WorkerPool>,
-    link: Arc<WorkerLink>,
-    mut client: WorkerClient<Channel>,
-) {
-    let interval = pool.settings().health_interval;
-    loop {
-        tokio::time::sleep(interval).await;
-        let mut changed = false;
-        let mut back = false;
-        match probe(&mut client, interval).await {
-            Ok(answer) => {
-                let (ready_changed, progress) = link.on_health(&answer);
-                if ready_changed {
-                    if answer.ready {
-                        tracing::info!(worker = %link.address, "worker healthy again; back in rotation");
-                    } else {
-                        tracing::warn!(worker = %link.address, status = %answer.status, "worker not ready; out of rotation");
-                    }
-                }
-                if progress == Change::Moving {
-                    tracing::info!(
-                        worker = %link.address,
-                        steps = answer.steps,
-                        "stalled worker makes progress again; back in rotation"
-                    );
-                }
-                changed = ready_changed || progress == Change::Moving;
-                back = answer.ready;
-            }
-            Err(reason) => {
-                pool.counters()
-                    .health_probe_misses
-                    .fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(worker = %link.address, %reason, "health probe got no answer; a busy worker is not a down one");
-            }
-        }
-        if let Some((since, failed_over)) = link.check_stall() {
-            pool.counters().stalls.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(
-                worker = %link.address,
-                since_progress_ms = since.as_millis() as u64,
-                stall_timeout_ms = pool.settings().stall_timeout.as_millis() as u64,
-                requests_failed_over = failed_over,
-                "worker has work but made no progress within the stall timeout; out of rotation"
-            );
-            changed = true;
-            back = false;
-        }
-        if changed {
-            pool.refresh_ready();
-            if back {
-                pool.pump();
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::cause_chain;
-
-    #[derive(Debug, thiserror::Error)]
-    #[error("tcp connect error")]
-    struct Connect(#[source] std::io::Error);
-
-    #[test]
-    fn a_cause_its_parent_already_says_is_left_out() {
-        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "Connection refused");
-        let e = anyhow::Error::new(Connect(io))
-            .context("tcp connect error")
-            .context("transport error");
-        assert_eq!(
-            cause_chain(&e),
-            "transport error: tcp connect error: Connection refused"
-        );
-        assert_eq!(cause_chain(&anyhow::anyhow!("plain")), "plain");
     }
 }

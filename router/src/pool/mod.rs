@@ -1,115 +1,53 @@
 //! The router's workers and how requests reach them.
 //!
-//! - `link` ([`WorkerLink`]): one bidirectional stream per worker, reconnected with backoff, health-probed.
+//! - `link` ([`WorkerLink`]): one worker's state: its stream, health, progress and requests.
+//! - `link_task`: the task per worker that keeps its bidirectional stream connected (reconnected
+//!   with backoff) and health-probed.
 //! - `unreachable`: the rate limit of the "worker unreachable" log.
 //! - `progress`: the stall rule (a worker with work and no progress for `stall_timeout_ms` leaves
 //!   rotation; a busy one whose probes time out does not).
 //! - this module: the set of workers (static ones and DNS-discovered ones that come and go), the
 //!   served model, the admission queue ([`crate::admission`]) and dispatch by the picking policy
 //!   ([`crate::affinity`]).
-//! - `ticket` ([`Ticket`], [`Dispatched`]): an admitted request's place in the queue, then its
-//!   dispatch to one worker.
-//! - `session` ([`Session`]): one request across workers: when its worker is lost it resumes elsewhere with the
-//!   tokens already generated (failover).
+//!   An admitted request holds a [`Ticket`] (its place: sent at once, or waiting in the queue until
+//!   a worker has room), then a [`Dispatched`] (the request sent to one worker).
+//! - `session` ([`Session`]): one request across workers: when its worker is lost it resumes
+//!   elsewhere with the tokens already generated (failover).
+//! - `settings` ([`PoolSettings`], [`PoolCounters`]): how the pool works, and what it counts.
 //!
 //! Locks are taken in the order queue -> links -> one link's state, and never held across an
 //! `await`; the link tasks release a link's state before they pump the queue.
 
 mod kv_fit;
 mod link;
+mod link_task;
 mod progress;
 mod session;
-mod ticket;
+mod settings;
 mod unreachable;
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Duration;
+use std::time::Instant;
 
-use inference_proto::worker::AddRequest;
-use tokio::sync::{oneshot, watch};
+use inference_proto::worker::{AddRequest, InfoResponse};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::AbortHandle;
 
+pub use kv_fit::KvCapacity;
 pub use link::{Origin, WorkerEvent, WorkerLink, WorkerSnapshot};
 pub use progress::{Change, Progress};
 pub use session::Session;
-pub use ticket::{Dispatched, Ticket};
+pub use settings::{PoolCounters, PoolSettings};
 pub use unreachable::{Unreachable, UnreachableLog};
 
-use crate::admission::{AdmissionLimits, AdmissionQueue};
-use crate::affinity::{AffinityPolicy, Candidate};
-use crate::model_context::{ChatTemplateFile, ModelContext};
+use crate::admission::AdmissionQueue;
+use crate::affinity::Candidate;
+use crate::model_context::ModelContext;
 use crate::route_error::RouteError;
-pub use kv_fit::KvCapacity;
-
-/// How the pool connects, picks, queues and fails over.
-#[derive(Debug, Clone)]
-pub struct PoolSettings {
-    /// First and longest reconnect delay.
-    pub backoff: (Duration, Duration),
-    /// Period of the health probe (also its timeout; a probe without an answer changes nothing).
-    pub health_interval: Duration,
-    /// A worker with work (requests of this router in flight, or its health says `has_work`) that
-    /// shows no progress for this long leaves rotation and its requests fail over.
-    pub stall_timeout: Duration,
-    /// Most requests this router has in flight on one worker.
-    pub max_inflight_per_worker: usize,
-    /// The admission queue's limits.
-    pub admission: AdmissionLimits,
-    /// The picking policy.
-    pub affinity: AffinityPolicy,
-    /// How long a request waits for a ready worker when none is left (after its worker was lost, or
-    /// while queued) before it fails ([`RouteError::NoWorkerInTime`], `UNAVAILABLE`).
-    pub failover_timeout: Duration,
-    /// Most failovers of one request (a request that keeps losing workers fails).
-    pub max_failovers: u32,
-    /// The `chat_template` setting's template, which overrides the model's (see
-    /// [`ModelContext::from_info`]).
-    pub chat_template: Option<Arc<ChatTemplateFile>>,
-    /// TLS of the links to workers (the CA their certificates must chain to); `None` = plain.
-    pub worker_tls: Option<tls_certs::ClientTls>,
-}
-
-impl Default for PoolSettings {
-    fn default() -> Self {
-        Self {
-            backoff: (Duration::from_millis(100), Duration::from_secs(5)),
-            health_interval: Duration::from_secs(2),
-            stall_timeout: Duration::from_secs(60),
-            max_inflight_per_worker: 64,
-            admission: AdmissionLimits {
-                max_waiting_requests: 256,
-                max_waiting_tokens: 262_144,
-            },
-            affinity: AffinityPolicy {
-                prefix_tokens: 64,
-                load_factor: 0.5,
-            },
-            failover_timeout: Duration::from_secs(10),
-            max_failovers: 3,
-            chat_template: None,
-            worker_tls: None,
-        }
-    }
-}
-
-/// Event counters (read by metrics).
-#[derive(Debug, Default)]
-pub struct PoolCounters {
-    /// Requests sent to a worker (a failover counts again).
-    pub dispatched: AtomicU64,
-    /// Requests that resumed on another worker after theirs was lost.
-    pub failovers: AtomicU64,
-    /// Requests that failed because no worker was left to continue them.
-    pub failovers_exhausted: AtomicU64,
-    /// Requests refused by the admission queue ([`RouteError::Overloaded`], `RESOURCE_EXHAUSTED`).
-    pub rejected: AtomicU64,
-    /// Health probes that got no answer in time (not taken as "down").
-    pub health_probe_misses: AtomicU64,
-    /// Times a worker was taken out of rotation by the stall rule.
-    pub stalls: AtomicU64,
-}
+use crate::validation::ValidationError;
+use link_task::LinkOwner;
 
 struct Waiter {
     request: AddRequest,
@@ -202,7 +140,7 @@ impl WorkerPool {
             return false;
         }
         let link = Arc::new(WorkerLink::new(address.to_string(), origin));
-        let task = tokio::spawn(link::maintain(self.clone(), link.clone())).abort_handle();
+        let task = tokio::spawn(link_task::maintain(self.clone(), link.clone())).abort_handle();
         links.push(LinkEntry { link, task });
         tracing::info!(worker = address, ?origin, "worker added");
         true
@@ -288,7 +226,7 @@ impl WorkerPool {
 
     /// The refusal of a request that no ready worker's KV cache could ever hold
     /// ([`kv_fit::never_fits`]); `None` when one can, or when a ready worker reports no capacity.
-    fn never_fits(&self, request: &AddRequest) -> Option<crate::validation::ValidationError> {
+    fn never_fits(&self, request: &AddRequest) -> Option<ValidationError> {
         let model = self.model()?;
         let capacities: Option<Vec<KvCapacity>> = self
             .workers()
@@ -380,6 +318,158 @@ impl WorkerPool {
             snapshots.remove(chosen);
         }
         None
+    }
+}
+
+impl LinkOwner for WorkerPool {
+    fn settings(&self) -> &PoolSettings {
+        &self.settings
+    }
+
+    fn counters(&self) -> &PoolCounters {
+        &self.counters
+    }
+
+    fn adopt_model(&self, address: &str, info: &InfoResponse) -> anyhow::Result<()> {
+        let mut model = self.model.write().expect("model lock");
+        match model.as_ref() {
+            Some(existing) if !existing.same_model(info) => {
+                anyhow::bail!(
+                    "worker {} serves {:?}, but this router serves {:?}",
+                    address,
+                    info.model_name,
+                    existing.model_name
+                );
+            }
+            Some(_) => {}
+            None => {
+                let template_file = self.settings.chat_template.as_deref();
+                *model = Some(Arc::new(ModelContext::from_info(info, template_file)?));
+            }
+        }
+        Ok(())
+    }
+
+    fn refresh_ready(&self) {
+        WorkerPool::refresh_ready(self);
+    }
+
+    fn pump(self: &Arc<Self>) {
+        WorkerPool::pump(self);
+    }
+}
+
+/// A request sent to a worker. Dropping it before the worker finished the request cancels the
+/// request on the worker (client gone, stop string matched, deadline passed).
+pub struct Dispatched {
+    /// Events from the worker for this request.
+    pub events: mpsc::UnboundedReceiver<WorkerEvent>,
+    pool: Arc<WorkerPool>,
+    link: Arc<WorkerLink>,
+    internal_id: String,
+}
+
+impl Dispatched {
+    /// The worker serving the request.
+    pub fn worker_address(&self) -> &str {
+        &self.link.address
+    }
+}
+
+impl Drop for Dispatched {
+    fn drop(&mut self) {
+        // No-op when the worker already finished the request (its entry is gone).
+        if self.link.cancel(&self.internal_id) {
+            self.pool.pump();
+        }
+    }
+}
+
+/// An admitted request's place: already sent to a worker, or waiting in the queue. Dropping it
+/// gives up the place.
+pub struct Ticket {
+    pool: Arc<WorkerPool>,
+    dispatched: Option<Dispatched>,
+    queued: Option<(u64, oneshot::Receiver<Dispatched>)>,
+}
+
+impl Ticket {
+    fn dispatched(pool: Arc<WorkerPool>, dispatched: Dispatched) -> Self {
+        Self {
+            pool,
+            dispatched: Some(dispatched),
+            queued: None,
+        }
+    }
+
+    fn queued(pool: Arc<WorkerPool>, id: u64, rx: oneshot::Receiver<Dispatched>) -> Self {
+        Self {
+            pool,
+            dispatched: None,
+            queued: Some((id, rx)),
+        }
+    }
+
+    /// Waits until the request is sent to a worker.
+    ///
+    /// Errors: [`RouteError::NoWorkerInTime`] when no worker was ready for the pool's failover
+    /// timeout.
+    pub async fn wait(&mut self) -> Result<Dispatched, RouteError> {
+        if let Some(dispatched) = self.dispatched.take() {
+            return Ok(dispatched);
+        }
+        let Some((_, rx)) = self.queued.as_mut() else {
+            return Err(RouteError::Internal("the ticket was already used".into()));
+        };
+        let timeout = self.pool.settings.failover_timeout;
+        let mut ready = self.pool.ready_watch();
+        let mut no_worker_since: Option<Instant> = None;
+        let outcome = loop {
+            let none_ready = *ready.borrow_and_update() == 0;
+            let give_up_at = if none_ready {
+                Some(*no_worker_since.get_or_insert_with(Instant::now) + timeout)
+            } else {
+                no_worker_since = None;
+                None
+            };
+            let give_up = async {
+                match give_up_at {
+                    Some(at) => tokio::time::sleep_until(at.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                result = &mut *rx => break result.ok(),
+                changed = ready.changed() => if changed.is_err() { break None },
+                () = give_up => break None,
+            }
+        };
+        if let Some(dispatched) = outcome {
+            self.queued = None;
+            return Ok(dispatched);
+        }
+        self.leave_queue();
+        Err(RouteError::NoWorkerInTime {
+            ready: self.pool.ready_workers(),
+            configured: self.pool.configured_workers(),
+            waited_ms: timeout.as_millis(),
+        })
+    }
+
+    /// Gives up the place in the queue, if any.
+    fn leave_queue(&mut self) {
+        if let Some((id, rx)) = self.queued.take() {
+            let removed = self.pool.queue.lock().expect("queue lock").remove(id);
+            drop(removed);
+            // A request sent meanwhile is cancelled when its `Dispatched` drops with `rx`.
+            drop(rx);
+        }
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.leave_queue();
     }
 }
 

@@ -27,7 +27,8 @@ use tokio_stream::wrappers::{TcpListenerStream, UnboundedReceiverStream};
 use tonic::{Request, Response, Status, Streaming};
 
 use super::*;
-use crate::admission::QueueFull;
+use crate::admission::{AdmissionLimits, QueueFull};
+use crate::affinity::AffinityPolicy;
 
 /// Token `index` of a request: what any worker would generate there.
 fn expected_token(prompt: &[u32], seed: u64, index: usize) -> u32 {

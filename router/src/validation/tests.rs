@@ -1,11 +1,24 @@
 use super::*;
+use crate::request::{GenerationRequest, Prompt};
 use inference_proto::public::{ChatMessage, GenerateRequest};
 use tonic::Status;
+
+/// The router's default limits (the `limits` settings' defaults).
+fn limits() -> RequestLimits {
+    RequestLimits {
+        max_stop_sequences: 8,
+        max_stop_sequence_chars: 256,
+        max_new_tokens: 4096,
+        default_max_new_tokens: 256,
+        max_input_tokens: 0,
+        max_request_bytes: 1 << 20,
+    }
+}
 
 /// `check_request` on a gRPC request, as the gRPC front runs it.
 fn check(r: &GenerateRequest) -> Result<Sampling, Status> {
     let req = GenerationRequest::try_from(r.clone())?;
-    Ok(check_request(&req, &Limits::default())?)
+    Ok(check_request(&req, &limits())?)
 }
 
 fn req() -> GenerateRequest {
@@ -240,7 +253,7 @@ fn empty_prompts_are_named() {
         ..req()
     };
     assert!(check(&r).is_ok());
-    let l = Limits::default();
+    let l = limits();
     for (prompt, field, message) in [
         (Prompt::Chat(Vec::new()), "messages", "messages is empty"),
         (
@@ -275,7 +288,7 @@ fn token_id_prompts_against_the_vocabulary() {
 
 #[test]
 fn prompt_against_context() {
-    let l = Limits::default();
+    let l = limits();
     assert_eq!(check_prompt(10, None, 100, &l).unwrap(), 90);
     assert_eq!(check_prompt(10, Some(5), 100, &l).unwrap(), 5);
     assert!(check_prompt(100, None, 100, &l)
@@ -288,16 +301,16 @@ fn prompt_against_context() {
         .contains("at most 90"));
     assert!(check_prompt(0, None, 100, &l).is_err());
     // A maximum lowered below the default lowers the default with it.
-    let low = Limits {
+    let low = RequestLimits {
         max_new_tokens: 7,
-        ..Limits::default()
+        ..limits()
     };
     assert_eq!(low.default_new_tokens(), 7);
     assert_eq!(check_prompt(10, None, 100, &low).unwrap(), 7);
     assert_eq!(check_prompt(95, None, 100, &low).unwrap(), 5);
-    let l = Limits {
+    let l = RequestLimits {
         max_input_tokens: 5,
-        ..Limits::default()
+        ..limits()
     };
     assert!(check_prompt(6, None, 100, &l)
         .unwrap_err()

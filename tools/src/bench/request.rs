@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use inference_proto::public::{FinishReason, GenerateRequest};
+use inference_proto::status::code_name;
 use inference_proto::worker::{AddRequest, SamplingParams, StopReason};
 
 use super::constraint::OutputCheck;
@@ -355,30 +356,6 @@ fn record(
     }
 }
 
-/// The canonical name of a gRPC status code (`"UNAVAILABLE"`, ...).
-pub fn code_name(code: tonic::Code) -> &'static str {
-    use tonic::Code::*;
-    match code {
-        Ok => "OK",
-        Cancelled => "CANCELLED",
-        Unknown => "UNKNOWN",
-        InvalidArgument => "INVALID_ARGUMENT",
-        DeadlineExceeded => "DEADLINE_EXCEEDED",
-        NotFound => "NOT_FOUND",
-        AlreadyExists => "ALREADY_EXISTS",
-        PermissionDenied => "PERMISSION_DENIED",
-        ResourceExhausted => "RESOURCE_EXHAUSTED",
-        FailedPrecondition => "FAILED_PRECONDITION",
-        Aborted => "ABORTED",
-        OutOfRange => "OUT_OF_RANGE",
-        Unimplemented => "UNIMPLEMENTED",
-        Internal => "INTERNAL",
-        Unavailable => "UNAVAILABLE",
-        DataLoss => "DATA_LOSS",
-        Unauthenticated => "UNAUTHENTICATED",
-    }
-}
-
 /// Runs `follow` for at most `timeout`: its error, or `DEADLINE_EXCEEDED` saying "`what` within
 /// N s" when the time ran out; `None` when it ended well.
 async fn within(
@@ -393,21 +370,5 @@ async fn within(
         }),
         Ok(Err(error)) => Some(error),
         Ok(Ok(())) => None,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn code_names_are_canonical() {
-        assert_eq!(code_name(tonic::Code::Unavailable), "UNAVAILABLE");
-        assert_eq!(code_name(tonic::Code::InvalidArgument), "INVALID_ARGUMENT");
-        assert_eq!(
-            code_name(tonic::Code::ResourceExhausted),
-            "RESOURCE_EXHAUSTED"
-        );
-        assert_eq!(code_name(tonic::Code::Unauthenticated), "UNAUTHENTICATED");
     }
 }

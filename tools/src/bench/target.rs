@@ -14,6 +14,7 @@ use inference_proto::public::{
     text_generation_client::TextGenerationClient, ModelInfoRequest, ModelInfoResponse,
     TokenizeRequest,
 };
+use inference_proto::status::code_name;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::transport::{Channel, Endpoint};
 
@@ -21,7 +22,6 @@ use super::direct::{self, LocalTokenizer, WorkerStream};
 use super::openai::{self, HttpTokenizer, OpenAiServer};
 use super::plan::{plan, Planned};
 use super::prompt::PromptTokenizer;
-use super::request::code_name;
 use super::BenchArgs;
 
 /// Limit on each setup RPC (ModelInfo, Tokenize).

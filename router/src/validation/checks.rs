@@ -1,64 +1,15 @@
-//! Request validation checks: each returns a [`ValidationError`] naming the field, with a message
-//! that gives the numbers. The fronts map it to their transport at the edge: `INVALID_ARGUMENT` /
-//! `UNIMPLEMENTED` on gRPC ([`crate::grpc_status`]), HTTP 400 / 501 with an OpenAI
-//! error object on the HTTP front.
-//!
-//! Checks run in two phases (composed by [`crate::request::validate`]): [`check_request`] before
-//! tokenization (shape, ranges, stop strings, size) and, once the model is known, [`check_prompt`]
-//! (prompt length against the context and the limits), [`check_prompt_ids`] and [`check_vocab`]
-//! (token ids against the vocabulary).
-//!
-//! The sampling ranges are `inference_proto::sampling_limits`, which the worker checks again.
+//! The request checks, each returning a [`ValidationError`] that names the field, with a message
+//! that gives the numbers (see the module docs of [`super`] for the phases).
 
-use inference_proto::worker::SamplingParams;
-
-use crate::config::Limits;
-use crate::model_context::ModelContext;
-use crate::request::{GenerationRequest, Prompt};
-
-pub use inference_proto::sampling_limits::{
+use inference_proto::sampling_limits::{
     MAX_ABS_LOGIT_BIAS, MAX_ABS_PENALTY, MAX_LOGIT_BIAS_ENTRIES, MAX_MIN_P, MAX_REPETITION_PENALTY,
     MAX_TOP_LOGPROBS,
 };
+use inference_proto::worker::SamplingParams;
 
-/// Why a request was refused before any work. `field` is the request field at fault, as the gRPC
-/// API names it (`max_new_tokens`, `stop`, `logit_bias`, `prompt`, `messages`, `constraint`, ...).
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum ValidationError {
-    /// A value is out of range, malformed or does not fit the model (gRPC `INVALID_ARGUMENT`).
-    #[error("{message}")]
-    Invalid {
-        /// The field at fault.
-        field: &'static str,
-        /// What is wrong, with the numbers.
-        message: String,
-    },
-    /// A feature this build does not provide (gRPC `UNIMPLEMENTED`).
-    #[error("{message}")]
-    Unsupported {
-        /// The field that asks for it.
-        field: &'static str,
-        /// What is missing.
-        message: String,
-    },
-}
-
-impl ValidationError {
-    /// An [`ValidationError::Invalid`] for `field`.
-    pub fn invalid(field: &'static str, message: impl Into<String>) -> Self {
-        Self::Invalid {
-            field,
-            message: message.into(),
-        }
-    }
-
-    /// The field at fault.
-    pub fn field(&self) -> &'static str {
-        match self {
-            Self::Invalid { field, .. } | Self::Unsupported { field, .. } => field,
-        }
-    }
-}
+use super::{RequestLimits, ValidationError};
+use crate::model_context::ModelContext;
+use crate::request::{GenerationRequest, Prompt};
 
 /// Sampling parameters after validation, with defaults applied.
 #[derive(Debug, Clone, PartialEq)]
@@ -104,8 +55,8 @@ impl Sampling {
 /// Checks everything that does not need the tokenizer. Returns the sampling parameters.
 ///
 /// Errors: [`ValidationError::Invalid`] for a request larger than `max_request_bytes` (over gRPC
-/// the router's [`crate::wire::WireGuard`] already refuses such a message with `RESOURCE_EXHAUSTED`
-/// from its frame header; this check covers the HTTP front and callers of the library), an empty
+/// the router's request guard already refuses such a message with `RESOURCE_EXHAUSTED` from its
+/// frame header; this check covers the HTTP front and callers of the library), an empty
 /// prompt or message list, an empty message role, `max_new_tokens` of 0 or above the limit, a
 /// negative or non-finite temperature, `top_p` outside (0, 1], `min_p` outside [0, 1],
 /// `repetition_penalty` outside (0, 10] (0 is accepted and means off), `frequency_penalty` or
@@ -113,7 +64,7 @@ impl Sampling {
 /// [-100, 100], `top_logprobs` above 20, too many, empty or too long stop strings.
 pub fn check_request(
     req: &GenerationRequest,
-    limits: &Limits,
+    limits: &RequestLimits,
 ) -> Result<Sampling, ValidationError> {
     let size = req.size_bytes;
     if size > limits.max_request_bytes as usize {
@@ -311,8 +262,8 @@ pub fn check_vocab(sampling: &Sampling, vocab_size: u32) -> Result<(), Validatio
 
 /// Checks the tokenized prompt and returns the effective `max_new_tokens`.
 ///
-/// Unset `max_new_tokens` becomes [`Limits::default_new_tokens`], capped by the room left in the
-/// context.
+/// Unset `max_new_tokens` becomes [`RequestLimits::default_new_tokens`], capped by the room left in
+/// the context.
 ///
 /// Errors: [`ValidationError::Invalid`] for a prompt with no tokens, a prompt that leaves no room in the context
 /// or passes `max_input_tokens`, and a `max_new_tokens` that does not fit in the context after the
@@ -321,7 +272,7 @@ pub fn check_prompt(
     prompt_tokens: usize,
     requested_max_new: Option<u32>,
     context_length: u32,
-    limits: &Limits,
+    limits: &RequestLimits,
 ) -> Result<u32, ValidationError> {
     let ctx = context_length as usize;
     if prompt_tokens == 0 {
@@ -361,13 +312,10 @@ fn invalid<T>(field: &'static str, message: String) -> Result<T, ValidationError
     Err(ValidationError::Invalid { field, message })
 }
 
-#[cfg(test)]
-mod tests;
-
 /// Checks a request's structured-output `constraint` (when it has one) by compiling it against the
 /// model's vocabulary, as the worker will: the request is refused before any work when the worker
 /// could not follow it. Blocks while the model's compiler is still being built, and compiling takes
-/// milliseconds: call it off the async runtime (as [`crate::request::validate`] is).
+/// milliseconds: call it off the async runtime (as [`super::validate`] is).
 ///
 /// Errors: [`ValidationError::Invalid`] (field `constraint`) naming the problem for an empty
 /// constraint, a schema that is not JSON or that llguidance cannot compile (unsupported keyword,

@@ -15,9 +15,8 @@
 //! configured digest is looked at, whatever matches), so the time taken tells nothing about how
 //! much of a key was right. Keys are never logged or echoed.
 //!
-//! - [`grpc`]: the tower service that guards the gRPC `TextGeneration` service.
-
-pub mod grpc;
+//! The gRPC front checks them in [`crate::request_guard`], the HTTP front in its router
+//! ([`crate::openai`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};

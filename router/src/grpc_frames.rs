@@ -1,141 +1,22 @@
-//! Precise errors for requests that never reach a handler: a tower service around the public
-//! `TextGeneration` server.
+//! gRPC framing checked as a request body streams in ([`FrameGuard`]): each message's 5-byte frame
+//! header (compression flag, big-endian length) is read as the bytes arrive.
 //!
-//! - **Size**: [`FrameGuard`] reads the 5-byte gRPC frame header (compression flag, big-endian
-//!   length) of every request message as the body arrives, and fails the call with
-//!   `RESOURCE_EXHAUSTED` naming `max_request_bytes` and the message's size as soon as a header
-//!   declares a message above the limit, before its bytes are buffered. (tonic's own limit, also set
-//!   to `max_request_bytes`, would answer `OUT_OF_RANGE`; the guard sees the header first.)
+//! - **Size**: a header that declares a message above the limit fails the call with
+//!   `RESOURCE_EXHAUSTED` naming `max_request_bytes` and the message's size, before its bytes are
+//!   buffered. (tonic's own limit, also set to `max_request_bytes`, would answer `OUT_OF_RANGE`;
+//!   the guard sees the header first.)
 //! - **Framing**: a compression flag other than 0 or 1 (e.g. garbage bytes instead of a gRPC frame)
 //!   and a body that ends inside a frame (a truncated message) are `INVALID_ARGUMENT`.
-//! - **Decoding**: a frame whose payload is not a valid message (garbage, truncated, wrong wire
-//!   types, invalid UTF-8 in a string) is `INVALID_ARGUMENT` from the codec
-//!   ([`inference_proto::codec::WireCodec`]).
-//! - **Accounting**: such a rejection happens before the handler runs, so [`WireGuard`] looks at
-//!   the response itself: a call whose handler never ran (no [`HandlerReached`] mark) and whose
-//!   response carries an error status is logged (one INFO line with the code, the reason and the
-//!   method) and, for `Generate`, counted in `router_requests_total{code}`. Calls that reach the
-//!   handler are counted by the handler's own observer, so nothing is counted twice.
 
-use std::convert::Infallible;
-use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
 use http_body::{Body as HttpBody, Frame, SizeHint};
-use tonic::body::Body;
-use tonic::server::NamedService;
-use tonic::{Code, Status};
-
-use crate::metrics::{code_name, RouterMetrics};
+use tonic::Status;
 
 /// Bytes of a gRPC frame header: a compression flag and a big-endian `u32` payload length.
 const FRAME_HEADER_BYTES: usize = 5;
-
-/// Path suffix of the method whose calls `router_requests_total` counts.
-const GENERATE_METHOD: &str = "/Generate";
-
-/// Set by a handler when a call reaches it (so the call's status is accounted there, not by
-/// [`WireGuard`]). [`WireGuard`] puts one in every request's extensions.
-#[derive(Debug, Clone, Default)]
-pub struct HandlerReached(Arc<AtomicBool>);
-
-impl HandlerReached {
-    /// Marks `request` as having reached its handler (does nothing for a request that did not come
-    /// through a [`WireGuard`]).
-    pub fn mark<T>(request: &tonic::Request<T>) {
-        if let Some(reached) = request.extensions().get::<Self>() {
-            reached.0.store(true, Ordering::Relaxed);
-        }
-    }
-
-    fn get(&self) -> bool {
-        self.0.load(Ordering::Relaxed)
-    }
-}
-
-/// Wraps a generated gRPC server (e.g. `TextGenerationServer`): request bodies pass through a
-/// [`FrameGuard`] with `max_request_bytes`, and rejections made before the handler are logged and
-/// counted (see the module docs).
-#[derive(Debug, Clone)]
-pub struct WireGuard<S> {
-    inner: S,
-    max_request_bytes: usize,
-    metrics: Option<Arc<RouterMetrics>>,
-}
-
-impl<S> WireGuard<S> {
-    /// Guards `inner`: request messages above `max_request_bytes` (bytes of one encoded message)
-    /// are refused; rejections are counted in `metrics` when given.
-    pub fn new(inner: S, max_request_bytes: usize, metrics: Option<Arc<RouterMetrics>>) -> Self {
-        Self {
-            inner,
-            max_request_bytes,
-            metrics,
-        }
-    }
-}
-
-impl<S: NamedService> NamedService for WireGuard<S> {
-    const NAME: &'static str = S::NAME;
-}
-
-impl<S> tower_service::Service<http::Request<Body>> for WireGuard<S>
-where
-    S: tower_service::Service<
-        http::Request<Body>,
-        Response = http::Response<Body>,
-        Error = Infallible,
-    >,
-    S::Future: Send + 'static,
-{
-    type Response = http::Response<Body>;
-    type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
-        let reached = HandlerReached::default();
-        let method = request.uri().path().to_owned();
-        let limit = self.max_request_bytes;
-        let mut request = request.map(|body| Body::new(FrameGuard::new(body, limit)));
-        request.extensions_mut().insert(reached.clone());
-        let response = self.inner.call(request);
-        let metrics = self.metrics.clone();
-        Box::pin(async move {
-            let response = response.await?;
-            if !reached.get() {
-                if let Some(status) = Status::from_header_map(response.headers()) {
-                    record_rejection(&method, &status, metrics.as_deref());
-                }
-            }
-            Ok(response)
-        })
-    }
-}
-
-/// Logs (and for `Generate`, counts) a call refused before its handler ran.
-fn record_rejection(method: &str, status: &Status, metrics: Option<&RouterMetrics>) {
-    if status.code() == Code::Ok {
-        return;
-    }
-    let code = code_name(status.code());
-    tracing::info!(
-        code,
-        reason = status.message(),
-        method,
-        "request rejected before the handler"
-    );
-    if let Some(metrics) = metrics.filter(|_| method.ends_with(GENERATE_METHOD)) {
-        metrics.count_rejection(status.code());
-    }
-}
 
 /// A request body that checks gRPC framing as it streams: each frame's declared length against the
 /// limit (`RESOURCE_EXHAUSTED`), the compression flag, and that the body does not end inside a frame
@@ -270,6 +151,7 @@ impl FrameScanner {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tonic::Code;
 
     fn frame(flag: u8, payload: &[u8]) -> Vec<u8> {
         let mut out = vec![flag];

@@ -1,0 +1,319 @@
+//! The task that keeps one worker link connected ([`maintain`]): it connects, checks health,
+//! fetches `Info` (the first worker to answer defines the served model), opens the `Generate`
+//! stream and routes the worker's step messages to the requests in flight. A health probe runs
+//! beside the stream.
+//!
+//! When the stream breaks (process killed, connection cut, worker shut down), the link leaves
+//! rotation at once, every request in flight on it hears `WorkerEvent::Lost` (and fails over), and
+//! the task reconnects with exponential backoff. A probe that gets no answer within the interval
+//! changes nothing (a busy worker is not a down one; logged at debug, counted in
+//! `router_health_probe_misses_total`); the stall rule is applied after each probe (see
+//! `progress`).
+//!
+//! A worker that cannot be reached is logged when it first fails (WARN, with the error), then at
+//! most once a minute while it stays unreachable, and at INFO when it is back (`unreachable`).
+//!
+//! The task reaches its pool only through [`LinkOwner`], so that the pool can start links without
+//! the links knowing the pool.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use inference_proto::worker::{
+    worker_client::WorkerClient, worker_message, HealthRequest, HealthResponse, InfoRequest,
+    InfoResponse,
+};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tonic::transport::Channel;
+
+use super::kv_fit::KvCapacity;
+use super::link::WorkerLink;
+use super::progress::{Change, Progress};
+use super::settings::{PoolCounters, PoolSettings};
+use super::unreachable::{Unreachable, UnreachableLog};
+
+/// What a link's task asks of the pool it belongs to.
+pub(super) trait LinkOwner: Send + Sync + 'static {
+    /// The pool's settings.
+    fn settings(&self) -> &PoolSettings;
+
+    /// The pool's event counters.
+    fn counters(&self) -> &PoolCounters;
+
+    /// Takes the `Info` of the worker at `address`: the first worker to answer defines the served
+    /// model; a later one must serve the same.
+    ///
+    /// Errors: a worker that serves another model, or whose model cannot be described (its
+    /// tokenizer or chat template); the link then counts as unreachable and retries.
+    fn adopt_model(&self, address: &str, info: &InfoResponse) -> anyhow::Result<()>;
+
+    /// Recounts the ready workers (a link's readiness may have changed).
+    fn refresh_ready(&self);
+
+    /// Sends waiting requests while a worker has room (a link has new room).
+    fn pump(self: &Arc<Self>);
+}
+
+/// `e` and its causes joined by `: `, each cause left out when the message before it already
+/// says it (tonic's transport errors repeat their source: `tcp connect error: tcp connect error:
+/// Connection refused`).
+fn cause_chain(e: &anyhow::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if !parts.last().is_some_and(|last| last.contains(&text)) {
+            parts.push(text);
+        }
+    }
+    parts.join(": ")
+}
+
+/// Keeps `link` connected until the task is aborted (the link was removed).
+pub(super) async fn maintain<P: LinkOwner>(pool: Arc<P>, link: Arc<WorkerLink>) {
+    let (initial, max) = pool.settings().backoff;
+    let mut delay = initial;
+    let mut unreachable = UnreachableLog::new(UNREACHABLE_LOG_EVERY);
+    loop {
+        let result = run(&pool, &link, &mut unreachable).await;
+        link.set_last_error(result.as_ref().err().map(cause_chain));
+        match result {
+            Ok(()) => {
+                tracing::warn!(worker = %link.address, "worker stream ended");
+                delay = initial;
+            }
+            Err(e) => match unreachable.failed(Instant::now()) {
+                Some(Unreachable::First) => tracing::warn!(
+                    worker = %link.address,
+                    error = %cause_chain(&e),
+                    "worker unreachable; retrying with backoff"
+                ),
+                Some(Unreachable::Still { attempts, down_for }) => tracing::warn!(
+                    worker = %link.address,
+                    error = %cause_chain(&e),
+                    attempts,
+                    down_for_s = down_for.as_secs(),
+                    "worker still unreachable"
+                ),
+                None => {
+                    tracing::debug!(worker = %link.address, error = %cause_chain(&e), "worker unreachable")
+                }
+            },
+        }
+        let lost = link.fail_all(&format!(
+            "worker {} disconnected while the request was running",
+            link.address
+        ));
+        link.set_healthy(false);
+        pool.refresh_ready();
+        if lost > 0 {
+            tracing::warn!(worker = %link.address, requests = lost, "worker lost with requests in flight; failing them over");
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(max);
+    }
+}
+
+/// Aborts a task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// How often a worker that stays unreachable is logged again.
+const UNREACHABLE_LOG_EVERY: Duration = Duration::from_secs(60);
+
+/// Longest wait for a connected worker's `Info` (answered from published state, so at once unless
+/// the process is stopped or hung).
+const INFO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Connects once and serves the stream until it ends. Returns `Err` when the worker could not be
+/// reached or described, `Ok` when an established stream ended.
+async fn run<P: LinkOwner>(
+    pool: &Arc<P>,
+    link: &Arc<WorkerLink>,
+    unreachable: &mut UnreachableLog,
+) -> anyhow::Result<()> {
+    let tls = pool.settings().worker_tls.as_ref();
+    let mut endpoint =
+        tonic::transport::Endpoint::from_shared(tls_certs::ClientTls::uri(tls, &link.address))?;
+    if let Some(tls) = tls {
+        endpoint = endpoint.tls_config(tls.tonic_config())?;
+    }
+    let endpoint = endpoint
+        .connect_timeout(Duration::from_secs(2))
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(Duration::from_secs(10))
+        .keep_alive_timeout(Duration::from_secs(5));
+    let channel = endpoint.connect().await?;
+    let mut client = WorkerClient::new(channel).max_decoding_message_size(64 << 20);
+    let info = tokio::time::timeout(INFO_TIMEOUT, client.info(InfoRequest {}))
+        .await
+        .map_err(|_| anyhow::anyhow!("no Info answer within {INFO_TIMEOUT:?}"))??
+        .into_inner();
+    if let Some((down_for, attempts)) = unreachable.reached(Instant::now()) {
+        tracing::info!(
+            worker = %link.address,
+            down_for_s = down_for.as_secs(),
+            attempts,
+            "worker reachable again"
+        );
+    }
+    pool.adopt_model(&link.address, &info)?;
+    // Not ready until a `Health` answer says so.
+    let healthy = match probe(&mut client.clone(), pool.settings().health_interval).await {
+        Ok(answer) => answer.ready,
+        Err(_) => false,
+    };
+    let (tx, rx) = mpsc::unbounded_channel();
+    let mut inbound = client
+        .generate(UnboundedReceiverStream::new(rx))
+        .await?
+        .into_inner();
+    let progress = Progress::new(Instant::now(), pool.settings().stall_timeout);
+    if !link.connected(tx, KvCapacity::of(&info), healthy, progress) {
+        return Ok(());
+    }
+    pool.refresh_ready();
+    pool.pump();
+    tracing::info!(worker = %link.address, model = %info.model_name, healthy, "worker connected");
+    let _prober = AbortOnDrop(tokio::spawn(probe_loop(
+        pool.clone(),
+        link.clone(),
+        client.clone(),
+    )));
+    while let Some(message) = inbound.message().await.transpose() {
+        let step = match message.map(|m| m.kind) {
+            Ok(Some(worker_message::Kind::Step(step))) => step,
+            Ok(None) => continue,
+            Err(status) => {
+                tracing::warn!(worker = %link.address, %status, "worker stream failed");
+                break;
+            }
+        };
+        let had_errors = !step.errors.is_empty();
+        let (freed, moving) = link.on_step(step);
+        if moving {
+            tracing::info!(worker = %link.address, "stalled worker makes progress again; back in rotation");
+        }
+        if had_errors || moving {
+            // A hand-back may have taken the worker out of rotation; a stalled one is back.
+            pool.refresh_ready();
+        }
+        if freed > 0 || moving {
+            pool.pump();
+        }
+    }
+    Ok(())
+}
+
+/// Why a health probe got no answer.
+#[derive(Debug, thiserror::Error)]
+enum ProbeMiss {
+    /// The call failed.
+    #[error("Health failed: {0}")]
+    Failed(tonic::Status),
+    /// No answer within the timeout.
+    #[error("no Health answer within {0:?}")]
+    Timeout(Duration),
+}
+
+/// The worker's `Health` answer within `timeout`.
+///
+/// Errors: why there was none ([`ProbeMiss`]).
+async fn probe(
+    client: &mut WorkerClient<Channel>,
+    timeout: Duration,
+) -> Result<HealthResponse, ProbeMiss> {
+    match tokio::time::timeout(timeout, client.health(HealthRequest {})).await {
+        Ok(Ok(response)) => Ok(response.into_inner()),
+        Ok(Err(status)) => Err(ProbeMiss::Failed(status)),
+        Err(_) => Err(ProbeMiss::Timeout(timeout)),
+    }
+}
+
+/// Probes the worker every health interval: a "not ready" answer takes it out of rotation (a ready
+/// one puts it back), no answer changes nothing; then applies the stall rule.
+async fn probe_loop<P: LinkOwner>(
+    pool: Arc<P>,
+    link: Arc<WorkerLink>,
+    mut client: WorkerClient<Channel>,
+) {
+    let interval = pool.settings().health_interval;
+    loop {
+        tokio::time::sleep(interval).await;
+        let mut changed = false;
+        let mut back = false;
+        match probe(&mut client, interval).await {
+            Ok(answer) => {
+                let (ready_changed, progress) = link.on_health(&answer);
+                if ready_changed {
+                    if answer.ready {
+                        tracing::info!(worker = %link.address, "worker healthy again; back in rotation");
+                    } else {
+                        tracing::warn!(worker = %link.address, status = %answer.status, "worker not ready; out of rotation");
+                    }
+                }
+                if progress == Change::Moving {
+                    tracing::info!(
+                        worker = %link.address,
+                        steps = answer.steps,
+                        "stalled worker makes progress again; back in rotation"
+                    );
+                }
+                changed = ready_changed || progress == Change::Moving;
+                back = answer.ready;
+            }
+            Err(reason) => {
+                pool.counters()
+                    .health_probe_misses
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(worker = %link.address, %reason, "health probe got no answer; a busy worker is not a down one");
+            }
+        }
+        if let Some((since, failed_over)) = link.check_stall() {
+            pool.counters().stalls.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(
+                worker = %link.address,
+                since_progress_ms = since.as_millis() as u64,
+                stall_timeout_ms = pool.settings().stall_timeout.as_millis() as u64,
+                requests_failed_over = failed_over,
+                "worker has work but made no progress within the stall timeout; out of rotation"
+            );
+            changed = true;
+            back = false;
+        }
+        if changed {
+            pool.refresh_ready();
+            if back {
+                pool.pump();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cause_chain;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("tcp connect error")]
+    struct Connect(#[source] std::io::Error);
+
+    #[test]
+    fn a_cause_its_parent_already_says_is_left_out() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "Connection refused");
+        let e = anyhow::Error::new(Connect(io))
+            .context("tcp connect error")
+            .context("transport error");
+        assert_eq!(
+            cause_chain(&e),
+            "transport error: tcp connect error: Connection refused"
+        );
+        assert_eq!(cause_chain(&anyhow::anyhow!("plain")), "plain");
+    }
+}

@@ -1,0 +1,79 @@
+//! The pool's settings ([`PoolSettings`]) and event counters ([`PoolCounters`]).
+
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::admission::AdmissionLimits;
+use crate::affinity::AffinityPolicy;
+use crate::model_context::ChatTemplateFile;
+
+/// How the pool connects, picks, queues and fails over.
+#[derive(Debug, Clone)]
+pub struct PoolSettings {
+    /// First and longest reconnect delay.
+    pub backoff: (Duration, Duration),
+    /// Period of the health probe (also its timeout; a probe without an answer changes nothing).
+    pub health_interval: Duration,
+    /// A worker with work (requests of this router in flight, or its health says `has_work`) that
+    /// shows no progress for this long leaves rotation and its requests fail over.
+    pub stall_timeout: Duration,
+    /// Most requests this router has in flight on one worker.
+    pub max_inflight_per_worker: usize,
+    /// The admission queue's limits.
+    pub admission: AdmissionLimits,
+    /// The picking policy.
+    pub affinity: AffinityPolicy,
+    /// How long a request waits for a ready worker when none is left (after its worker was lost, or
+    /// while queued) before it fails
+    /// ([`crate::route_error::RouteError::NoWorkerInTime`], `UNAVAILABLE`).
+    pub failover_timeout: Duration,
+    /// Most failovers of one request (a request that keeps losing workers fails).
+    pub max_failovers: u32,
+    /// The `chat_template` setting's template, which overrides the model's (see
+    /// [`crate::model_context::ModelContext::from_info`]).
+    pub chat_template: Option<Arc<ChatTemplateFile>>,
+    /// TLS of the links to workers (the CA their certificates must chain to); `None` = plain.
+    pub worker_tls: Option<tls_certs::ClientTls>,
+}
+
+impl Default for PoolSettings {
+    fn default() -> Self {
+        Self {
+            backoff: (Duration::from_millis(100), Duration::from_secs(5)),
+            health_interval: Duration::from_secs(2),
+            stall_timeout: Duration::from_secs(60),
+            max_inflight_per_worker: 64,
+            admission: AdmissionLimits {
+                max_waiting_requests: 256,
+                max_waiting_tokens: 262_144,
+            },
+            affinity: AffinityPolicy {
+                prefix_tokens: 64,
+                load_factor: 0.5,
+            },
+            failover_timeout: Duration::from_secs(10),
+            max_failovers: 3,
+            chat_template: None,
+            worker_tls: None,
+        }
+    }
+}
+
+/// Event counters (read by metrics).
+#[derive(Debug, Default)]
+pub struct PoolCounters {
+    /// Requests sent to a worker (a failover counts again).
+    pub dispatched: AtomicU64,
+    /// Requests that resumed on another worker after theirs was lost.
+    pub failovers: AtomicU64,
+    /// Requests that failed because no worker was left to continue them.
+    pub failovers_exhausted: AtomicU64,
+    /// Requests refused by the admission queue ([`crate::route_error::RouteError::Overloaded`],
+    /// `RESOURCE_EXHAUSTED`).
+    pub rejected: AtomicU64,
+    /// Health probes that got no answer in time (not taken as "down").
+    pub health_probe_misses: AtomicU64,
+    /// Times a worker was taken out of rotation by the stall rule.
+    pub stalls: AtomicU64,
+}

@@ -1,0 +1,92 @@
+//! Request validation: the limits a request is checked against ([`RequestLimits`]), the checks, and
+//! [`validate`], the one pass that checks a [`crate::request::GenerationRequest`] against the
+//! limits and the served model, tokenizes it (or renders its chat template) and yields a
+//! [`ValidRequest`] ready for admission.
+//!
+//! Each check returns a [`ValidationError`] naming the field, with a message that gives the
+//! numbers. The fronts map it to their transport at the edge: `INVALID_ARGUMENT` / `UNIMPLEMENTED`
+//! on gRPC ([`crate::grpc_status`]), HTTP 400 / 501 with an OpenAI error object on the HTTP front.
+//!
+//! - `checks`: the checks, in two phases: [`check_request`] before tokenization (shape, ranges,
+//!   stop strings, size) and, once the model is known, [`check_prompt`] (prompt length against the
+//!   context and the limits), [`check_prompt_ids`] and [`check_vocab`] (token ids against the
+//!   vocabulary), [`check_constraint`] (structured output against the vocabulary). The sampling
+//!   ranges are `inference_proto::sampling_limits`, which the worker checks again.
+//! - `validate`: the gRPC request's conversion (`GenerationRequest::try_from`, which refuses
+//!   `prompt` and `messages` together), [`validate`] and [`ValidRequest`].
+
+mod checks;
+#[cfg(test)]
+mod tests;
+mod validate;
+
+pub use checks::{
+    check_constraint, check_prompt, check_prompt_ids, check_request, check_vocab, Sampling,
+};
+pub use validate::{validate, ValidRequest};
+
+/// Why a request was refused before any work. `field` is the request field at fault, as the gRPC
+/// API names it (`max_new_tokens`, `stop`, `logit_bias`, `prompt`, `messages`, `constraint`, ...).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ValidationError {
+    /// A value is out of range, malformed or does not fit the model (gRPC `INVALID_ARGUMENT`).
+    #[error("{message}")]
+    Invalid {
+        /// The field at fault.
+        field: &'static str,
+        /// What is wrong, with the numbers.
+        message: String,
+    },
+    /// A feature this build does not provide (gRPC `UNIMPLEMENTED`).
+    #[error("{message}")]
+    Unsupported {
+        /// The field that asks for it.
+        field: &'static str,
+        /// What is missing.
+        message: String,
+    },
+}
+
+impl ValidationError {
+    /// An [`ValidationError::Invalid`] for `field`.
+    pub fn invalid(field: &'static str, message: impl Into<String>) -> Self {
+        Self::Invalid {
+            field,
+            message: message.into(),
+        }
+    }
+
+    /// The field at fault.
+    pub fn field(&self) -> &'static str {
+        match self {
+            Self::Invalid { field, .. } | Self::Unsupported { field, .. } => field,
+        }
+    }
+}
+
+/// The limits every request is checked against (the router's `limits` settings; `ModelInfo`
+/// reports them all).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestLimits {
+    /// Most stop strings per request.
+    pub max_stop_sequences: u32,
+    /// Longest stop string, in characters.
+    pub max_stop_sequence_chars: u32,
+    /// Largest `max_new_tokens` a request may ask for, in tokens.
+    pub max_new_tokens: u32,
+    /// `max_new_tokens` when a request leaves it unset, before the caps of
+    /// [`RequestLimits::default_new_tokens`] and of the room left in the context.
+    pub default_max_new_tokens: u32,
+    /// Longest prompt, in tokens; 0 means the model's context length minus one.
+    pub max_input_tokens: u32,
+    /// Largest encoded request, in bytes.
+    pub max_request_bytes: u32,
+}
+
+impl RequestLimits {
+    /// The `max_new_tokens` of a request that leaves it unset, before the context's room:
+    /// `min(default_max_new_tokens, max_new_tokens)` (so lowering the maximum alone lowers it too).
+    pub fn default_new_tokens(&self) -> u32 {
+        self.default_max_new_tokens.min(self.max_new_tokens)
+    }
+}
