@@ -32,7 +32,7 @@ impl CpuModel {
     /// [`model_files::open`]), reads its description and loads all
     /// weights, matrices in the file's own format (~100 MB for SmolLM2-135M
     /// Q4_1), norm vectors and biases as f32. The matrices borrow the file's memory map (see
-    /// [`super::weights`]): the file must not be truncated or overwritten in place while the model
+    /// [`load_weights`]): the file must not be truncated or overwritten in place while the model
     /// lives; replace it by renaming a new file over it.
     ///
     /// Errors: [`ModelError::ModelFile`] (I/O, format, unsupported tensor types, a bad folder),

@@ -35,8 +35,10 @@ pub type ModelWeights = arch::ModelWeights<QMatrix>;
 /// One transformer block's weights on the CPU (see [`ModelWeights`]).
 pub type LayerWeights = arch::LayerWeights<QMatrix>;
 
-/// Loads every tensor `desc` needs from `src` through the shared loader, matrices in their file
-/// format (see the [module docs](self)), norms and biases as f32.
+/// Loads every tensor `desc` needs from `src` through the shared loader, norms and biases as f32,
+/// matrices in their file format: borrowed from the source's memory map when it holds them as
+/// stored (every tensor of a GGUF file but F32 ones, which are converted; the map stays open as
+/// long as the weights, so the file must not be overwritten in place meanwhile), else copied.
 ///
 /// Errors: [`ModelError::Arch`] for a missing tensor or one of the wrong dims (naming the tensor),
 /// an unreadable source or an undecodable vector; [`ModelError::InvalidConfig`] for rows that are
