@@ -8,7 +8,7 @@ use std::path::Path;
 use gguf::TokenizerMetadata;
 
 use crate::arch::ModelDesc;
-use crate::backend::cpu::{CpuModel, ModelWeights};
+use crate::backend::cpu::{load_weights, CpuModel};
 use crate::backend::ModelError;
 
 /// The outcome of [`inspect`]: a human-readable report and, when the file cannot be served, why.
@@ -114,7 +114,7 @@ pub fn inspect(path: &Path) -> Inspection {
     }
     // The rest of what serving would do with the open file: every tensor read and checked.
     let model = config.and_then(|config| {
-        let weights = ModelWeights::load(&file, &config)?;
+        let weights = load_weights(&file, &config)?;
         Ok(CpuModel::from_parts(config, weights))
     });
     let unservable = match model {

@@ -154,7 +154,7 @@ async fn run(settings: WorkerSettings, backend: Backend) -> anyhow::Result<()> {
             };
             load_and_serve(
                 prepared,
-                move |file: &gguf::GgufFile| CudaModel::from_file(file, gpu, options),
+                move |file: &gguf::GgufFile| CudaModel::from_source(file, gpu, options),
                 |model: &CudaModel, config: &EngineConfig| {
                     Ok(model.check_kv_fits(config.num_blocks, config.block_size)?)
                 },

@@ -1,6 +1,7 @@
-//! Errors from reading a model description.
+//! Errors from reading a model description and its weights.
 
-/// Why a [`super::ModelDesc`] could not be read from a [`super::ModelSource`].
+/// Why a [`super::ModelDesc`] or its [`super::ModelWeights`] could not be read from a
+/// [`super::ModelSource`].
 #[derive(Debug, thiserror::Error)]
 pub enum ArchError {
     /// The source failed to answer a lookup (for GGUF: a malformed file, or a key holding a value
@@ -19,6 +20,20 @@ pub enum ArchError {
     /// names the key and what was expected.
     #[error("invalid model config: {0}")]
     InvalidConfig(String),
+    /// A tensor the description or the weights need is absent.
+    #[error("missing tensor `{0}`")]
+    MissingTensor(String),
+    /// A weight has other dims than the description implies (GGUF order: `dims[0]` is the row
+    /// length).
+    #[error("tensor `{name}` has dims {found:?}, expected {expected:?}")]
+    TensorShape {
+        /// The tensor's GGUF name.
+        name: String,
+        /// Expected GGUF dims.
+        expected: Vec<u64>,
+        /// Dims found in the source.
+        found: Vec<u64>,
+    },
     /// A tensor the description reads (`rope_freqs.weight`) has the wrong shape or type.
     #[error("tensor `{name}`: {message}")]
     Tensor {

@@ -1,8 +1,9 @@
 //! The neutral model description shared by the CPU and CUDA backends: which architecture, its
-//! sizes, and every option a forward pass branches on, read from GGUF metadata through
-//! [`ModelSource`] (metadata by GGUF key, tensors by GGUF name), so any container that answers
-//! those two questions in GGUF's terms (a Hugging Face folder mapped onto GGUF names) gets the
-//! same description.
+//! sizes, and every option a forward pass branches on ([`ModelDesc`]), the order of operations
+//! every backend executes ([`ModelPlan`]), and the one weight loader of every backend
+//! ([`ModelWeights::load`]), all read through [`ModelSource`] (metadata by GGUF key, tensors by
+//! GGUF name), so any container that answers those two questions in GGUF's terms (a Hugging Face
+//! folder mapped onto GGUF names) gets the same description, plan and weights.
 //!
 //! # The architectures
 //!
@@ -35,14 +36,18 @@
 pub mod defaults;
 mod desc;
 mod error;
+pub mod plan;
 mod read;
 mod source;
-mod tensors;
+mod weights;
 
 pub use desc::{Activation, Arch, LayerDesc, ModelDesc, Projections, RopeStyle};
 pub use error::ArchError;
-pub use source::{ModelSource, TensorData};
-pub use tensors::{layer_tensors, LayerTensors};
+pub use plan::{
+    AttentionOp, Branch, Embed, HeadOp, LayerOp, LayerPlan, ModelPlan, RopeOp, RopeVariant,
+};
+pub use source::{ModelSource, SourceTensor};
+pub use weights::{LayerWeights, MatrixTensor, ModelWeights};
 
 #[cfg(test)]
 mod tests;

@@ -8,10 +8,10 @@ use gguf::{GgmlType, GgufFile, MappedBytes};
 
 use super::ArchError;
 
-/// A tensor's type, GGUF dims and raw bytes, and the memory map holding those bytes when the
-/// source has them unmodified in one.
+/// One tensor as a [`ModelSource`] answers it: its type, GGUF dims and raw bytes, and the memory
+/// map holding those bytes when the source has them unmodified in one.
 #[derive(Debug, Clone)]
-pub struct TensorData<'a> {
+pub struct SourceTensor<'a> {
     /// Element type (quantized types as ggml lays out their blocks).
     pub dtype: GgmlType,
     /// GGUF order: `dims[0]` is the row length (input features of a matrix), `dims[1]` the rows.
@@ -38,7 +38,7 @@ pub trait ModelSource {
     /// The length of an array value (`tokenizer.ggml.tokens`).
     fn meta_array_len(&self, key: &str) -> Result<Option<usize>, ArchError>;
     /// The tensor named `name` (`rope_freqs.weight`), its bytes checked to lie within the source.
-    fn tensor(&self, name: &str) -> Result<Option<TensorData<'_>>, ArchError>;
+    fn tensor(&self, name: &str) -> Result<Option<SourceTensor<'_>>, ArchError>;
     /// Whether a tensor named `name` exists (without reading it).
     fn has_tensor(&self, name: &str) -> bool;
 }
@@ -69,11 +69,11 @@ impl ModelSource for GgufFile {
         })
     }
 
-    fn tensor(&self, name: &str) -> Result<Option<TensorData<'_>>, ArchError> {
+    fn tensor(&self, name: &str) -> Result<Option<SourceTensor<'_>>, ArchError> {
         let Some(info) = GgufFile::tensor(self, name) else {
             return Ok(None);
         };
-        Ok(Some(TensorData {
+        Ok(Some(SourceTensor {
             dtype: info.dtype,
             dims: info.dims.clone(),
             bytes: Cow::Borrowed(self.tensor_bytes(info)?),

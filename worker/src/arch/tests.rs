@@ -200,3 +200,137 @@ fn bad_headers_say_which_key() {
         "missing metadata key `qwen2.embedding_length`"
     );
 }
+
+/// A plain Llama's plan is the Llama block and nothing else: no bias, q/k norm, post-norm,
+/// soft-cap or embedding scale op, one RoPE variant.
+#[test]
+fn plain_llama_plan_is_the_llama_block() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tiny.gguf");
+    gguf::testing::write_tiny_llama(&path, 1).unwrap();
+    let d = ModelDesc::from_source(&GgufFile::open(&path).unwrap()).unwrap();
+    let plan = ModelPlan::new(&d);
+    let variant = RopeVariant {
+        base: 10000.0,
+        pos_scale: 1.0,
+    };
+    let layer = [
+        LayerOp::Norm(Branch::Attention),
+        LayerOp::QkvProject,
+        LayerOp::Rope(RopeOp {
+            style: RopeStyle::Interleaved,
+            variant,
+            index: 0,
+        }),
+        LayerOp::KvWrite,
+        LayerOp::Attention(AttentionOp {
+            scale: 0.25,
+            softcap: None,
+            window: None,
+        }),
+        LayerOp::Residual {
+            branch: Branch::Attention,
+            post_norm: false,
+        },
+        LayerOp::Norm(Branch::FeedForward),
+        LayerOp::GateUpProject,
+        LayerOp::Gate(Activation::Silu),
+        LayerOp::Residual {
+            branch: Branch::FeedForward,
+            post_norm: false,
+        },
+    ];
+    assert_eq!(plan.layers.len(), d.n_layers);
+    assert!(plan.layers.iter().all(|l| l.ops == layer));
+    assert_eq!(plan.head, [HeadOp::Norm, HeadOp::LmHead]);
+    assert_eq!(plan.embed.scale, None);
+    assert_eq!(plan.rope_variants, [variant]);
+}
+
+/// Every tiny architecture's plan has its options' ops, and the shared loader reads every tensor
+/// those ops use, with the shapes the ops imply (the accessors panic on a tensor not loaded).
+#[test]
+fn every_plan_op_has_its_weights() {
+    for arch in ["qwen2", "qwen3", "llama3rope", "gemma2", "phi3"] {
+        let file = fixture(arch);
+        let d = ModelDesc::from_source(&file).unwrap();
+        let plan = ModelPlan::new(&d);
+        let w = ModelWeights::load(&file, &d, |t| Ok::<_, ArchError>((t.rows, t.cols))).unwrap();
+        let width = d.q_dim() + 2 * d.kv_dim();
+        let mut seen = Vec::new();
+        for (layer, lw) in plan.layers.iter().zip(&w.layers) {
+            for op in &layer.ops {
+                match *op {
+                    LayerOp::Norm(b) => assert_eq!(lw.norm(b).len(), d.hidden),
+                    LayerOp::QkvProject => {
+                        assert_eq!(lw.wqkv.iter().map(|m| m.0).sum::<usize>(), width)
+                    }
+                    LayerOp::QkvBias => assert_eq!(lw.bias().len(), width),
+                    LayerOp::QkNorm => assert_eq!(lw.qk_norms().1.len(), d.head_dim),
+                    LayerOp::Residual { branch, post_norm } => {
+                        assert_eq!(lw.out_projection(branch).0, d.hidden);
+                        if post_norm {
+                            assert_eq!(lw.post_norm(branch).len(), d.hidden);
+                        }
+                    }
+                    LayerOp::GateUpProject => {
+                        assert_eq!(
+                            lw.w_gate_up.iter().map(|m| m.0).sum::<usize>(),
+                            2 * d.ffn_dim
+                        )
+                    }
+                    LayerOp::Rope(_) | LayerOp::KvWrite | LayerOp::Attention(_) => {}
+                    LayerOp::Gate(a) => assert_eq!(a, d.activation),
+                }
+                seen.push(*op);
+            }
+        }
+        assert_eq!(*w.lm_head(), (d.vocab_size, d.hidden), "{arch}");
+        let has = |op: LayerOp| seen.contains(&op);
+        assert_eq!(has(LayerOp::QkvBias), arch == "qwen2", "{arch}");
+        assert_eq!(has(LayerOp::QkNorm), arch == "qwen3", "{arch}");
+        let post = LayerOp::Residual {
+            branch: Branch::FeedForward,
+            post_norm: true,
+        };
+        assert_eq!(has(post), arch == "gemma2", "{arch}");
+        let gemma2 = arch == "gemma2";
+        assert_eq!(plan.head.contains(&HeadOp::Softcap(30.0)), gemma2, "{arch}");
+        assert_eq!(plan.embed.scale, gemma2.then_some(8.0), "{arch}");
+        let windows: Vec<Option<usize>> = seen
+            .iter()
+            .filter_map(|op| match op {
+                LayerOp::Attention(a) => Some(a.window),
+                _ => None,
+            })
+            .collect();
+        let want: Vec<_> = d.layers.iter().map(|l| l.sliding_window).collect();
+        assert_eq!(windows, want, "{arch}");
+    }
+}
+
+/// Gemma 3's local and global layers get two RoPE variants, each layer the index of its own.
+#[test]
+fn gemma3_plan_has_a_rope_variant_per_layer_kind() {
+    let d = gemma3_header(|_| {}).unwrap();
+    let plan = ModelPlan::new(&d);
+    let local = RopeVariant {
+        base: 10000.0,
+        pos_scale: 1.0,
+    };
+    let global = RopeVariant {
+        base: 1e6,
+        pos_scale: 1.0,
+    };
+    assert_eq!(plan.rope_variants, [local, global]);
+    for (l, layer) in plan.layers.iter().enumerate() {
+        let rope = layer.ops.iter().find_map(|op| match op {
+            LayerOp::Rope(r) => Some(*r),
+            _ => None,
+        });
+        let is_global = (l + 1) % 6 == 0;
+        let want = if is_global { (global, 1) } else { (local, 0) };
+        assert_eq!(rope.map(|r| (r.variant, r.index)), Some(want), "layer {l}");
+    }
+    assert!(plan.layers[0].ops.contains(&LayerOp::QkNorm));
+}

@@ -15,27 +15,14 @@ pub enum ModelError {
     /// Opening the model (a GGUF file or a Hugging Face folder) failed.
     #[error(transparent)]
     ModelFile(#[from] model_files::ModelFileError),
-    /// The model description could not be read (unknown architecture, missing or inconsistent
-    /// metadata).
+    /// The model description or its weights could not be read (unknown architecture, missing or
+    /// inconsistent metadata, a missing tensor or one of the wrong dims).
     #[error(transparent)]
     Arch(#[from] ArchError),
     /// A tensor cannot be used as the description needs it (rows not whole blocks, a format the
     /// backend does not decode); the message names the tensor.
     #[error("invalid model config: {0}")]
     InvalidConfig(String),
-    /// A required tensor is absent from the file.
-    #[error("missing tensor `{0}`")]
-    MissingTensor(String),
-    /// A tensor has unexpected dimensions (GGUF order: `dims[0]` is the row length).
-    #[error("tensor `{name}` has dims {found:?}, expected {expected:?}")]
-    TensorShape {
-        /// Tensor name.
-        name: String,
-        /// Expected GGUF dims.
-        expected: Vec<u64>,
-        /// Dims found in the file.
-        found: Vec<u64>,
-    },
     /// A batch entry has no tokens.
     #[error("batch entry {entry} has no tokens")]
     EmptyInput {

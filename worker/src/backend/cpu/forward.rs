@@ -1,26 +1,18 @@
-//! The CPU forward pass of every architecture in [`crate::arch`]: the Llama
-//! block (Touvron et al. 2023; pre-norm RMSNorm, RoPE, grouped-query
-//! attention, gated FFN) with each architecture's options (Q/K/V biases, Q/K
-//! norms, half-split RoPE, RoPE frequency factors, post-norms, GeGLU,
-//! embedding scale, soft-caps, sliding windows; see [`ModelDesc`]), f32
-//! throughout, over a flattened batch of sequences and a paged KV cache (Kwon
-//! et al. 2023, PagedAttention). The options are decided per layer or per
-//! step, never inside a kernel's inner loop, so a plain Llama runs exactly the
-//! operations it ran before they existed.
+//! [`CpuModel`]: the CPU forward pass of every architecture in [`crate::arch`], f32 throughout,
+//! over a flattened batch of sequences and a paged KV cache (Kwon et al. 2023, PagedAttention).
+//! A step is checked and laid out here and runs the model's [`ModelPlan`] (the Llama block with
+//! each architecture's options, decided per layer when the model is loaded) through
+//! [`super::execute`].
 //!
 //! Batch invariant: see the [`crate::backend::cpu`] module docs.
 
-use std::cell::RefCell;
 use std::path::Path;
 
-use super::attention::{attention_into, AttnOptions, HeadShape, QueryPos};
-use super::matmul::matmul_into;
-use super::ops::{
-    gated_into, rms_norm_chunks_in_place, rms_norm_into, softcap_in_place, RopeTable,
-};
-use super::weights::ModelWeights;
-use super::{AlignedVec, KvDtype, PagedKvCache};
-use crate::arch::{ModelDesc, ModelSource};
+use super::attention::QueryPos;
+use super::execute::{Pass, Step};
+use super::weights::{load_weights, ModelWeights};
+use super::{KvDtype, PagedKvCache};
+use crate::arch::{ModelDesc, ModelPlan, ModelSource};
 use crate::backend::{BatchEntry, EntryLimits, Logits, ModelError, StepPlan};
 
 /// A model of any [`crate::arch::Arch`] with weights in memory in their file
@@ -28,51 +20,11 @@ use crate::backend::{BatchEntry, EntryLimits, Logits, ModelError, StepPlan};
 #[derive(Debug)]
 pub struct CpuModel {
     config: ModelDesc,
+    /// The order of operations, from `config`.
+    plan: ModelPlan,
     weights: ModelWeights,
     /// Element type of the caches made by [`Self::new_kv`].
     kv_dtype: KvDtype,
-}
-
-/// Activation buffers of a forward pass, kept per thread and reused by every
-/// step (resized, never reallocated once grown to the largest step); the
-/// logits go into the caller's [`Logits`].
-#[derive(Default)]
-struct Workspace {
-    /// Normed activations, `[rows, hidden]`.
-    xn: AlignedVec,
-    /// Fused Q/K/V projections, `[rows, q_dim + 2 * kv_dim]`.
-    qkv: Vec<f32>,
-    /// Queries after RoPE, `[rows, q_dim]`.
-    q: AlignedVec,
-    /// Attention output, `[rows, q_dim]`.
-    att: AlignedVec,
-    /// Output projection or FFN down projection, `[rows, hidden]`.
-    proj: Vec<f32>,
-    /// Fused gate/up projections, `[rows, 2 * ffn_dim]`.
-    gate_up: Vec<f32>,
-    /// Gated activation output, `[rows, ffn_dim]`.
-    h: AlignedVec,
-}
-
-thread_local! {
-    static WORKSPACE: RefCell<Workspace> = RefCell::new(Workspace::default());
-}
-
-/// Runs `f` with this thread's [`Workspace`]; a nested call on the same
-/// thread (a forward pass started from inside another one) gets a fresh one.
-fn with_workspace<R>(f: impl FnOnce(&mut Workspace) -> R) -> R {
-    WORKSPACE.with(|cell| match cell.try_borrow_mut() {
-        Ok(mut ws) => f(&mut ws),
-        Err(_) => f(&mut Workspace::default()),
-    })
-}
-
-/// A checked, flattened batch: the shared [`StepPlan`] plus each token's attention query.
-struct Plan<'a> {
-    /// Token ids, positions, KV slots and logit rows.
-    step: StepPlan,
-    /// Position and block table of each token, `[num_tokens]`.
-    queries: Vec<QueryPos<'a>>,
 }
 
 impl CpuModel {
@@ -80,12 +32,12 @@ impl CpuModel {
     /// [`model_files::open`]), reads its description and loads all
     /// weights, matrices in the file's own format (~100 MB for SmolLM2-135M
     /// Q4_1), norm vectors and biases as f32. The matrices borrow the file's memory map (see
-    /// [`ModelWeights`]): the file must not be truncated or overwritten in place while the model
+    /// [`load_weights`]): the file must not be truncated or overwritten in place while the model
     /// lives; replace it by renaming a new file over it.
     ///
     /// Errors: [`ModelError::ModelFile`] (I/O, format, unsupported tensor types, a bad folder),
-    /// [`ModelError::Arch`], [`ModelError::InvalidConfig`],
-    /// [`ModelError::MissingTensor`], [`ModelError::TensorShape`].
+    /// [`ModelError::Arch`] (the description, a missing tensor or one of the wrong dims),
+    /// [`ModelError::InvalidConfig`].
     pub fn load(path: &Path) -> Result<CpuModel, ModelError> {
         let file = model_files::open(path)?;
         CpuModel::from_source(&file)
@@ -95,13 +47,15 @@ impl CpuModel {
     /// that answers GGUF's metadata keys and tensor names). Errors as [`Self::load`].
     pub fn from_source(src: &dyn ModelSource) -> Result<CpuModel, ModelError> {
         let config = ModelDesc::from_source(src)?;
-        let weights = ModelWeights::load(src, &config)?;
+        let weights = load_weights(src, &config)?;
         Ok(CpuModel::from_parts(config, weights))
     }
 
-    /// Builds a model from an already-validated config and weights.
+    /// Builds a model from an already-validated config and weights (from [`load_weights`] with
+    /// the same config).
     pub fn from_parts(config: ModelDesc, weights: ModelWeights) -> CpuModel {
         CpuModel {
+            plan: ModelPlan::new(&config),
             config,
             weights,
             kv_dtype: KvDtype::F32,
@@ -147,11 +101,11 @@ impl CpuModel {
     }
 
     /// Checks `batch` against the model and `kv` and lays out its tokens.
-    fn plan<'a>(
+    fn check<'a>(
         &self,
         batch: &[BatchEntry<'a>],
         kv: &PagedKvCache,
-    ) -> Result<Plan<'a>, ModelError> {
+    ) -> Result<Step<'a>, ModelError> {
         let c = &self.config;
         if kv.n_layers() != c.n_layers || kv.kv_dim() != c.kv_dim() {
             return Err(ModelError::CacheMismatch(format!(
@@ -162,7 +116,7 @@ impl CpuModel {
                 c.kv_dim()
             )));
         }
-        let step = StepPlan::new(
+        let plan = StepPlan::new(
             batch,
             EntryLimits {
                 vocab_size: c.vocab_size,
@@ -171,7 +125,7 @@ impl CpuModel {
                 block_size: kv.block_size(),
             },
         )?;
-        let queries = step
+        let queries = plan
             .tokens
             .iter()
             .map(|t| QueryPos {
@@ -179,7 +133,7 @@ impl CpuModel {
                 block_table: batch[t.entry].block_table,
             })
             .collect();
-        Ok(Plan { step, queries })
+        Ok(Step { plan, queries })
     }
 
     /// Runs a flattened batch of sequences in one step.
@@ -226,184 +180,12 @@ impl CpuModel {
         kv: &mut PagedKvCache,
         logits: &mut Logits,
     ) -> Result<(), ModelError> {
-        let plan = self.plan(batch, kv)?;
+        let step = self.check(batch, kv)?;
         logits.clear(self.config.vocab_size);
-        let n = plan.queries.len();
-        if n == 0 {
+        if step.queries.is_empty() {
             return Ok(());
         }
-        let c = &self.config;
-        let (hidden, q_dim, kv_dim) = (c.hidden, c.q_dim(), c.kv_dim());
-        let heads = HeadShape {
-            n_heads: c.n_heads,
-            n_kv_heads: c.n_kv_heads,
-            head_dim: c.head_dim,
-        };
-        // One RoPE table per distinct (base, position scale) of the layers: one for most
-        // models, two for Gemma 3 (local and global layers).
-        let mut ropes: Vec<((f32, f32), RopeTable)> = Vec::new();
-        let mut rope_of = Vec::with_capacity(c.n_layers);
-        for ld in &c.layers {
-            let key = (ld.rope_base, ld.rope_scale);
-            let i = match ropes.iter().position(|(k, _)| *k == key) {
-                Some(i) => i,
-                None => {
-                    let table = RopeTable::with_options(
-                        plan.queries.iter().map(|q| q.pos),
-                        c.head_dim,
-                        ld.rope_base,
-                        ld.rope_scale,
-                        c.rope_freq_factors.as_deref(),
-                    );
-                    ropes.push((key, table));
-                    ropes.len() - 1
-                }
-            };
-            rope_of.push(i);
-        }
-        let bs = kv.block_size();
-        let n_layers = self.weights.layers.len();
-
-        let mut x = vec![0.0f32; n * hidden];
-        for (t, row) in plan.step.tokens.iter().zip(x.chunks_exact_mut(hidden)) {
-            self.weights.token_embd.row_into(t.token as usize, row);
-        }
-        if let Some(scale) = c.embed_scale {
-            for v in &mut x {
-                *v *= scale;
-            }
-        }
-        // Rows still being computed: all tokens, except in the last layer, where
-        // only the rows that need logits go on past the K/V writes.
-        let mut queries = plan.queries.clone();
-        with_workspace(|ws| {
-            for (l, layer) in self.weights.layers.iter().enumerate() {
-                let rows = queries.len();
-                let rope = &ropes[rope_of[l]].1;
-                // Attention block.
-                rms_norm_into(&x, &layer.attn_norm, c.rms_eps, &mut ws.xn);
-                matmul_into(&ws.xn, rows, hidden, &layer.wqkv.parts, &mut ws.qkv);
-                let width = q_dim + 2 * kv_dim;
-                if let Some(bias) = &layer.qkv_bias {
-                    for r in ws.qkv.chunks_exact_mut(width) {
-                        add_in_place(r, bias);
-                    }
-                }
-                ws.q.clear();
-                for (t, r) in ws.qkv.chunks_exact_mut(width).enumerate() {
-                    let (qt, kvt) = r.split_at_mut(q_dim);
-                    let (k, v) = kvt.split_at_mut(kv_dim);
-                    if let Some((q_norm, k_norm)) = &layer.qk_norm {
-                        rms_norm_chunks_in_place(qt, q_norm, c.rms_eps);
-                        rms_norm_chunks_in_place(k, k_norm, c.rms_eps);
-                    }
-                    rope.apply_style(c.rope_style, qt, t);
-                    rope.apply_style(c.rope_style, k, t);
-                    ws.q.extend_from_slice(qt);
-                    kv.write(l, plan.step.tokens[t].slot, k, v);
-                }
-                if l + 1 == n_layers && plan.step.logit_rows.len() < rows {
-                    let q = gather_rows(&ws.q, q_dim, &plan.step.logit_rows);
-                    ws.q.clear();
-                    ws.q.extend_from_slice(&q);
-                    x = gather_rows(&x, hidden, &plan.step.logit_rows);
-                    queries = plan
-                        .step
-                        .logit_rows
-                        .iter()
-                        .map(|&r| plan.queries[r])
-                        .collect();
-                    if queries.is_empty() {
-                        return Ok(());
-                    }
-                }
-                let rows = queries.len();
-                let opts = AttnOptions {
-                    scale: c.attn_scale,
-                    softcap: c.attn_softcap,
-                    window: c.layers[l].sliding_window,
-                };
-                attention_into(&ws.q, &queries, kv.layer(l), bs, heads, opts, &mut ws.att);
-                matmul_into(&ws.att, rows, q_dim, &layer.wo.parts, &mut ws.proj);
-                add_residual(
-                    &mut x,
-                    &ws.proj,
-                    layer.post_attn_norm.as_deref(),
-                    c.rms_eps,
-                    &mut ws.xn,
-                );
-
-                // Feed-forward block.
-                rms_norm_into(&x, &layer.ffn_norm, c.rms_eps, &mut ws.xn);
-                matmul_into(
-                    &ws.xn,
-                    rows,
-                    hidden,
-                    &layer.w_gate_up.parts,
-                    &mut ws.gate_up,
-                );
-                gated_into(&ws.gate_up, c.ffn_dim, c.activation, &mut ws.h);
-                matmul_into(&ws.h, rows, c.ffn_dim, &layer.w_down.parts, &mut ws.proj);
-                add_residual(
-                    &mut x,
-                    &ws.proj,
-                    layer.post_ffn_norm.as_deref(),
-                    c.rms_eps,
-                    &mut ws.xn,
-                );
-            }
-
-            // After the last layer `x` holds exactly the logit rows, in batch order.
-            let m = plan.step.logit_rows.len();
-            if m == 0 {
-                return Ok(());
-            }
-            debug_assert_eq!(x.len(), m * hidden);
-            rms_norm_into(&x, &self.weights.output_norm, c.rms_eps, &mut ws.xn);
-            matmul_into(
-                &ws.xn,
-                m,
-                hidden,
-                &self.weights.lm_head().parts,
-                logits.buffer(c.vocab_size),
-            );
-            if let Some(cap) = c.final_softcap {
-                softcap_in_place(logits.buffer(c.vocab_size), cap);
-            }
-            Ok(())
-        })
-    }
-}
-
-/// Rows `rows` (in that order) of the row-major `[_, width]` matrix `src`.
-fn gather_rows(src: &[f32], width: usize, rows: &[usize]) -> Vec<f32> {
-    let mut out = Vec::with_capacity(rows.len() * width);
-    for &r in rows {
-        out.extend_from_slice(&src[r * width..(r + 1) * width]);
-    }
-    out
-}
-
-/// `x += y`, or `x += rms_norm(y, norm)` with a post-norm (Gemma), `scratch` holding the normed
-/// rows.
-fn add_residual(
-    x: &mut [f32],
-    y: &[f32],
-    norm: Option<&[f32]>,
-    eps: f32,
-    scratch: &mut AlignedVec,
-) {
-    match norm {
-        Some(w) => {
-            rms_norm_into(y, w, eps, scratch);
-            add_in_place(x, scratch);
-        }
-        None => add_in_place(x, y),
-    }
-}
-
-fn add_in_place(x: &mut [f32], y: &[f32]) {
-    for (a, &b) in x.iter_mut().zip(y) {
-        *a += b;
+        Pass::new(&self.config, &self.weights, &step, kv).run(&self.plan, logits);
+        Ok(())
     }
 }

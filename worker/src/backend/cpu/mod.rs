@@ -42,12 +42,13 @@
 //! machines.
 //!
 //! Weights are multiplied only in [`matmul::matmul`] (over the [`QMatrix`] parts
-//! of a [`Matrix`], kept in the file's formats; see [`kernels`]), the one place
+//! of one logical matrix, kept in the file's formats; see [`kernels`]), the one place
 //! to change for other weight formats.
 
 mod aligned;
 mod attention;
 mod batch_model;
+mod execute;
 mod forward;
 pub mod kernels;
 mod kv_cache;
@@ -64,4 +65,4 @@ pub use attention::{attention, attention_into, AttnOptions, HeadShape, QueryPos}
 pub use forward::CpuModel;
 pub use kernels::{QMatrix, SimdPath};
 pub use kv_cache::{KvDtype, PagedKvCache, PagedLayer};
-pub use weights::{LayerWeights, Matrix, ModelWeights};
+pub use weights::{load_weights, LayerWeights, ModelWeights};

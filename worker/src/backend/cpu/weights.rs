@@ -11,13 +11,9 @@
 //! therefore not be truncated or overwritten in place while the worker runs (replace it by
 //! renaming a new file over it). F32 matrices and tensors the source converted are copied.
 //!
-//! Tensor names and GGUF shapes follow llama.cpp's converter
-//! (`token_embd`, `blk.N.attn_{norm,q,k,v,output}`, `blk.N.ffn_{norm,gate,up,down}`,
-//! `output_norm`, optional `output`; per architecture also `blk.N.attn_{q,k,v}.bias`,
-//! `blk.N.attn_{q,k}_norm`, `blk.N.post_attention_norm`, `blk.N.post_ffw_norm`, and Phi-3's
-//! fused `blk.N.attn_qkv` and `blk.N.ffn_up` holding gate then up), looked up through a
-//! [`ModelSource`]. A GGUF matrix with dims `[in, out]` is a
-//! row-major `[out, in]` matrix: row `o` holds the `in` weights of output `o`.
+//! Which tensors a model needs, their names, shapes and grouping are the shared loader's
+//! ([`crate::arch::ModelWeights::load`]); this module only turns each matrix it finds into a
+//! [`QMatrix`].
 //!
 //! RoPE layout (`llama` only; the other architectures keep Hugging Face's
 //! half-split order, see [`crate::arch::RopeStyle`]): llama.cpp's converter permutes the rows of `attn_q` / `attn_k`
@@ -28,188 +24,44 @@
 //! attention scores equal the Hugging Face model's.
 
 use super::kernels::QMatrix;
-use crate::arch::{layer_tensors, ModelDesc, ModelSource, TensorData};
+use crate::arch::{self, MatrixTensor, ModelDesc, ModelSource};
 use crate::backend::ModelError;
 
-/// A weight matrix `[rows, cols]` made of one or more [`QMatrix`] parts
-/// stacked by rows (e.g. Q, K and V), each in its own file format.
-#[derive(Debug, Clone)]
-pub struct Matrix {
-    /// The parts, all `cols` wide, in row order.
-    pub parts: Vec<QMatrix>,
+/// All weights of a model on the CPU: matrices as [`QMatrix`]es in their file formats (Q/K/V and
+/// gate/up as parts of one matrix, multiplied together by [`super::matmul::matmul`]), norms and
+/// biases as f32.
+pub type ModelWeights = arch::ModelWeights<QMatrix>;
+
+/// One transformer block's weights on the CPU (see [`ModelWeights`]).
+pub type LayerWeights = arch::LayerWeights<QMatrix>;
+
+/// Loads every tensor `desc` needs from `src` through the shared loader, norms and biases as f32,
+/// matrices in their file format: borrowed from the source's memory map when it holds them as
+/// stored (every tensor of a GGUF file but F32 ones, which are converted; the map stays open as
+/// long as the weights, so the file must not be overwritten in place meanwhile), else copied.
+///
+/// Errors: [`ModelError::Arch`] for a missing tensor or one of the wrong dims (naming the tensor),
+/// an unreadable source or an undecodable vector; [`ModelError::InvalidConfig`] for rows that are
+/// not whole blocks or a matrix type the CPU does not decode.
+pub fn load_weights(src: &dyn ModelSource, desc: &ModelDesc) -> Result<ModelWeights, ModelError> {
+    ModelWeights::load(src, desc, qmatrix)
 }
 
-impl Matrix {
-    /// Total rows (output features) over all parts.
-    pub fn rows(&self) -> usize {
-        self.parts.iter().map(QMatrix::rows).sum()
-    }
-
-    /// Columns (input features).
-    pub fn cols(&self) -> usize {
-        self.parts[0].cols()
-    }
-
-    /// Bytes of the parts (on the heap, or in the page cache for parts borrowed from the model
-    /// file's memory map).
-    pub fn size_bytes(&self) -> usize {
-        self.parts.iter().map(QMatrix::size_bytes).sum()
-    }
-
-    /// Decodes row `r` into `out[..cols]` (exactly the reference dequantized values).
-    ///
-    /// Panics if `r >= self.rows()` or `out` is shorter than a row.
-    pub fn row_into(&self, mut r: usize, out: &mut [f32]) {
-        let cols = self.cols();
-        for p in &self.parts {
-            if r < p.rows() {
-                p.dequantize_rows(r, &mut out[..cols]);
-                return;
-            }
-            r -= p.rows();
-        }
-        panic!("Matrix::row_into: row out of range");
-    }
-
-    fn single(m: QMatrix) -> Matrix {
-        Matrix { parts: vec![m] }
-    }
-}
-
-/// Weights of one transformer block.
-#[derive(Debug, Clone)]
-pub struct LayerWeights {
-    /// RMSNorm weight before attention, `[hidden]`.
-    pub attn_norm: Vec<f32>,
-    /// Q, K and V projections stacked: `[q_dim + 2 * kv_dim, hidden]`
-    /// (rows `0..q_dim` are Q, then K, then V; Q/K rows in the file's RoPE order).
-    pub wqkv: Matrix,
-    /// Q, K and V biases stacked, `[q_dim + 2 * kv_dim]` (Qwen 2).
-    pub qkv_bias: Option<Vec<f32>>,
-    /// Per-head RMSNorm weights of Q and of K, `[head_dim]` each (Qwen 3, Gemma 3).
-    pub qk_norm: Option<(Vec<f32>, Vec<f32>)>,
-    /// Attention output projection, `[hidden, q_dim]`.
-    pub wo: Matrix,
-    /// RMSNorm weight of the attention output before its residual add, `[hidden]` (Gemma).
-    pub post_attn_norm: Option<Vec<f32>>,
-    /// RMSNorm weight before the FFN, `[hidden]`.
-    pub ffn_norm: Vec<f32>,
-    /// Gate and up projections stacked: `[2 * ffn_dim, hidden]` (gate rows first).
-    pub w_gate_up: Matrix,
-    /// Down projection, `[hidden, ffn_dim]`.
-    pub w_down: Matrix,
-    /// RMSNorm weight of the FFN output before its residual add, `[hidden]` (Gemma).
-    pub post_ffn_norm: Option<Vec<f32>>,
-}
-
-/// All weights of a model.
-#[derive(Debug, Clone)]
-pub struct ModelWeights {
-    /// Token embeddings, `[vocab_size, hidden]`.
-    pub token_embd: Matrix,
-    /// Transformer blocks in order.
-    pub layers: Vec<LayerWeights>,
-    /// Final RMSNorm weight, `[hidden]`.
-    pub output_norm: Vec<f32>,
-    /// LM head `[vocab_size, hidden]`; `None` when tied to `token_embd`
-    /// (no `output.weight` in the file).
-    pub output: Option<Matrix>,
-}
-
-impl ModelWeights {
-    /// The LM head: `output` if present, else the tied token embeddings.
-    pub fn lm_head(&self) -> &Matrix {
-        self.output.as_ref().unwrap_or(&self.token_embd)
-    }
-
-    /// Loads every tensor `desc` needs from `src` (matrices in their file format, norms and
-    /// biases as f32), checking each shape against `desc`.
-    ///
-    /// Errors: [`ModelError::MissingTensor`], [`ModelError::TensorShape`] (both naming the
-    /// tensor), [`ModelError::InvalidConfig`] for rows that are not whole blocks,
-    /// [`ModelError::Gguf`] / [`ModelError::Arch`] for unsupported types or out-of-bounds data.
-    pub fn load(src: &dyn ModelSource, desc: &ModelDesc) -> Result<ModelWeights, ModelError> {
-        let c = desc;
-        let h = c.hidden as u64;
-        let mut layers = Vec::with_capacity(c.n_layers);
-        for l in 0..c.n_layers {
-            let t = layer_tensors(
-                c,
-                l,
-                |name, cols, rows| matrix(src, name, cols as u64, rows as u64),
-                |name, len| vector(src, name, len as u64),
-            )?;
-            layers.push(LayerWeights {
-                attn_norm: t.attn_norm,
-                wqkv: Matrix { parts: t.wqkv },
-                qkv_bias: t.qkv_bias,
-                qk_norm: t.qk_norm,
-                wo: Matrix::single(t.wo),
-                post_attn_norm: t.post_attn_norm,
-                ffn_norm: t.ffn_norm,
-                w_gate_up: Matrix { parts: t.w_gate_up },
-                w_down: Matrix::single(t.w_down),
-                post_ffn_norm: t.post_ffn_norm,
-            });
-        }
-        let vocab = c.vocab_size as u64;
-        let output = if src.has_tensor("output.weight") {
-            Some(Matrix::single(matrix(src, "output.weight", h, vocab)?))
-        } else {
-            None
-        };
-        Ok(ModelWeights {
-            token_embd: Matrix::single(matrix(src, "token_embd.weight", h, vocab)?),
-            layers,
-            output_norm: vector(src, "output_norm.weight", h)?,
-            output,
-        })
-    }
-}
-
-/// The tensor `name` of `src`, checked to have GGUF dims `dims`.
-fn find<'a>(
-    src: &'a dyn ModelSource,
-    name: &str,
-    dims: &[u64],
-) -> Result<TensorData<'a>, ModelError> {
-    let t = src
-        .tensor(name)?
-        .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
-    if t.dims != dims {
-        return Err(ModelError::TensorShape {
-            name: name.to_string(),
-            expected: dims.to_vec(),
-            found: t.dims,
-        });
-    }
-    Ok(t)
-}
-
-/// Loads a GGUF `[cols, rows]` tensor as a row-major `[rows, cols]`
-/// [`QMatrix`] in the file's format: borrowed from the source's memory map when it has one for the
-/// tensor ([`TensorData::mapped`]), else copied.
-fn matrix(src: &dyn ModelSource, name: &str, cols: u64, rows: u64) -> Result<QMatrix, ModelError> {
-    let t = find(src, name, &[cols, rows])?;
-    let (rows, cols) = (rows as usize, cols as usize);
-    let block = t.dtype.block_size().unwrap_or(1);
+/// `t` as a row-major `[rows, cols]` [`QMatrix`] in the file's format: borrowed from the source's
+/// memory map when it has one for the tensor ([`arch::SourceTensor::mapped`]), else copied.
+fn qmatrix(t: MatrixTensor<'_>) -> Result<QMatrix, ModelError> {
+    let (name, rows, cols, dtype) = (&t.name, t.rows, t.cols, t.tensor.dtype);
+    let block = dtype.block_size().unwrap_or(1);
     if !cols.is_multiple_of(block) {
         return Err(ModelError::InvalidConfig(format!(
-            "tensor `{name}`: row length {cols} is not a multiple of the {} block size {block}",
-            t.dtype
+            "tensor `{name}`: row length {cols} is not a multiple of the {dtype} block size {block}"
         )));
     }
-    match t.mapped {
-        Some(mapped) => QMatrix::from_mapped(t.dtype, rows, cols, mapped),
-        None => QMatrix::from_bytes(t.dtype, rows, cols, &t.bytes),
+    match t.tensor.mapped {
+        Some(mapped) => QMatrix::from_mapped(dtype, rows, cols, mapped),
+        None => QMatrix::from_bytes(dtype, rows, cols, &t.tensor.bytes),
     }
     .map_err(|e| ModelError::InvalidConfig(format!("tensor `{name}`: {e}")))
-}
-
-/// Loads a `[len]` tensor as f32.
-fn vector(src: &dyn ModelSource, name: &str, len: u64) -> Result<Vec<f32>, ModelError> {
-    let t = find(src, name, &[len])?;
-    Ok(gguf::dequantize_to_vec(t.dtype, &t.bytes, len as usize)?)
 }
 
 #[cfg(test)]
@@ -219,7 +71,7 @@ mod tests {
     use gguf::GgufFile;
 
     use super::*;
-    use crate::arch::ArchError;
+    use crate::arch::{ArchError, SourceTensor};
 
     /// A source that answers as `file` does, except that `hide` is absent and `reshape` has
     /// other dims (the bytes are then checked against the declared shape first).
@@ -242,7 +94,7 @@ mod tests {
         fn meta_array_len(&self, key: &str) -> Result<Option<usize>, ArchError> {
             self.file.meta_array_len(key)
         }
-        fn tensor(&self, name: &str) -> Result<Option<TensorData<'_>>, ArchError> {
+        fn tensor(&self, name: &str) -> Result<Option<SourceTensor<'_>>, ArchError> {
             if name == self.hide {
                 return Ok(None);
             }
@@ -275,7 +127,7 @@ mod tests {
             reshape,
         };
         let desc = ModelDesc::from_source(&src).unwrap();
-        ModelWeights::load(&src, &desc).unwrap_err().to_string()
+        load_weights(&src, &desc).unwrap_err().to_string()
     }
 
     #[test]
@@ -313,7 +165,7 @@ mod tests {
         for (arch, untied) in [("qwen2", true), ("qwen3", false), ("gemma2", false)] {
             let file = open(arch);
             let desc = ModelDesc::from_source(&file).unwrap();
-            let w = ModelWeights::load(&file, &desc).unwrap();
+            let w = load_weights(&file, &desc).unwrap();
             assert_eq!(w.output.is_some(), untied, "{arch}");
             assert_eq!(w.lm_head().rows(), 384);
         }
@@ -357,7 +209,7 @@ mod tests {
             .map(|format| {
                 let (rows, cols) = shape(format);
                 let name = format.to_string();
-                let m = matrix(&file, &name, cols as u64, rows as u64).unwrap();
+                let m = qmatrix(MatrixTensor::find(&file, &name, rows, cols).unwrap()).unwrap();
                 let info = file.tensor(&name).unwrap();
                 let bytes = file.tensor_bytes(info).unwrap();
                 let copy = QMatrix::from_bytes(format, rows, cols, bytes).unwrap();

@@ -2,17 +2,16 @@
 //! [`BatchModel`] like the CPU model, so the engine (scheduler, KV block manager, sampler) is shared.
 //!
 //! One step: the batch is checked and packed on the host ([`pack_step`]), its inputs are copied into
-//! persistent device buffers, then the embedding lookup (times Gemma's embedding scale) and per layer
-//! RMSNorm, the fused QKV matrix (one launch per file part), the Q/K/V biases (Qwen 2), the per-head
-//! q/k norms (Qwen 3, Gemma 3), RoPE (adjacent or half-split pairs, the layer's base and position
-//! scale, Llama 3's frequency factors), the KV write into the step's paged blocks, attention (scale,
-//! score soft-cap, the layer's sliding window), the output projection with the residual add fused in
-//! its epilogue (or, with Gemma's post-norms, normed and then added), RMSNorm, gate/up, SwiGLU or
-//! GeGLU and the down projection (residual again); finally the rows that want logits are gathered,
-//! normalised, multiplied by the LM head into f32 logits and soft-capped (Gemma 2), and copied back.
-//! The per-architecture options come from the [`ModelDesc`] and are decided per launch, so a plain
-//! Llama runs the same kernels with neutral arguments (bias-free, ones as RoPE factors, scale 1). Pure decode steps replay a CUDA graph per batch bucket
-//! (see [`super::graphs`]) unless `cuda_graphs` is off.
+//! persistent device buffers, then the model's [`ModelPlan`] is launched op by op (`record`): the
+//! embedding lookup, each layer's operations (norms, the fused QKV matrix with one launch per file
+//! part, biases, q/k norms, RoPE, the KV write into the step's paged blocks, attention, the output
+//! projection with the residual add fused in its epilogue or, with Gemma's post-norms, normed and
+//! then added, gate/up, the gated activation and the down projection), and finally the rows that
+//! want logits are gathered, normalised, multiplied by the LM head into f32 logits, soft-capped if
+//! the plan says so, and copied back. The per-architecture options come from the plan and are
+//! decided per launch, so a plain Llama runs the same kernels with neutral arguments (bias-free,
+//! ones as RoPE factors, scale 1). Pure decode steps replay a CUDA graph per batch bucket (see
+//! [`super::graphs`]) unless `cuda_graphs` is off.
 //!
 //! Exact mode mirrors the CPU model operation by operation; the sums run in a different (but fixed)
 //! order, so logits agree to rounding and greedy ids match, and every value is independent of the
@@ -38,7 +37,7 @@ use super::kv::{GpuKv, KvBlocks};
 use super::launch::{self, DEFAULT_SMEM_LIMIT};
 use super::numerics::Numerics;
 use super::weights::{GpuWeights, HostWeights};
-use crate::arch::ModelDesc;
+use crate::arch::{ModelDesc, ModelPlan, ModelSource};
 use crate::backend::{BatchEntry, BatchModel, EntryLimits, Logits, ModelError, StepError};
 
 mod record;
@@ -71,6 +70,8 @@ pub fn unverified_architecture(desc: &ModelDesc) -> Option<CudaError> {
 /// A model of any supported architecture on a GPU.
 pub struct CudaModel {
     config: ModelDesc,
+    /// The order of operations, from `config`.
+    plan: ModelPlan,
     gpu: GpuInfo,
     stream: Arc<CudaStream>,
     funcs: HashMap<&'static str, CudaFunction>,
@@ -93,23 +94,24 @@ impl CudaModel {
     /// ([`CudaError::Driver`]).
     pub fn load(path: &Path, gpu: GpuInfo, options: CudaOptions) -> Result<CudaModel, CudaError> {
         let file = model_files::open(path).map_err(ModelError::from)?;
-        CudaModel::from_file(&file, gpu, options)
+        CudaModel::from_source(&file, gpu, options)
     }
 
-    /// [`Self::load`] from an opened model file (a GGUF file, or a Hugging Face folder converted
-    /// by [`model_files::open`]); errors as [`Self::load`].
-    pub fn from_file(
-        file: &gguf::GgufFile,
+    /// [`Self::load`] from an opened model (a GGUF file, a Hugging Face folder converted by
+    /// [`model_files::open`], or any container that answers GGUF's metadata keys and tensor
+    /// names); errors as [`Self::load`].
+    pub fn from_source(
+        src: &dyn ModelSource,
         gpu: GpuInfo,
         options: CudaOptions,
     ) -> Result<CudaModel, CudaError> {
-        let config = ModelDesc::from_source(file).map_err(ModelError::from)?;
+        let config = ModelDesc::from_source(src).map_err(ModelError::from)?;
         if options.verified_only {
             if let Some(why) = unverified_architecture(&config) {
                 return Err(why);
             }
         }
-        let host = HostWeights::load(file, &config)?;
+        let host = HostWeights::load(src, &config)?;
         let ctx = gpu.ctx.clone();
         driver("binding the CUDA context", ctx.bind_to_thread())?;
         // One stream, so cudarc's cross-stream event tracking is not needed (and it would put event
@@ -182,6 +184,7 @@ impl CudaModel {
             Vec::new()
         };
         Ok(CudaModel {
+            plan: ModelPlan::new(&config),
             config,
             gpu,
             stream,

@@ -1,48 +1,23 @@
 //! Weights on the GPU, in the file's own formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K,
-//! F16, BF16, F32): each matrix
-//! part is uploaded as the GGUF tensor's bytes, unchanged (row `o` of a `[rows, cols]` part is
-//! `row_bytes` bytes of consecutive blocks), and decoded inside the matrix kernels. The host side
-//! reads those bytes straight from the model file's memory map (no heap copy) when the file holds
-//! them as stored. Norm vectors,
-//! biases and RoPE frequency factors are uploaded as f32.
+//! F16, BF16, F32): each matrix part is uploaded as the GGUF tensor's bytes, unchanged (row `o` of a
+//! `[rows, cols]` part is `row_bytes` bytes of consecutive blocks), and decoded inside the matrix
+//! kernels. Norm vectors, biases and RoPE frequency factors are uploaded as f32.
 //!
-//! Loading mirrors [`crate::backend::cpu::ModelWeights::load`]: same tensor names, shapes and checks, Q/K/V
-//! and gate/up kept as parts of one logical matrix (one kernel launch per part, each writing its
-//! column range of the fused output; Phi-3's fused `attn_qkv` and gate|up `ffn_up` are one part
-//! each), and the per-architecture tensors the [`ModelDesc`] asks for (Q/K/V biases, q/k norms,
-//! post-norms).
+//! Which tensors a model needs, their names, shapes and grouping are the shared loader's
+//! ([`crate::arch::ModelWeights::load`], the CPU's too): Q/K/V and gate/up are parts of one logical
+//! matrix (one kernel launch per part, each writing its column range of the fused output; Phi-3's
+//! fused `attn_qkv` and gate|up `ffn_up` are one part each). This module only checks that the
+//! kernels decode each matrix ([`HostWeights`], borrowing the source's bytes, straight from the
+//! model file's memory map when it holds them as stored) and uploads them ([`GpuWeights`]).
 
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream};
-use gguf::{GgmlType, GgufFile, TensorData};
+use gguf::GgmlType;
 
 use super::error::{driver, CudaError};
-use crate::arch::{layer_tensors, LayerTensors, ModelDesc};
+use crate::arch::{self, MatrixTensor, ModelDesc, ModelSource};
 use crate::backend::ModelError;
-
-/// One matrix part on the host: the file's bytes of a row-major `[rows, cols]` matrix.
-#[derive(Debug, Clone)]
-pub struct HostPart {
-    /// GGUF tensor name.
-    pub name: String,
-    /// Storage format.
-    pub format: GgmlType,
-    /// Output features.
-    pub rows: usize,
-    /// Input features.
-    pub cols: usize,
-    /// `rows * row_bytes(format, cols)` bytes, as stored in the file: a range of its memory map
-    /// when the file holds them as stored, else a copy (a tensor converted by the source).
-    pub data: TensorData,
-}
-
-impl HostPart {
-    /// The part's bytes.
-    pub fn bytes(&self) -> &[u8] {
-        self.data.bytes()
-    }
-}
 
 /// Elements each lane of the matrix kernels decodes at once (`CHUNK` in `kernels/common.cuh`): every
 /// row width must be a multiple of it.
@@ -80,131 +55,61 @@ pub fn format_suffix(format: GgmlType) -> Option<&'static str> {
     })
 }
 
-/// All weights of the model on the host, ready to upload.
+/// All weights of the model on the host, checked for the kernels and ready to upload: each matrix
+/// part the source's bytes of a row-major `[rows, cols]` matrix (`rows * row_bytes(format, cols)`
+/// bytes, as stored).
 #[derive(Debug, Clone)]
-pub struct HostWeights {
-    /// `token_embd`, `[vocab, hidden]`.
-    pub token_embd: HostPart,
-    /// Per layer: `attn_norm`, `[q, k, v]`, `attn_output`, `ffn_norm`, `[gate, up]`, `ffn_down`.
-    pub layers: Vec<HostLayer>,
-    /// `output_norm`, `[hidden]`.
-    pub output_norm: Vec<f32>,
-    /// `output`, or `None` when tied to `token_embd`.
-    pub output: Option<HostPart>,
+pub struct HostWeights<'a> {
+    /// The model's tensors, as the shared loader groups them.
+    pub tensors: arch::ModelWeights<MatrixTensor<'a>>,
     /// RoPE frequency divisors, `[head_dim / 2]`: `rope_freqs.weight` (Llama 3), else all ones
     /// (the `rope` kernel always divides; `x / 1.0 == x`).
     pub rope_factors: Vec<f32>,
 }
 
-/// One transformer block's weights on the host.
-pub type HostLayer = LayerTensors<HostPart>;
-
-impl HostWeights {
-    /// Reads every tensor of `file` for `config`.
+impl<'a> HostWeights<'a> {
+    /// Reads every tensor of `src` for `config` through the shared loader.
     ///
-    /// Errors: [`ModelError::MissingTensor`], [`ModelError::TensorShape`], [`ModelError::Gguf`], and
-    /// [`ModelError::InvalidConfig`] for a format the kernels do not decode or rows that are not whole
-    /// blocks.
-    pub fn load(file: &GgufFile, config: &ModelDesc) -> Result<HostWeights, ModelError> {
-        let c = config;
-        let (h, hd) = (c.hidden, c.head_dim);
-        let mut layers = Vec::with_capacity(c.n_layers);
-        for l in 0..c.n_layers {
-            layers.push(layer_tensors(
-                c,
-                l,
-                |name, cols, rows| part(file, name, cols, rows),
-                |name, len| vector(file, name, len),
-            )?);
-        }
-        let output = match file.tensor("output.weight") {
-            Some(_) => Some(part(file, "output.weight", h, c.vocab_size)?),
-            None => None,
-        };
+    /// Errors: [`ModelError::Arch`] for a missing tensor or one of the wrong dims (naming it) or an
+    /// unreadable source, and [`ModelError::InvalidConfig`] for a format the kernels do not decode
+    /// or rows that are not whole blocks.
+    pub fn load(
+        src: &'a dyn ModelSource,
+        config: &ModelDesc,
+    ) -> Result<HostWeights<'a>, ModelError> {
         Ok(HostWeights {
-            token_embd: part(file, "token_embd.weight", h, c.vocab_size)?,
-            layers,
-            output_norm: vector(file, "output_norm.weight", h)?,
-            output,
-            rope_factors: c
+            tensors: arch::ModelWeights::load(src, config, checked_part)?,
+            rope_factors: config
                 .rope_freq_factors
                 .clone()
-                .unwrap_or_else(|| vec![1.0; hd / 2]),
+                .unwrap_or_else(|| vec![1.0; config.head_dim / 2]),
         })
     }
 
     /// Bytes the weights take on the GPU.
     pub fn device_bytes(&self) -> usize {
-        let parts = |p: &[HostPart]| p.iter().map(|p| p.bytes().len()).sum::<usize>();
-        let floats = |v: Option<&Vec<f32>>| v.map_or(0, |v| v.len() * 4);
-        let mut total =
-            self.token_embd.bytes().len() + (self.output_norm.len() + self.rope_factors.len()) * 4;
-        total += self.output.as_ref().map_or(0, |p| p.bytes().len());
-        for l in &self.layers {
-            total +=
-                parts(&l.wqkv) + parts(&l.w_gate_up) + l.wo.bytes().len() + l.w_down.bytes().len();
-            total += (l.attn_norm.len() + l.ffn_norm.len()) * 4;
-            total += floats(l.qkv_bias.as_ref()) + floats(l.post_attn_norm.as_ref());
-            total += floats(l.post_ffn_norm.as_ref());
-            total += l
-                .qk_norm
-                .as_ref()
-                .map_or(0, |(a, b)| (a.len() + b.len()) * 4);
-        }
-        total
+        let (matrices, vectors) = self.tensors.tensors();
+        let floats = vectors.iter().map(|v| v.len()).sum::<usize>() + self.rope_factors.len();
+        matrices.iter().map(|p| p.tensor.bytes.len()).sum::<usize>() + floats * 4
     }
 }
 
-fn part(file: &GgufFile, name: &str, cols: usize, rows: usize) -> Result<HostPart, ModelError> {
-    let info = file
-        .tensor(name)
-        .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
-    if info.dims != [cols as u64, rows as u64] {
-        return Err(ModelError::TensorShape {
-            name: name.to_string(),
-            expected: vec![cols as u64, rows as u64],
-            found: info.dims.clone(),
-        });
-    }
-    let rb = row_bytes(info.dtype, cols).ok_or_else(|| {
+/// `t` if the matrix kernels decode it: a format with kernels, whole blocks per row, and the
+/// bytes of `[rows, cols]`.
+fn checked_part(t: MatrixTensor<'_>) -> Result<MatrixTensor<'_>, ModelError> {
+    let (name, rows, cols, format) = (&t.name, t.rows, t.cols, t.tensor.dtype);
+    let rb = row_bytes(format, cols).ok_or_else(|| {
         ModelError::InvalidConfig(format!(
-            "tensor `{name}`: {} rows of {cols} cannot run on the CUDA backend",
-            info.dtype
+            "tensor `{name}`: {format} rows of {cols} cannot run on the CUDA backend"
         ))
     })?;
-    let data = file.tensor_data(info)?;
-    if data.bytes().len() != rows * rb {
+    let len = t.tensor.bytes.len();
+    if len != rows * rb {
         return Err(ModelError::InvalidConfig(format!(
-            "tensor `{name}`: {} bytes for [{rows}, {cols}] {}",
-            data.bytes().len(),
-            info.dtype
+            "tensor `{name}`: {len} bytes for [{rows}, {cols}] {format}"
         )));
     }
-    Ok(HostPart {
-        name: name.to_string(),
-        format: info.dtype,
-        rows,
-        cols,
-        data,
-    })
-}
-
-fn vector(file: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
-    let info = file
-        .tensor(name)
-        .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
-    if info.dims != [len as u64] {
-        return Err(ModelError::TensorShape {
-            name: name.to_string(),
-            expected: vec![len as u64],
-            found: info.dims.clone(),
-        });
-    }
-    Ok(gguf::dequantize_to_vec(
-        info.dtype,
-        file.tensor_bytes(info)?,
-        len,
-    )?)
+    Ok(t)
 }
 
 /// A matrix part on the GPU.
@@ -222,98 +127,41 @@ pub struct GpuPart {
     pub data: CudaSlice<u8>,
 }
 
-/// One transformer block's weights on the GPU.
-#[derive(Debug)]
-pub struct GpuLayer {
-    /// `[hidden]` f32.
-    pub attn_norm: CudaSlice<f32>,
-    /// Q, K, V parts (or one fused part).
-    pub wqkv: Vec<GpuPart>,
-    /// `[q_dim + 2 kv_dim]` f32 (Qwen 2).
-    pub qkv_bias: Option<CudaSlice<f32>>,
-    /// Q and K head norms, `[head_dim]` f32 each.
-    pub qk_norm: Option<(CudaSlice<f32>, CudaSlice<f32>)>,
-    /// Attention output projection.
-    pub wo: GpuPart,
-    /// `[hidden]` f32 (Gemma).
-    pub post_attn_norm: Option<CudaSlice<f32>>,
-    /// `[hidden]` f32.
-    pub ffn_norm: CudaSlice<f32>,
-    /// Gate and up parts (or one fused part).
-    pub w_gate_up: Vec<GpuPart>,
-    /// Down projection.
-    pub w_down: GpuPart,
-    /// `[hidden]` f32 (Gemma).
-    pub post_ffn_norm: Option<CudaSlice<f32>>,
-}
-
 /// All weights on the GPU.
 #[derive(Debug)]
 pub struct GpuWeights {
-    /// Token embeddings.
-    pub token_embd: GpuPart,
-    /// Transformer blocks.
-    pub layers: Vec<GpuLayer>,
-    /// `[hidden]` f32.
-    pub output_norm: CudaSlice<f32>,
-    /// LM head when not tied.
-    pub output: Option<GpuPart>,
+    /// The model's tensors: matrix parts, and norms and biases as f32.
+    pub tensors: arch::ModelWeights<GpuPart, CudaSlice<f32>>,
     /// RoPE frequency divisors, `[head_dim / 2]` f32 (ones when the model has none).
     pub rope_factors: CudaSlice<f32>,
 }
 
 impl GpuWeights {
-    /// The LM head: `output`, else the tied embeddings.
-    pub fn lm_head(&self) -> &GpuPart {
-        self.output.as_ref().unwrap_or(&self.token_embd)
-    }
-
     /// Uploads `host` on `stream` (synchronously).
     ///
     /// Errors: [`CudaError::Driver`] (e.g. out of memory), naming the tensor when it is a matrix.
     pub fn upload(host: &HostWeights, stream: &Arc<CudaStream>) -> Result<GpuWeights, CudaError> {
-        let up = |p: &HostPart| -> Result<GpuPart, CudaError> {
+        let up = |p: &MatrixTensor| -> Result<GpuPart, CudaError> {
+            let format = p.tensor.dtype;
             Ok(GpuPart {
-                format: p.format,
-                format_id: p.format.id() as i32,
+                format,
+                format_id: format.id() as i32,
                 rows: p.rows,
                 cols: p.cols,
                 data: driver(
                     &format!("uploading {}", p.name),
-                    stream.clone_htod(p.bytes()),
+                    stream.clone_htod(&p.tensor.bytes[..]),
                 )?,
             })
         };
-        let vec = |v: &[f32]| {
+        let vec = |v: &Vec<f32>| {
             driver(
                 "uploading a norm, bias or RoPE factors",
-                stream.clone_htod(v),
+                stream.clone_htod(v.as_slice()),
             )
         };
-        let mut layers = Vec::with_capacity(host.layers.len());
-        for l in &host.layers {
-            let opt = |v: &Option<Vec<f32>>| v.as_deref().map(vec).transpose();
-            layers.push(GpuLayer {
-                attn_norm: vec(&l.attn_norm)?,
-                wqkv: l.wqkv.iter().map(up).collect::<Result<_, _>>()?,
-                qkv_bias: opt(&l.qkv_bias)?,
-                qk_norm: match &l.qk_norm {
-                    Some((q, k)) => Some((vec(q)?, vec(k)?)),
-                    None => None,
-                },
-                wo: up(&l.wo)?,
-                post_attn_norm: opt(&l.post_attn_norm)?,
-                ffn_norm: vec(&l.ffn_norm)?,
-                w_gate_up: l.w_gate_up.iter().map(up).collect::<Result<_, _>>()?,
-                w_down: up(&l.w_down)?,
-                post_ffn_norm: opt(&l.post_ffn_norm)?,
-            });
-        }
         let w = GpuWeights {
-            token_embd: up(&host.token_embd)?,
-            layers,
-            output_norm: vec(&host.output_norm)?,
-            output: host.output.as_ref().map(up).transpose()?,
+            tensors: host.tensors.try_map(up, vec)?,
             rope_factors: vec(&host.rope_factors)?,
         };
         driver("uploading the weights", stream.synchronize())?;
@@ -323,6 +171,8 @@ impl GpuWeights {
 
 #[cfg(test)]
 mod tests {
+    use gguf::GgufFile;
+
     use super::*;
     use crate::arch::Projections;
 
@@ -395,8 +245,8 @@ mod tests {
         let file = GgufFile::open(&path).unwrap();
         let config = ModelDesc::from_source(&file).unwrap();
         let w = HostWeights::load(&file, &config).unwrap();
-        assert_eq!(w.layers.len(), config.n_layers);
-        let l = &w.layers[0];
+        assert_eq!(w.tensors.layers.len(), config.n_layers);
+        let l = &w.tensors.layers[0];
         let rows: Vec<usize> = l.wqkv.iter().map(|p| p.rows).collect();
         assert_eq!(rows, [config.q_dim(), config.kv_dim(), config.kv_dim()]);
         assert_eq!(l.w_gate_up[1].rows, config.ffn_dim);
@@ -406,17 +256,19 @@ mod tests {
         );
         for p in l.wqkv.iter().chain(&l.w_gate_up).chain([&l.wo, &l.w_down]) {
             let info = file.tensor(&p.name).unwrap();
-            assert_eq!(p.format, info.dtype);
+            assert_eq!(p.tensor.dtype, info.dtype);
             let bytes = file.tensor_bytes(info).unwrap();
-            assert_eq!(p.bytes(), bytes);
-            assert_eq!(p.data.mapped().map(|m| m.as_ptr()), Some(bytes.as_ptr()));
+            assert_eq!(&p.tensor.bytes[..], bytes);
+            assert_eq!(p.tensor.bytes.as_ptr(), bytes.as_ptr());
+            let mapped = p.tensor.mapped.as_ref().map(|m| m.as_ptr());
+            assert_eq!(mapped, Some(bytes.as_ptr()));
             assert_eq!(
-                p.bytes().len(),
-                p.rows * row_bytes(p.format, p.cols).unwrap()
+                p.tensor.bytes.len(),
+                p.rows * row_bytes(p.tensor.dtype, p.cols).unwrap()
             );
         }
-        assert_eq!(w.token_embd.rows, config.vocab_size);
-        assert!(w.device_bytes() > w.token_embd.bytes().len());
+        assert_eq!(w.tensors.token_embd.rows, config.vocab_size);
+        assert!(w.device_bytes() > w.tensors.token_embd.tensor.bytes.len());
         assert_eq!(w.rope_factors, vec![1.0; config.head_dim / 2]);
         assert!(l.qkv_bias.is_none() && l.qk_norm.is_none() && l.post_attn_norm.is_none());
     }
@@ -428,7 +280,7 @@ mod tests {
         let c = ModelDesc::from_source(&file).unwrap();
         let w = HostWeights::load(&file, &c).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         let width = c.q_dim() + 2 * c.kv_dim();
-        for l in &w.layers {
+        for l in &w.tensors.layers {
             assert_eq!(l.wqkv.iter().map(|p| p.rows).sum::<usize>(), width);
             assert_eq!(
                 l.w_gate_up.iter().map(|p| p.rows).sum::<usize>(),
@@ -451,8 +303,8 @@ mod tests {
             assert_eq!(l.post_ffn_norm.as_ref().map(Vec::len), post);
             for p in l.wqkv.iter().chain(&l.w_gate_up).chain([&l.wo, &l.w_down]) {
                 assert_eq!(
-                    p.bytes().len(),
-                    p.rows * row_bytes(p.format, p.cols).unwrap()
+                    p.tensor.bytes.len(),
+                    p.rows * row_bytes(p.tensor.dtype, p.cols).unwrap()
                 );
             }
         }

@@ -1,7 +1,8 @@
-//! The launches of one forward step of [`CudaModel`]: [`CudaModel::record`] and the matrix, norm
-//! and residual helpers it uses (see the [parent module](super) for the order of operations).
+//! The launches of one forward step of [`CudaModel`]: [`CudaModel::record`], which executes the
+//! model's [`ModelPlan`](crate::arch::ModelPlan) op by op (see [`crate::arch::plan`] for the ops),
+//! and the launches of each op.
 
-use cudarc::driver::{CudaSlice, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::super::buffers::StepBuffers;
 use super::super::error::{driver, CudaError};
@@ -9,7 +10,26 @@ use super::super::kv::KvBlocks;
 use super::super::launch::{self, MatmulKernel, ROW_THREADS};
 use super::super::weights::{format_suffix, GpuPart};
 use super::CudaModel;
-use crate::arch::{Activation, RopeStyle};
+use crate::arch::{
+    Activation, AttentionOp, Branch, Embed, HeadOp, LayerOp, LayerWeights, RopeStyle,
+};
+
+/// One transformer block's weights on the GPU.
+type GpuLayer = LayerWeights<GpuPart, CudaSlice<f32>>;
+
+/// What every launch of one step shares: the cache, the buffers and the step's shape.
+struct Step<'a> {
+    kv: &'a KvBlocks,
+    buf: &'a StepBuffers,
+    /// Packed rows.
+    rows: usize,
+    /// Prefill tiles (fast mode), 0 for none.
+    n_tiles: usize,
+    /// Entries per block table.
+    table_stride: usize,
+    /// `attention_decode`'s launch shape for the step's longest context.
+    attention: LaunchConfig,
+}
 
 impl CudaModel {
     /// One matrix product `out[:, off..] (+)= x @ W^T` over the parts of `parts` (each its own launch
@@ -69,9 +89,10 @@ impl CudaModel {
         driver("rmsnorm", unsafe { b.launch(launch::rmsnorm(n)) }).map(drop)
     }
 
-    /// Launches the whole forward pass of `rows` packed rows (inputs already uploaded to `buf`),
-    /// ending with `n_logits` rows of f32 logits in `buf.logits`. Launch-only (no synchronisation or
-    /// host copies), so it can be captured into a graph.
+    /// Launches the whole forward pass of `rows` packed rows (inputs already uploaded to `buf`):
+    /// the model's [`ModelPlan`](crate::arch::ModelPlan) op by op, ending with `n_logits` rows of
+    /// f32 logits in `buf.logits`. Launch-only (no synchronisation or host copies), so it can be
+    /// captured into a graph.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn record(
         &self,
@@ -84,200 +105,245 @@ impl CudaModel {
         max_keys: usize,
     ) -> Result<(), CudaError> {
         let c = &self.config;
-        let (hidden, q_dim, kv_dim, ffn) = (c.hidden, c.q_dim(), c.kv_dim(), c.ffn_dim);
-        let width = q_dim + 2 * kv_dim;
-        let n = rows as i32;
-        let (hidden_i, width_i, q_dim_i, kv_dim_i, ffn_i) = (
-            hidden as i32,
-            width as i32,
-            q_dim as i32,
-            kv_dim as i32,
-            ffn as i32,
-        );
-        let (nh, nkv, hd) = (c.n_heads as i32, c.n_kv_heads as i32, c.head_dim as i32);
-        let (scale, softcap) = (c.attn_scale, c.attn_softcap.unwrap_or(0.0));
-        let (eps, neox) = (c.rms_eps, i32::from(c.rope_style == RopeStyle::Neox));
-        let gated = match c.activation {
-            Activation::Silu => "swiglu",
-            Activation::GeluTanh => "geglu",
+        let step = Step {
+            kv,
+            buf,
+            rows,
+            n_tiles,
+            table_stride,
+            attention: launch::attention_decode(
+                rows,
+                c.n_heads,
+                c.head_dim,
+                max_keys,
+                self.smem_limit,
+            )?,
         };
-        let (stride_i, bs_i) = (table_stride as i32, kv.block_size as i32);
-        let att_cfg =
-            launch::attention_decode(rows, c.n_heads, c.head_dim, max_keys, self.smem_limit)?;
+        self.embed(&step, self.plan.embed)?;
+        let layers = self.plan.layers.iter().zip(&self.weights.tensors.layers);
+        for (l, (layer, w)) in layers.enumerate() {
+            for &op in &layer.ops {
+                self.layer_op(&step, l, op, w)?;
+            }
+        }
+        if n_logits == 0 {
+            return Ok(());
+        }
+        let (nl, hidden) = (n_logits as i32, c.hidden as i32);
+        let mut b = self.stream.launch_builder(self.f("gather_rows"));
+        b.arg(&buf.x)
+            .arg(&buf.logit_rows)
+            .arg(&nl)
+            .arg(&hidden)
+            .arg(&buf.g);
+        // SAFETY: gather_rows.cu's signature; logit rows are < rows.
+        driver("gather_rows", unsafe {
+            b.launch(launch::per_row(n_logits, ROW_THREADS))
+        })?;
+        for &op in &self.plan.head {
+            self.head_op(buf, n_logits, op)?;
+        }
+        Ok(())
+    }
 
-        let embd = &self.weights.token_embd;
-        let (fmt, embed_scale) = (embd.format_id, c.embed_scale.unwrap_or(1.0));
+    /// The embedding lookup of every row into `buf.x`, times `embed.scale`.
+    fn embed(&self, s: &Step<'_>, embed: Embed) -> Result<(), CudaError> {
+        let embd = &self.weights.tensors.token_embd;
+        let (n, hidden) = (s.rows as i32, self.config.hidden as i32);
+        let (fmt, scale) = (embd.format_id, embed.scale.unwrap_or(1.0));
         let mut b = self.stream.launch_builder(self.f("embedding"));
-        b.arg(&buf.tokens)
+        b.arg(&s.buf.tokens)
             .arg(&n)
             .arg(&embd.data)
             .arg(&fmt)
-            .arg(&hidden_i)
-            .arg(&embed_scale)
-            .arg(&buf.x);
+            .arg(&hidden)
+            .arg(&scale)
+            .arg(&s.buf.x);
         // SAFETY: embedding.cu's signature; tokens < vocab (checked when packing).
         driver("embedding", unsafe {
-            b.launch(launch::per_row(rows, ROW_THREADS))
-        })?;
+            b.launch(launch::per_row(s.rows, ROW_THREADS))
+        })
+        .map(drop)
+    }
 
-        for (l, layer) in self.weights.layers.iter().enumerate() {
-            let ld = &c.layers[l];
-            let (base, pos_scale) = (ld.rope_base, ld.rope_scale);
-            let window = ld.sliding_window.unwrap_or(0) as i32;
-            self.rmsnorm(&buf.x, &layer.attn_norm, rows, &buf.xn, false)?;
-            self.matmul(
-                &layer.wqkv,
-                &buf.xn,
-                hidden,
-                rows,
-                &buf.qkv,
-                width,
-                false,
-                false,
-            )?;
-            if let Some(bias) = &layer.qkv_bias {
+    /// The launches of `op` in layer `l`, whose weights are `w`.
+    fn layer_op(&self, s: &Step<'_>, l: usize, op: LayerOp, w: &GpuLayer) -> Result<(), CudaError> {
+        let c = &self.config;
+        let (hidden, q_dim, kv_dim, ffn) = (c.hidden, c.q_dim(), c.kv_dim(), c.ffn_dim);
+        let width = q_dim + 2 * kv_dim;
+        let (buf, rows, n) = (s.buf, s.rows, s.rows as i32);
+        let (width_i, ffn_i) = (width as i32, ffn as i32);
+        let (nh, nkv, hd) = (c.n_heads as i32, c.n_kv_heads as i32, c.head_dim as i32);
+        match op {
+            LayerOp::Norm(branch) => self.rmsnorm(&buf.x, w.norm(branch), rows, &buf.xn, false),
+            LayerOp::QkvProject => {
+                let xn = &buf.xn;
+                self.matmul(&w.wqkv, xn, hidden, rows, &buf.qkv, width, false, false)
+            }
+            LayerOp::QkvBias => {
                 let mut b = self.stream.launch_builder(self.f("bias_add"));
-                b.arg(&buf.qkv).arg(bias).arg(&n).arg(&width_i);
+                b.arg(&buf.qkv).arg(w.bias()).arg(&n).arg(&width_i);
                 // SAFETY: bias_add.cu's signature; the bias holds `width` floats.
                 driver("bias_add", unsafe {
                     b.launch(launch::elementwise(rows * width))
-                })?;
+                })
+                .map(drop)
             }
-            if let Some((q_norm, k_norm)) = &layer.qk_norm {
+            LayerOp::QkNorm => {
+                let (q_norm, k_norm) = w.qk_norms();
                 let mut b = self.stream.launch_builder(self.f("head_rmsnorm"));
                 b.arg(&buf.qkv)
                     .arg(q_norm)
                     .arg(k_norm)
                     .arg(&n)
                     .arg(&width_i);
-                b.arg(&nh).arg(&nkv).arg(&hd).arg(&eps);
+                b.arg(&nh).arg(&nkv).arg(&hd).arg(&c.rms_eps);
                 // SAFETY: head_rmsnorm.cu's signature; the norms hold head_dim floats.
                 driver("head_rmsnorm", unsafe {
                     b.launch(launch::head_rmsnorm(rows))
-                })?;
+                })
+                .map(drop)
             }
-            let mut b = self.stream.launch_builder(self.f("rope"));
-            b.arg(&buf.qkv).arg(&buf.positions).arg(&n).arg(&width_i);
-            b.arg(&nh).arg(&nkv).arg(&hd).arg(&base).arg(&pos_scale);
-            b.arg(&self.weights.rope_factors).arg(&neox);
-            // SAFETY: rope.cu's signature.
-            driver("rope", unsafe {
-                b.launch(launch::per_row(rows, ROW_THREADS))
-            })?;
-            let mut b = self.stream.launch_builder(self.f("kv_write"));
-            b.arg(&buf.qkv)
-                .arg(&buf.slots)
-                .arg(&n)
-                .arg(&width_i)
-                .arg(&q_dim_i)
-                .arg(&kv_dim_i);
-            b.arg(&kv.k[l]).arg(&kv.v[l]);
-            // SAFETY: kv_write.cu's signature; slots are inside the pool (checked when packing).
-            driver("kv_write", unsafe {
-                b.launch(launch::per_row(rows, ROW_THREADS))
-            })?;
-            let mut b = self.stream.launch_builder(self.f("attention_decode"));
-            b.arg(&buf.qkv)
-                .arg(&width_i)
-                .arg(&buf.att_positions)
-                .arg(&buf.table_index);
-            b.arg(&buf.block_tables)
-                .arg(&stride_i)
-                .arg(&kv.k[l])
-                .arg(&kv.v[l])
-                .arg(&bs_i);
-            b.arg(&nh)
-                .arg(&nkv)
-                .arg(&hd)
-                .arg(&scale)
-                .arg(&buf.att)
-                .arg(&n)
-                .arg(&softcap)
-                .arg(&window);
-            // SAFETY: attention_decode.cu's signature; shared memory sized for max_keys.
-            driver("attention_decode", unsafe { b.launch(att_cfg) })?;
-            if n_tiles > 0 {
-                let mut b = self.stream.launch_builder(self.f("attention_prefill"));
+            LayerOp::Rope(rope) => {
+                let (base, pos_scale) = (rope.variant.base, rope.variant.pos_scale);
+                let neox = i32::from(rope.style == RopeStyle::Neox);
+                let mut b = self.stream.launch_builder(self.f("rope"));
+                b.arg(&buf.qkv).arg(&buf.positions).arg(&n).arg(&width_i);
+                b.arg(&nh).arg(&nkv).arg(&hd).arg(&base).arg(&pos_scale);
+                b.arg(&self.weights.rope_factors).arg(&neox);
+                // SAFETY: rope.cu's signature.
+                driver("rope", unsafe {
+                    b.launch(launch::per_row(rows, ROW_THREADS))
+                })
+                .map(drop)
+            }
+            LayerOp::KvWrite => {
+                let (q_dim_i, kv_dim_i) = (q_dim as i32, kv_dim as i32);
+                let mut b = self.stream.launch_builder(self.f("kv_write"));
                 b.arg(&buf.qkv)
+                    .arg(&buf.slots)
+                    .arg(&n)
                     .arg(&width_i)
-                    .arg(&buf.tiles)
-                    .arg(&buf.block_tables);
-                b.arg(&stride_i).arg(&kv.k[l]).arg(&kv.v[l]).arg(&bs_i);
-                b.arg(&nh).arg(&nkv).arg(&hd).arg(&scale).arg(&buf.att);
-                b.arg(&softcap).arg(&window);
-                let cfg = launch::attention_prefill(n_tiles, c.n_heads);
-                // SAFETY: attention_prefill.cu's signature.
-                driver("attention_prefill", unsafe { b.launch(cfg) })?;
+                    .arg(&q_dim_i)
+                    .arg(&kv_dim_i);
+                b.arg(&s.kv.k[l]).arg(&s.kv.v[l]);
+                // SAFETY: kv_write.cu's signature; slots are inside the pool (checked when packing).
+                driver("kv_write", unsafe {
+                    b.launch(launch::per_row(rows, ROW_THREADS))
+                })
+                .map(drop)
             }
-            self.residual(
-                &layer.wo,
-                layer.post_attn_norm.as_ref(),
-                &buf.att,
-                q_dim,
-                rows,
-                buf,
-            )?;
-            self.rmsnorm(&buf.x, &layer.ffn_norm, rows, &buf.xn, false)?;
-            self.matmul(
-                &layer.w_gate_up,
-                &buf.xn,
-                hidden,
-                rows,
-                &buf.gu,
-                2 * ffn,
-                false,
-                false,
-            )?;
-            let mut b = self.stream.launch_builder(self.f(gated));
-            b.arg(&buf.gu).arg(&n).arg(&ffn_i).arg(&buf.h);
-            // SAFETY: gated.cu's signature.
-            driver(gated, unsafe { b.launch(launch::elementwise(rows * ffn)) })?;
-            self.residual(
-                &layer.w_down,
-                layer.post_ffn_norm.as_ref(),
-                &buf.h,
-                ffn,
-                rows,
-                buf,
-            )?;
+            LayerOp::Attention(a) => self.attention(s, l, a),
+            LayerOp::Residual { branch, post_norm } => {
+                let (x, k) = match branch {
+                    Branch::Attention => (&buf.att, q_dim),
+                    Branch::FeedForward => (&buf.h, ffn),
+                };
+                let norm = post_norm.then(|| w.post_norm(branch));
+                self.residual(w.out_projection(branch), norm, x, k, rows, buf)
+            }
+            LayerOp::GateUpProject => {
+                let xn = &buf.xn;
+                self.matmul(
+                    &w.w_gate_up,
+                    xn,
+                    hidden,
+                    rows,
+                    &buf.gu,
+                    2 * ffn,
+                    false,
+                    false,
+                )
+            }
+            LayerOp::Gate(act) => {
+                let gated = match act {
+                    Activation::Silu => "swiglu",
+                    Activation::GeluTanh => "geglu",
+                };
+                let mut b = self.stream.launch_builder(self.f(gated));
+                b.arg(&buf.gu).arg(&n).arg(&ffn_i).arg(&buf.h);
+                // SAFETY: gated.cu's signature.
+                driver(gated, unsafe { b.launch(launch::elementwise(rows * ffn)) }).map(drop)
+            }
         }
+    }
 
-        if n_logits == 0 {
-            return Ok(());
-        }
-        let nl = n_logits as i32;
-        let mut b = self.stream.launch_builder(self.f("gather_rows"));
-        b.arg(&buf.x)
-            .arg(&buf.logit_rows)
-            .arg(&nl)
-            .arg(&hidden_i)
-            .arg(&buf.g);
-        // SAFETY: gather_rows.cu's signature; logit rows are < rows.
-        driver("gather_rows", unsafe {
-            b.launch(launch::per_row(n_logits, ROW_THREADS))
-        })?;
-        self.rmsnorm(&buf.g, &self.weights.output_norm, n_logits, &buf.gn, false)?;
-        let head = self.weights.lm_head();
-        self.matmul(
-            std::slice::from_ref(head),
-            &buf.gn,
-            hidden,
-            n_logits,
-            &buf.logits,
-            c.vocab_size,
-            false,
-            true,
-        )?;
-        if let Some(cap) = c.final_softcap {
-            let total = (n_logits * c.vocab_size) as i32;
-            let mut b = self.stream.launch_builder(self.f("softcap"));
-            b.arg(&buf.logits).arg(&total).arg(&cap);
-            // SAFETY: softcap.cu's signature; logits hold n_logits rows of vocab floats.
-            driver("softcap", unsafe {
-                b.launch(launch::elementwise(n_logits * c.vocab_size))
-            })?;
+    /// Attention of layer `l` into `buf.att`: every query through `attention_decode`, then the
+    /// step's prefill tiles (fast mode) through `attention_prefill`.
+    fn attention(&self, s: &Step<'_>, l: usize, a: AttentionOp) -> Result<(), CudaError> {
+        let c = &self.config;
+        let (buf, kv) = (s.buf, s.kv);
+        let (n, width_i) = (s.rows as i32, (c.q_dim() + 2 * c.kv_dim()) as i32);
+        let (nh, nkv, hd) = (c.n_heads as i32, c.n_kv_heads as i32, c.head_dim as i32);
+        let (stride_i, bs_i) = (s.table_stride as i32, kv.block_size as i32);
+        let (scale, softcap) = (a.scale, a.softcap.unwrap_or(0.0));
+        let window = a.window.unwrap_or(0) as i32;
+        let mut b = self.stream.launch_builder(self.f("attention_decode"));
+        b.arg(&buf.qkv)
+            .arg(&width_i)
+            .arg(&buf.att_positions)
+            .arg(&buf.table_index);
+        b.arg(&buf.block_tables)
+            .arg(&stride_i)
+            .arg(&kv.k[l])
+            .arg(&kv.v[l])
+            .arg(&bs_i);
+        b.arg(&nh)
+            .arg(&nkv)
+            .arg(&hd)
+            .arg(&scale)
+            .arg(&buf.att)
+            .arg(&n)
+            .arg(&softcap)
+            .arg(&window);
+        // SAFETY: attention_decode.cu's signature; shared memory sized for max_keys.
+        driver("attention_decode", unsafe { b.launch(s.attention) })?;
+        if s.n_tiles > 0 {
+            let mut b = self.stream.launch_builder(self.f("attention_prefill"));
+            b.arg(&buf.qkv)
+                .arg(&width_i)
+                .arg(&buf.tiles)
+                .arg(&buf.block_tables);
+            b.arg(&stride_i).arg(&kv.k[l]).arg(&kv.v[l]).arg(&bs_i);
+            b.arg(&nh).arg(&nkv).arg(&hd).arg(&scale).arg(&buf.att);
+            b.arg(&softcap).arg(&window);
+            let cfg = launch::attention_prefill(s.n_tiles, c.n_heads);
+            // SAFETY: attention_prefill.cu's signature.
+            driver("attention_prefill", unsafe { b.launch(cfg) })?;
         }
         Ok(())
+    }
+
+    /// The launches of head op `op` on the `n_logits` rows gathered into `buf.g`.
+    fn head_op(&self, buf: &StepBuffers, n_logits: usize, op: HeadOp) -> Result<(), CudaError> {
+        let (hidden, vocab) = (self.config.hidden, self.config.vocab_size);
+        let w = &self.weights.tensors;
+        match op {
+            HeadOp::Norm => self.rmsnorm(&buf.g, &w.output_norm, n_logits, &buf.gn, false),
+            HeadOp::LmHead => {
+                let head = std::slice::from_ref(w.lm_head());
+                self.matmul(
+                    head,
+                    &buf.gn,
+                    hidden,
+                    n_logits,
+                    &buf.logits,
+                    vocab,
+                    false,
+                    true,
+                )
+            }
+            HeadOp::Softcap(cap) => {
+                let total = (n_logits * vocab) as i32;
+                let mut b = self.stream.launch_builder(self.f("softcap"));
+                b.arg(&buf.logits).arg(&total).arg(&cap);
+                // SAFETY: softcap.cu's signature; logits hold n_logits rows of vocab floats.
+                driver("softcap", unsafe {
+                    b.launch(launch::elementwise(n_logits * vocab))
+                })
+                .map(drop)
+            }
+        }
     }
 
     /// A block's output projection `y = x @ W^T` added to the residual stream `buf.x`: fused into
