@@ -16,10 +16,12 @@ mod mapped;
 mod metadata;
 pub mod quant;
 mod reader;
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 mod tokenizer;
 mod writer;
 
+pub use self::tokenizer::TokenizerMetadata;
 pub use assembled::{AssembledTensor, TensorData};
 pub use error::{GgufError, Result};
 pub use ggml_type::GgmlType;
@@ -27,5 +29,4 @@ pub use mapped::MappedBytes;
 pub use metadata::{MetadataArray, MetadataValue, ValueType};
 pub use quant::{dequantize, dequantize_to_vec, quantize_q4_1, quantize_q8_0};
 pub use reader::{GgufFile, TensorInfo, DEFAULT_ALIGNMENT, GGUF_MAGIC};
-pub use tokenizer::TokenizerMetadata;
 pub use writer::GgufWriter;

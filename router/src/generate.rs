@@ -17,11 +17,11 @@ use inference_proto::public::{
     FinishReason, GenerateRequest, GenerateResponse, Token, TopLogprob, Usage,
 };
 use inference_proto::worker::{AddRequest, StopReason, TokenOutput};
+use tokenizer::IncrementalDetokenizer;
 use tokio::sync::mpsc;
 use tracing::Instrument as _;
 
 use crate::config::Limits;
-use crate::detokenizer::IncrementalDetokenizer;
 use crate::model_context::ModelContext;
 use crate::pool::{Session, WorkerPool};
 use crate::request::{validate, GenerationRequest, ValidRequest};

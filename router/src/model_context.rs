@@ -5,9 +5,9 @@ use std::sync::{Arc, OnceLock};
 
 use inference_proto::worker::InfoResponse;
 use structured_output::ConstraintCompiler;
+use tokenizer::TextTokenizer;
 
 use crate::chat_template::{builtin_template, ChatTemplate};
-use crate::tokenizer::TextTokenizer;
 
 /// A chat template read from the file named by the router's `chat_template` setting; it overrides
 /// the model's own and the built-in ones.
