@@ -70,8 +70,9 @@ impl TextTokenizer {
     ///
     /// A non-empty `tokenizer_json` takes precedence (its own normalizer,
     /// pre-tokenizer, post-processor and decoder are used; `add_bos_token`
-    /// is then ignored). Otherwise `model` must be `"gpt2"` and `pre` one of
-    /// the pre-tokenizers listed in the [module docs](self).
+    /// is then ignored). Otherwise `model` must be `"gpt2"` (byte-level BPE,
+    /// with `pre` one of `smollm`, `starcoder`, `refact`, `gpt-2`, `gpt2`,
+    /// `llama-bpe`, `llama3`) or `"llama"` (SentencePiece).
     ///
     /// # Errors
     /// [`TokenizerError::UnsupportedModel`] / [`TokenizerError::UnsupportedPreTokenizer`]
