@@ -17,6 +17,7 @@ mod metadata;
 pub mod quant;
 mod reader;
 mod tensor_data;
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 mod tokenizer;
 mod writer;

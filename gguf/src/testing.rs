@@ -1,4 +1,4 @@
-//! Test helpers: the location of the real model and a tiny random llama GGUF.
+//! Test helpers (feature `testing`): the location of the real models and a tiny random llama GGUF.
 
 use std::path::{Path, PathBuf};
 
@@ -80,23 +80,6 @@ impl TinyModelInfo {
     }
 }
 
-/// GPT-2's `bytes_to_unicode`: the printable symbol standing for each byte
-/// in byte-level BPE vocabularies (from OpenAI's GPT-2 `encoder.py`).
-pub fn byte_to_unicode() -> [char; 256] {
-    let mut table = ['\0'; 256];
-    let mut extra = 0u32;
-    for (b, slot) in table.iter_mut().enumerate() {
-        let printable = (0x21..=0x7E).contains(&b) || (0xA1..=0xAC).contains(&b) || b >= 0xAE;
-        *slot = if printable {
-            char::from_u32(b as u32).expect("latin-1")
-        } else {
-            extra += 1;
-            char::from_u32(255 + extra).expect("valid code point")
-        };
-    }
-    table
-}
-
 const TINY_MERGES: &[&str] = &[
     "Ġ t", "h e", "Ġt he", "i n", "Ġ a", "e r", "o n", "Ġ Ġ", "r e", "Ġ s", "in g", "Ġa n",
     "Ġan d", "Ċ Ċ", "Ġ i", "Ġ o", "e s", "a t", "Ġ w", "o r",
@@ -142,7 +125,7 @@ pub fn write_tiny_llama_with_context(
     seed: u64,
     context_length: usize,
 ) -> Result<TinyModelInfo> {
-    let b2u = byte_to_unicode();
+    let b2u = ::tokenizer::byte_level::byte_to_unicode();
     let mut tokens: Vec<String> = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
         .iter()
         .map(|s| s.to_string())
@@ -292,19 +275,6 @@ pub fn random_encoding(format: GgmlType, n_elements: usize, seed: u64) -> Vec<u8
 mod tests {
     use super::*;
     use crate::{GgufFile, TokenizerMetadata};
-
-    #[test]
-    fn byte_table_matches_gpt2() {
-        let t = byte_to_unicode();
-        assert_eq!(t[b' ' as usize], 'Ġ');
-        assert_eq!(t[b'\n' as usize], 'Ċ');
-        assert_eq!(t[b'a' as usize], 'a');
-        assert_eq!(t[0], 'Ā');
-        let mut sorted = t.to_vec();
-        sorted.sort();
-        sorted.dedup();
-        assert_eq!(sorted.len(), 256);
-    }
 
     #[test]
     fn tiny_model_is_readable_and_deterministic() {

@@ -17,10 +17,10 @@ use inference_proto::public::{
     FinishReason, GenerateRequest, GenerateResponse, Token, TopLogprob, Usage,
 };
 use inference_proto::worker::{AddRequest, StopReason, TokenOutput};
+use tokenizer::IncrementalDetokenizer;
 use tokio::sync::mpsc;
 use tracing::Instrument as _;
 
-use crate::detokenizer::IncrementalDetokenizer;
 use crate::model_context::ModelContext;
 use crate::pool::{Session, WorkerPool};
 use crate::request::GenerationRequest;

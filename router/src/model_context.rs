@@ -5,9 +5,9 @@ use std::sync::{Arc, OnceLock};
 
 use inference_proto::worker::InfoResponse;
 use structured_output::ConstraintCompiler;
+use tokenizer::TextTokenizer;
 
 use crate::chat_template::{builtin_template, ChatTemplate, ChatTemplateError};
-use crate::tokenizer::TextTokenizer;
 
 /// Why the `chat_template` setting's file cannot be used. The messages name the file and hold the
 /// cause's text (so the error has no separate source).

@@ -6,7 +6,8 @@
 //! - **Byte-level BPE** (`tokenizer.ggml.model = "gpt2"`, e.g. SmolLM2): token strings are written
 //!   in GPT-2's byte-to-unicode alphabet (Radford et al. 2019, `bytes_to_unicode` in OpenAI's
 //!   `encoder.py`): the printable bytes `!`..`~`, `¡`..`¬`, `®`..`ÿ` stand for themselves and the
-//!   other 68 bytes for U+0100.. in byte order (`Ġ` = space). Each character maps back to one byte.
+//!   other 68 bytes for U+0100.. in byte order (`Ġ` = space; [`tokenizer::byte_level`]). Each
+//!   character maps back to one byte.
 //!   User-defined tokens are stored as plain text (as llama.cpp reads them).
 //! - **SentencePiece** (`"llama"`, e.g. Gemma 3): `▁` (U+2581) is a space, byte tokens (type 6)
 //!   are `<0xNN>` (byte fallback), everything else is its UTF-8 text.
@@ -16,9 +17,8 @@
 //! tokens are allowed by llguidance itself when the grammar is complete). Unused tokens (type 5) and
 //! ids past the tokenizer's list (a model whose output layer is wider) are empty: never allowed.
 
-use std::sync::OnceLock;
-
 use llguidance::toktrie::TokTrie;
+use tokenizer::byte_level::unicode_to_byte;
 
 use crate::error::VocabError;
 
@@ -112,21 +112,6 @@ fn parse_byte_token(token: &str) -> Option<u8> {
     u8::from_str_radix(hex, 16).ok()
 }
 
-/// The byte GPT-2's byte-to-unicode alphabet writes as `c`, if any (the inverse of
-/// [`gguf::testing::byte_to_unicode`]).
-pub fn unicode_to_byte(c: char) -> Option<u8> {
-    static INVERSE: OnceLock<Vec<Option<u8>>> = OnceLock::new();
-    let inverse = INVERSE.get_or_init(|| {
-        let table = gguf::testing::byte_to_unicode();
-        let mut inverse = vec![None; table.iter().map(|&c| c as usize + 1).max().unwrap_or(0)];
-        for (b, &c) in table.iter().enumerate() {
-            inverse[c as usize] = Some(b as u8);
-        }
-        inverse
-    });
-    inverse.get(c as usize).copied().flatten()
-}
-
 /// A byte-level token string back to its bytes. A character outside the alphabet (not produced by
 /// GPT-2-style converters) keeps its UTF-8 bytes.
 fn byte_level_decode(token: &str) -> Vec<u8> {
@@ -146,19 +131,8 @@ mod tests {
 
     /// Bytes back to a byte-level token string (the inverse of `byte_level_decode`).
     fn byte_level_encode(bytes: &[u8]) -> String {
-        let table = gguf::testing::byte_to_unicode();
+        let table = tokenizer::byte_level::byte_to_unicode();
         bytes.iter().map(|&b| table[b as usize]).collect()
-    }
-
-    #[test]
-    fn gpt2_alphabet_inverts() {
-        for (b, &c) in gguf::testing::byte_to_unicode().iter().enumerate() {
-            assert_eq!(unicode_to_byte(c), Some(b as u8), "byte {b} as {c:?}");
-        }
-        assert_eq!(unicode_to_byte('Ġ'), Some(b' '));
-        assert_eq!(unicode_to_byte('Ċ'), Some(b'\n'));
-        assert_eq!(unicode_to_byte('\u{0144}'), None);
-        assert_eq!(unicode_to_byte('€'), None);
     }
 
     /// The tiny test model's vocabulary (3 control tokens, the 256 byte symbols, merges): every

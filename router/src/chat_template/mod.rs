@@ -14,7 +14,7 @@
 //!
 //! Message content is user text, not markup: [`ChatTemplate::render_pieces`] keeps it apart from
 //! what the template writes, so the tokenizer recognises special tokens such as `<|im_start|>` only
-//! in the template's own text ([`crate::tokenizer::TextTokenizer::encode_pieces`]); the same text
+//! in the template's own text ([`tokenizer::TextTokenizer::encode_pieces`]); the same text
 //! inside a message is ordinary text (no prompt injection into the chat structure). It renders
 //! each content wrapped in two Unicode noncharacters (U+FDD0 ... U+FDD1, reserved for a program's
 //! internal use) and splits the output at them. A template that edits content as a string sees the
@@ -32,8 +32,10 @@ mod tests;
 
 pub use builtin::{builtin_template, BuiltinTemplate};
 use helpers::{describe, raise_exception, strftime_now, tojson};
-pub use pieces::TemplatePiece;
 use pieces::{split_marked, CONTENT_CLOSE, CONTENT_OPEN};
+/// What [`ChatTemplate::render_pieces`] gives: the tokenizer's input type, defined beside
+/// [`TextTokenizer::encode_pieces`](tokenizer::TextTokenizer::encode_pieces).
+pub use tokenizer::TemplatePiece;
 
 const TEMPLATE_NAME: &str = "chat_template";
 

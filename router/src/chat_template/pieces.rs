@@ -7,15 +7,7 @@ pub(super) const CONTENT_OPEN: char = '\u{FDD0}';
 /// Closes a message's content in the marked rendering.
 pub(super) const CONTENT_CLOSE: char = '\u{FDD1}';
 
-/// One piece of a rendered conversation, in order: text the template wrote (special tokens in it
-/// are meant) or a message's content (plain text).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum TemplatePiece {
-    /// Text from the template itself: role headers, separators, special tokens.
-    Markup(String),
-    /// A message's content, to be tokenized as plain text.
-    Content(String),
-}
+use tokenizer::TemplatePiece;
 
 /// The template cut, nested or repeated a message's marked content.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]

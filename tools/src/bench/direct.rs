@@ -20,12 +20,12 @@ use inference_proto::worker::{
     router_message, worker_client::WorkerClient, worker_message, AddRequest, CancelRequest,
     HealthRequest, InfoRequest, InfoResponse, RouterMessage, TokenOutput,
 };
+use tokenizer::TextTokenizer;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::transport::Endpoint;
 
 use super::prompt::PromptTokenizer;
-use router::tokenizer::TextTokenizer;
 
 /// Limit on each setup RPC (Health, Info, opening the stream).
 const SETUP_RPC_TIMEOUT: Duration = Duration::from_secs(30);

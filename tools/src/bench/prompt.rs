@@ -278,8 +278,8 @@ async fn build_one<T: PromptTokenizer>(
 mod tests {
     use super::*;
     use inference_proto::worker::TokenizerSpec;
-    use router::tokenizer::TextTokenizer;
     use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokenizer::TextTokenizer;
 
     /// The tiny test model's tokenizer (byte-level BPE with 20 merges, SmolLM2 pre-tokenizer).
     #[derive(Clone)]

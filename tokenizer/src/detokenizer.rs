@@ -30,7 +30,7 @@
 
 use std::sync::Arc;
 
-use crate::tokenizer::TextTokenizer;
+use crate::text_tokenizer::TextTokenizer;
 
 const REPLACEMENT: char = '\u{FFFD}';
 

@@ -10,7 +10,7 @@
 //! (`SentencePieceExtractor`): every split of a normal piece into two vocabulary pieces is a merge,
 //! ranked by the merged piece's score. A BPE over that list with byte fallback produces the same
 //! ids as llama.cpp's `llm_tokenizer_spm` and Hugging Face's `GemmaTokenizer` (checked on the
-//! Gemma 3 reference cases in the router's tests).
+//! Gemma 3 reference cases in this crate's tests).
 //!
 //! Token types (GGUF `tokenizer.ggml.token_type`): control tokens (3: `<bos>`,
 //! `<start_of_turn>`) are special added tokens, matched verbatim in text and dropped by
@@ -29,7 +29,7 @@ use tokenizers::models::bpe::{Vocab, BPE};
 use tokenizers::normalizers::{Prepend, Replace, Sequence as NormalizerSequence};
 use tokenizers::{AddedToken, DecoderWrapper, NormalizerWrapper, Tokenizer};
 
-use crate::tokenizer::TokenizerError;
+use crate::error::TokenizerError;
 
 /// GGUF token type of normal pieces.
 const TYPE_NORMAL: i32 = 1;

@@ -1,7 +1,7 @@
 //! `TextTokenizer`: synthetic vocabulary behaviour, and exact agreement with
 //! the original SmolLM2 tokenizer on the reference cases.
 
-use router::tokenizer::{TextTokenizer, TokenizerError};
+use tokenizer::{TextTokenizer, TokenizerError};
 
 use crate::common::*;
 
@@ -91,7 +91,7 @@ fn plain_encoding_reads_special_token_text_as_text() {
 
 #[test]
 fn pieces_parse_special_tokens_in_markup_only() {
-    use router::chat_template::TemplatePiece::{Content, Markup};
+    use tokenizer::TemplatePiece::{Content, Markup};
     let tok = synthetic_tokenizer();
     let pieces = [
         Markup("<|im_start|>user\n".into()),

@@ -1,12 +1,12 @@
-//! Shared fixtures: the real model's tokenizer spec, the reference file and a
-//! small synthetic byte-level vocabulary.
+//! Shared fixtures: the real models' tokenizer specs (SmolLM2, Gemma 3), their reference files and
+//! a small synthetic byte-level vocabulary. The router's chat template tests include this file too.
 
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
 use inference_proto::worker::TokenizerSpec;
-use router::tokenizer::TextTokenizer;
 use serde_json::Value;
+use tokenizer::TextTokenizer;
 
 /// `fixtures/reference.json`.
 pub fn reference() -> &'static Value {
@@ -114,7 +114,7 @@ pub const SYN_IM_END: u32 = 257;
 /// value), `<|im_start|>` and `<|im_end|>` (control), then one token per
 /// merge.
 pub fn synthetic_spec(pre: &str) -> TokenizerSpec {
-    let bytes = gguf::testing::byte_to_unicode();
+    let bytes = tokenizer::byte_level::byte_to_unicode();
     let mut tokens: Vec<String> = bytes.iter().map(|c| c.to_string()).collect();
     let mut token_types = vec![1; 256];
     for special in ["<|im_start|>", "<|im_end|>"] {
@@ -145,4 +145,28 @@ pub fn synthetic_tokenizer() -> Arc<TextTokenizer> {
     Arc::new(
         TextTokenizer::from_spec(&synthetic_spec("smollm")).expect("synthetic tokenizer builds"),
     )
+}
+
+/// `fixtures/gemma3-270m.json`.
+pub fn gemma_reference() -> &'static Value {
+    static REF: OnceLock<Value> = OnceLock::new();
+    REF.get_or_init(|| {
+        let text = include_str!("../../../fixtures/gemma3-270m.json");
+        serde_json::from_str(text).expect("gemma3-270m.json is valid JSON")
+    })
+}
+
+/// The Gemma 3 tokenizer built from the real file. Panics (the test fails, it is not skipped)
+/// when the model file is missing.
+pub fn gemma_tokenizer() -> Arc<TextTokenizer> {
+    static TOK: OnceLock<Arc<TextTokenizer>> = OnceLock::new();
+    TOK.get_or_init(|| {
+        let meta = metadata_at(
+            &gguf::testing::gemma3_model_path(),
+            "scripts/fetch-model gemma3-270m",
+        );
+        assert_eq!(meta.model, "llama");
+        Arc::new(TextTokenizer::from_spec(&spec_from_metadata(&meta)).expect("gemma tokenizer"))
+    })
+    .clone()
 }

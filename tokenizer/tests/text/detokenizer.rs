@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
-use router::detokenizer::IncrementalDetokenizer;
-use router::tokenizer::TextTokenizer;
+use tokenizer::IncrementalDetokenizer;
+use tokenizer::TextTokenizer;
 
 use crate::common::*;
 

@@ -2,35 +2,7 @@
 //! merges) against `fixtures/gemma3-270m.json`: 30 tokenizer cases whose ids came from Hugging
 //! Face's `GemmaTokenizer` and agree with llama.cpp.
 
-use std::sync::{Arc, OnceLock};
-
-use router::tokenizer::TextTokenizer;
-use serde_json::Value;
-
-use crate::common::{ids, metadata_at, spec_from_metadata};
-
-fn fixture() -> &'static Value {
-    static REF: OnceLock<Value> = OnceLock::new();
-    REF.get_or_init(|| {
-        let text = include_str!("../../../fixtures/gemma3-270m.json");
-        serde_json::from_str(text).expect("gemma3-270m.json is valid JSON")
-    })
-}
-
-/// The Gemma 3 tokenizer built from the real file. Panics (the test fails, it is not skipped)
-/// when the model file is missing.
-fn gemma() -> Arc<TextTokenizer> {
-    static TOK: OnceLock<Arc<TextTokenizer>> = OnceLock::new();
-    TOK.get_or_init(|| {
-        let meta = metadata_at(
-            &gguf::testing::gemma3_model_path(),
-            "scripts/fetch-model gemma3-270m",
-        );
-        assert_eq!(meta.model, "llama");
-        Arc::new(TextTokenizer::from_spec(&spec_from_metadata(&meta)).expect("gemma tokenizer"))
-    })
-    .clone()
-}
+use crate::common::{gemma_reference as fixture, gemma_tokenizer as gemma, ids};
 
 #[test]
 fn every_reference_case_encodes_exactly_with_and_without_bos() {
@@ -96,38 +68,4 @@ fn decoding_returns_the_text_and_special_tokens_are_control_only() {
     // Byte fallback: a character outside the vocabulary decodes back through its bytes.
     let rare = "\u{10FFFD}";
     assert_eq!(tok.decode(&tok.encode(rare, false).unwrap(), false), rare);
-}
-
-#[test]
-fn the_builtin_gemma_template_gives_the_reference_chat_prompts() {
-    let tok = gemma();
-    let builtin = router::chat_template::builtin_template("gemma3", |t| tok.token_id(t).is_some())
-        .expect("a built-in template for gemma3");
-    assert_eq!(builtin.name, "gemma");
-    let template = router::chat_template::ChatTemplate::new(
-        builtin.source,
-        tok.id_to_piece(2),
-        tok.id_to_piece(1),
-    )
-    .unwrap();
-    let mut chats = 0;
-    for p in fixture()["prompts"].as_array().expect("prompts") {
-        let text = p["text"].as_str().unwrap();
-        let Some(message) = text
-            .strip_prefix("<start_of_turn>user\n")
-            .and_then(|t| t.strip_suffix("<end_of_turn>\n<start_of_turn>model\n"))
-        else {
-            continue;
-        };
-        chats += 1;
-        let pieces = template.render_pieces(&[("user", message)], true).unwrap();
-        // The template writes <bos> itself (chat prompts are tokenized without adding one).
-        assert_eq!(
-            tok.encode_pieces(&pieces).unwrap(),
-            ids(&p["prompt_ids"]),
-            "prompt {:?}",
-            p["name"]
-        );
-    }
-    assert_eq!(chats, 2, "the fixture's two chat prompts");
 }

@@ -1,80 +1,33 @@
-//! The router's text tokenizer: [`TextTokenizer`], built from the
-//! [`TokenizerSpec`] a worker reports (GGUF `tokenizer.ggml.*` metadata, or
-//! a `tokenizer.json`).
+//! [`TextTokenizer`]: the text tokenizer built from the [`TokenizerSpec`] a worker reports (GGUF
+//! `tokenizer.ggml.*` metadata, or a `tokenizer.json`).
 //!
-//! For GGUF model `"gpt2"` the tokenizer is a byte-level BPE (Radford et al.
-//! 2019, <https://github.com/openai/gpt-2/blob/master/src/encoder.py>)
-//! assembled with the `tokenizers` crate so that it reproduces the original
-//! Hugging Face `tokenizer.json` of the model family named by
-//! `tokenizer.ggml.pre`:
+//! GGUF model `"gpt2"` is a byte-level BPE ([`crate::bpe`]), `"llama"` a SentencePiece-style
+//! vocabulary ([`crate::sentencepiece`]); a `tokenizer.json` brings its whole pipeline.
 //!
-//! - `smollm`, `starcoder`, `refact`: `Digits(individual_digits)` then
-//!   `ByteLevel` with the GPT-2 regex (SmolLM2 / StarCoder; llama.cpp's
-//!   `\p{N}` split then the GPT-2 regex);
-//! - `gpt-2`, `gpt2`: `ByteLevel` with the GPT-2 regex;
-//! - `llama-bpe`, `llama3`: the Llama 3 `Split` regex then `ByteLevel`
-//!   without regex, and a BPE with `ignore_merges`.
-//!
-//! Control (GGUF token type 3) and user-defined (type 4) tokens become
-//! *special added tokens*: they are matched verbatim in input text before
-//! pre-tokenization (`"<|im_start|>"` encodes to one id, `"<|im_start|"` does
-//! not) and are dropped by [`TextTokenizer::decode`] with `skip_special`.
-//! [`TextTokenizer::encode_plain`] treats that text as ordinary text instead
-//! (`"<|im_start|>"` splits into ordinary tokens), and
-//! [`TextTokenizer::encode_pieces`] recognises special tokens only in a chat
-//! template's own text, never in message content.
-//! Byte symbols missing from the vocabulary are dropped while encoding (no
-//! unknown token), exactly as the Hugging Face BPE model does when
-//! `unk_token` is null.
+//! Control and user-defined tokens are *special added tokens*: they are matched verbatim in input
+//! text before pre-tokenization (`"<|im_start|>"` encodes to one id, `"<|im_start|"` does not) and
+//! are dropped by [`TextTokenizer::decode`] with `skip_special`. [`TextTokenizer::encode_plain`]
+//! treats that text as ordinary text instead (`"<|im_start|>"` splits into ordinary tokens), and
+//! [`TextTokenizer::encode_pieces`] recognises special tokens only in a chat template's own text
+//! ([`TemplatePiece::Markup`]), never in message content.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
 use inference_proto::worker::TokenizerSpec;
-use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
-use tokenizers::models::bpe::{Vocab, BPE};
-use tokenizers::pre_tokenizers::byte_level::ByteLevel;
-use tokenizers::pre_tokenizers::digits::Digits;
-use tokenizers::pre_tokenizers::sequence::Sequence;
-use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
-use tokenizers::{
-    AddedToken, DecoderWrapper, PreTokenizerWrapper, SplitDelimiterBehavior, Tokenizer,
-};
+use tokenizers::{DecoderWrapper, Tokenizer};
 
-use crate::chat_template::TemplatePiece;
+use crate::error::TokenizerError;
+use crate::token_bytes::TokenBytes;
+use crate::{bpe, sentencepiece};
 
-/// GGUF token type of control tokens (`<|im_start|>` …).
-const TOKEN_TYPE_CONTROL: i32 = 3;
-/// GGUF token type of user-defined tokens.
-const TOKEN_TYPE_USER_DEFINED: i32 = 4;
-
-/// The Llama 3 pre-tokenization regex (from Meta-Llama-3 `tokenizer.json`,
-/// identical to llama.cpp's `LLAMA_VOCAB_PRE_TYPE_LLAMA3`).
-const LLAMA3_SPLIT_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-
-/// Why a tokenizer could not be built or could not encode.
-#[derive(Debug, thiserror::Error)]
-pub enum TokenizerError {
-    /// `tokenizer.ggml.model` names a tokenizer this router cannot build.
-    #[error(
-        "unsupported tokenizer model {0:?} (supported: \"gpt2\" byte-level BPE, \"llama\" \
-         SentencePiece, or a tokenizer.json)"
-    )]
-    UnsupportedModel(String),
-    /// `tokenizer.ggml.pre` names a pre-tokenizer this router does not know.
-    #[error(
-        "unsupported pre-tokenizer {0:?} for byte-level BPE (supported: smollm, starcoder, refact, \
-         gpt-2, llama-bpe; or ship a tokenizer.json beside the model)"
-    )]
-    UnsupportedPreTokenizer(String),
-    /// The spec is inconsistent (empty vocabulary, malformed merge, …).
-    #[error("invalid tokenizer spec: {0}")]
-    InvalidSpec(String),
-    /// The `tokenizer_json` could not be parsed.
-    #[error("invalid tokenizer.json: {0}")]
-    InvalidJson(String),
-    /// Encoding the text failed inside the `tokenizers` library.
-    #[error("encoding failed: {0}")]
-    Encode(String),
+/// One piece of a rendered conversation, in order: text the template wrote (special tokens in it
+/// are meant) or a message's content (plain text). The input of [`TextTokenizer::encode_pieces`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TemplatePiece {
+    /// Text from the template itself: role headers, separators, special tokens.
+    Markup(String),
+    /// A message's content, to be tokenized as plain text.
+    Content(String),
 }
 
 /// A text tokenizer shared by all request tasks (it is `Send + Sync`; wrap it
@@ -97,7 +50,8 @@ pub struct TextTokenizer {
     bos_to_prepend: Option<u32>,
     special_ids: HashSet<u32>,
     vocab_size: usize,
-    byte_table: Option<ByteTable>,
+    /// Each token's decoded bytes, when decoding is their concatenation.
+    token_bytes: Option<TokenBytes>,
 }
 
 impl std::fmt::Debug for TextTokenizer {
@@ -106,7 +60,7 @@ impl std::fmt::Debug for TextTokenizer {
             .field("vocab_size", &self.vocab_size)
             .field("special_ids", &self.special_ids.len())
             .field("bos_to_prepend", &self.bos_to_prepend)
-            .field("byte_level", &self.byte_table.is_some())
+            .field("byte_level", &self.token_bytes.is_some())
             .finish()
     }
 }
@@ -116,12 +70,13 @@ impl TextTokenizer {
     ///
     /// A non-empty `tokenizer_json` takes precedence (its own normalizer,
     /// pre-tokenizer, post-processor and decoder are used; `add_bos_token`
-    /// is then ignored). Otherwise `model` must be `"gpt2"` and `pre` one of
-    /// the pre-tokenizers listed in the [module docs](self).
+    /// is then ignored). Otherwise `model` must be `"gpt2"` (byte-level BPE,
+    /// with `pre` one of `smollm`, `starcoder`, `refact`, `gpt-2`, `gpt2`,
+    /// `llama-bpe`, `llama3`) or `"llama"` (SentencePiece).
     ///
     /// # Errors
     /// [`TokenizerError::UnsupportedModel`] / [`TokenizerError::UnsupportedPreTokenizer`]
-    /// for tokenizers this router cannot reproduce, [`TokenizerError::InvalidSpec`]
+    /// for tokenizers this crate cannot reproduce, [`TokenizerError::InvalidSpec`]
     /// for an inconsistent vocabulary/merge list, [`TokenizerError::InvalidJson`]
     /// for an unparsable `tokenizer_json`.
     pub fn from_spec(spec: &TokenizerSpec) -> Result<Self, TokenizerError> {
@@ -150,14 +105,14 @@ impl TextTokenizer {
             .map(|&id| id as usize + 1)
             .max()
             .unwrap_or(0);
-        let byte_table = matches!(inner.get_decoder(), Some(DecoderWrapper::ByteLevel(_)))
-            .then(|| ByteTable::build(&inner, vocab_size));
+        let token_bytes = matches!(inner.get_decoder(), Some(DecoderWrapper::ByteLevel(_)))
+            .then(|| TokenBytes::from_byte_level(&inner, vocab_size));
         Ok(Self::assemble(
             inner,
             None,
             special_ids,
             vocab_size,
-            byte_table,
+            token_bytes,
         ))
     }
 
@@ -168,7 +123,7 @@ impl TextTokenizer {
         bos_to_prepend: Option<u32>,
         special_ids: HashSet<u32>,
         vocab_size: usize,
-        byte_table: Option<ByteTable>,
+        token_bytes: Option<TokenBytes>,
     ) -> Self {
         let mut plain = inner.clone();
         plain.set_encode_special_tokens(true);
@@ -186,83 +141,35 @@ impl TextTokenizer {
             bos_to_prepend,
             special_ids,
             vocab_size,
-            byte_table,
+            token_bytes,
         }
     }
 
+    /// A byte-level BPE GGUF vocabulary ([`crate::bpe`]).
     fn from_gguf_bpe(spec: &TokenizerSpec) -> Result<Self, TokenizerError> {
-        if spec.tokens.is_empty() {
-            return Err(TokenizerError::InvalidSpec("empty token list".into()));
-        }
-        if !spec.token_types.is_empty() && spec.token_types.len() != spec.tokens.len() {
-            return Err(TokenizerError::InvalidSpec(format!(
-                "{} token types for {} tokens",
-                spec.token_types.len(),
-                spec.tokens.len()
-            )));
-        }
-        let (pre_tokenizer, ignore_merges) = pre_tokenizer_for(&spec.pre)?;
-
-        // Vocabulary: token string -> index. On duplicate strings the first id wins.
-        let mut vocab = Vocab::with_capacity(spec.tokens.len());
-        for (id, token) in spec.tokens.iter().enumerate() {
-            vocab.entry(token.clone()).or_insert(id as u32);
-        }
-        let merges = spec
-            .merges
-            .iter()
-            .map(|m| {
-                m.split_once(' ')
-                    .map(|(a, b)| (a.to_string(), b.to_string()))
-                    .ok_or_else(|| {
-                        TokenizerError::InvalidSpec(format!("merge {m:?} has no space separator"))
-                    })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let bpe = BPE::builder()
-            .vocab_and_merges(vocab, merges)
-            .ignore_merges(ignore_merges)
-            .build()
-            .map_err(|e| TokenizerError::InvalidSpec(e.to_string()))?;
-
-        let mut inner = Tokenizer::new(bpe);
-        inner.with_pre_tokenizer(Some(pre_tokenizer));
-        inner.with_decoder(Some(ByteLevelDecoder::new(false, true, true)));
-
-        let mut special_ids = HashSet::new();
-        let mut added = Vec::new();
-        for (id, ty) in spec.token_types.iter().enumerate() {
-            if matches!(*ty, TOKEN_TYPE_CONTROL | TOKEN_TYPE_USER_DEFINED)
-                && !spec.tokens[id].is_empty()
-            {
-                special_ids.insert(id as u32);
-                added.push(AddedToken::from(spec.tokens[id].clone(), true));
-            }
-        }
-        inner.add_special_tokens(&added);
-
+        let bpe = bpe::build(spec)?;
         let vocab_size = spec.tokens.len();
         let bos_to_prepend = bos_to_prepend(spec)?;
-        let byte_table = Some(ByteTable::build(&inner, vocab_size));
+        let token_bytes = Some(TokenBytes::from_byte_level(&bpe.tokenizer, vocab_size));
         Ok(Self::assemble(
-            inner,
+            bpe.tokenizer,
             bos_to_prepend,
-            special_ids,
+            bpe.special_ids,
             vocab_size,
-            byte_table,
+            token_bytes,
         ))
     }
 
     /// A SentencePiece-style GGUF vocabulary ([`crate::sentencepiece`]).
     fn from_gguf_spm(spec: &TokenizerSpec) -> Result<Self, TokenizerError> {
-        let spm = crate::sentencepiece::build(spec)?;
+        let spm = sentencepiece::build(spec)?;
         let vocab_size = spec.tokens.len();
         Ok(Self::assemble(
             spm.tokenizer,
             bos_to_prepend(spec)?,
             spm.special_ids,
             vocab_size,
-            spm.token_bytes.map(ByteTable::from_token_bytes),
+            spm.token_bytes.map(TokenBytes::from_tokens),
         ))
     }
 
@@ -300,7 +207,7 @@ impl TextTokenizer {
         Ok(self.with_bos(enc.get_ids().to_vec(), add_special_tokens))
     }
 
-    /// Encodes a rendered chat ([`ChatTemplate::render_pieces`]) without BOS
+    /// Encodes a rendered chat (the router's `ChatTemplate::render_pieces`) without BOS
     /// or post-processing: special tokens are recognised in the template's
     /// [`TemplatePiece::Markup`] only; [`TemplatePiece::Content`] is plain
     /// text. The text between two special tokens is encoded as one, as
@@ -310,8 +217,6 @@ impl TextTokenizer {
     ///
     /// # Errors
     /// [`TokenizerError::Encode`] if the `tokenizers` library fails.
-    ///
-    /// [`ChatTemplate::render_pieces`]: crate::chat_template::ChatTemplate::render_pieces
     pub fn encode_pieces(&self, pieces: &[TemplatePiece]) -> Result<Vec<u32>, TokenizerError> {
         let mut ids = Vec::new();
         let mut text = String::new();
@@ -397,7 +302,7 @@ impl TextTokenizer {
     /// the vocabulary are ignored). With `skip_special`, special tokens are
     /// left out.
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> String {
-        match &self.byte_table {
+        match &self.token_bytes {
             Some(table) => {
                 let mut bytes = Vec::with_capacity(ids.len() * 4);
                 for &id in ids {
@@ -429,12 +334,12 @@ impl TextTokenizer {
     /// for an id outside the vocabulary. Decoding a sequence is then the
     /// UTF-8-lossy conversion of the concatenated bytes.
     pub fn token_bytes(&self, id: u32) -> Option<&[u8]> {
-        self.byte_table.as_ref()?.get(id)
+        self.token_bytes.as_ref()?.get(id)
     }
 
     /// Whether [`token_bytes`](Self::token_bytes) is available.
     pub fn is_byte_level(&self) -> bool {
-        self.byte_table.is_some()
+        self.token_bytes.is_some()
     }
 
     /// Number of ids: one more than the largest token id (49152 for SmolLM2).
@@ -471,113 +376,4 @@ fn bos_to_prepend(spec: &TokenizerSpec) -> Result<Option<u32>, TokenizerError> {
         )),
         (false, _) => Ok(None),
     }
-}
-
-/// Returns the pre-tokenizer for `tokenizer.ggml.pre`, and whether the BPE
-/// model must take whole pre-tokens found in the vocabulary as-is
-/// (`ignore_merges`, Llama 3).
-fn pre_tokenizer_for(pre: &str) -> Result<(PreTokenizerWrapper, bool), TokenizerError> {
-    let byte_level = |use_regex| ByteLevel::new(false, true, use_regex);
-    match pre {
-        // llama.cpp: `\p{N}` then the GPT-2 regex; HF: Digits(individual) + ByteLevel.
-        "smollm" | "starcoder" | "refact" => Ok((
-            Sequence::new(vec![Digits::new(true).into(), byte_level(true).into()]).into(),
-            false,
-        )),
-        "gpt-2" | "gpt2" => Ok((byte_level(true).into(), false)),
-        "llama-bpe" | "llama3" => {
-            let split = Split::new(
-                SplitPattern::Regex(LLAMA3_SPLIT_REGEX.to_string()),
-                SplitDelimiterBehavior::Isolated,
-                false,
-            )
-            .map_err(|e| TokenizerError::InvalidSpec(e.to_string()))?;
-            Ok((
-                Sequence::new(vec![split.into(), byte_level(false).into()]).into(),
-                true,
-            ))
-        }
-        other => Err(TokenizerError::UnsupportedPreTokenizer(other.to_string())),
-    }
-}
-
-/// Each token's decoded bytes, flattened: token `i` is
-/// `bytes[offsets[i]..offsets[i + 1]]`.
-struct ByteTable {
-    offsets: Vec<u32>,
-    bytes: Vec<u8>,
-    present: Vec<bool>,
-}
-
-impl ByteTable {
-    /// Maps every vocabulary string through the GPT-2 byte-to-unicode table
-    /// in reverse, as the `ByteLevel` decoder does (a string with a character
-    /// outside the table contributes its own UTF-8 bytes).
-    fn build(tok: &Tokenizer, vocab_size: usize) -> Self {
-        let char_to_byte = gpt2_unicode_to_byte();
-        let mut offsets = Vec::with_capacity(vocab_size + 1);
-        let mut bytes = Vec::new();
-        let mut present = Vec::with_capacity(vocab_size);
-        offsets.push(0);
-        for id in 0..vocab_size as u32 {
-            let piece = tok.id_to_token(id);
-            present.push(piece.is_some());
-            if let Some(piece) = piece {
-                let mapped: Option<Vec<u8>> = piece
-                    .chars()
-                    .map(|c| char_to_byte.get(&c).copied())
-                    .collect();
-                bytes.extend_from_slice(&mapped.unwrap_or_else(|| piece.as_bytes().to_vec()));
-            }
-            offsets.push(bytes.len() as u32);
-        }
-        Self {
-            offsets,
-            bytes,
-            present,
-        }
-    }
-
-    /// A table from each token's bytes (index = id).
-    fn from_token_bytes(tokens: Vec<Vec<u8>>) -> Self {
-        let mut offsets = Vec::with_capacity(tokens.len() + 1);
-        let mut bytes = Vec::new();
-        offsets.push(0);
-        for t in &tokens {
-            bytes.extend_from_slice(t);
-            offsets.push(bytes.len() as u32);
-        }
-        Self {
-            offsets,
-            bytes,
-            present: vec![true; tokens.len()],
-        }
-    }
-
-    fn get(&self, id: u32) -> Option<&[u8]> {
-        let i = id as usize;
-        if !*self.present.get(i)? {
-            return None;
-        }
-        Some(&self.bytes[self.offsets[i] as usize..self.offsets[i + 1] as usize])
-    }
-}
-
-/// The inverse of GPT-2's `bytes_to_unicode`
-/// (<https://github.com/openai/gpt-2/blob/master/src/encoder.py>): printable
-/// bytes map to themselves, the other 68 to U+0100 onwards in byte order.
-fn gpt2_unicode_to_byte() -> HashMap<char, u8> {
-    let printable = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
-    let mut map = HashMap::with_capacity(256);
-    let mut next = 256u32;
-    for b in 0..=255u8 {
-        let c = if printable(b) {
-            char::from(b)
-        } else {
-            next += 1;
-            char::from_u32(next - 1).expect("U+0100..U+0143 are valid chars")
-        };
-        map.insert(c, b);
-    }
-    map
 }
