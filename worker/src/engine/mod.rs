@@ -29,13 +29,10 @@ pub use error::{EngineError, EngineErrorKind};
 pub use masks::mask_seconds;
 pub use monitor::EngineSnapshot;
 pub use output::{EngineLoad, EngineOutput, GeneratedToken, OutputSink, RequestFailure};
-pub use request::EngineRequest;
+pub use request::{ConnId, EngineRequest};
 pub use scheduler::{Chunk, Schedule, Scheduler, SchedulerConfig, SeqId};
 pub use sequence::{Sequence, StopReason};
 pub use stats::EngineStats;
-
-/// Identifies one router connection (one bidirectional stream).
-pub type ConnId = u64;
 
 /// Messages from RPC handlers to the engine thread.
 pub enum Command {

@@ -3,6 +3,9 @@
 
 use crate::sampler::SamplingConfig;
 
+/// Identifies one router connection (one bidirectional stream); every request belongs to one.
+pub type ConnId = u64;
+
 /// A request to generate tokens after a prompt. The engine checks everything here before admitting
 /// it (a bad request is refused with [`EngineErrorKind::InvalidRequest`](super::EngineErrorKind)).
 #[derive(Debug, Clone, PartialEq, Default)]
