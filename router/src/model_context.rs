@@ -4,7 +4,7 @@
 use std::sync::{Arc, OnceLock};
 
 use inference_proto::worker::InfoResponse;
-use structured_output::ConstraintCompiler;
+use structured_output::{ConstraintCompiler, VocabError};
 use tokenizer::TextTokenizer;
 
 use crate::chat_template::{builtin_template, ChatTemplate, ChatTemplateError};
@@ -161,12 +161,30 @@ impl ModelContext {
     }
 }
 
+/// Why the served model has no structured-output compiler. The messages hold the cause's text (so
+/// the error has no separate source); the router puts them in the `constraint` refusal it sends.
+#[derive(Debug, thiserror::Error)]
+pub enum StructuredOutputUnavailable {
+    /// The thread that builds the compiler could not be started.
+    #[error("cannot start its build thread: {error}")]
+    BuildThread {
+        /// Why the thread did not start.
+        error: std::io::Error,
+    },
+    /// The model's vocabulary cannot serve structured output.
+    #[error("{error}")]
+    Vocabulary {
+        /// What llguidance or the vocabulary check refused.
+        error: VocabError,
+    },
+}
+
 /// The model's structured-output compiler, built on a thread of its own when the model becomes
 /// known (0.2 s for a 49k-token vocabulary, seconds for a 262k one: not on the async runtime, nor
 /// under the pool's model lock).
 #[derive(Clone)]
 pub struct StructuredOutput {
-    compiler: Arc<OnceLock<Result<ConstraintCompiler, String>>>,
+    compiler: Arc<OnceLock<Result<ConstraintCompiler, StructuredOutputUnavailable>>>,
 }
 
 impl StructuredOutput {
@@ -176,7 +194,8 @@ impl StructuredOutput {
         let cell = compiler.clone();
         let build = move || {
             let started = std::time::Instant::now();
-            let built = ConstraintCompiler::from_info(&info).map_err(|e| e.to_string());
+            let built = ConstraintCompiler::from_info(&info)
+                .map_err(|error| StructuredOutputUnavailable::Vocabulary { error });
             match &built {
                 Ok(_) => tracing::info!(
                     ms = started.elapsed().as_millis() as u64,
@@ -188,18 +207,20 @@ impl StructuredOutput {
             }
             let _ = cell.set(built);
         };
-        if let Err(e) = std::thread::Builder::new()
+        if let Err(error) = std::thread::Builder::new()
             .name("structured-output".into())
             .spawn(build)
         {
-            let _ = compiler.set(Err(format!("cannot start its build thread: {e}")));
+            let _ = compiler.set(Err(StructuredOutputUnavailable::BuildThread { error }));
         }
         Self { compiler }
     }
 
     /// The compiler, or why this model cannot have one; blocks until it is built (call it off the
     /// async runtime).
-    pub fn wait(&self) -> Result<&ConstraintCompiler, &str> {
-        self.compiler.wait().as_ref().map_err(String::as_str)
+    ///
+    /// Errors: [`StructuredOutputUnavailable`], the same one on every call.
+    pub fn wait(&self) -> Result<&ConstraintCompiler, &StructuredOutputUnavailable> {
+        self.compiler.wait().as_ref()
     }
 }

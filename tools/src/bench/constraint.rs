@@ -22,6 +22,58 @@ use inference_proto::inference::v1::{constraint::Kind, ChoiceList, Constraint};
 use serde::Serialize;
 use serde_json::{json, Value};
 
+/// Why a `--constraint` value is refused (the bench's command line prints the message). The
+/// messages name the offending part of the value and hold the cause's text (so the error has no
+/// separate source).
+#[derive(Debug, thiserror::Error)]
+pub enum ConstraintSpecError {
+    /// The kind is none of those the [module docs](self) list (or `json-object` with a value,
+    /// `regex` without one).
+    #[error("{spec:?} is not json-object, json-schema:PATH, regex:RE or choice:A,B,...")]
+    UnknownKind {
+        /// The whole value.
+        spec: String,
+    },
+    /// The schema file of `json-schema:PATH` cannot be read.
+    #[error("json-schema:{path}: cannot read the file: {error}")]
+    SchemaUnreadable {
+        /// PATH, as given.
+        path: String,
+        /// The I/O error.
+        error: std::io::Error,
+    },
+    /// The schema file is not JSON.
+    #[error("json-schema:{path}: not JSON: {error}")]
+    SchemaNotJson {
+        /// PATH, as given.
+        path: String,
+        /// The parse error.
+        error: serde_json::Error,
+    },
+    /// The schema is JSON but the `jsonschema` crate rejects it.
+    #[error("json-schema:{path}: not a valid JSON Schema: {error}")]
+    SchemaInvalid {
+        /// PATH, as given.
+        path: String,
+        /// What the `jsonschema` crate found wrong.
+        error: Box<jsonschema::ValidationError<'static>>,
+    },
+    /// The `regex` crate rejects the expression.
+    #[error("regex:{regex}: {error}")]
+    Regex {
+        /// The expression.
+        regex: String,
+        /// Why it does not compile.
+        error: regex::Error,
+    },
+    /// `choice:` with an empty list or an empty alternative.
+    #[error("choice:{choices}: give comma-separated, non-empty alternatives")]
+    EmptyChoice {
+        /// The comma-separated alternatives, as given.
+        choices: String,
+    },
+}
+
 /// One `--constraint` value.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -51,18 +103,26 @@ impl ConstraintSpec {
     /// Parses a `--constraint` value (see the [module docs](self)); reads and parses the schema file
     /// of `json-schema:PATH`.
     ///
-    /// Errors: an unknown kind, an unreadable file, a schema that is not JSON or not a valid JSON
-    /// Schema, an invalid regex, an empty choice list or choice.
-    pub fn parse(spec: &str) -> Result<ConstraintSpec, String> {
+    /// Errors: [`ConstraintSpecError`]: an unknown kind, an unreadable file, a schema that is not
+    /// JSON or not a valid JSON Schema, an invalid regex, an empty choice list or choice.
+    pub fn parse(spec: &str) -> Result<ConstraintSpec, ConstraintSpecError> {
         let (kind, value) = spec.split_once(':').unwrap_or((spec, ""));
         let parsed = match kind {
             "json-object" if value.is_empty() => ConstraintSpec::JsonObject,
             "json-schema" => {
                 let path = PathBuf::from(value);
-                let text = std::fs::read_to_string(&path)
-                    .map_err(|e| format!("json-schema:{value}: cannot read the file: {e}"))?;
-                let schema = serde_json::from_str(&text)
-                    .map_err(|e| format!("json-schema:{value}: not JSON: {e}"))?;
+                let text = std::fs::read_to_string(&path).map_err(|error| {
+                    ConstraintSpecError::SchemaUnreadable {
+                        path: value.to_string(),
+                        error,
+                    }
+                })?;
+                let schema = serde_json::from_str(&text).map_err(|error| {
+                    ConstraintSpecError::SchemaNotJson {
+                        path: value.to_string(),
+                        error,
+                    }
+                })?;
                 ConstraintSpec::JsonSchema { path, schema }
             }
             "regex" if !value.is_empty() => ConstraintSpec::Regex {
@@ -71,16 +131,16 @@ impl ConstraintSpec {
             "choice" => {
                 let choices: Vec<String> = value.split(',').map(str::to_string).collect();
                 if choices.iter().any(String::is_empty) {
-                    return Err(format!(
-                        "choice:{value}: give comma-separated, non-empty alternatives"
-                    ));
+                    return Err(ConstraintSpecError::EmptyChoice {
+                        choices: value.to_string(),
+                    });
                 }
                 ConstraintSpec::Choice { choices }
             }
             _ => {
-                return Err(format!(
-                    "{spec:?} is not json-object, json-schema:PATH, regex:RE or choice:A,B,..."
-                ))
+                return Err(ConstraintSpecError::UnknownKind {
+                    spec: spec.to_string(),
+                })
             }
         };
         // The checker compiles the schema or regex: reject bad ones before any request.
@@ -139,22 +199,27 @@ pub enum OutputCheck {
 impl OutputCheck {
     /// The checker of `spec`.
     ///
-    /// Errors: a schema the `jsonschema` crate rejects, a regex the `regex` crate rejects.
-    pub fn new(spec: &ConstraintSpec) -> Result<OutputCheck, String> {
+    /// Errors: [`ConstraintSpecError::SchemaInvalid`] for a schema the `jsonschema` crate rejects,
+    /// [`ConstraintSpecError::Regex`] for a regex the `regex` crate rejects.
+    pub fn new(spec: &ConstraintSpec) -> Result<OutputCheck, ConstraintSpecError> {
         Ok(match spec {
             ConstraintSpec::JsonObject => OutputCheck::JsonObject,
             ConstraintSpec::JsonSchema { path, schema } => {
-                let validator = jsonschema::validator_for(schema).map_err(|e| {
-                    format!(
-                        "json-schema:{}: not a valid JSON Schema: {e}",
-                        path.display()
-                    )
+                let validator = jsonschema::validator_for(schema).map_err(|error| {
+                    ConstraintSpecError::SchemaInvalid {
+                        path: path.display().to_string(),
+                        error: Box::new(error),
+                    }
                 })?;
                 OutputCheck::JsonSchema(Box::new(validator))
             }
             ConstraintSpec::Regex { regex } => {
-                let whole = regex::Regex::new(&format!("^(?:{regex})$"))
-                    .map_err(|e| format!("regex:{regex}: {e}"))?;
+                let whole = regex::Regex::new(&format!("^(?:{regex})$")).map_err(|error| {
+                    ConstraintSpecError::Regex {
+                        regex: regex.clone(),
+                        error,
+                    }
+                })?;
                 OutputCheck::Regex(whole)
             }
             ConstraintSpec::Choice { choices } => OutputCheck::Choice(choices.clone()),
@@ -256,7 +321,7 @@ mod tests {
                 "not a valid JSON Schema",
             ),
         ] {
-            let error = ConstraintSpec::parse(spec).unwrap_err();
+            let error = ConstraintSpec::parse(spec).unwrap_err().to_string();
             assert!(error.contains(says), "{spec}: {error}");
         }
     }

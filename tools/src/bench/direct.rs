@@ -35,8 +35,14 @@ const SETUP_RPC_TIMEOUT: Duration = Duration::from_secs(30);
 pub enum Event {
     /// The tokens one step message carried for the request (usually one), and when it arrived.
     Tokens(Instant, Vec<TokenOutput>),
-    /// The worker rejected or could not finish the request: (google.rpc code, message).
-    Failed(i32, String),
+    /// The worker rejected or could not finish the request.
+    Failed {
+        /// Its gRPC status code (a number the worker sent outside `google.rpc.Code` reads as
+        /// `Unknown`).
+        code: tonic::Code,
+        /// The worker's message.
+        message: String,
+    },
     /// The stream ended or broke; holds the reason.
     Lost(String),
 }
@@ -206,7 +212,10 @@ pub async fn connect(address: &str, wait_ready: Duration) -> anyhow::Result<Work
                     }
                     for error in step.errors {
                         if let Some(tx) = routes.open.get(&error.request_id) {
-                            let _ = tx.send(Event::Failed(error.code, error.message));
+                            let _ = tx.send(Event::Failed {
+                                code: tonic::Code::from_i32(error.code),
+                                message: error.message,
+                            });
                         }
                     }
                 }

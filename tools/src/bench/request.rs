@@ -292,9 +292,9 @@ async fn follow_worker(
                         return Ok(());
                     }
                 }
-                Event::Failed(code, message) => {
+                Event::Failed { code, message } => {
                     return Err(RequestError {
-                        code: code_name(tonic::Code::from_i32(code)).into(),
+                        code: code_name(code).into(),
                         message,
                     })
                 }
