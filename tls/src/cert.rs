@@ -73,7 +73,7 @@ impl CertFiles {
             reason,
         };
         let chain = parse_certificates(&contents.cert)
-            .map_err(|reason| invalid(&self.cert, "TLS certificate file", reason))?;
+            .map_err(|e| invalid(&self.cert, "TLS certificate file", e.to_string()))?;
         let key = PrivateKeyDer::from_pem_slice(&contents.key).map_err(|e| {
             invalid(
                 &self.key,
@@ -100,15 +100,26 @@ impl CertFiles {
     }
 }
 
+/// Why a PEM text gives no certificate chain.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum PemCertificatesError {
+    /// A PEM section is malformed.
+    #[error("malformed PEM: {0}")]
+    Malformed(#[from] rustls_pki_types::pem::Error),
+    /// The text holds no certificate section.
+    #[error("no PEM certificate (-----BEGIN CERTIFICATE-----) in it")]
+    NoCertificate,
+}
+
 /// The certificates of a PEM text, in order.
 ///
-/// Errors: a malformed PEM section, or none at all (the message says which).
-pub(crate) fn parse_certificates(pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, String> {
-    let chain = CertificateDer::pem_slice_iter(pem)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("malformed PEM: {e}"))?;
+/// Errors: a malformed PEM section, or none at all ([`PemCertificatesError`] says which).
+pub(crate) fn parse_certificates(
+    pem: &[u8],
+) -> Result<Vec<CertificateDer<'static>>, PemCertificatesError> {
+    let chain = CertificateDer::pem_slice_iter(pem).collect::<Result<Vec<_>, _>>()?;
     if chain.is_empty() {
-        return Err("no PEM certificate (-----BEGIN CERTIFICATE-----) in it".into());
+        return Err(PemCertificatesError::NoCertificate);
     }
     Ok(chain)
 }

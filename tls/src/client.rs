@@ -100,10 +100,10 @@ impl ClientTls {
 /// Reads the CA file at `path` and checks it holds at least one PEM certificate.
 fn read_ca(path: &Path) -> Result<Vec<u8>, TlsError> {
     let pem = read(path, "TLS CA file")?;
-    parse_certificates(&pem).map_err(|reason| TlsError::Invalid {
+    parse_certificates(&pem).map_err(|e| TlsError::Invalid {
         what: "TLS CA file",
         path: path.to_path_buf(),
-        reason,
+        reason: e.to_string(),
     })?;
     Ok(pem)
 }

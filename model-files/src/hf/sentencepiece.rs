@@ -35,11 +35,24 @@ pub struct SpmPiece {
     pub token_type: i32,
 }
 
-/// Decodes the pieces of a `tokenizer.model`. Errors: the protobuf decoder's message.
-pub fn read_pieces(bytes: &[u8]) -> Result<Vec<SpmPiece>, String> {
-    let model = ModelProto::decode(bytes).map_err(|e| format!("not a SentencePiece model: {e}"))?;
+/// Why a `tokenizer.model` cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum SpmModelError {
+    /// The bytes are not a `ModelProto` message.
+    #[error("not a SentencePiece model: {0}")]
+    Decode(#[from] prost::DecodeError),
+    /// The message has no pieces.
+    #[error("not a SentencePiece model: no pieces")]
+    NoPieces,
+}
+
+/// Decodes the pieces of a `tokenizer.model`.
+///
+/// Errors: [`SpmModelError`] (the protobuf decoder's message, or no pieces).
+pub fn read_pieces(bytes: &[u8]) -> Result<Vec<SpmPiece>, SpmModelError> {
+    let model = ModelProto::decode(bytes)?;
     if model.pieces.is_empty() {
-        return Err("not a SentencePiece model: no pieces".into());
+        return Err(SpmModelError::NoPieces);
     }
     Ok(model
         .pieces

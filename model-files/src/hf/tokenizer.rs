@@ -177,9 +177,9 @@ fn spm_vocab(dir: &Path, path: &Path, vocab_size: usize) -> Result<Vocab> {
         path: path.to_path_buf(),
         source,
     })?;
-    let pieces = read_pieces(&bytes).map_err(|message| ModelFileError::Tokenizer {
+    let pieces = read_pieces(&bytes).map_err(|e| ModelFileError::Tokenizer {
         path: path.to_path_buf(),
-        message,
+        message: e.to_string(),
     })?;
     let mut v = Vocab {
         model: "llama",

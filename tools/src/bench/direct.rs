@@ -55,6 +55,20 @@ struct Routes {
     closed: Option<String>,
 }
 
+/// Why [`WorkerStream::add`] cannot send a request.
+#[derive(Debug, thiserror::Error)]
+pub enum AddError {
+    /// The stream has ended; the reason it ended.
+    #[error("{0}")]
+    StreamEnded(String),
+    /// A request with this id is already open on the stream.
+    #[error("request id {0:?} is already open")]
+    AlreadyOpen(String),
+    /// The stream's sending half is gone.
+    #[error("the stream's sender is closed")]
+    SenderClosed,
+}
+
 /// The open `Generate` stream of one worker, shared by all requests.
 #[derive(Clone)]
 pub struct WorkerStream {
@@ -66,15 +80,15 @@ impl WorkerStream {
     /// Registers `add.request_id` and sends `add`; returns the request's events.
     ///
     /// Errors: the stream has ended (the reason), or the id is already open.
-    pub fn add(&self, add: AddRequest) -> Result<mpsc::UnboundedReceiver<Event>, String> {
+    pub fn add(&self, add: AddRequest) -> Result<mpsc::UnboundedReceiver<Event>, AddError> {
         let (tx, rx) = mpsc::unbounded_channel();
         {
             let mut routes = self.routes.lock().expect("routes lock");
             if let Some(why) = &routes.closed {
-                return Err(why.clone());
+                return Err(AddError::StreamEnded(why.clone()));
             }
             if routes.open.contains_key(&add.request_id) {
-                return Err(format!("request id {:?} is already open", add.request_id));
+                return Err(AddError::AlreadyOpen(add.request_id.clone()));
             }
             routes.open.insert(add.request_id.clone(), tx);
         }
@@ -83,7 +97,7 @@ impl WorkerStream {
         };
         self.outbound
             .send(message)
-            .map_err(|_| "the stream's sender is closed".to_string())?;
+            .map_err(|_| AddError::SenderClosed)?;
         Ok(rx)
     }
 

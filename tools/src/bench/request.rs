@@ -262,7 +262,7 @@ async fn follow_worker(
     let follow = async {
         let mut events = stream.add(add).map_err(|why| RequestError {
             code: "UNAVAILABLE".into(),
-            message: why,
+            message: why.to_string(),
         })?;
         while let Some(event) = events.recv().await {
             match event {
