@@ -7,9 +7,9 @@ use clap::Parser;
 use figment::providers::Env;
 use serde::{Deserialize, Serialize};
 
-use crate::backend::cpu::KvDtype;
-use crate::backend::cuda::{DeviceKind, Numerics};
-use crate::engine::{EngineConfig, SchedulerConfig};
+use backend_cpu::KvDtype;
+use backend_cuda::{DeviceKind, Numerics};
+use engine::{EngineConfig, SchedulerConfig};
 
 /// Command-line flags. Every flag is optional here so that the file and environment can supply it.
 #[derive(Debug, Parser, Serialize)]

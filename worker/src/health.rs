@@ -23,7 +23,7 @@ use tokio::sync::watch;
 use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
 
-use crate::engine::{EngineHandle, EngineSnapshot};
+use engine::{EngineHandle, EngineSnapshot};
 
 /// Service names whose status the worker reports.
 pub const SERVICES: [&str; 2] = ["", "inference.worker.v1.Worker"];
@@ -232,8 +232,8 @@ mod tests {
     use std::sync::atomic::AtomicBool;
 
     use super::*;
-    use crate::backend::{BatchEntry, BatchModel, Logits, StepError};
-    use crate::engine::{spawn_engine, Command, EngineRequest, EngineStats};
+    use engine::backend::{BatchEntry, BatchModel, Logits, StepError};
+    use engine::{spawn_engine, Command, EngineRequest, EngineStats};
 
     /// A model whose steps wait while `closed` is set (a hung engine), else take 1 ms.
     struct GateModel {
@@ -301,7 +301,7 @@ mod tests {
         // Idle for longer than the stall timeout: still serving.
         tokio::time::sleep(stall * 3).await;
         assert!(lifecycle.is_serving() && !lifecycle.is_stalled());
-        let (out, _rx) = tokio::sync::mpsc::unbounded_channel::<crate::engine::EngineOutput>();
+        let (out, _rx) = tokio::sync::mpsc::unbounded_channel::<engine::EngineOutput>();
         let conn = engine.new_connection();
         assert!(engine.send(Command::Add {
             conn,

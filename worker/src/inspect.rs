@@ -7,9 +7,9 @@ use std::path::Path;
 
 use gguf::TokenizerMetadata;
 
-use crate::arch::ModelDesc;
-use crate::backend::cpu::{load_weights, CpuModel};
-use crate::backend::ModelError;
+use backend_cpu::{load_weights, CpuModel};
+use engine::backend::ModelError;
+use model_desc::ModelDesc;
 
 /// The outcome of [`inspect`]: a human-readable report and, when the file cannot be served, why.
 #[derive(Debug)]

@@ -1,13 +1,10 @@
-//! The worker library.
-pub mod arch;
-pub mod backend;
+//! The worker library: the gRPC service and what the binary wires around the engine (settings,
+//! health, metrics, telemetry, model inspection). The engine, the model description and the
+//! backends are crates of their own (`engine`, `model-desc`, `backend-cpu`, `backend-cuda`).
 pub mod config;
-pub mod engine;
 pub mod health;
 pub mod inspect;
-pub mod kv;
 pub mod metrics;
 pub mod model_info;
-pub mod sampler;
 pub mod service;
 pub mod telemetry;

@@ -14,14 +14,14 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
+use backend_cpu::CpuModel;
+use backend_cuda::{Backend, CudaModel, CudaOptions};
 use clap::Parser;
+use engine::backend::BatchModel;
+use engine::{spawn_engine, EngineConfig};
 use inference_proto::worker::worker_server::WorkerServer;
 use observability::process::BadInput;
-use worker::backend::cpu::CpuModel;
-use worker::backend::cuda::{Backend, CudaModel, CudaOptions};
-use worker::backend::BatchModel;
 use worker::config::{Cli, WorkerCommand, WorkerSettings};
-use worker::engine::{spawn_engine, EngineConfig};
 use worker::health::Lifecycle;
 use worker::metrics::WorkerMetrics;
 use worker::model_info::model_info;
@@ -55,8 +55,8 @@ fn main() -> ExitCode {
         return observability::process::print_settings(&settings);
     }
     // The device is part of the settings: `--device cuda` without a usable GPU is exit code 2.
-    let backend = match worker::backend::cuda::choose_backend(settings.device, || {
-        worker::backend::cuda::probe(settings.cuda_device)
+    let backend = match backend_cuda::choose_backend(settings.device, || {
+        backend_cuda::probe(settings.cuda_device)
     }) {
         Ok(backend) => backend,
         Err(e) => {
@@ -83,7 +83,7 @@ async fn run(settings: WorkerSettings, backend: Backend) -> anyhow::Result<()> {
         ))
         .into());
     }
-    worker::backend::cpu::pool::set_threads(settings.threads);
+    backend_cpu::pool::set_threads(settings.threads);
     let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| anyhow::anyhow!("installing the SIGTERM handler: {e}"))?;
     // Bind first so a port in use fails fast, before a long model load.
@@ -139,17 +139,17 @@ async fn run(settings: WorkerSettings, backend: Backend) -> anyhow::Result<()> {
                 "compute device chosen"
             );
             let s = &prepared.settings;
-            if s.kv_cache_dtype != worker::backend::cpu::KvDtype::F32 {
+            if s.kv_cache_dtype != backend_cpu::KvDtype::F32 {
                 tracing::warn!(
                     "kv_cache_dtype is a CPU setting: the CUDA KV cache is f32 in exact mode and \
                      bf16 in fast mode (cuda_numerics)"
                 );
             }
             let options = CudaOptions {
-                verified_only: s.device == worker::backend::cuda::DeviceKind::Auto,
+                verified_only: s.device == backend_cuda::DeviceKind::Auto,
                 numerics: s.cuda_numerics,
                 graphs: s.cuda_graphs,
-                cache_dir: worker::backend::cuda::cache::cache_dir(&s.cuda_cache_dir),
+                cache_dir: backend_cuda::cache::cache_dir(&s.cuda_cache_dir),
                 max_decode_batch: s.max_num_seqs,
             };
             load_and_serve(

@@ -30,8 +30,8 @@ use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
-use crate::engine::{EngineHandle, EngineStats};
 use crate::health::Lifecycle;
+use engine::{EngineHandle, EngineStats};
 
 /// Sampling period while the engine has work, and while it is idle.
 const BUSY_PERIOD: Duration = Duration::from_millis(1);
@@ -80,7 +80,7 @@ impl WorkerMetrics {
         registry.register(
             "constraint_mask_seconds",
             "Time to compute one constrained sequence's allowed-token mask (structured output)",
-            crate::engine::mask_seconds(),
+            engine::mask_seconds(),
         );
         let snapshot = Arc::new(Mutex::new(None));
         registry.register_collector(Box::new(StatsCollector {

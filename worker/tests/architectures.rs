@@ -1,4 +1,4 @@
-//! Every architecture of `worker::arch` on the CPU backend against independent references,
+//! Every architecture of `model_desc` on the CPU backend against independent references,
 //! through [`CpuModel::forward_batch`] over a paged KV cache (prefill in one entry, then one
 //! token per step, greedy, no EOS stop):
 //!
@@ -16,10 +16,10 @@
 
 use std::path::{Path, PathBuf};
 
+use backend_cpu::CpuModel;
+use engine::backend::BatchEntry;
+use engine::sampler::argmax;
 use serde_json::Value;
-use worker::backend::cpu::CpuModel;
-use worker::backend::BatchEntry;
-use worker::sampler::argmax;
 
 const BLOCK: usize = 16;
 

@@ -22,10 +22,10 @@
 
 use std::time::Instant;
 
+use backend_cuda::{CudaModel, Numerics};
+use engine::backend::BatchModel;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use worker::backend::cuda::{CudaModel, Numerics};
-use worker::backend::BatchModel;
 
 #[path = "cuda_gpu/arch_ops.rs"]
 mod arch_ops;
@@ -123,7 +123,7 @@ fn tiny_model_against_cpu() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tiny.gguf");
     gguf::testing::write_tiny_llama(&path, 1).unwrap();
-    let cpu = worker::backend::cpu::CpuModel::load(&path).unwrap();
+    let cpu = backend_cpu::CpuModel::load(&path).unwrap();
     let vocab = cpu.vocab_size() as u32;
     let mut rng = ChaCha8Rng::seed_from_u64(11);
     let prompts: Vec<Vec<u32>> = (0..64)

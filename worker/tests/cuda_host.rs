@@ -194,7 +194,7 @@ fn fixture_cases() -> Vec<Case> {
 #[test]
 fn cuda_decoders_match_gguf_bit_for_bit_on_the_host() {
     let dir = tempfile::tempdir().unwrap();
-    let prelude = worker::backend::cuda::kernels::PRELUDE;
+    let prelude = backend_cuda::kernels::PRELUDE;
     let exe = compile(dir.path(), &format!("{SHIM}\n{prelude}\n{DECODE_MAIN}"));
 
     let mut rng = ChaCha8Rng::seed_from_u64(5);
@@ -252,7 +252,7 @@ const KERNEL_MAIN: &str = include_str!("cuda_host/kernel_main.cpp");
 /// The kernel harness: the shim, the prelude, every kernel file that runs under the emulated
 /// launch, and [`KERNEL_MAIN`], compiled in `dir`.
 fn kernel_harness(dir: &std::path::Path) -> std::path::PathBuf {
-    let mut source = format!("{SHIM}\n{}\n", worker::backend::cuda::kernels::PRELUDE);
+    let mut source = format!("{SHIM}\n{}\n", backend_cuda::kernels::PRELUDE);
     for name in [
         "rope.cu",
         "bias_add.cu",
@@ -262,7 +262,7 @@ fn kernel_harness(dir: &std::path::Path) -> std::path::PathBuf {
         "embedding.cu",
         "attention_decode.cu",
     ] {
-        source += worker::backend::cuda::kernels::KernelFile::containing_file(name)
+        source += backend_cuda::kernels::KernelFile::containing_file(name)
             .unwrap_or_else(|| panic!("{name} is not a kernel file"))
             .source;
     }
@@ -309,11 +309,9 @@ fn assert_bitwise(what: &str, got: &[f32], want: &[f32]) {
 
 #[test]
 fn arch_kernels_match_the_cpu_on_the_host() {
-    use worker::arch::{Activation, RopeStyle};
-    use worker::backend::cpu::ops::{
-        gated_into, rms_norm_chunks_in_place, softcap_in_place, RopeTable,
-    };
-    use worker::backend::cpu::AlignedVec;
+    use backend_cpu::ops::{gated_into, rms_norm_chunks_in_place, softcap_in_place, RopeTable};
+    use backend_cpu::AlignedVec;
+    use model_desc::{Activation, RopeStyle};
 
     let dir = tempfile::tempdir().unwrap();
     let exe = kernel_harness(dir.path());

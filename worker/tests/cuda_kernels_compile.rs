@@ -8,10 +8,10 @@
 //! With `CUDA_MODULE_CACHE_FILL=DIR` it also stores every CUBIN in the module cache at `DIR`, so a GPU
 //! host without NVRTC can run from it (`scripts/gpu-check --prepare`).
 
-use worker::backend::cuda::cache::ModuleCache;
-use worker::backend::cuda::compile::{compile, load_nvrtc, nvrtc_version, parse_ptxas_log};
-use worker::backend::cuda::kernels::FILES;
-use worker::backend::cuda::Numerics;
+use backend_cuda::cache::ModuleCache;
+use backend_cuda::compile::{compile, load_nvrtc, nvrtc_version, parse_ptxas_log};
+use backend_cuda::kernels::FILES;
+use backend_cuda::Numerics;
 
 const ARCHS: [&str; 2] = ["sm_80", "sm_90"];
 

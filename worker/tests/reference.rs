@@ -17,10 +17,10 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
+use backend_cpu::{CpuModel, KvDtype, PagedKvCache};
+use engine::backend::{BatchEntry, Logits};
+use engine::sampler::argmax;
 use serde_json::Value;
-use worker::backend::cpu::{CpuModel, KvDtype, PagedKvCache};
-use worker::backend::{BatchEntry, Logits};
-use worker::sampler::argmax;
 
 const BLOCK: usize = 16;
 
@@ -341,7 +341,7 @@ fn env_list(name: &str, default: &[usize]) -> Vec<usize> {
 #[ignore = "timing report; run with --ignored --nocapture"]
 fn throughput_report() {
     // Compute threads (the caller included); 0 or unset: one per core.
-    worker::backend::cpu::pool::set_threads(env_list("THROUGHPUT_THREADS", &[0])[0]);
+    backend_cpu::pool::set_threads(env_list("THROUGHPUT_THREADS", &[0])[0]);
     let kv_dtype = match std::env::var("THROUGHPUT_KV").as_deref() {
         Ok("f16") => KvDtype::F16,
         _ => KvDtype::F32,

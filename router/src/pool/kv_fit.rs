@@ -1,7 +1,7 @@
 //! Whether a request can ever fit a worker's paged KV cache, checked by the router before any
 //! work: a request whose whole sequence needs more KV blocks than every ready worker has is
 //! refused with `INVALID_ARGUMENT` / HTTP 400 at admission, as the worker itself would refuse it
-//! (`worker/src/engine/core.rs`), but before an HTTP stream has sent its headers.
+//! (`engine/src/core.rs`), but before an HTTP stream has sent its headers.
 
 use inference_proto::worker::{AddRequest, InfoResponse};
 

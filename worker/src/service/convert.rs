@@ -9,11 +9,11 @@ use inference_proto::worker::{
 use tokio::sync::mpsc;
 use tonic::Code;
 
-use crate::engine::{
+use engine::sampler::SamplingConfig;
+use engine::{
     EngineErrorKind, EngineLoad, EngineOutput, EngineRequest, EngineStats, GeneratedToken,
     OutputSink, RequestFailure, StopReason,
 };
-use crate::sampler::SamplingConfig;
 
 /// The engine's request for the wire's `add`. Its `constraint` and `trace_context` are the
 /// service's (compiled and followed beside the request); a missing `sampling` is the wire's default
@@ -201,7 +201,7 @@ mod tests {
     use std::collections::HashMap;
 
     use super::*;
-    use crate::engine::EngineError;
+    use engine::EngineError;
 
     #[test]
     fn sampling_params_become_a_normalised_config_and_the_seed_goes_beside() {

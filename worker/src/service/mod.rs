@@ -3,7 +3,7 @@
 //!
 //! While the worker drains ([`Lifecycle`]) new `Add`s are refused with `UNAVAILABLE` (the router
 //! fails them over) and `Health` says not ready; once the drain ends every stream is closed.
-//! `Health` and `Info` answer from the engine's published state ([`crate::engine::EngineSnapshot`]),
+//! `Health` and `Info` answer from the engine's published state ([`engine::EngineSnapshot`]),
 //! so a long step never delays them.
 //!
 //! The wire's types stop here: [`convert`] turns each `AddRequest` into the engine's request and
@@ -27,11 +27,11 @@ use structured_output::ConstraintCompiler;
 use tokio_stream::StreamExt;
 use tonic::{Code, Request, Response, Status, Streaming};
 
-use crate::engine::{Command, EngineHandle};
 use crate::health::{health_response, Lifecycle};
 use crate::telemetry::ConnectionSpans;
 use constraint::{compile_off_runtime, Constraints, Refused};
 use convert::{engine_request, refusal, wire_stats, WireSink};
+use engine::{Command, EngineHandle};
 
 /// The refusal of a new request while the worker drains (with `UNAVAILABLE`: the router fails it
 /// over to another worker).

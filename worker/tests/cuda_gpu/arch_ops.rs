@@ -11,24 +11,24 @@
 //!   against `fixtures/gemma3-270m.json` in exact mode: greedy ids token-exact, top-5 logits
 //!   within 1e-3, alone and batched.
 
+use backend_cpu::ops::{
+    gated_into, rms_norm, rms_norm_chunks_in_place, softcap_in_place, RopeTable,
+};
+use backend_cpu::{AlignedVec, CpuModel};
+use backend_cuda::{CudaModel, Numerics};
 use cudarc::driver::{LaunchConfig, PushKernelArg};
+use engine::backend::BatchModel;
 use gguf::GgmlType;
+use model_desc::{Activation, RopeStyle};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde_json::Value;
-use worker::arch::{Activation, RopeStyle};
-use worker::backend::cpu::ops::{
-    gated_into, rms_norm, rms_norm_chunks_in_place, softcap_in_place, RopeTable,
-};
-use worker::backend::cpu::{AlignedVec, CpuModel};
-use worker::backend::cuda::{CudaModel, Numerics};
-use worker::backend::BatchModel;
 
 use super::common::{cases_from, gpu, options, random, rel_err, rows_cfg, run_greedy, Kernels};
 use super::formats::weight_bytes;
 
 fn elementwise(total: usize) -> LaunchConfig {
-    worker::backend::cuda::launch::elementwise(total)
+    backend_cuda::launch::elementwise(total)
 }
 
 #[test]
@@ -117,7 +117,7 @@ fn arch_kernels_against_cpu() {
             .arg(&b_)
             .arg(&c)
             .arg(&eps);
-        unsafe { b.launch(worker::backend::cuda::launch::head_rmsnorm(rows)) }.unwrap();
+        unsafe { b.launch(backend_cuda::launch::head_rmsnorm(rows)) }.unwrap();
         let mut want = qkv.clone();
         for row in want.chunks_exact_mut(width) {
             rms_norm_chunks_in_place(&mut row[..nh * hd], &qn, eps);
@@ -197,7 +197,7 @@ fn arch_kernels_against_cpu() {
             .arg(&eps)
             .arg(&dx)
             .arg(&acc);
-        unsafe { b.launch(worker::backend::cuda::launch::rmsnorm(rows)) }.unwrap();
+        unsafe { b.launch(backend_cuda::launch::rmsnorm(rows)) }.unwrap();
         let normed = rms_norm(&y, &wt, eps);
         let want: Vec<f32> = x.iter().zip(&normed).map(|(a, b)| a + b).collect();
         report(

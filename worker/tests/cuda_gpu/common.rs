@@ -4,18 +4,18 @@
 
 use std::sync::Arc;
 
+use backend_cuda::cache::{cache_dir, ModuleCache};
+use backend_cuda::kernels::FILES;
+use backend_cuda::{probe, CudaModel, CudaOptions, GpuInfo, Numerics};
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
+use engine::backend::{BatchEntry, BatchModel, Logits};
+use engine::sampler::argmax;
 use gguf::GgmlType;
 use half::bf16;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use serde_json::Value;
-use worker::backend::cuda::cache::{cache_dir, ModuleCache};
-use worker::backend::cuda::kernels::FILES;
-use worker::backend::cuda::{probe, CudaModel, CudaOptions, GpuInfo, Numerics};
-use worker::backend::{BatchEntry, BatchModel, Logits};
-use worker::sampler::argmax;
 
 pub const BLOCK: usize = 16;
 
@@ -131,11 +131,11 @@ pub fn run_matmul(
     x: &CudaSlice<u8>,
     m: usize,
 ) -> Vec<f32> {
-    let suffix = worker::backend::cuda::weights::format_suffix(format).unwrap();
+    let suffix = backend_cuda::weights::format_suffix(format).unwrap();
     let kind = if prefix == "gemv" {
-        worker::backend::cuda::launch::MatmulKernel::Gemv
+        backend_cuda::launch::MatmulKernel::Gemv
     } else {
-        worker::backend::cuda::launch::MatmulKernel::Gemm
+        backend_cuda::launch::MatmulKernel::Gemm
     };
     let out: CudaSlice<f32> = k.stream.alloc_zeros(m * n_out).unwrap();
     let (n_i, k_i, xs, m_i, os, oo, acc, f32o) = (

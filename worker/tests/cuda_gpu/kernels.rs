@@ -1,15 +1,15 @@
 //! `kernels_against_cpu` (part of `cuda_gpu`): every kernel on random inputs against the CPU
 //! implementation (or a float64 reference for attention), both numeric modes.
 
+use backend_cpu::matmul::matmul;
+use backend_cpu::ops::{rms_norm, swiglu, RopeTable};
+use backend_cpu::QMatrix;
+use backend_cuda::Numerics;
 use cudarc::driver::{CudaSlice, PushKernelArg};
+use engine::sampler::argmax;
 use gguf::GgmlType;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-use worker::backend::cpu::matmul::matmul;
-use worker::backend::cpu::ops::{rms_norm, swiglu, RopeTable};
-use worker::backend::cpu::QMatrix;
-use worker::backend::cuda::Numerics;
-use worker::sampler::argmax;
 
 use super::attention_ref::attention_ref;
 use super::common::{gpu, random, rel_err, rows_cfg, run_matmul, Kernels};
@@ -121,7 +121,7 @@ fn kernels_against_cpu() {
         let (n, f) = (4i32, ffn as i32);
         let mut b = k.stream.launch_builder(&k.funcs["swiglu"]);
         b.arg(&dg).arg(&n).arg(&f).arg(&out);
-        unsafe { b.launch(worker::backend::cuda::launch::elementwise(4 * ffn)) }.unwrap();
+        unsafe { b.launch(backend_cuda::launch::elementwise(4 * ffn)) }.unwrap();
         let want = swiglu(&gu, ffn);
         report("swiglu", rel_err(&k.read_act(&out, want.len()), &want), tol);
 
@@ -167,7 +167,7 @@ fn kernels_against_cpu() {
             let dw = k.stream.clone_htod(&bytes).unwrap();
             let x = k.round(&random(&mut rng, 33 * cols, 1.0));
             let dx = k.act(&x);
-            let suffix = worker::backend::cuda::weights::format_suffix(format).unwrap();
+            let suffix = backend_cuda::weights::format_suffix(format).unwrap();
             let mut first_rows: Vec<Vec<f32>> = Vec::new();
             for m in [1usize, 3, 8, 9, 33] {
                 let want = matmul(&x[..m * cols], m, cols, std::slice::from_ref(&qm));
@@ -245,8 +245,7 @@ fn kernels_against_cpu() {
             );
             let out = k.act(&vec![0.0; nq * nh * hd]);
             let cfg =
-                worker::backend::cuda::launch::attention_decode(nq, nh, hd, pos0 + nq, 48 * 1024)
-                    .unwrap();
+                backend_cuda::launch::attention_decode(nq, nh, hd, pos0 + nq, 48 * 1024).unwrap();
             let mut b = k.stream.launch_builder(&k.funcs["attention_decode"]);
             b.arg(&dq)
                 .arg(&w_i)
@@ -284,7 +283,7 @@ fn kernels_against_cpu() {
                 .arg(&dv);
             b.arg(&bs_i).arg(&a).arg(&b_).arg(&c).arg(&scale).arg(&out);
             b.arg(&softcap).arg(&window);
-            unsafe { b.launch(worker::backend::cuda::launch::attention_prefill(1, nh)) }.unwrap();
+            unsafe { b.launch(backend_cuda::launch::attention_prefill(1, nh)) }.unwrap();
             report(
                 &format!("attention_prefill{label}"),
                 rel_err(&k.read_act(&out, want.len()), &want),
