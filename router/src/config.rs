@@ -110,53 +110,9 @@ pub struct Cli {
     pub check_config: bool,
 }
 
-/// The `limits` settings: the validation limits applied to every request (all reported by
-/// `ModelInfo`), handed to the fronts as [`RequestLimits`].
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(default)]
-pub struct Limits {
-    /// Most stop strings per request.
-    pub max_stop_sequences: u32,
-    /// Longest stop string, in characters.
-    pub max_stop_sequence_chars: u32,
-    /// Largest `max_new_tokens` a request may ask for, in tokens.
-    pub max_new_tokens: u32,
-    /// `max_new_tokens` when a request leaves it unset, capped by `max_new_tokens` (so lowering
-    /// the maximum alone lowers it too) and by the room left in the context: see
-    /// [`RequestLimits::default_new_tokens`].
-    pub default_max_new_tokens: u32,
-    /// Longest prompt, in tokens; 0 means the model's context length minus one.
-    pub max_input_tokens: u32,
-    /// Largest encoded request, in bytes.
-    pub max_request_bytes: u32,
-}
-
-impl Limits {
-    /// The limits the validation checks requests against.
-    pub fn request_limits(&self) -> RequestLimits {
-        RequestLimits {
-            max_stop_sequences: self.max_stop_sequences,
-            max_stop_sequence_chars: self.max_stop_sequence_chars,
-            max_new_tokens: self.max_new_tokens,
-            default_max_new_tokens: self.default_max_new_tokens,
-            max_input_tokens: self.max_input_tokens,
-            max_request_bytes: self.max_request_bytes,
-        }
-    }
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Self {
-            max_stop_sequences: 8,
-            max_stop_sequence_chars: 256,
-            max_new_tokens: 4096,
-            default_max_new_tokens: 256,
-            max_input_tokens: 0,
-            max_request_bytes: 1 << 20,
-        }
-    }
-}
+/// The `limits` settings table is validation's own [`RequestLimits`] (every key of it is a field
+/// there, with its default), handed as it is to the fronts.
+pub type Limits = RequestLimits;
 
 /// The router's effective settings.
 #[derive(Debug, Clone, Serialize, Deserialize)]

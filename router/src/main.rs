@@ -120,7 +120,7 @@ async fn run(settings: RouterSettings) -> anyhow::Result<()> {
                 .map_err(|e| anyhow::anyhow!("cannot listen on {addr} (http_listen): {e}"))?;
             let front = router::openai::OpenAiFront::new(
                 pool.clone(),
-                settings.limits.request_limits(),
+                settings.limits.clone(),
                 drain.clone(),
                 Some(metrics.clone()),
                 settings.model_names(),
@@ -146,7 +146,7 @@ async fn run(settings: RouterSettings) -> anyhow::Result<()> {
         }
         None => None,
     };
-    let service = TextGenerationService::new(pool, settings.limits.request_limits(), drain.clone())
+    let service = TextGenerationService::new(pool, settings.limits.clone(), drain.clone())
         .with_metrics(metrics.clone());
     // The decode limit follows max_request_bytes; the request guard checks the API key, answers
     // an oversized message with RESOURCE_EXHAUSTED naming it, and counts and logs calls refused

@@ -169,7 +169,7 @@ fn a_lowered_maximum_caps_the_default_instead_of_refusing() {
     };
     s.limits.max_new_tokens = 7;
     assert!(s.validate().is_ok());
-    assert_eq!(s.limits.request_limits().default_new_tokens(), 7);
+    assert_eq!(s.limits.default_new_tokens(), 7);
     s.limits.max_new_tokens = 0;
     assert!(s
         .validate()

@@ -64,9 +64,10 @@ impl ValidationError {
     }
 }
 
-/// The limits every request is checked against (the router's `limits` settings; `ModelInfo`
-/// reports them all).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The limits every request is checked against (`ModelInfo` reports them all). This is also the
+/// router's `limits` settings table as it is read (every key optional, defaults from [`Default`]).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct RequestLimits {
     /// Most stop strings per request.
     pub max_stop_sequences: u32,
@@ -81,6 +82,20 @@ pub struct RequestLimits {
     pub max_input_tokens: u32,
     /// Largest encoded request, in bytes.
     pub max_request_bytes: u32,
+}
+
+impl Default for RequestLimits {
+    /// The defaults of the `limits` settings (README: Settings).
+    fn default() -> Self {
+        Self {
+            max_stop_sequences: 8,
+            max_stop_sequence_chars: 256,
+            max_new_tokens: 4096,
+            default_max_new_tokens: 256,
+            max_input_tokens: 0,
+            max_request_bytes: 1 << 20,
+        }
+    }
 }
 
 impl RequestLimits {

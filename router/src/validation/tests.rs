@@ -5,14 +5,7 @@ use tonic::Status;
 
 /// The router's default limits (the `limits` settings' defaults).
 fn limits() -> RequestLimits {
-    RequestLimits {
-        max_stop_sequences: 8,
-        max_stop_sequence_chars: 256,
-        max_new_tokens: 4096,
-        default_max_new_tokens: 256,
-        max_input_tokens: 0,
-        max_request_bytes: 1 << 20,
-    }
+    RequestLimits::default()
 }
 
 /// `check_request` on a gRPC request, as the gRPC front runs it.
