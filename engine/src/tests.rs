@@ -5,8 +5,7 @@
 use std::time::Duration;
 
 // The structured-output crate compiles the wire's `Constraint`: only the constraint test builds one.
-use inference_proto::public::{constraint::Kind, Constraint};
-use structured_output::{ConstraintCompiler, ConstraintState, VocabSource};
+use structured_output::{ConstraintCompiler, ConstraintSpec, ConstraintState, VocabSource};
 use tokio::sync::mpsc;
 
 use super::*;
@@ -428,10 +427,9 @@ fn letters(ids: &[u32]) -> String {
 async fn constrained_sequences_follow_their_constraint_alone_batched_and_preempted() {
     let compiler = letters_compiler();
     let regex = |r: &str| {
-        let c = Constraint {
-            kind: Some(Kind::Regex(r.into())),
-        };
-        Some(Box::new(compiler.compile(&c).unwrap()))
+        Some(Box::new(
+            compiler.compile(ConstraintSpec::Regex(r)).unwrap(),
+        ))
     };
     let prompts: Vec<Vec<u32>> = (0..5).map(|i| prompt(5 + 3 * i, 1 + i as u32)).collect();
     let ids = ["c0", "u1", "u2", "u3", "u4"];

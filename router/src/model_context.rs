@@ -4,7 +4,7 @@
 use std::sync::{Arc, OnceLock};
 
 use inference_proto::worker::InfoResponse;
-use structured_output::{ConstraintCompiler, VocabError};
+use structured_output::{ConstraintCompiler, VocabError, VocabSource};
 use tokenizer::TextTokenizer;
 
 use crate::chat_template::{builtin_template, ChatTemplate, ChatTemplateError};
@@ -194,7 +194,7 @@ impl StructuredOutput {
         let cell = compiler.clone();
         let build = move || {
             let started = std::time::Instant::now();
-            let built = ConstraintCompiler::from_info(&info)
+            let built = compiler_from_info(&info)
                 .map_err(|error| StructuredOutputUnavailable::Vocabulary { error });
             match &built {
                 Ok(_) => tracing::info!(
@@ -223,4 +223,20 @@ impl StructuredOutput {
     pub fn wait(&self) -> Result<&ConstraintCompiler, &StructuredOutputUnavailable> {
         self.compiler.wait().as_ref()
     }
+}
+
+/// Builds the compiler of the model `info` describes (its GGUF tokenizer, vocabulary size and EOS
+/// ids); the worker builds the same one.
+///
+/// Errors: [`VocabError::NoTokenizer`] for an `Info` without a tokenizer, and those of
+/// [`ConstraintCompiler::new`].
+fn compiler_from_info(info: &InfoResponse) -> Result<ConstraintCompiler, VocabError> {
+    let spec = info.tokenizer.as_ref().ok_or(VocabError::NoTokenizer)?;
+    ConstraintCompiler::new(VocabSource {
+        model: &spec.model,
+        tokens: &spec.tokens,
+        token_types: &spec.token_types,
+        vocab_size: info.vocab_size as usize,
+        eos_token_ids: &info.eos_token_ids,
+    })
 }

@@ -7,8 +7,7 @@
 
 use std::time::Instant;
 
-use inference_proto::public::{constraint::Kind, Constraint};
-use structured_output::{ConstraintCompiler, Progress, VocabSource};
+use structured_output::{ConstraintCompiler, ConstraintSpec, Progress, VocabSource};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
@@ -30,31 +29,28 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     })?;
     let build_ms = started.elapsed().as_secs_f64() * 1e3;
     let kinds = [
-        Kind::JsonSchema(
+        ConstraintSpec::JsonSchema(
             r#"{"type":"object","properties":{"name":{"type":"string","maxLength":30},
             "age":{"type":"integer","minimum":0,"maximum":120},"tags":{"type":"array",
             "items":{"enum":["a","b","c"]},"maxItems":4}},"required":["name","age","tags"],
-            "additionalProperties":false}"#
-                .into(),
+            "additionalProperties":false}"#,
         ),
-        Kind::JsonSchema(
+        ConstraintSpec::JsonSchema(
             r##"{"$defs":{"p":{"type":"object","properties":{"x":{"type":"number"},
             "y":{"type":"number"}},"required":["x","y"]}},"type":"array","items":{"$ref":"#/$defs/p"},
-            "maxItems":5}"##
-                .into(),
+            "maxItems":5}"##,
         ),
-        Kind::JsonObject(true),
-        Kind::Regex(r"[A-Z][a-z]{2,12}( [A-Z][a-z]{2,12}){0,3}, [0-9]{1,4} [a-z ]{1,40}\.".into()),
-        Kind::Lark("start: item (\",\" item)*\nitem: /[a-z]+/ \"=\" /[0-9]+/".into()),
+        ConstraintSpec::JsonObject,
+        ConstraintSpec::Regex(
+            r"[A-Z][a-z]{2,12}( [A-Z][a-z]{2,12}){0,3}, [0-9]{1,4} [a-z ]{1,40}\.",
+        ),
+        ConstraintSpec::Lark("start: item (\",\" item)*\nitem: /[a-z]+/ \"=\" /[0-9]+/"),
     ];
     let mut times = Vec::with_capacity(tokens);
     let mut walks = 0;
     let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
-    'walks: for kind in kinds.iter().cycle() {
-        let constraint = Constraint {
-            kind: Some(kind.clone()),
-        };
-        let mut state = compiler.compile(&constraint)?;
+    'walks: for &constraint in kinds.iter().cycle() {
+        let mut state = compiler.compile(constraint)?;
         walks += 1;
         for _ in 0..200 {
             if times.len() == tokens {

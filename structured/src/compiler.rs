@@ -1,12 +1,11 @@
-//! Compiling a request's [`Constraint`] against one model's vocabulary.
+//! Compiling a request's [`ConstraintSpec`] against one model's vocabulary.
 
-use inference_proto::public::{constraint::Kind, Constraint};
-use inference_proto::worker::InfoResponse;
 use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::{ApproximateTokEnv, TokEnv, TokRxInfo, TokTrie};
 use llguidance::{Matcher, ParserFactory};
 
 use crate::error::{ConstraintError, VocabError};
+use crate::spec::ConstraintSpec;
 use crate::state::ConstraintState;
 use crate::vocab::{token_bytes, VocabKind};
 
@@ -47,24 +46,6 @@ impl std::fmt::Debug for ConstraintCompiler {
 }
 
 impl ConstraintCompiler {
-    /// Builds the compiler of the model a worker's `Info` describes (its GGUF tokenizer, vocabulary
-    /// size and EOS ids); the router and the worker build the same one.
-    ///
-    /// Errors: `Info` without a tokenizer, and those of [`ConstraintCompiler::new`].
-    pub fn from_info(info: &InfoResponse) -> Result<Self, VocabError> {
-        let spec = info
-            .tokenizer
-            .as_ref()
-            .ok_or_else(|| VocabError::Environment("the model's Info has no tokenizer".into()))?;
-        Self::new(VocabSource {
-            model: &spec.model,
-            tokens: &spec.tokens,
-            token_types: &spec.token_types,
-            vocab_size: info.vocab_size as usize,
-            eos_token_ids: &info.eos_token_ids,
-        })
-    }
-
     /// Builds the token environment of `source` (see [`crate::vocab`] for the byte conversion).
     ///
     /// Errors: an unsupported tokenizer model or malformed byte token, no EOS id inside the
@@ -116,7 +97,10 @@ impl ConstraintCompiler {
     /// - `choice`: exactly one of the strings (compiled as an escaped regex alternation).
     ///
     /// Errors: [`ConstraintError`] naming the field and llguidance's explanation.
-    pub fn compile(&self, constraint: &Constraint) -> Result<ConstraintState, ConstraintError> {
+    pub fn compile(
+        &self,
+        constraint: ConstraintSpec<'_>,
+    ) -> Result<ConstraintState, ConstraintError> {
         self.compile_field(constraint).map(|(_, state)| state)
     }
 
@@ -126,7 +110,7 @@ impl ConstraintCompiler {
     /// failure at the first generated token.
     ///
     /// Errors: as [`Self::compile`].
-    pub fn check(&self, constraint: &Constraint) -> Result<(), ConstraintError> {
+    pub fn check(&self, constraint: ConstraintSpec<'_>) -> Result<(), ConstraintError> {
         let (field, mut state) = self.compile_field(constraint)?;
         state
             .compute_mask()
@@ -140,7 +124,7 @@ impl ConstraintCompiler {
     /// [`Self::compile`], with the name of the constraint's field.
     fn compile_field(
         &self,
-        constraint: &Constraint,
+        constraint: ConstraintSpec<'_>,
     ) -> Result<(&'static str, ConstraintState), ConstraintError> {
         let (field, grammar) = grammar_of(constraint)?;
         let invalid = |message: String| ConstraintError::Invalid { field, message };
@@ -157,9 +141,11 @@ impl ConstraintCompiler {
 }
 
 /// The llguidance grammar of `constraint`, with the name of the field it came from.
-fn grammar_of(constraint: &Constraint) -> Result<(&'static str, TopLevelGrammar), ConstraintError> {
-    match constraint.kind.as_ref().ok_or(ConstraintError::Empty)? {
-        Kind::JsonSchema(text) => {
+fn grammar_of(
+    constraint: ConstraintSpec<'_>,
+) -> Result<(&'static str, TopLevelGrammar), ConstraintError> {
+    match constraint {
+        ConstraintSpec::JsonSchema(text) => {
             let schema = serde_json::from_str(text)
                 .map_err(|e| ConstraintError::SchemaNotJson(e.to_string()))?;
             Ok((
@@ -167,24 +153,23 @@ fn grammar_of(constraint: &Constraint) -> Result<(&'static str, TopLevelGrammar)
                 TopLevelGrammar::from_json_schema(compact(schema)),
             ))
         }
-        Kind::JsonObject(_) => Ok((
+        ConstraintSpec::JsonObject => Ok((
             "json_object",
             TopLevelGrammar::from_json_schema(compact(serde_json::json!({ "type": "object" }))),
         )),
-        Kind::Regex(regex) => Ok(("regex", TopLevelGrammar::from_regex(regex))),
-        Kind::Lark(grammar) => Ok(("lark", TopLevelGrammar::from_lark(grammar.clone()))),
-        Kind::Choice(list) => {
-            if list.choices.is_empty() {
+        ConstraintSpec::Regex(regex) => Ok(("regex", TopLevelGrammar::from_regex(regex))),
+        ConstraintSpec::Lark(grammar) => {
+            Ok(("lark", TopLevelGrammar::from_lark(grammar.to_string())))
+        }
+        ConstraintSpec::Choice(choices) => {
+            if choices.is_empty() {
                 return Err(ConstraintError::NoChoices);
             }
-            if let Some(i) = list.choices.iter().position(|c| c.is_empty()) {
+            if let Some(i) = choices.iter().position(|c| c.is_empty()) {
                 return Err(ConstraintError::EmptyChoice(i));
             }
-            let alternatives: Vec<String> = list
-                .choices
-                .iter()
-                .map(|c| regex_syntax::escape(c))
-                .collect();
+            let alternatives: Vec<String> =
+                choices.iter().map(|c| regex_syntax::escape(c)).collect();
             let regex = format!("({})", alternatives.join("|"));
             Ok(("choice", TopLevelGrammar::from_regex(&regex)))
         }

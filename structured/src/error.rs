@@ -19,6 +19,9 @@ pub enum VocabError {
     /// No end-of-sequence id inside the vocabulary.
     #[error("the model declares no end-of-sequence token inside its vocabulary of {0} tokens")]
     NoEos(usize),
+    /// The model's description (a worker's `Info`) has no tokenizer.
+    #[error("cannot build the token environment: the model's Info has no tokenizer")]
+    NoTokenizer,
     /// llguidance refused the token environment.
     #[error("cannot build the token environment: {0}")]
     Environment(String),
@@ -27,7 +30,7 @@ pub enum VocabError {
 /// A request's constraint is invalid (the message names the field and the problem).
 #[derive(Debug, thiserror::Error)]
 pub enum ConstraintError {
-    /// `Constraint` with no kind set.
+    /// `Constraint` with no kind set (raised where the proto is converted).
     #[error("constraint is empty: set one of json_schema, json_object, regex, lark, choice")]
     Empty,
     /// `json_schema` is not JSON.

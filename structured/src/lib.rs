@@ -4,19 +4,22 @@
 //! model's own vocabulary bytes.
 //!
 //! - [`vocab`]: GGUF token strings back to the bytes they stand for.
-//! - [`ConstraintCompiler`]: one per model; checks and compiles a request's
-//!   [`Constraint`](inference_proto::public::Constraint) (the router to refuse a bad one with
-//!   `INVALID_ARGUMENT`, the worker to follow it).
+//! - [`ConstraintSpec`]: a request's constraint, by kind (the router and the worker convert the
+//!   proto's `Constraint` into it).
+//! - [`ConstraintCompiler`]: one per model; checks and compiles a request's [`ConstraintSpec`]
+//!   (the router to refuse a bad one with `INVALID_ARGUMENT`, the worker to follow it).
 //! - [`ConstraintState`]: one per constrained sequence; the [`TokenMask`] of allowed tokens for the
 //!   next position, and advancing by the chosen token.
 
 mod compiler;
 mod error;
+mod spec;
 mod state;
 pub mod vocab;
 
 pub use compiler::{ConstraintCompiler, VocabSource};
 pub use error::{ConstraintError, MatchError, VocabError};
+pub use spec::ConstraintSpec;
 pub use state::{ConstraintState, Progress, TokenMask};
 #[cfg(test)]
 mod tests;

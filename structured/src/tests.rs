@@ -1,9 +1,9 @@
 //! Compiling and following constraints over the tiny test model's byte-level vocabulary.
 
-use inference_proto::public::{constraint::Kind, ChoiceList, Constraint};
-
 use crate::vocab::{token_bytes, VocabKind};
-use crate::{ConstraintCompiler, ConstraintError, MatchError, Progress, VocabSource};
+use crate::{
+    ConstraintCompiler, ConstraintError, ConstraintSpec, MatchError, Progress, VocabSource,
+};
 
 /// The tiny model's vocabulary (`<|endoftext|>`, `<|im_start|>`, `<|im_end|>` control, the 256
 /// byte symbols, merges), EOS 2.
@@ -39,15 +39,38 @@ fn compiler(t: &Tiny) -> ConstraintCompiler {
     .unwrap()
 }
 
-fn constraint(kind: Kind) -> Constraint {
-    Constraint { kind: Some(kind) }
+#[derive(Debug)]
+/// An owned constraint, the tests' stand-in for the proto's `Constraint.kind`.
+enum Kind {
+    JsonSchema(String),
+    JsonObject,
+    Regex(String),
+    Lark(String),
+    Choice(Vec<String>),
+}
+
+impl Kind {
+    fn spec(&self) -> ConstraintSpec<'_> {
+        match self {
+            Kind::JsonSchema(text) => ConstraintSpec::JsonSchema(text),
+            Kind::JsonObject => ConstraintSpec::JsonObject,
+            Kind::Regex(regex) => ConstraintSpec::Regex(regex),
+            Kind::Lark(grammar) => ConstraintSpec::Lark(grammar),
+            Kind::Choice(choices) => ConstraintSpec::Choice(choices),
+        }
+    }
+}
+
+/// `kind` as the constraint of a request.
+fn constraint(kind: Kind) -> Kind {
+    kind
 }
 
 /// Follows `c` choosing, at each step, an allowed token by a fixed pseudo-random rule (EOS only
 /// when nothing else is allowed); returns the text and how it ended.
-fn walk(t: &Tiny, c: &Constraint, seed: u64, max_tokens: usize) -> (String, Vec<u32>, bool) {
+fn walk(t: &Tiny, c: &Kind, seed: u64, max_tokens: usize) -> (String, Vec<u32>, bool) {
     let bytes = token_bytes(VocabKind::ByteLevelBpe, &t.tokens, &t.types, t.tokens.len()).unwrap();
-    let mut state = compiler(t).compile(c).unwrap();
+    let mut state = compiler(t).compile(c.spec()).unwrap();
     let (mut text, mut ids, mut x) = (Vec::new(), Vec::new(), seed);
     for _ in 0..max_tokens {
         let mask = state.compute_mask().unwrap();
@@ -88,9 +111,7 @@ fn regex_output_matches() {
 fn choice_gives_one_of_the_strings() {
     let t = tiny();
     let choices = vec!["yes".to_string(), "no (x)".into(), "maybe.*".into()];
-    let c = constraint(Kind::Choice(ChoiceList {
-        choices: choices.clone(),
-    }));
+    let c = constraint(Kind::Choice(choices.clone()));
     for seed in 0..6 {
         let (text, _, done) = walk(&t, &c, seed, 20);
         assert!(done && choices.contains(&text), "{text:?}");
@@ -112,7 +133,7 @@ fn json_schema_output_parses_and_fits() {
         assert!((0..=9).contains(&n), "{text}");
         assert!(v["tag"] == "a" || v["tag"] == "b", "{text}");
     }
-    let (text, _, done) = walk(&t, &constraint(Kind::JsonObject(true)), 7, 400);
+    let (text, _, done) = walk(&t, &constraint(Kind::JsonObject), 7, 400);
     assert!(
         !done
             || serde_json::from_str::<serde_json::Value>(&text)
@@ -127,12 +148,12 @@ fn replay_rebuilds_the_same_state() {
     let c = constraint(Kind::Regex("(ab|cd)+x".into()));
     let (_, ids, _) = walk(&t, &c, 3, 6);
     let comp = compiler(&t);
-    let mut original = comp.compile(&c).unwrap();
+    let mut original = comp.compile(c.spec()).unwrap();
     for &id in &ids {
         original.compute_mask().unwrap();
         original.advance(id).unwrap();
     }
-    let mut replayed = comp.compile(&c).unwrap();
+    let mut replayed = comp.compile(c.spec()).unwrap();
     replayed.replay(&ids).unwrap();
     assert_eq!(replayed.generated(), ids.len());
     assert_eq!(
@@ -140,7 +161,7 @@ fn replay_rebuilds_the_same_state() {
         replayed.compute_mask().unwrap().words()
     );
     // A token the constraint does not allow is refused with its index.
-    let mut fresh = comp.compile(&c).unwrap();
+    let mut fresh = comp.compile(c.spec()).unwrap();
     let z = t.tokens.iter().position(|s| s == "z").unwrap() as u32;
     assert!(matches!(
         fresh.replay(&[z]),
@@ -153,7 +174,7 @@ fn eos_only_where_complete_and_never_past_the_vocabulary() {
     let t = tiny();
     let comp = compiler(&t);
     assert_eq!(comp.vocab_size(), t.tokens.len() + 5);
-    let mut s = comp.compile(&constraint(Kind::Regex("a+".into()))).unwrap();
+    let mut s = comp.compile(Kind::Regex("a+".into()).spec()).unwrap();
     let a = t.tokens.iter().position(|s| s == "a").unwrap() as u32;
     let m = s.compute_mask().unwrap();
     assert!(m.allows(a) && !m.allows(EOS));
@@ -169,37 +190,32 @@ fn eos_only_where_complete_and_never_past_the_vocabulary() {
 fn invalid_constraints_name_the_problem() {
     let t = tiny();
     let comp = compiler(&t);
-    let err = |kind: Option<Kind>| comp.compile(&Constraint { kind }).unwrap_err();
-    assert!(matches!(err(None), ConstraintError::Empty));
-    let e = err(Some(Kind::JsonSchema("{not json".into())));
+    let err = |kind: Kind| comp.compile(kind.spec()).unwrap_err();
+    let e = err(Kind::JsonSchema("{not json".into()));
     assert!(matches!(e, ConstraintError::SchemaNotJson(_)), "{e}");
-    let e = err(Some(Kind::JsonSchema(
-        r##"{"$ref":"#/$defs/missing"}"##.into(),
-    )));
+    let e = err(Kind::JsonSchema(r##"{"$ref":"#/$defs/missing"}"##.into()));
     assert!(
         e.to_string()
             .starts_with("constraint.json_schema is invalid: "),
         "{e}"
     );
-    let e = err(Some(Kind::JsonSchema(
+    let e = err(Kind::JsonSchema(
         r#"{"type":"integer","minimum":5,"maximum":1}"#.into(),
-    )));
+    ));
     assert!(e.to_string().contains("json_schema"), "{e}");
-    let e = err(Some(Kind::Regex("(unclosed".into())));
+    let e = err(Kind::Regex("(unclosed".into()));
     assert!(
         e.to_string().starts_with("constraint.regex is invalid: "),
         "{e}"
     );
-    let e = err(Some(Kind::Lark("start: undefined_rule".into())));
+    let e = err(Kind::Lark("start: undefined_rule".into()));
     assert!(
         e.to_string().starts_with("constraint.lark is invalid: "),
         "{e}"
     );
-    let e = err(Some(Kind::Choice(ChoiceList { choices: vec![] })));
+    let e = err(Kind::Choice(vec![]));
     assert!(matches!(e, ConstraintError::NoChoices));
-    let e = err(Some(Kind::Choice(ChoiceList {
-        choices: vec!["a".into(), String::new()],
-    })));
+    let e = err(Kind::Choice(vec!["a".into(), String::new()]));
     assert!(matches!(e, ConstraintError::EmptyChoice(1)));
 }
 
@@ -239,7 +255,7 @@ fn check_refuses_constraints_that_cannot_start() {
     ];
     for (kind, field) in bad {
         let what = format!("{kind:?}");
-        let err = c.check(&constraint(kind)).expect_err(&what);
+        let err = c.check(kind.spec()).expect_err(&what);
         assert!(
             err.to_string()
                 .starts_with(&format!("constraint.{field} is invalid")),
@@ -251,7 +267,7 @@ fn check_refuses_constraints_that_cannot_start() {
         Kind::Regex("[a-z]+".into()),
         Kind::Lark("start: \"yes\" | \"no\"".into()),
     ] {
-        c.check(&constraint(kind)).unwrap();
+        c.check(kind.spec()).unwrap();
     }
 }
 
@@ -277,7 +293,7 @@ fn wide_schemas_fit_the_parser_limits() {
         format!("{{\"type\": \"object\", \"properties\": {{{body}}}{extra}}}")
     };
     let open = constraint(Kind::JsonSchema(schema("")));
-    let mut state = compiler(&t).compile(&open).unwrap();
+    let mut state = compiler(&t).compile(open.spec()).unwrap();
     let text = br#"{"field_0":true,"field_499":false,"other":1}"#;
     for (i, &b) in text.iter().enumerate() {
         let mask = state
@@ -294,7 +310,7 @@ fn wide_schemas_fit_the_parser_limits() {
     let closed = constraint(Kind::JsonSchema(schema(
         ", \"required\": [\"field_0\"], \"additionalProperties\": false",
     )));
-    compiler(&t).check(&closed).unwrap();
+    compiler(&t).check(closed.spec()).unwrap();
     for seed in [1, 2] {
         let (text, _, complete) = walk(&t, &closed, seed, 2_000);
         assert!(complete, "seed {seed}: not complete: {text}");

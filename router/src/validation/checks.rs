@@ -1,11 +1,13 @@
 //! The request checks, each returning a [`ValidationError`] that names the field, with a message
 //! that gives the numbers (see the module docs of [`super`] for the phases).
 
+use inference_proto::public::{constraint::Kind, Constraint};
 use inference_proto::sampling_limits::{
     MAX_ABS_LOGIT_BIAS, MAX_ABS_PENALTY, MAX_LOGIT_BIAS_ENTRIES, MAX_MIN_P, MAX_REPETITION_PENALTY,
     MAX_TOP_LOGPROBS,
 };
 use inference_proto::worker::SamplingParams;
+use structured_output::{ConstraintError, ConstraintSpec};
 
 use super::{RequestLimits, ValidationError};
 use crate::model_context::ModelContext;
@@ -343,7 +345,22 @@ pub fn check_constraint(
             format!("constraint: structured output is not available for this model: {reason}"),
         )
     })?;
-    compiler
-        .check(constraint)
+    constraint_spec(constraint)
+        .and_then(|spec| compiler.check(spec))
         .map_err(|e| ValidationError::invalid("constraint", e.to_string()))
+}
+
+/// The proto's `constraint` as the compiler reads it (borrowing its strings).
+///
+/// Errors: [`ConstraintError::Empty`] when no kind is set.
+fn constraint_spec(constraint: &Constraint) -> Result<ConstraintSpec<'_>, ConstraintError> {
+    Ok(
+        match constraint.kind.as_ref().ok_or(ConstraintError::Empty)? {
+            Kind::JsonSchema(text) => ConstraintSpec::JsonSchema(text),
+            Kind::JsonObject(_) => ConstraintSpec::JsonObject,
+            Kind::Regex(regex) => ConstraintSpec::Regex(regex),
+            Kind::Lark(grammar) => ConstraintSpec::Lark(grammar),
+            Kind::Choice(list) => ConstraintSpec::Choice(&list.choices),
+        },
+    )
 }

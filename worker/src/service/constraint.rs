@@ -5,14 +5,47 @@
 
 use std::sync::Arc;
 
-use inference_proto::worker::AddRequest;
+use inference_proto::public::{constraint::Kind, Constraint};
+use inference_proto::worker::{AddRequest, InfoResponse};
 use structured_output::{
-    ConstraintCompiler, ConstraintError, ConstraintState, MatchError, VocabError,
+    ConstraintCompiler, ConstraintError, ConstraintSpec, ConstraintState, MatchError, VocabError,
+    VocabSource,
 };
 use tonic::Code;
 
 /// Structured output over the model's vocabulary, or why this model cannot have it.
 pub type Constraints = Result<ConstraintCompiler, VocabError>;
+
+/// Builds the compiler of the model `info` describes (its GGUF tokenizer, vocabulary size and EOS
+/// ids); the router builds the same one.
+///
+/// Errors: [`VocabError::NoTokenizer`] for an `Info` without a tokenizer, and those of
+/// [`ConstraintCompiler::new`].
+pub fn compiler_from_info(info: &InfoResponse) -> Constraints {
+    let spec = info.tokenizer.as_ref().ok_or(VocabError::NoTokenizer)?;
+    ConstraintCompiler::new(VocabSource {
+        model: &spec.model,
+        tokens: &spec.tokens,
+        token_types: &spec.token_types,
+        vocab_size: info.vocab_size as usize,
+        eos_token_ids: &info.eos_token_ids,
+    })
+}
+
+/// The proto's `constraint` as the compiler reads it (borrowing its strings).
+///
+/// Errors: [`ConstraintError::Empty`] when no kind is set.
+pub fn constraint_spec(constraint: &Constraint) -> Result<ConstraintSpec<'_>, ConstraintError> {
+    Ok(
+        match constraint.kind.as_ref().ok_or(ConstraintError::Empty)? {
+            Kind::JsonSchema(text) => ConstraintSpec::JsonSchema(text),
+            Kind::JsonObject(_) => ConstraintSpec::JsonObject,
+            Kind::Regex(regex) => ConstraintSpec::Regex(regex),
+            Kind::Lark(grammar) => ConstraintSpec::Lark(grammar),
+            Kind::Choice(list) => ConstraintSpec::Choice(&list.choices),
+        },
+    )
+}
 
 /// Why a request's constraint cannot be followed (the request is refused before the engine).
 #[derive(Debug, thiserror::Error)]
@@ -78,7 +111,7 @@ pub fn compile_constraint(
     if request.stop_token_ids.is_empty() {
         return Err(ConstraintRefusal::NoStopTokens);
     }
-    let mut state = compiler.compile(constraint)?;
+    let mut state = compiler.compile(constraint_spec(constraint)?)?;
     state
         .replay(&request.generated_ids)
         .map_err(ConstraintRefusal::GeneratedIds)?;
@@ -115,14 +148,12 @@ pub async fn compile_off_runtime(
 
 #[cfg(test)]
 mod tests {
-    use inference_proto::public::{constraint::Kind, Constraint};
-
     use super::*;
 
     /// A compiler over the vocabulary `<eos>` (control, id 0), `a`, `b`, `c`.
     fn abc() -> Constraints {
         let tokens: Vec<String> = ["<eos>", "a", "b", "c"].map(String::from).to_vec();
-        Ok(ConstraintCompiler::new(structured_output::VocabSource {
+        Ok(ConstraintCompiler::new(VocabSource {
             model: "gpt2",
             tokens: &tokens,
             token_types: &[3, 1, 1, 1],
@@ -183,6 +214,47 @@ mod tests {
             e.to_string(),
             "structured output is not available for this model: cannot build the token \
              environment: no tokenizer"
+        );
+    }
+
+    #[test]
+    fn proto_constraints_and_infos_convert_to_the_compilers_inputs() {
+        let choices = vec!["x".to_string(), "y".into()];
+        let list = inference_proto::public::ChoiceList {
+            choices: choices.clone(),
+        };
+        let cases = [
+            (
+                Kind::JsonSchema("{}".into()),
+                ConstraintSpec::JsonSchema("{}"),
+            ),
+            (Kind::JsonObject(true), ConstraintSpec::JsonObject),
+            (Kind::Regex("a+".into()), ConstraintSpec::Regex("a+")),
+            (
+                Kind::Lark("start: \"a\"".into()),
+                ConstraintSpec::Lark("start: \"a\""),
+            ),
+            (Kind::Choice(list), ConstraintSpec::Choice(&choices)),
+        ];
+        for (kind, want) in cases {
+            let constraint = Constraint { kind: Some(kind) };
+            assert_eq!(constraint_spec(&constraint).unwrap(), want);
+        }
+        let mut empty = regex_request("a", vec![], vec![0]);
+        empty.constraint = Some(Constraint { kind: None });
+        let e = compile_constraint(&abc(), &empty).unwrap_err();
+        assert!(matches!(
+            e,
+            ConstraintRefusal::Invalid(ConstraintError::Empty)
+        ));
+        assert_eq!(
+            e.to_string(),
+            "constraint is empty: set one of json_schema, json_object, regex, lark, choice"
+        );
+        let e = compiler_from_info(&InfoResponse::default()).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "cannot build the token environment: the model's Info has no tokenizer"
         );
     }
 

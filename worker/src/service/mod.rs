@@ -23,13 +23,12 @@ use inference_proto::worker::{
     router_message, worker_message, worker_server::Worker, HealthRequest, HealthResponse,
     InfoRequest, InfoResponse, RouterMessage, WorkerMessage,
 };
-use structured_output::ConstraintCompiler;
 use tokio_stream::StreamExt;
 use tonic::{Code, Request, Response, Status, Streaming};
 
 use crate::health::{health_response, Lifecycle};
 use crate::telemetry::ConnectionSpans;
-use constraint::{compile_off_runtime, Constraints, Refused};
+use constraint::{compile_off_runtime, compiler_from_info, Constraints, Refused};
 use convert::{engine_request, refusal, wire_stats, WireSink};
 use engine::{Command, EngineHandle};
 
@@ -60,7 +59,7 @@ impl WorkerService {
     /// have one is logged, and its constrained requests are refused).
     pub fn new(engine: EngineHandle, description: InfoResponse) -> Self {
         let started = Instant::now();
-        let constraints = ConstraintCompiler::from_info(&description);
+        let constraints = compiler_from_info(&description);
         match &constraints {
             Ok(_) => tracing::info!(
                 ms = started.elapsed().as_millis() as u64,
