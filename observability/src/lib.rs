@@ -8,7 +8,6 @@
 //!   that do not ask for it, the 0.0.4 text format ([`text_format`]).
 //! - [`grpc`]: the standard gRPC reflection service.
 //! - [`reload`]: re-reads a file-backed setting (API keys, TLS certificates) on change.
-//! - [`settings_file`]: rejects unknown (misspelt) keys in a TOML settings file.
 
 pub mod const_metrics;
 pub mod grpc;
@@ -16,6 +15,5 @@ pub mod metrics_http;
 pub mod process;
 pub mod propagation;
 pub mod reload;
-pub mod settings_file;
 pub mod telemetry;
 pub mod text_format;

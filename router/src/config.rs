@@ -253,7 +253,7 @@ impl RouterSettings {
     /// Errors: an unreadable or invalid file, a key in the file that is not a setting (nested ones
     /// too, e.g. `limits.max_new_tokenz`), or a value of the wrong type.
     pub fn load(cli: &Cli) -> Result<Self, Box<figment::Error>> {
-        observability::settings_file::load(
+        settings_file::load(
             &Self::default(),
             cli.config.as_deref(),
             Env::prefixed("ROUTER_").split("__"),

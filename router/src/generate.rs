@@ -26,7 +26,7 @@ use crate::pool::{Session, WorkerPool};
 use crate::request::GenerationRequest;
 use crate::route_error::RouteError;
 use crate::stop::StopMatcher;
-use crate::validation::{check_request, validate, RequestLimits, ValidRequest};
+use crate::validation::{check_request, sampling_params, validate, RequestLimits, ValidRequest};
 
 /// Messages sent to the client of one `Generate` call.
 pub type ResponseSender = mpsc::Sender<Result<GenerateResponse, RouteError>>;
@@ -110,7 +110,7 @@ pub fn launch(
     let request = AddRequest {
         request_id: String::new(),
         prompt_ids: valid.prompt_ids.clone(),
-        sampling: Some(valid.sampling.to_wire(seed)),
+        sampling: Some(sampling_params(&valid.sampling, seed)),
         max_new_tokens: valid.max_new_tokens,
         stop_token_ids: valid.stop_token_ids.clone(),
         generated_ids: Vec::new(),

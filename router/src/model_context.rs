@@ -4,7 +4,8 @@
 use std::sync::{Arc, OnceLock};
 
 use inference_proto::worker::InfoResponse;
-use structured_output::{ConstraintCompiler, VocabError, VocabSource};
+use structured_output::{ConstraintCompiler, VocabError};
+use structured_wire::compiler_from_info;
 use tokenizer::TextTokenizer;
 
 use crate::chat_template::{builtin_template, ChatTemplate, ChatTemplateError};
@@ -223,20 +224,4 @@ impl StructuredOutput {
     pub fn wait(&self) -> Result<&ConstraintCompiler, &StructuredOutputUnavailable> {
         self.compiler.wait().as_ref()
     }
-}
-
-/// Builds the compiler of the model `info` describes (its GGUF tokenizer, vocabulary size and EOS
-/// ids); the worker builds the same one.
-///
-/// Errors: [`VocabError::NoTokenizer`] for an `Info` without a tokenizer, and those of
-/// [`ConstraintCompiler::new`].
-fn compiler_from_info(info: &InfoResponse) -> Result<ConstraintCompiler, VocabError> {
-    let spec = info.tokenizer.as_ref().ok_or(VocabError::NoTokenizer)?;
-    ConstraintCompiler::new(VocabSource {
-        model: &spec.model,
-        tokens: &spec.tokens,
-        token_types: &spec.token_types,
-        vocab_size: info.vocab_size as usize,
-        eos_token_ids: &info.eos_token_ids,
-    })
 }

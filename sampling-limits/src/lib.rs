@@ -1,9 +1,20 @@
-//! The accepted ranges of the sampling parameters (`GenerateRequest` and the worker protocol's
+//! The sampling parameters and their accepted ranges (`GenerateRequest` and the worker protocol's
 //! `SamplingParams`): the router checks requests against them, and the worker's engine checks again
 //! because it does not trust its callers. One definition, so the two can never disagree.
 //!
-//! A crate of its own, with no dependencies, so that the engine can share the ranges without
+//! - The `MAX_*` constants: the ranges.
+//! - [`SamplingConfig`] (`params.rs`): one request's parameters, the one shape the router's
+//!   validation yields and the engine's sampler reads, with [`SamplingConfig::validate`], the range
+//!   check both run, and its [`SamplingError`].
+//!
+//! A crate of its own, with no dependencies, so that the engine can share the parameters without
 //! depending on the wire format (`inference-proto` re-exports it as `sampling_limits`).
+
+mod params;
+#[cfg(test)]
+mod tests;
+
+pub use params::{SamplingConfig, SamplingError};
 
 /// Largest accepted `min_p` (a probability ratio).
 pub const MAX_MIN_P: f32 = 1.0;

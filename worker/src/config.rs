@@ -249,7 +249,7 @@ impl WorkerSettings {
     /// would otherwise be ignored), or a value of the wrong type (figment's message names the key and
     /// where it came from).
     pub fn load(cli: &Cli) -> Result<Self, Box<figment::Error>> {
-        observability::settings_file::load(
+        settings_file::load(
             &Self::default(),
             cli.config.as_deref(),
             Env::prefixed("WORKER_"),

@@ -54,7 +54,6 @@
 //! for `logprob`. Exponentials use a vectorized f32 `exp` (relative error < 3e-7); sums are in f64,
 //! in a fixed order, so results are deterministic.
 
-mod config;
 mod mask;
 mod math;
 mod penalties;
@@ -65,9 +64,13 @@ mod tests;
 use std::cell::RefCell;
 use std::cmp::Ordering;
 
-pub use config::{SamplingConfig, SamplingError};
 pub use mask::apply_mask;
 pub use rng::{stream_key, uniform};
+/// One request's sampling parameters and their range check: the `sampling-limits` crate's, the
+/// shape the router's validation yields too. The engine checks them again
+/// ([`SamplingConfig::validate`], [`SamplingConfig::check_vocab`]) because it does not trust its
+/// callers.
+pub use sampling_limits::{SamplingConfig, SamplingError};
 
 use penalties::Penalties;
 

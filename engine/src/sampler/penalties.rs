@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 
-use super::config::SamplingConfig;
+use super::SamplingConfig;
 
 /// Cached counts over one prompt and one generated history.
 #[derive(Debug, Clone, Default)]

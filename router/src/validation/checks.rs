@@ -1,60 +1,17 @@
 //! The request checks, each returning a [`ValidationError`] that names the field, with a message
 //! that gives the numbers (see the module docs of [`super`] for the phases).
 
-use inference_proto::public::{constraint::Kind, Constraint};
 use inference_proto::sampling_limits::{
-    MAX_ABS_LOGIT_BIAS, MAX_ABS_PENALTY, MAX_LOGIT_BIAS_ENTRIES, MAX_MIN_P, MAX_REPETITION_PENALTY,
-    MAX_TOP_LOGPROBS,
+    SamplingConfig, SamplingError, MAX_ABS_PENALTY, MAX_REPETITION_PENALTY,
 };
-use inference_proto::worker::SamplingParams;
-use structured_output::{ConstraintError, ConstraintSpec};
+use structured_wire::constraint_spec;
 
 use super::{RequestLimits, ValidationError};
 use crate::model_context::ModelContext;
 use crate::request::{GenerationRequest, Prompt};
 
-/// Sampling parameters after validation, with defaults applied.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Sampling {
-    /// 0 = greedy.
-    pub temperature: f32,
-    /// 0 = off.
-    pub top_k: u32,
-    /// In (0, 1]; 1 = off.
-    pub top_p: f32,
-    /// In [0, 1]; 0 = off.
-    pub min_p: f32,
-    /// In (0, 10]; 1 = off (a request's 0 becomes 1).
-    pub repetition_penalty: f32,
-    /// In [-2, 2]; 0 = off.
-    pub frequency_penalty: f32,
-    /// In [-2, 2]; 0 = off.
-    pub presence_penalty: f32,
-    /// `(token id, bias)` sorted by id, biases in [-100, 100]; ids are checked by [`check_vocab`].
-    pub logit_bias: Vec<(u32, f32)>,
-    /// In [0, 20].
-    pub top_logprobs: u32,
-}
-
-impl Sampling {
-    /// The worker protocol's `SamplingParams` for these parameters and `seed`.
-    pub fn to_wire(&self, seed: u64) -> SamplingParams {
-        SamplingParams {
-            temperature: self.temperature,
-            top_k: self.top_k,
-            top_p: self.top_p,
-            seed,
-            min_p: self.min_p,
-            repetition_penalty: self.repetition_penalty,
-            frequency_penalty: self.frequency_penalty,
-            presence_penalty: self.presence_penalty,
-            logit_bias: self.logit_bias.iter().copied().collect(),
-            top_logprobs: self.top_logprobs,
-        }
-    }
-}
-
-/// Checks everything that does not need the tokenizer. Returns the sampling parameters.
+/// Checks everything that does not need the tokenizer. Returns the sampling parameters, defaults
+/// applied (`top_p` unset is 1, `repetition_penalty` 0 is 1 = off, `logit_bias` sorted by id).
 ///
 /// Errors: [`ValidationError::Invalid`] for a request larger than `max_request_bytes` (over gRPC
 /// the router's request guard already refuses such a message with `RESOURCE_EXHAUSTED` from its
@@ -67,7 +24,7 @@ impl Sampling {
 pub fn check_request(
     req: &GenerationRequest,
     limits: &RequestLimits,
-) -> Result<Sampling, ValidationError> {
+) -> Result<SamplingConfig, ValidationError> {
     let size = req.size_bytes;
     if size > limits.max_request_bytes as usize {
         return invalid(
@@ -109,20 +66,8 @@ pub fn check_request(
             );
         }
     }
-    if !(req.temperature.is_finite() && req.temperature >= 0.0) {
-        return invalid(
-            "temperature",
-            format!(
-                "temperature must be a finite number >= 0 (0 = greedy), got {}",
-                req.temperature
-            ),
-        );
-    }
-    let top_p = req.top_p.unwrap_or(1.0);
-    if top_p.is_nan() || top_p <= 0.0 || top_p > 1.0 {
-        return invalid("top_p", format!("top_p must be in (0, 1], got {top_p}"));
-    }
-    let sampling = check_sampling(req, top_p)?;
+    let sampling = sampling_config(req);
+    sampling.validate().map_err(refusal)?;
     if req.stop.len() > limits.max_stop_sequences as usize {
         return invalid(
             "stop",
@@ -151,79 +96,49 @@ pub fn check_request(
     Ok(sampling)
 }
 
-/// The sampling checks past temperature and top_p (see [`check_request`]).
-fn check_sampling(req: &GenerationRequest, top_p: f32) -> Result<Sampling, ValidationError> {
-    let min_p = req.min_p;
-    if !(0.0..=MAX_MIN_P).contains(&min_p) {
-        return invalid(
-            "min_p",
-            format!("min_p must be in [0, 1] (0 = off), got {min_p}"),
-        );
-    }
-    let rp = req.repetition_penalty;
-    if !(0.0..=MAX_REPETITION_PENALTY).contains(&rp) {
-        return invalid(
-            "repetition_penalty",
-            format!(
-                "repetition_penalty must be in (0, {MAX_REPETITION_PENALTY}] (1 or 0 = off), got {rp}"
-            ),
-        );
-    }
-    for (name, v) in [
-        ("frequency_penalty", req.frequency_penalty),
-        ("presence_penalty", req.presence_penalty),
-    ] {
-        if !(-MAX_ABS_PENALTY..=MAX_ABS_PENALTY).contains(&v) {
-            return invalid(
-                name,
-                format!(
-                    "{name} must be in [-{MAX_ABS_PENALTY}, {MAX_ABS_PENALTY}] (0 = off), got {v}"
-                ),
-            );
-        }
-    }
-    if req.logit_bias.len() > MAX_LOGIT_BIAS_ENTRIES {
-        return invalid(
-            "logit_bias",
-            format!(
-                "logit_bias has {} entries; the limit is {MAX_LOGIT_BIAS_ENTRIES}",
-                req.logit_bias.len()
-            ),
-        );
-    }
+/// The request's sampling parameters, defaults applied (see [`check_request`]); not yet checked.
+fn sampling_config(req: &GenerationRequest) -> SamplingConfig {
     let mut logit_bias = req.logit_bias.clone();
     logit_bias.sort_unstable_by_key(|&(id, _)| id);
-    if let Some((id, bias)) = logit_bias
-        .iter()
-        .find(|(_, b)| !(-MAX_ABS_LOGIT_BIAS..=MAX_ABS_LOGIT_BIAS).contains(b))
-    {
-        return invalid(
-            "logit_bias",
-            format!(
-                "logit_bias[{id}] must be in [-{MAX_ABS_LOGIT_BIAS}, {MAX_ABS_LOGIT_BIAS}], got {bias}"
-            ),
-        );
-    }
-    if req.top_logprobs > MAX_TOP_LOGPROBS {
-        return invalid(
-            "top_logprobs",
-            format!(
-                "top_logprobs is {}; the limit is {MAX_TOP_LOGPROBS}",
-                req.top_logprobs
-            ),
-        );
-    }
-    Ok(Sampling {
+    let rp = req.repetition_penalty;
+    SamplingConfig {
         temperature: req.temperature,
         top_k: req.top_k,
-        top_p,
-        min_p,
+        top_p: req.top_p.unwrap_or(1.0),
+        min_p: req.min_p,
         repetition_penalty: if rp == 0.0 { 1.0 } else { rp },
         frequency_penalty: req.frequency_penalty,
         presence_penalty: req.presence_penalty,
         logit_bias,
         top_logprobs: req.top_logprobs,
-    })
+    }
+}
+
+/// The router's refusal for a sampling parameter out of range: the parameter as the field, and
+/// the API's wording, which tells what turns a step off where the worker's does not.
+fn refusal(error: SamplingError) -> ValidationError {
+    let field = error.field();
+    let message = match error {
+        SamplingError::MinP(m) => format!("min_p must be in [0, 1] (0 = off), got {m}"),
+        SamplingError::RepetitionPenalty(rp) => format!(
+            "repetition_penalty must be in (0, {MAX_REPETITION_PENALTY}] (1 or 0 = off), got {rp}"
+        ),
+        SamplingError::Penalty { name, value } => format!(
+            "{name} must be in [-{MAX_ABS_PENALTY}, {MAX_ABS_PENALTY}] (0 = off), got {value}"
+        ),
+        SamplingError::LogitBiasOutsideVocab { id, vocab_size } => format!(
+            "logit_bias token id {id} is outside this model's vocabulary of {vocab_size} tokens \
+             (ids 0..={})",
+            vocab_size.saturating_sub(1)
+        ),
+        // Worded the same on both sides.
+        SamplingError::Temperature(_)
+        | SamplingError::TopP(_)
+        | SamplingError::LogitBiasEntries(_)
+        | SamplingError::LogitBias { .. }
+        | SamplingError::TopLogprobs(_) => error.to_string(),
+    };
+    ValidationError::Invalid { field, message }
 }
 
 /// Checks the ids of a token-id prompt against the model's vocabulary (text and chat prompts pass).
@@ -248,18 +163,8 @@ pub fn check_prompt_ids(prompt: &Prompt, vocab_size: u32) -> Result<(), Validati
 /// Checks the token ids a request names (its `logit_bias` keys) against the model's vocabulary.
 ///
 /// Errors: [`ValidationError::Invalid`] for an id `>= vocab_size` (the message names the lowest).
-pub fn check_vocab(sampling: &Sampling, vocab_size: u32) -> Result<(), ValidationError> {
-    match sampling.logit_bias.iter().find(|(id, _)| *id >= vocab_size) {
-        Some((id, _)) => invalid(
-            "logit_bias",
-            format!(
-            "logit_bias token id {id} is outside this model's vocabulary of {vocab_size} tokens \
-             (ids 0..={})",
-                vocab_size.saturating_sub(1)
-            ),
-        ),
-        None => Ok(()),
-    }
+pub fn check_vocab(sampling: &SamplingConfig, vocab_size: u32) -> Result<(), ValidationError> {
+    sampling.check_vocab(vocab_size as usize).map_err(refusal)
 }
 
 /// Checks the tokenized prompt and returns the effective `max_new_tokens`.
@@ -348,19 +253,4 @@ pub fn check_constraint(
     constraint_spec(constraint)
         .and_then(|spec| compiler.check(spec))
         .map_err(|e| ValidationError::invalid("constraint", e.to_string()))
-}
-
-/// The proto's `constraint` as the compiler reads it (borrowing its strings).
-///
-/// Errors: [`ConstraintError::Empty`] when no kind is set.
-fn constraint_spec(constraint: &Constraint) -> Result<ConstraintSpec<'_>, ConstraintError> {
-    Ok(
-        match constraint.kind.as_ref().ok_or(ConstraintError::Empty)? {
-            Kind::JsonSchema(text) => ConstraintSpec::JsonSchema(text),
-            Kind::JsonObject(_) => ConstraintSpec::JsonObject,
-            Kind::Regex(regex) => ConstraintSpec::Regex(regex),
-            Kind::Lark(grammar) => ConstraintSpec::Lark(grammar),
-            Kind::Choice(list) => ConstraintSpec::Choice(&list.choices),
-        },
-    )
 }

@@ -11,19 +11,19 @@
 //!   stop strings, size) and, once the model is known, [`check_prompt`] (prompt length against the
 //!   context and the limits), [`check_prompt_ids`] and [`check_vocab`] (token ids against the
 //!   vocabulary), [`check_constraint`] (structured output against the vocabulary). The sampling
-//!   ranges are `inference_proto::sampling_limits`, which the worker checks again.
+//!   parameters are `inference_proto::sampling_limits::SamplingConfig`, checked by its own
+//!   `validate` (which the worker runs again) and refused here in the API's wording.
 //! - `validate`: the gRPC request's conversion (`GenerationRequest::try_from`, which refuses
-//!   `prompt` and `messages` together), [`validate`] and [`ValidRequest`].
+//!   `prompt` and `messages` together), [`validate`], [`ValidRequest`] and [`sampling_params`]
+//!   (the sampling parameters on the worker protocol).
 
 mod checks;
 #[cfg(test)]
 mod tests;
 mod validate;
 
-pub use checks::{
-    check_constraint, check_prompt, check_prompt_ids, check_request, check_vocab, Sampling,
-};
-pub use validate::{validate, ValidRequest};
+pub use checks::{check_constraint, check_prompt, check_prompt_ids, check_request, check_vocab};
+pub use validate::{sampling_params, validate, ValidRequest};
 
 /// Why a request was refused before any work. `field` is the request field at fault, as the gRPC
 /// API names it (`max_new_tokens`, `stop`, `logit_bias`, `prompt`, `messages`, `constraint`, ...).

@@ -1,6 +1,7 @@
 use super::*;
 use crate::request::{GenerationRequest, Prompt};
 use inference_proto::public::{ChatMessage, GenerateRequest};
+use inference_proto::sampling_limits::SamplingConfig;
 use tonic::Status;
 
 /// The router's default limits (the `limits` settings' defaults).
@@ -9,7 +10,7 @@ fn limits() -> RequestLimits {
 }
 
 /// `check_request` on a gRPC request, as the gRPC front runs it.
-fn check(r: &GenerateRequest) -> Result<Sampling, Status> {
+fn check(r: &GenerateRequest) -> Result<SamplingConfig, Status> {
     let req = GenerationRequest::try_from(r.clone())?;
     Ok(check_request(&req, &limits())?)
 }
@@ -27,8 +28,8 @@ fn err(r: &GenerateRequest) -> String {
     status.message().to_string()
 }
 
-fn off() -> Sampling {
-    Sampling {
+fn off() -> SamplingConfig {
+    SamplingConfig {
         temperature: 0.0,
         top_k: 0,
         top_p: 1.0,
@@ -72,7 +73,7 @@ fn accepts_sampling_extremes_and_normalises() {
         (s.min_p, s.repetition_penalty, s.top_logprobs),
         (1.0, 10.0, 20)
     );
-    let wire = s.to_wire(42);
+    let wire = sampling_params(&s, 42);
     assert_eq!(wire.seed, 42);
     assert_eq!(wire.top_p, 0.9);
     assert_eq!(wire.top_k, 40);
@@ -89,7 +90,7 @@ fn accepts_sampling_extremes_and_normalises() {
     })
     .unwrap();
     assert_eq!(s.repetition_penalty, 1.0);
-    assert_eq!(s.to_wire(0).repetition_penalty, 1.0);
+    assert_eq!(sampling_params(&s, 0).repetition_penalty, 1.0);
 }
 
 #[test]
@@ -165,7 +166,7 @@ fn rejects_top_logprobs_above_20() {
 
 #[test]
 fn logit_bias_ids_against_the_vocabulary() {
-    let s = Sampling {
+    let s = SamplingConfig {
         logit_bias: vec![(3, 1.0), (99, -1.0), (100, 2.0), (500, 0.0)],
         ..off()
     };

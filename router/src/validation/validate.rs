@@ -6,11 +6,11 @@
 //! runtime's threads (`generate::prepare` runs it under `tokio::task::spawn_blocking`).
 
 use inference_proto::public::{Constraint, GenerateRequest};
+use inference_proto::sampling_limits::SamplingConfig;
+use inference_proto::worker::SamplingParams;
 use prost::Message as _;
 
-use super::checks::{
-    check_constraint, check_prompt, check_prompt_ids, check_request, check_vocab, Sampling,
-};
+use super::checks::{check_constraint, check_prompt, check_prompt_ids, check_request, check_vocab};
 use super::{RequestLimits, ValidationError};
 use crate::chat_template::ChatMessage;
 use crate::model_context::ModelContext;
@@ -65,6 +65,22 @@ impl TryFrom<GenerateRequest> for GenerationRequest {
     }
 }
 
+/// The worker protocol's `SamplingParams` for `sampling` (validated parameters) and `seed`.
+pub fn sampling_params(sampling: &SamplingConfig, seed: u64) -> SamplingParams {
+    SamplingParams {
+        temperature: sampling.temperature,
+        top_k: sampling.top_k,
+        top_p: sampling.top_p,
+        seed,
+        min_p: sampling.min_p,
+        repetition_penalty: sampling.repetition_penalty,
+        frequency_penalty: sampling.frequency_penalty,
+        presence_penalty: sampling.presence_penalty,
+        logit_bias: sampling.logit_bias.iter().copied().collect(),
+        top_logprobs: sampling.top_logprobs,
+    }
+}
+
 /// A request that passed [`validate`]: tokenized, with its limits applied. Admit it (once per
 /// choice) with `generate::launch`.
 #[derive(Debug, Clone, PartialEq)]
@@ -72,7 +88,7 @@ pub struct ValidRequest {
     /// The prompt's token ids (at least one; fits the context with room for a new token).
     pub prompt_ids: Vec<u32>,
     /// The sampling parameters, defaults applied.
-    pub sampling: Sampling,
+    pub sampling: SamplingConfig,
     /// Tokens to generate at most (the default applied, fits the context).
     pub max_new_tokens: u32,
     /// The caller's seed, if any.

@@ -5,47 +5,18 @@
 
 use std::sync::Arc;
 
-use inference_proto::public::{constraint::Kind, Constraint};
-use inference_proto::worker::{AddRequest, InfoResponse};
+use inference_proto::worker::AddRequest;
 use structured_output::{
-    ConstraintCompiler, ConstraintError, ConstraintSpec, ConstraintState, MatchError, VocabError,
-    VocabSource,
+    ConstraintCompiler, ConstraintError, ConstraintState, MatchError, VocabError,
 };
+use structured_wire::constraint_spec;
 use tonic::Code;
+
+/// Builds the compiler of the model a worker's `Info` describes (the router builds the same one).
+pub use structured_wire::compiler_from_info;
 
 /// Structured output over the model's vocabulary, or why this model cannot have it.
 pub type Constraints = Result<ConstraintCompiler, VocabError>;
-
-/// Builds the compiler of the model `info` describes (its GGUF tokenizer, vocabulary size and EOS
-/// ids); the router builds the same one.
-///
-/// Errors: [`VocabError::NoTokenizer`] for an `Info` without a tokenizer, and those of
-/// [`ConstraintCompiler::new`].
-pub fn compiler_from_info(info: &InfoResponse) -> Constraints {
-    let spec = info.tokenizer.as_ref().ok_or(VocabError::NoTokenizer)?;
-    ConstraintCompiler::new(VocabSource {
-        model: &spec.model,
-        tokens: &spec.tokens,
-        token_types: &spec.token_types,
-        vocab_size: info.vocab_size as usize,
-        eos_token_ids: &info.eos_token_ids,
-    })
-}
-
-/// The proto's `constraint` as the compiler reads it (borrowing its strings).
-///
-/// Errors: [`ConstraintError::Empty`] when no kind is set.
-pub fn constraint_spec(constraint: &Constraint) -> Result<ConstraintSpec<'_>, ConstraintError> {
-    Ok(
-        match constraint.kind.as_ref().ok_or(ConstraintError::Empty)? {
-            Kind::JsonSchema(text) => ConstraintSpec::JsonSchema(text),
-            Kind::JsonObject(_) => ConstraintSpec::JsonObject,
-            Kind::Regex(regex) => ConstraintSpec::Regex(regex),
-            Kind::Lark(grammar) => ConstraintSpec::Lark(grammar),
-            Kind::Choice(list) => ConstraintSpec::Choice(&list.choices),
-        },
-    )
-}
 
 /// Why a request's constraint cannot be followed (the request is refused before the engine).
 #[derive(Debug, thiserror::Error)]
@@ -149,6 +120,8 @@ pub async fn compile_off_runtime(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use inference_proto::public::{constraint::Kind, Constraint};
+    use structured_output::VocabSource;
 
     /// A compiler over the vocabulary `<eos>` (control, id 0), `a`, `b`, `c`.
     fn abc() -> Constraints {
@@ -218,28 +191,7 @@ mod tests {
     }
 
     #[test]
-    fn proto_constraints_and_infos_convert_to_the_compilers_inputs() {
-        let choices = vec!["x".to_string(), "y".into()];
-        let list = inference_proto::public::ChoiceList {
-            choices: choices.clone(),
-        };
-        let cases = [
-            (
-                Kind::JsonSchema("{}".into()),
-                ConstraintSpec::JsonSchema("{}"),
-            ),
-            (Kind::JsonObject(true), ConstraintSpec::JsonObject),
-            (Kind::Regex("a+".into()), ConstraintSpec::Regex("a+")),
-            (
-                Kind::Lark("start: \"a\"".into()),
-                ConstraintSpec::Lark("start: \"a\""),
-            ),
-            (Kind::Choice(list), ConstraintSpec::Choice(&choices)),
-        ];
-        for (kind, want) in cases {
-            let constraint = Constraint { kind: Some(kind) };
-            assert_eq!(constraint_spec(&constraint).unwrap(), want);
-        }
+    fn an_empty_constraint_is_refused_as_invalid() {
         let mut empty = regex_request("a", vec![], vec![0]);
         empty.constraint = Some(Constraint { kind: None });
         let e = compile_constraint(&abc(), &empty).unwrap_err();
@@ -247,14 +199,10 @@ mod tests {
             e,
             ConstraintRefusal::Invalid(ConstraintError::Empty)
         ));
+        assert_eq!(e.code(), Code::InvalidArgument);
         assert_eq!(
             e.to_string(),
             "constraint is empty: set one of json_schema, json_object, regex, lark, choice"
-        );
-        let e = compiler_from_info(&InfoResponse::default()).unwrap_err();
-        assert_eq!(
-            e.to_string(),
-            "cannot build the token environment: the model's Info has no tokenizer"
         );
     }
 

@@ -2,6 +2,9 @@
 //! unknown keys in that file ([`check_known_keys`]): a misspelt key (`kv_cache_mb` for
 //! `kv_cache_mib`) would otherwise be ignored silently by figment and serde, and the binary would
 //! start with the default.
+//!
+//! Used by the `router` and `worker` binaries (each owns its settings struct, its env prefix and
+//! its flags; this crate only merges and checks them).
 
 use std::path::Path;
 

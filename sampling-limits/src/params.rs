@@ -1,18 +1,25 @@
-//! [`SamplingConfig`]: one request's sampling parameters, and their validation.
+//! [`SamplingConfig`]: one request's sampling parameters, the one shape the router's validation
+//! yields and the engine's sampler reads, and [`SamplingConfig::validate`], their range check.
 //!
-//! The ranges are the `sampling-limits` crate's, shared with the router; the engine checks them
-//! again because it does not trust its callers ([`SamplingConfig::validate`], [`SamplingError`]).
+//! The router checks a request with [`SamplingConfig::validate`] and words the refusal in its own
+//! API's terms; the worker's engine calls it again because it does not trust its callers, and
+//! reports [`SamplingError`]'s own messages.
 
-use sampling_limits::{
-    MAX_ABS_LOGIT_BIAS, MAX_ABS_PENALTY, MAX_REPETITION_PENALTY, MAX_TOP_LOGPROBS,
+use std::fmt;
+
+use crate::{
+    MAX_ABS_LOGIT_BIAS, MAX_ABS_PENALTY, MAX_LOGIT_BIAS_ENTRIES, MAX_MIN_P, MAX_REPETITION_PENALTY,
+    MAX_TOP_LOGPROBS,
 };
 
-/// How to pick the next token: the processing steps of [`Sampler`](super::Sampler), in the order it
-/// applies them (see the [module docs](super) for the whole pipeline).
+/// How to pick the next token: the processing steps of the engine's sampler, in the order it
+/// applies them (bias, penalties, then greedy or temperature with top-k, top-p and min-p; the
+/// engine's `sampler` module documents the whole pipeline).
 ///
 /// [`Default`] is greedy decoding with every step off. A config is not validated when built;
 /// [`validate`](Self::validate) and [`check_vocab`](Self::check_vocab) check the documented ranges,
-/// and out-of-range values that slip through behave as noted on each field (never a panic).
+/// and out-of-range values that slip through behave in the sampler as noted on each field (never a
+/// panic).
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplingConfig {
     /// Softmax temperature; `<= 0` (or NaN) means greedy argmax of the processed logits (ties go to the
@@ -40,8 +47,8 @@ pub struct SamplingConfig {
     /// `(token id, bias)` added to the logits before anything else, sorted by id with distinct ids.
     /// Ids outside the logits are ignored.
     pub logit_bias: Vec<(u32, f32)>,
-    /// How many of the most likely tokens of the raw distribution to report with each sampled token
-    /// ([`SampledToken::top_logprobs`](super::SampledToken::top_logprobs)); 0 reports none.
+    /// How many of the most likely tokens of the raw distribution to report with each sampled token;
+    /// 0 reports none.
     pub top_logprobs: u32,
 }
 
@@ -65,8 +72,9 @@ impl Default for SamplingConfig {
 impl SamplingConfig {
     /// Checks the ranges: `temperature` finite and `>= 0`, `top_p` in (0, 1], `min_p` in [0, 1],
     /// `repetition_penalty` in (0, 10] (1 = off), `frequency_penalty` and `presence_penalty` in
-    /// [-2, 2], every `logit_bias` value in [-100, 100], `top_logprobs` at most 20. Token ids are
-    /// checked by [`check_vocab`](Self::check_vocab), which needs the vocabulary size.
+    /// [-2, 2], at most 300 `logit_bias` entries with every value in [-100, 100], `top_logprobs` at
+    /// most 20. Token ids are checked by [`check_vocab`](Self::check_vocab), which needs the
+    /// vocabulary size.
     ///
     /// Errors: the first [`SamplingError`] found, in that order.
     pub fn validate(&self) -> Result<(), SamplingError> {
@@ -79,7 +87,7 @@ impl SamplingConfig {
             return Err(SamplingError::TopP(p));
         }
         let m = self.min_p;
-        if !(0.0..=1.0).contains(&m) {
+        if !(0.0..=MAX_MIN_P).contains(&m) {
             return Err(SamplingError::MinP(m));
         }
         let r = self.repetition_penalty;
@@ -93,6 +101,9 @@ impl SamplingConfig {
             if !(-MAX_ABS_PENALTY..=MAX_ABS_PENALTY).contains(&value) {
                 return Err(SamplingError::Penalty { name, value });
             }
+        }
+        if self.logit_bias.len() > MAX_LOGIT_BIAS_ENTRIES {
+            return Err(SamplingError::LogitBiasEntries(self.logit_bias.len()));
         }
         if let Some(&(id, bias)) = self
             .logit_bias
@@ -109,7 +120,8 @@ impl SamplingConfig {
 
     /// Checks that every `logit_bias` token id is below `vocab_size` (the length of the logits).
     ///
-    /// Errors: [`SamplingError::LogitBiasOutsideVocab`] with the first offending id.
+    /// Errors: [`SamplingError::LogitBiasOutsideVocab`] with the first offending id (the lowest, as
+    /// `logit_bias` is sorted).
     pub fn check_vocab(&self, vocab_size: usize) -> Result<(), SamplingError> {
         match self
             .logit_bias
@@ -127,48 +139,44 @@ impl SamplingConfig {
     }
 
     /// Whether the repetition penalty is on (a finite value > 0 other than 1).
-    pub(crate) fn repetition_on(&self) -> bool {
+    pub fn repetition_on(&self) -> bool {
         let r = self.repetition_penalty;
         r > 0.0 && r.is_finite() && r != 1.0
     }
 
     /// Whether the frequency or the presence penalty is on.
-    pub(crate) fn frequency_presence_on(&self) -> bool {
+    pub fn frequency_presence_on(&self) -> bool {
         self.frequency_penalty != 0.0 || self.presence_penalty != 0.0
     }
 
     /// Whether any step changes the logits before greedy/temperature (bias or a penalty).
-    pub(crate) fn processes_logits(&self) -> bool {
+    pub fn processes_logits(&self) -> bool {
         !self.logit_bias.is_empty() || self.repetition_on() || self.frequency_presence_on()
     }
 }
 
-/// A sampling parameter outside its range (the message names the parameter, its range and the
-/// value).
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+/// A sampling parameter outside its range. Its [`Display`](fmt::Display) names the parameter, its
+/// range and the value (the worker's wording; the router words its refusals itself).
+#[derive(Debug, Clone, PartialEq)]
 pub enum SamplingError {
     /// `temperature` negative or not finite.
-    #[error("temperature must be a finite number >= 0 (0 = greedy), got {0}")]
     Temperature(f32),
     /// `top_p` outside (0, 1].
-    #[error("top_p must be in (0, 1], got {0}")]
     TopP(f32),
     /// `min_p` outside [0, 1].
-    #[error("min_p must be in [0, 1], got {0}")]
     MinP(f32),
     /// `repetition_penalty` outside (0, 10].
-    #[error("repetition_penalty must be in (0, {max}] (1 = off), got {0}", max = MAX_REPETITION_PENALTY)]
     RepetitionPenalty(f32),
     /// `frequency_penalty` or `presence_penalty` outside [-2, 2].
-    #[error("{name} must be in [-{max}, {max}], got {value}", max = MAX_ABS_PENALTY)]
     Penalty {
         /// `frequency_penalty` or `presence_penalty`.
         name: &'static str,
         /// The value given.
         value: f32,
     },
+    /// More than 300 `logit_bias` entries (the number given).
+    LogitBiasEntries(usize),
     /// A `logit_bias` value outside [-100, 100].
-    #[error("logit_bias[{id}] must be in [-{max}, {max}], got {bias}", max = MAX_ABS_LOGIT_BIAS)]
     LogitBias {
         /// The token id it biases.
         id: u32,
@@ -176,10 +184,8 @@ pub enum SamplingError {
         bias: f32,
     },
     /// `top_logprobs` above 20.
-    #[error("top_logprobs is {0}; the limit is {max}", max = MAX_TOP_LOGPROBS)]
     TopLogprobs(u32),
     /// A `logit_bias` token id not below the vocabulary size.
-    #[error("logit_bias token id {id} is outside the vocabulary (size {vocab_size})")]
     LogitBiasOutsideVocab {
         /// The first offending id.
         id: u32,
@@ -187,3 +193,57 @@ pub enum SamplingError {
         vocab_size: usize,
     },
 }
+
+impl SamplingError {
+    /// The parameter at fault, as the APIs name it (`temperature`, `top_p`, ..., `logit_bias`).
+    pub fn field(&self) -> &'static str {
+        match self {
+            Self::Temperature(_) => "temperature",
+            Self::TopP(_) => "top_p",
+            Self::MinP(_) => "min_p",
+            Self::RepetitionPenalty(_) => "repetition_penalty",
+            Self::Penalty { name, .. } => name,
+            Self::LogitBiasEntries(_)
+            | Self::LogitBias { .. }
+            | Self::LogitBiasOutsideVocab { .. } => "logit_bias",
+            Self::TopLogprobs(_) => "top_logprobs",
+        }
+    }
+}
+
+impl fmt::Display for SamplingError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Temperature(t) => {
+                write!(f, "temperature must be a finite number >= 0 (0 = greedy), got {t}")
+            }
+            Self::TopP(p) => write!(f, "top_p must be in (0, 1], got {p}"),
+            Self::MinP(m) => write!(f, "min_p must be in [0, {MAX_MIN_P}], got {m}"),
+            Self::RepetitionPenalty(r) => write!(
+                f,
+                "repetition_penalty must be in (0, {MAX_REPETITION_PENALTY}] (1 = off), got {r}"
+            ),
+            Self::Penalty { name, value } => write!(
+                f,
+                "{name} must be in [-{MAX_ABS_PENALTY}, {MAX_ABS_PENALTY}], got {value}"
+            ),
+            Self::LogitBiasEntries(n) => write!(
+                f,
+                "logit_bias has {n} entries; the limit is {MAX_LOGIT_BIAS_ENTRIES}"
+            ),
+            Self::LogitBias { id, bias } => write!(
+                f,
+                "logit_bias[{id}] must be in [-{MAX_ABS_LOGIT_BIAS}, {MAX_ABS_LOGIT_BIAS}], got {bias}"
+            ),
+            Self::TopLogprobs(n) => {
+                write!(f, "top_logprobs is {n}; the limit is {MAX_TOP_LOGPROBS}")
+            }
+            Self::LogitBiasOutsideVocab { id, vocab_size } => write!(
+                f,
+                "logit_bias token id {id} is outside the vocabulary (size {vocab_size})"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for SamplingError {}
