@@ -14,7 +14,8 @@
 //! - [`weights`]: weights uploaded in the file's formats; [`block_table`]: a step's packed inputs
 //!   (block tables, slots, positions, logit rows, prefill tiles); [`buffers`]: the persistent step
 //!   buffers; [`launch`]: launch shapes; [`graphs`]: decode batch buckets and captured CUDA graphs.
-//! - [`kv`]: the KV cache ([`GpuKv`]), GPU blocks addressed through the engine's block tables.
+//! - [`kv_store`]: the K/V values of the blocks in device memory ([`GpuKv`]), addressed through the
+//!   engine's block tables (the CPU backend's `kv_store` holds them in host memory).
 //! - [`model`]: [`CudaModel`], the forward pass and the `BatchModel` impl.
 //! - [`error`]: [`CudaError`], what can fail in all of the above.
 
@@ -26,7 +27,7 @@ pub mod device;
 pub mod error;
 pub mod graphs;
 pub mod kernels;
-pub mod kv;
+pub mod kv_store;
 pub mod launch;
 pub mod model;
 pub mod numerics;
@@ -34,6 +35,6 @@ pub mod weights;
 
 pub use device::{choose_backend, probe, Backend, DeviceKind, GpuInfo};
 pub use error::CudaError;
-pub use kv::GpuKv;
+pub use kv_store::GpuKv;
 pub use model::{unverified_architecture, CudaModel, CudaOptions};
 pub use numerics::Numerics;

@@ -33,7 +33,7 @@ use super::device::GpuInfo;
 use super::error::{driver, CudaError};
 use super::graphs::{bucket_for, decode_buckets, Captured, DecodeGraphs};
 use super::kernels::FILES;
-use super::kv::{GpuKv, KvBlocks};
+use super::kv_store::{GpuKv, KvBlocks};
 use super::launch::{self, DEFAULT_SMEM_LIMIT};
 use super::numerics::Numerics;
 use super::weights::{GpuWeights, HostWeights};

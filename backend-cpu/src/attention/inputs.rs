@@ -2,7 +2,7 @@
 //! table ([`QueryPos`]), the layer's paged K/V, the head shape ([`HeadShape`]) and how keys are
 //! scored ([`AttnOptions`], with the soft-cap's formula [`softcap_in_place`]).
 
-use super::super::kv_cache::PagedLayer;
+use super::super::kv_store::PagedLayer;
 
 /// Shape of the attention heads.
 #[derive(Debug, Clone, Copy)]

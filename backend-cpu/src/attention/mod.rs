@@ -76,7 +76,7 @@ mod tests;
 use std::cell::RefCell;
 
 use super::aligned::AlignedVec;
-use super::kv_cache::PagedLayer;
+use super::kv_store::PagedLayer;
 use super::pool;
 use super::SimdPath;
 use inputs::At;

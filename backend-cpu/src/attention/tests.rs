@@ -1,7 +1,7 @@
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use super::super::kv_cache::{KvDtype, PagedKvCache};
+use super::super::kv_store::{KvDtype, PagedKvCache};
 use super::*;
 
 #[test]

@@ -4,7 +4,7 @@
 use std::cell::RefCell;
 
 use super::super::aligned::AlignedVec;
-use super::super::kv_cache::PagedLayer;
+use super::super::kv_store::PagedLayer;
 use super::super::matmul::{add_scaled_rows_with, add_scaled_with, dot_block_scaled_with};
 use super::super::pool;
 use super::super::SimdPath;

@@ -6,7 +6,7 @@ use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::super::buffers::StepBuffers;
 use super::super::error::{driver, CudaError};
-use super::super::kv::KvBlocks;
+use super::super::kv_store::KvBlocks;
 use super::super::launch::{self, MatmulKernel, ROW_THREADS};
 use super::super::weights::{format_suffix, GpuPart};
 use super::CudaModel;

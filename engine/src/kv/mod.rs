@@ -1,3 +1,5 @@
+//! The KV block manager; the K/V values live in each backend's `kv_store` (host or device memory).
+//!
 //! The paged KV cache's bookkeeping (the PagedAttention design, Kwon et al., SOSP 2023): a pool of
 //! fixed-size blocks with a free list, reference counts and per-sequence block tables, plus prefix
 //! caching of full blocks addressed by a hash chained over their tokens.

@@ -1,6 +1,7 @@
-//! Paged key/value storage shared by every sequence (the PagedAttention layout of
-//! Kwon et al., "Efficient Memory Management for Large Language Model Serving with
-//! PagedAttention", SOSP 2023).
+//! The CPU backend's K/V store: the K/V values of the paged blocks in host memory, shared by every
+//! sequence (the PagedAttention layout of Kwon et al., "Efficient Memory Management for Large
+//! Language Model Serving with PagedAttention", SOSP 2023; the CUDA backend's `kv_store` holds them
+//! in device memory, `engine::kv` decides which block holds what).
 //!
 //! The cache is a pool of `num_blocks` fixed-size blocks of `block_size` token slots. A sequence
 //! owns a *block table* (kept by the engine, not here): logical block `i` of the sequence, holding

@@ -1,6 +1,8 @@
-//! The CUDA backend's KV cache: paged K/V blocks of every layer on the GPU, addressed through the
-//! engine's block tables exactly like the CPU cache, plus the step buffers and decode graphs that
-//! point into them (the engine owns all of it as [`engine::backend::BatchModel::Kv`]).
+//! The CUDA backend's K/V store: the K/V values of the paged blocks of every layer in device memory
+//! (the CPU backend's `kv_store` holds them in host memory), addressed through the engine's block
+//! tables (`engine::kv`, the block manager) exactly like the CPU store, plus the step buffers and
+//! decode graphs that point into them (the engine owns all of it as
+//! [`engine::backend::BatchModel::Kv`]).
 
 use cudarc::driver::CudaSlice;
 
