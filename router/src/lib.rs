@@ -1,7 +1,6 @@
 //! The router library.
 
 pub mod admission;
-pub mod affinity;
 pub mod auth;
 pub mod chat_template;
 pub mod config;
@@ -23,3 +22,6 @@ pub mod service;
 pub mod stop;
 pub mod telemetry;
 pub mod validation;
+
+/// The affinity policy lives in the `routing` crate (shared with the fleet simulator).
+pub use routing::affinity;
