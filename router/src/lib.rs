@@ -11,6 +11,7 @@ pub mod generate;
 pub mod grpc_frames;
 pub mod grpc_status;
 pub mod health;
+pub mod kv_metrics;
 pub mod metrics;
 pub mod model_context;
 pub mod openai;
