@@ -19,8 +19,8 @@ use super::monitor::{EngineSnapshot, Publisher};
 use super::scheduler::{Chunk, Scheduler, SchedulerConfig, SeqId};
 use super::sequence::Sequence;
 use super::{
-    Command, ConnId, EngineError, EngineErrorKind, EngineHandle, EngineLoad, EngineOutput,
-    EngineRequest, EngineStats, GeneratedToken, OutputSink, RequestFailure,
+    CacheReport, Command, ConnId, EngineError, EngineErrorKind, EngineHandle, EngineLoad,
+    EngineOutput, EngineRequest, EngineStats, GeneratedToken, OutputSink, RequestFailure,
 };
 use crate::backend::{BatchEntry, BatchModel, Logits};
 use crate::kv::BlockPool;
@@ -147,6 +147,24 @@ impl<M: BatchModel> Engine<M> {
                     self.deliver(conn, refused);
                 }
             }
+            Command::Connect { conn, out } => {
+                // Changes not yet sent go to the connections that knew the cache before; the new
+                // one starts from the snapshot.
+                self.flush_cache_events();
+                self.outputs.insert(conn, out);
+                let snapshot = EngineOutput {
+                    cache: Some(CacheReport {
+                        snapshot: true,
+                        events: crate::kv::CacheEvents {
+                            stored: self.pool.cached_hashes(),
+                            evicted: Vec::new(),
+                        },
+                    }),
+                    load: Some(self.load()),
+                    ..Default::default()
+                };
+                self.deliver(conn, snapshot);
+            }
             Command::Cancel { conn, request_id } => {
                 if let Some(id) = self.ids.get(&(conn, request_id)).copied() {
                     self.finish(id);
@@ -156,6 +174,11 @@ impl<M: BatchModel> Engine<M> {
             Command::CloseConnection { conn } => self.close_connection(conn),
             Command::Stats(reply) => {
                 let _ = reply.send(self.current_stats());
+            }
+            Command::CachedBlocks(reply) => {
+                let mut hashes = self.pool.cached_hashes();
+                hashes.sort_unstable();
+                let _ = reply.send((hashes, self.pool.block_size()));
             }
         }
     }
@@ -311,11 +334,41 @@ impl<M: BatchModel> Engine<M> {
         self.stats.last_batch_sequences = schedule.chunks.len() as u32;
         self.stats.last_batch_tokens = schedule.chunks.iter().map(|c| c.num_tokens as u32).sum();
         let load = self.load();
+        let cache = self.cache_changes();
         // Before the outputs: whoever sees a request finish reads counters that include it.
         self.publish(true);
-        for (conn, mut out) in per_conn {
+        // Every connection hears the step's load and cache changes, also one without tokens in it
+        // (its router routes by them).
+        let conns: Vec<ConnId> = self.outputs.keys().copied().collect();
+        for conn in conns {
+            let mut out = per_conn.remove(&conn).unwrap_or_default();
             out.load = Some(load);
             out.step = self.stats.steps;
+            out.cache = cache.clone();
+            self.deliver(conn, out);
+        }
+    }
+
+    /// The prefix cache's changes since they were last taken, `None` when there are none.
+    fn cache_changes(&mut self) -> Option<CacheReport> {
+        let events = self.pool.take_cache_events();
+        (!events.is_empty()).then_some(CacheReport {
+            snapshot: false,
+            events,
+        })
+    }
+
+    /// Sends the cache changes not yet sent (made outside a finished step) to every connection.
+    fn flush_cache_events(&mut self) {
+        let Some(cache) = self.cache_changes() else {
+            return;
+        };
+        let conns: Vec<ConnId> = self.outputs.keys().copied().collect();
+        for conn in conns {
+            let out = EngineOutput {
+                cache: Some(cache.clone()),
+                ..Default::default()
+            };
             self.deliver(conn, out);
         }
     }
@@ -468,6 +521,7 @@ impl<M: BatchModel> Engine<M> {
             running_sequences: self.scheduler.num_running() as u32,
             waiting_sequences: self.scheduler.num_waiting() as u32,
             free_kv_tokens: (self.pool.num_available() * self.pool.block_size()) as u64,
+            kv_demand_tokens: self.seqs.values().map(|s| s.tokens.len() as u64).sum(),
         }
     }
 

@@ -37,7 +37,9 @@ pub use self::core::{spawn_engine, EngineConfig};
 pub use error::{EngineError, EngineErrorKind};
 pub use masks::mask_seconds;
 pub use monitor::EngineSnapshot;
-pub use output::{EngineLoad, EngineOutput, GeneratedToken, OutputSink, RequestFailure};
+pub use output::{
+    CacheReport, EngineLoad, EngineOutput, GeneratedToken, OutputSink, RequestFailure,
+};
 pub use request::{ConnId, EngineRequest};
 pub use scheduler::{Chunk, Schedule, Scheduler, SchedulerConfig, SeqId};
 pub use sequence::{Sequence, StopReason};
@@ -54,6 +56,13 @@ pub enum Command {
         constraint: Option<Box<ConstraintState>>,
         out: Box<dyn OutputSink>,
     },
+    /// Register a connection's output before its first request: it gets the prefix cache's
+    /// snapshot at once, then every step's cache changes and load (so a router knows the worker's
+    /// cache and load before it sends anything).
+    Connect {
+        conn: ConnId,
+        out: Box<dyn OutputSink>,
+    },
     /// Drop one request (no further output is sent for it).
     Cancel { conn: ConnId, request_id: String },
     /// Drop every request of a connection (the stream closed).
@@ -61,6 +70,9 @@ pub enum Command {
     /// Report the engine's counters, in order with the other commands (answered between steps; use
     /// [`EngineHandle::snapshot`] where a step must not delay the answer).
     Stats(oneshot::Sender<EngineStats>),
+    /// Report every block hash the prefix cache holds, ascending, and the block size (answered
+    /// between steps, after the outputs of the steps before).
+    CachedBlocks(oneshot::Sender<(Vec<u64>, usize)>),
 }
 
 /// Cloneable handle to the engine thread.
@@ -81,6 +93,16 @@ impl EngineHandle {
     /// Sends a command; returns false when the engine thread is gone.
     pub fn send(&self, command: Command) -> bool {
         self.tx.send(command).is_ok()
+    }
+
+    /// Every block hash the prefix cache holds (ascending) and the block size, answered by the
+    /// engine thread between steps; `None` when the engine thread is gone.
+    pub async fn cached_blocks(&self) -> Option<(Vec<u64>, usize)> {
+        let (tx, rx) = oneshot::channel();
+        if !self.send(Command::CachedBlocks(tx)) {
+            return None;
+        }
+        rx.await.ok()
     }
 
     /// The state the engine published last (after its last step or command batch); returns at once,

@@ -4,6 +4,7 @@
 use tokio::sync::mpsc;
 
 use super::{EngineError, StopReason};
+use crate::kv::CacheEvents;
 
 /// Everything one engine step produced for one connection; or, sent between steps, the refusal of
 /// a request the engine could not admit (then `load` is `None` and `step` 0).
@@ -17,6 +18,19 @@ pub struct EngineOutput {
     pub load: Option<EngineLoad>,
     /// The engine's step counter when this output was produced (1-based, increasing).
     pub step: u64,
+    /// The prefix cache's changes since the previous output (every connection gets them, batched
+    /// per step), or its snapshot on a connection's first output; `None` when nothing changed.
+    pub cache: Option<CacheReport>,
+}
+
+/// What the prefix cache holds or changed, by block hash (`block-hash`'s chain).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CacheReport {
+    /// `events.stored` is every block held now and replaces what the connection knew (its first
+    /// output); otherwise `events` is the net change since the connection's previous output.
+    pub snapshot: bool,
+    /// The blocks stored and evicted (or, in a snapshot, held).
+    pub events: CacheEvents,
 }
 
 /// One generated token of one request.
@@ -57,6 +71,9 @@ pub struct EngineLoad {
     pub waiting_sequences: u32,
     /// KV cache capacity left, in tokens.
     pub free_kv_tokens: u64,
+    /// KV demand of the running and waiting sequences: their known tokens (prompt plus generated
+    /// so far), summed.
+    pub kv_demand_tokens: u64,
 }
 
 /// Where the engine sends one connection's outputs (a channel, or the gRPC service's stream in its

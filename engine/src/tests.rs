@@ -542,3 +542,82 @@ async fn a_failing_model_fails_the_step_s_requests_as_internal_and_keeps_serving
         assert!(c.engine.snapshot().alive);
     }
 }
+
+/// A connection's first output is the prefix cache's snapshot; its later outputs' cache changes,
+/// replayed on that snapshot, equal the cache at every point, also under evictions (a small pool)
+/// and for a second connection that joined later with no requests of its own.
+#[tokio::test]
+async fn cache_events_replayed_on_the_snapshot_equal_the_cache() {
+    use std::collections::BTreeSet;
+    fn replay(set: &mut BTreeSet<u64>, out: &EngineOutput) -> usize {
+        let Some(cache) = &out.cache else {
+            return 0;
+        };
+        {
+            if cache.snapshot {
+                set.clear();
+            }
+            for h in &cache.events.evicted {
+                assert!(set.remove(h), "evict of a block never stored");
+            }
+            for &h in &cache.events.stored {
+                assert!(set.insert(h), "duplicate store");
+            }
+        }
+        cache.events.evicted.len()
+    }
+    let mut c = Client::new(config(12, 64, true));
+    assert!(c.engine.send(Command::Connect {
+        conn: c.conn,
+        out: Box::new(c.tx.clone()),
+    }));
+    let first = c.rx.recv().await.unwrap();
+    assert!(first
+        .cache
+        .as_ref()
+        .is_some_and(|r| r.snapshot && r.events.stored.is_empty()));
+    let mut seen = BTreeSet::new();
+    let mut evicted = 0;
+    let (tx2, mut rx2) = mpsc::unbounded_channel();
+    let mut seen2 = BTreeSet::new();
+    for round in 0..8u32 {
+        if round == 3 {
+            let conn2 = c.engine.new_connection();
+            assert!(c.engine.send(Command::Connect {
+                conn: conn2,
+                out: Box::new(tx2.clone())
+            }));
+        }
+        let ids: Vec<String> = (0..3).map(|i| format!("r{round}-{i}")).collect();
+        for (i, id) in ids.iter().enumerate() {
+            c.add(add(id, prompt(9 + i, round * 7 + i as u32), 4, vec![]));
+        }
+        // Collect while replaying every output of the first connection.
+        let mut done = 0;
+        while done < ids.len() {
+            let out = c.rx.recv().await.unwrap();
+            evicted += replay(&mut seen, &out);
+            done += out.tokens.iter().filter(|t| t.stop.is_some()).count() + out.errors.len();
+        }
+        let (cached, block_size) = c.engine.cached_blocks().await.unwrap();
+        assert_eq!(block_size, 4);
+        // Outputs sent before the answer are all queued: drain them.
+        while let Ok(out) = c.rx.try_recv() {
+            evicted += replay(&mut seen, &out);
+        }
+        assert_eq!(
+            seen.iter().copied().collect::<Vec<_>>(),
+            cached,
+            "round {round}"
+        );
+        if round >= 3 {
+            while let Ok(out) = rx2.try_recv() {
+                assert!(out.tokens.is_empty());
+                replay(&mut seen2, &out);
+            }
+            assert_eq!(seen2, seen, "round {round}: the idle connection agrees");
+        }
+    }
+    // 24 requests of 13 to 15 tokens through 12 blocks of 4: the cache evicted.
+    assert!(evicted > 0);
+}

@@ -16,6 +16,8 @@ use crate::model_context::ChatTemplateFile;
 use crate::openai::ModelNames;
 use crate::pool::PoolSettings;
 use crate::validation::RequestLimits;
+use routing::kv_aware::KvAwarePolicy;
+use routing::Routing;
 
 mod error;
 pub use error::SettingsError;
@@ -70,6 +72,10 @@ pub struct Cli {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stall_timeout_ms: Option<u64>,
+    /// Which policy picks each request's worker: affinity, round_robin or kv_aware.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub routing: Option<String>,
     /// A Jinja chat template file that replaces the model's own (and the built-in one).
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -140,6 +146,12 @@ pub struct RouterSettings {
     /// recent step) leaves rotation: its requests fail over to another worker and it rejoins once
     /// it moves again.
     pub stall_timeout_ms: u64,
+    /// Which policy picks each request's worker: `affinity` (prefix affinity on the first
+    /// `affinity_prefix_tokens` tokens with a load bound; the default), `round_robin` (each request
+    /// to the next worker with room) or `kv_aware` (lowest `tokens to prefill + load in tokens` from
+    /// the workers' reported KV caches; its load bound uses `affinity_load_factor`). See the
+    /// `routing` crate.
+    pub routing: Routing,
     /// Leading prompt tokens that define a request's prefix-affinity key (0 = no affinity; 64 = the
     /// first four 16-token KV blocks).
     pub affinity_prefix_tokens: u32,
@@ -219,6 +231,7 @@ impl Default for RouterSettings {
             discovery_interval_ms: 5_000,
             health_interval_ms: 2_000,
             stall_timeout_ms: 60_000,
+            routing: Routing::Affinity,
             affinity_prefix_tokens: 64,
             affinity_load_factor: 0.5,
             max_inflight_per_worker: 64,
@@ -281,8 +294,12 @@ impl RouterSettings {
                 max_waiting_requests: self.max_waiting_requests as usize,
                 max_waiting_tokens: self.max_waiting_tokens,
             },
+            routing: self.routing,
             affinity: AffinityPolicy {
                 prefix_tokens: self.affinity_prefix_tokens as usize,
+                load_factor: self.affinity_load_factor.max(0.0),
+            },
+            kv_aware: KvAwarePolicy {
                 load_factor: self.affinity_load_factor.max(0.0),
             },
             failover_timeout: Duration::from_millis(self.failover_timeout_ms),

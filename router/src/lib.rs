@@ -1,7 +1,6 @@
 //! The router library.
 
 pub mod admission;
-pub mod affinity;
 pub mod auth;
 pub mod chat_template;
 pub mod config;
@@ -12,6 +11,7 @@ pub mod generate;
 pub mod grpc_frames;
 pub mod grpc_status;
 pub mod health;
+pub mod kv_metrics;
 pub mod metrics;
 pub mod model_context;
 pub mod openai;
@@ -23,3 +23,6 @@ pub mod service;
 pub mod stop;
 pub mod telemetry;
 pub mod validation;
+
+/// The affinity policy lives in the `routing` crate (shared with the fleet simulator).
+pub use routing::affinity;

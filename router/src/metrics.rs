@@ -20,7 +20,7 @@
 //! `router_failovers_total`, `router_failovers_exhausted_total`, `router_rejected_total` (admission
 //! queue full), `router_health_probe_misses_total` (probes without an answer in time),
 //! `router_worker_stalls_total` (stall-rule removals), and `router_draining` (0/1),
-//! `router_active_calls`.
+//! `router_active_calls`; and the KV-aware routing metrics of [`crate::kv_metrics`].
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -352,6 +352,7 @@ impl Collector for PoolCollector {
                 ConstGauge::new(value(w)).encode(family.encode_family(&labels)?)?;
             }
         }
+        crate::kv_metrics::encode(&mut e, &workers, self.pool.counters())?;
         let c = self.pool.counters();
         let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
         counter(

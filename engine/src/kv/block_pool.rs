@@ -11,7 +11,8 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use super::prefix_hash::chain_hash;
+use super::cache_events::{CacheEvents, Journal};
+use block_hash::chain_hash;
 
 /// Not enough free blocks for an allocation; nothing was changed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -75,6 +76,8 @@ pub struct BlockPool {
     evictable: BTreeSet<(u64, u32)>,
     /// Prefix cache: hash -> block.
     cached: HashMap<u64, u32>,
+    /// Stores and evictions of the prefix cache since [`BlockPool::take_cache_events`].
+    journal: Journal,
     tick: u64,
     query_tokens: u64,
     hit_tokens: u64,
@@ -94,6 +97,7 @@ impl BlockPool {
             free: (0..num_blocks as u32).rev().collect(),
             evictable: BTreeSet::new(),
             cached: HashMap::new(),
+            journal: Journal::default(),
             tick: 0,
             query_tokens: 0,
             hit_tokens: 0,
@@ -206,6 +210,7 @@ impl BlockPool {
             if self.block_hash[block as usize].is_none() && !self.cached.contains_key(&hash) {
                 self.cached.insert(hash, block);
                 self.block_hash[block as usize] = Some(hash);
+                self.journal.stored(hash);
             }
             seq.hashed += 1;
             seq.last_hash = Some(hash);
@@ -246,6 +251,16 @@ impl BlockPool {
         }
     }
 
+    /// The prefix cache's net change since the last call (stored and evicted block hashes).
+    pub fn take_cache_events(&mut self) -> CacheEvents {
+        self.journal.take()
+    }
+
+    /// Every block hash the prefix cache holds now (used and evictable), in no particular order.
+    pub fn cached_hashes(&self) -> Vec<u64> {
+        self.cached.keys().copied().collect()
+    }
+
     /// Cached leading full blocks of `tokens`, as (hash, block); at most `(len - 1) / block_size`
     /// so that at least one token is left to compute.
     fn cached_prefix(&self, tokens: &[u32]) -> Vec<(u64, u32)> {
@@ -282,6 +297,7 @@ impl BlockPool {
                 let (_, block) = self.evictable.pop_first()?;
                 if let Some(hash) = self.block_hash[block as usize].take() {
                     self.cached.remove(&hash);
+                    self.journal.evicted(hash);
                 }
                 self.evictions += 1;
                 block
@@ -401,13 +417,16 @@ mod tests {
     }
 
     /// Property: under random admissions, growth, completions and cancellations with shared
-    /// prefixes, reference counts stay consistent and every block comes back.
+    /// prefixes, reference counts stay consistent, every block comes back, and the journal of
+    /// stores and evictions replayed on an empty set equals the prefix cache at every step.
     #[test]
     fn no_leak_under_random_traffic() {
         for seed in 0..20u64 {
             let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
             let mut pool = BlockPool::new(32, 4, seed % 2 == 0);
             let mut live: Vec<(SequenceBlocks, Vec<u32>)> = Vec::new();
+            // What a router learns from the journal: must equal the cache after every step.
+            let mut mirror = std::collections::BTreeSet::new();
             for _ in 0..400 {
                 match rng.random_range(0..4) {
                     0 | 1 => {
@@ -438,6 +457,23 @@ mod tests {
                     }
                     _ => {}
                 }
+                let events = pool.take_cache_events();
+                for h in &events.evicted {
+                    assert!(
+                        mirror.remove(h),
+                        "seed {seed}: evicted {h} was never stored"
+                    );
+                }
+                for &h in &events.stored {
+                    assert!(mirror.insert(h), "seed {seed}: stored {h} twice");
+                }
+                let mut now: Vec<u64> = pool.cached_hashes();
+                now.sort_unstable();
+                assert_eq!(
+                    now,
+                    mirror.iter().copied().collect::<Vec<_>>(),
+                    "seed {seed}"
+                );
                 let held: usize = live.iter().map(|(s, _)| s.table().len()).sum();
                 let refs: u32 = pool.ref_counts.iter().sum();
                 assert_eq!(refs as usize, held, "seed {seed}");

@@ -284,3 +284,30 @@ fn tls_settings_from_flags_and_env() {
         Ok(())
     });
 }
+
+#[test]
+#[allow(clippy::result_large_err)] // figment::Jail's closure signature
+fn routing_from_file_env_and_flag() {
+    figment::Jail::expect_with(|jail| {
+        let none = Cli::parse_from(["router"]);
+        let s = RouterSettings::load(&none).map_err(|e| e.to_string())?;
+        assert_eq!(s.pool_settings().routing, Routing::Affinity, "the default");
+        jail.create_file("r.toml", "routing = 'round_robin'")?;
+        let file = Cli::parse_from(["router", "--config", "r.toml"]);
+        let s = RouterSettings::load(&file).map_err(|e| e.to_string())?;
+        assert_eq!(s.routing, Routing::RoundRobin);
+        jail.set_env("ROUTER_ROUTING", "kv_aware");
+        let s = RouterSettings::load(&file).map_err(|e| e.to_string())?;
+        assert_eq!(s.routing, Routing::KvAware);
+        let flag = Cli::parse_from(["router", "--config", "r.toml", "--routing", "affinity"]);
+        let s = RouterSettings::load(&flag).map_err(|e| e.to_string())?;
+        assert_eq!(s.routing, Routing::Affinity);
+        let bad = Cli::parse_from(["router", "--routing", "kv-aware"]);
+        let err = RouterSettings::load(&bad).unwrap_err().to_string();
+        assert!(
+            err.contains("kv-aware") && err.contains("kv_aware"),
+            "{err}"
+        );
+        Ok(())
+    });
+}

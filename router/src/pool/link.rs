@@ -19,6 +19,7 @@ use inference_proto::worker::{
 use tokio::sync::mpsc;
 
 use super::kv_fit::KvCapacity;
+use super::kv_view::{KvIndexState, KvView};
 use super::progress::{Change, Progress};
 use crate::affinity::LOAD_REPORT_TTL;
 use crate::route_error::{WorkerFailure, WorkerFailureKind};
@@ -93,6 +94,8 @@ pub struct WorkerSnapshot {
     /// The KV cache its last `Info` reported (`None` before the first connection, or when the
     /// worker reports none).
     pub kv: Option<KvCapacity>,
+    /// This router's index of the worker's KV cache, and its load in tokens.
+    pub kv_index: KvIndexState,
 }
 
 impl WorkerSnapshot {
@@ -108,6 +111,9 @@ pub struct WorkerLink {
     pub address: String,
     /// How the router learned of it.
     pub origin: Origin,
+    /// Its KV cache and load in tokens as its stream reports them (apart from `state`, so that
+    /// lookups never wait on the link's lock).
+    pub kv: KvView,
     state: Mutex<LinkState>,
 }
 
@@ -116,6 +122,7 @@ impl WorkerLink {
         Self {
             address,
             origin,
+            kv: KvView::default(),
             state: Mutex::new(LinkState::default()),
         }
     }
@@ -171,6 +178,7 @@ impl WorkerLink {
             last_report: state.reported.map(|(r, _)| r),
             last_error: state.last_error.clone(),
             kv: state.kv,
+            kv_index: self.kv.state(),
         }
     }
 

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use inference_proto::worker::{
     worker_client::WorkerClient, worker_message, HealthRequest, HealthResponse, InfoRequest,
-    InfoResponse,
+    InfoResponse, KvCacheEvents,
 };
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
@@ -101,6 +101,7 @@ pub(super) async fn maintain<P: LinkOwner>(pool: Arc<P>, link: Arc<WorkerLink>) 
                 }
             },
         }
+        link.kv.disconnected();
         let lost = link.fail_all(&format!(
             "worker {} disconnected while the request was running",
             link.address
@@ -169,13 +170,20 @@ async fn run<P: LinkOwner>(
         Ok(answer) => answer.ready,
         Err(_) => false,
     };
+    // A new stream: whatever the worker held before is gone from the index at once; the snapshot
+    // that comes first on the stream fills it.
+    let capacity = KvCapacity::of(&info);
+    link.kv.reset(
+        capacity.map_or(0, |c| c.block_size as usize),
+        capacity.map_or(0, |c| c.blocks as usize),
+    );
     let (tx, rx) = mpsc::unbounded_channel();
     let mut inbound = client
         .generate(UnboundedReceiverStream::new(rx))
         .await?
         .into_inner();
     let progress = Progress::new(Instant::now(), pool.settings().stall_timeout);
-    if !link.connected(tx, KvCapacity::of(&info), healthy, progress) {
+    if !link.connected(tx, capacity, healthy, progress) {
         return Ok(());
     }
     pool.refresh_ready();
@@ -187,7 +195,7 @@ async fn run<P: LinkOwner>(
         client.clone(),
     )));
     while let Some(message) = inbound.message().await.transpose() {
-        let step = match message.map(|m| m.kind) {
+        let mut step = match message.map(|m| m.kind) {
             Ok(Some(worker_message::Kind::Step(step))) => step,
             Ok(None) => continue,
             Err(status) => {
@@ -195,6 +203,11 @@ async fn run<P: LinkOwner>(
                 break;
             }
         };
+        if let Some(events) = step.kv_events.take() {
+            apply_kv_events(pool.as_ref(), link, &events);
+        }
+        link.kv
+            .on_step(step.step, step.load.map(|l| l.kv_demand_tokens));
         let had_errors = !step.errors.is_empty();
         let (freed, moving) = link.on_step(step);
         if moving {
@@ -209,6 +222,26 @@ async fn run<P: LinkOwner>(
         }
     }
     Ok(())
+}
+
+/// Applies one message's KV cache events to the link's index; counts and (at most once a minute
+/// per worker) logs those that do not fit it.
+fn apply_kv_events<P: LinkOwner>(pool: &P, link: &WorkerLink, events: &KvCacheEvents) {
+    let anomalies = link.kv.apply(events);
+    if anomalies.total() == 0 {
+        return;
+    }
+    pool.counters().count_kv_anomalies(anomalies);
+    if link.kv.should_log_anomalies(Instant::now()) {
+        tracing::warn!(
+            worker = %link.address,
+            duplicate_stores = anomalies.duplicate_stores,
+            unknown_evicts = anomalies.unknown_evicts,
+            over_capacity = anomalies.over_capacity,
+            "KV cache events that do not fit this router's index of the worker (ignored; counted \
+             in router_kv_event_anomalies_total; logged at most once a minute per worker)"
+        );
+    }
 }
 
 /// Why a health probe got no answer.
@@ -250,6 +283,9 @@ async fn probe_loop<P: LinkOwner>(
         let mut back = false;
         match probe(&mut client, interval).await {
             Ok(answer) => {
+                if link.kv.on_probe(answer.steps) {
+                    tracing::debug!(worker = %link.address, steps = answer.steps, "the worker's stream lags behind its steps; routing it by load only");
+                }
                 let (ready_changed, progress) = link.on_health(&answer);
                 if ready_changed {
                     if answer.ready {

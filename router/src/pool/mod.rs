@@ -8,7 +8,9 @@
 //!   rotation; a busy one whose probes time out does not).
 //! - this module: the set of workers (static ones and DNS-discovered ones that come and go), the
 //!   served model, the admission queue ([`crate::admission`]) and dispatch by the picking policy
-//!   ([`crate::affinity`]).
+//!   (`choice`: the `routing` setting's policy from the `routing` crate).
+//! - `kv_view` ([`KvView`]): what this router knows of each worker's KV cache (its block index,
+//!   fed by the worker's cache events) and its load in tokens, for `routing = kv_aware`.
 //!   An admitted request holds a [`Ticket`] (its place: sent at once, or waiting in the queue until
 //!   a worker has room), then a [`Dispatched`] (the request sent to one worker).
 //! - `session` ([`Session`]): one request across workers: when its worker is lost it resumes
@@ -18,7 +20,9 @@
 //! Locks are taken in the order queue -> links -> one link's state, and never held across an
 //! `await`; the link tasks release a link's state before they pump the queue.
 
+mod choice;
 mod kv_fit;
+mod kv_view;
 mod link;
 mod link_task;
 mod progress;
@@ -27,7 +31,7 @@ mod settings;
 mod unreachable;
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
@@ -36,6 +40,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::AbortHandle;
 
 pub use kv_fit::KvCapacity;
+pub use kv_view::{KvIndexState, KvView};
 pub use link::{Origin, WorkerEvent, WorkerLink, WorkerSnapshot};
 pub use progress::{Change, Progress};
 pub use session::Session;
@@ -43,15 +48,15 @@ pub use settings::{PoolCounters, PoolSettings};
 pub use unreachable::{Unreachable, UnreachableLog};
 
 use crate::admission::AdmissionQueue;
-use crate::affinity::Candidate;
 use crate::model_context::ModelContext;
 use crate::route_error::RouteError;
 use crate::validation::ValidationError;
+use choice::{choose, RouteKey};
 use link_task::LinkOwner;
 
 struct Waiter {
     request: AddRequest,
-    key: Option<u64>,
+    key: RouteKey,
     tx: oneshot::Sender<Dispatched>,
 }
 
@@ -69,6 +74,10 @@ pub struct WorkerPool {
     ready: watch::Sender<usize>,
     next_id: AtomicU64,
     counters: PoolCounters,
+    /// Turns of `routing = round_robin`.
+    round_robin: routing::round_robin::RoundRobin,
+    /// Tokens per KV block of the workers' hash chains (the first worker's `Info`; 0 before).
+    block_size: AtomicUsize,
 }
 
 impl WorkerPool {
@@ -84,6 +93,8 @@ impl WorkerPool {
             ready: watch::Sender::new(0),
             next_id: AtomicU64::new(1),
             counters: PoolCounters::default(),
+            round_robin: routing::round_robin::RoundRobin::default(),
+            block_size: AtomicUsize::new(0),
         });
         for address in addresses {
             pool.add_worker(address, Origin::Static);
@@ -207,10 +218,10 @@ impl WorkerPool {
         if let Some(refusal) = self.never_fits(&request) {
             return Err(refusal.into());
         }
-        let key = self.settings.affinity.key(&request.prompt_ids);
+        let key = self.route_key(&request);
         let mut queue = self.queue.lock().expect("queue lock");
         if queue.is_empty() {
-            if let Some(dispatched) = self.dispatch_now(&request, key) {
+            if let Some(dispatched) = self.dispatch_now(&request, &key) {
                 return Ok(Ticket::dispatched(self.clone(), dispatched));
             }
         }
@@ -237,9 +248,18 @@ impl WorkerPool {
         kv_fit::never_fits(request, model.context_length, &capacities?)
     }
 
+    /// What the routing policy needs of `request`, computed once.
+    fn route_key(&self, request: &AddRequest) -> RouteKey {
+        RouteKey::new(
+            &self.settings,
+            self.block_size.load(Ordering::Relaxed),
+            request,
+        )
+    }
+
     /// Queues a request that resumes after its worker was lost, ahead of new requests.
     pub fn resume(self: &Arc<Self>, request: AddRequest) -> Ticket {
-        let key = self.settings.affinity.key(&request.prompt_ids);
+        let key = self.route_key(&request);
         let (tx, rx) = oneshot::channel();
         let tokens = waiting_tokens(&request);
         let id = self
@@ -260,7 +280,7 @@ impl WorkerPool {
                 queue.pop_front();
                 continue;
             }
-            let Some(dispatched) = self.dispatch_now(&front.item.request, front.item.key) else {
+            let Some(dispatched) = self.dispatch_now(&front.item.request, &front.item.key) else {
                 break;
             };
             let entry = queue.pop_front().expect("front exists");
@@ -274,11 +294,7 @@ impl WorkerPool {
     }
 
     /// Picks a worker for `request` and sends it there, if one has room.
-    fn dispatch_now(
-        self: &Arc<Self>,
-        request: &AddRequest,
-        key: Option<u64>,
-    ) -> Option<Dispatched> {
+    fn dispatch_now(self: &Arc<Self>, request: &AddRequest, key: &RouteKey) -> Option<Dispatched> {
         let cap = self.settings.max_inflight_per_worker.max(1);
         let mut request = request.clone();
         request.request_id = format!("r{}", self.next_id.fetch_add(1, Ordering::Relaxed));
@@ -296,17 +312,10 @@ impl WorkerPool {
             .collect();
         // A worker that refuses (its stream just closed) is dropped and the choice made again.
         while !snapshots.is_empty() {
-            let candidates: Vec<Candidate<'_>> = snapshots
-                .iter()
-                .map(|(_, s)| Candidate {
-                    address: &s.address,
-                    load: s.load,
-                    has_room: s.inflight < cap,
-                })
-                .collect();
-            let chosen = self.settings.affinity.pick(key, &candidates)?;
+            let chosen = choose(&self.settings, &self.round_robin, key, &snapshots, cap)?;
             let link = snapshots[chosen].0.clone();
             if let Some(events) = link.try_send(&request, cap) {
+                link.kv.on_dispatch(key.tokens);
                 self.counters.dispatched.fetch_add(1, Ordering::Relaxed);
                 return Some(Dispatched {
                     events,
@@ -343,6 +352,8 @@ impl LinkOwner for WorkerPool {
             }
             Some(_) => {}
             None => {
+                let block_size = info.stats.as_ref().map_or(0, |s| s.kv_block_size as usize);
+                self.block_size.store(block_size, Ordering::Relaxed);
                 let template_file = self.settings.chat_template.as_deref();
                 *model = Some(Arc::new(ModelContext::from_info(info, template_file)?));
             }

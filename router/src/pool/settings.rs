@@ -7,6 +7,8 @@ use std::time::Duration;
 use crate::admission::AdmissionLimits;
 use crate::affinity::AffinityPolicy;
 use crate::model_context::ChatTemplateFile;
+use routing::kv_aware::KvAwarePolicy;
+use routing::Routing;
 
 /// How the pool connects, picks, queues and fails over.
 #[derive(Debug, Clone)]
@@ -22,8 +24,12 @@ pub struct PoolSettings {
     pub max_inflight_per_worker: usize,
     /// The admission queue's limits.
     pub admission: AdmissionLimits,
-    /// The picking policy.
+    /// Which policy picks a request's worker (the `routing` setting).
+    pub routing: Routing,
+    /// The affinity policy's settings (`routing = affinity`).
     pub affinity: AffinityPolicy,
+    /// The KV-aware policy's settings (`routing = kv_aware`).
+    pub kv_aware: KvAwarePolicy,
     /// How long a request waits for a ready worker when none is left (after its worker was lost, or
     /// while queued) before it fails
     /// ([`crate::route_error::RouteError::NoWorkerInTime`], `UNAVAILABLE`).
@@ -48,10 +54,12 @@ impl Default for PoolSettings {
                 max_waiting_requests: 256,
                 max_waiting_tokens: 262_144,
             },
+            routing: Routing::Affinity,
             affinity: AffinityPolicy {
                 prefix_tokens: 64,
                 load_factor: 0.5,
             },
+            kv_aware: KvAwarePolicy { load_factor: 0.5 },
             failover_timeout: Duration::from_secs(10),
             max_failovers: 3,
             chat_template: None,
@@ -76,4 +84,23 @@ pub struct PoolCounters {
     pub health_probe_misses: AtomicU64,
     /// Times a worker was taken out of rotation by the stall rule.
     pub stalls: AtomicU64,
+    /// KV cache events that did not fit a worker's index: stores of a block already held.
+    pub kv_duplicate_stores: AtomicU64,
+    /// KV cache events that did not fit a worker's index: evicts of a block not held.
+    pub kv_unknown_evicts: AtomicU64,
+    /// KV cache events that did not fit a worker's index: stores beyond its capacity.
+    pub kv_over_capacity: AtomicU64,
+}
+
+impl PoolCounters {
+    /// Counts a worker's KV event anomalies.
+    pub fn count_kv_anomalies(&self, anomalies: routing::index::Anomalies) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.kv_duplicate_stores
+            .fetch_add(anomalies.duplicate_stores, Relaxed);
+        self.kv_unknown_evicts
+            .fetch_add(anomalies.unknown_evicts, Relaxed);
+        self.kv_over_capacity
+            .fetch_add(anomalies.over_capacity, Relaxed);
+    }
 }

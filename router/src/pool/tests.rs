@@ -19,8 +19,8 @@ use futures::Stream;
 use inference_proto::worker::worker_server::{Worker, WorkerServer};
 use inference_proto::worker::{
     router_message, worker_message, AddRequest, HealthRequest, HealthResponse, InfoRequest,
-    InfoResponse, LoadReport, RouterMessage, SamplingParams, StepOutput, StopReason, TokenOutput,
-    TokenizerSpec, WorkerMessage,
+    InfoResponse, KvCacheBlocksRequest, KvCacheBlocksResponse, LoadReport, RouterMessage,
+    SamplingParams, StepOutput, StopReason, TokenOutput, TokenizerSpec, WorkerMessage,
 };
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::{TcpListenerStream, UnboundedReceiverStream};
@@ -208,6 +208,13 @@ impl Worker for Fake {
             return Err(Status::unavailable("killed"));
         }
         Ok(Response::new(info()))
+    }
+
+    async fn kv_cache_blocks(
+        &self,
+        _: Request<KvCacheBlocksRequest>,
+    ) -> Result<Response<KvCacheBlocksResponse>, Status> {
+        Err(Status::unimplemented("the fake worker has no prefix cache"))
     }
 
     async fn health(&self, _: Request<HealthRequest>) -> Result<Response<HealthResponse>, Status> {

@@ -3,16 +3,16 @@
 //! mapping of [`EngineErrorKind`]s to gRPC status codes lives here and nowhere else.
 
 use inference_proto::worker::{
-    AddRequest, EngineStats as WireStats, LoadReport, RequestError, SamplingParams, StepOutput,
-    StopReason as WireStopReason, TokenLogprob, TokenOutput,
+    AddRequest, EngineStats as WireStats, KvCacheEvents, LoadReport, RequestError, SamplingParams,
+    StepOutput, StopReason as WireStopReason, TokenLogprob, TokenOutput,
 };
 use tokio::sync::mpsc;
 use tonic::Code;
 
 use engine::sampler::SamplingConfig;
 use engine::{
-    EngineErrorKind, EngineLoad, EngineOutput, EngineRequest, EngineStats, GeneratedToken,
-    OutputSink, RequestFailure, StopReason,
+    CacheReport, EngineErrorKind, EngineLoad, EngineOutput, EngineRequest, EngineStats,
+    GeneratedToken, OutputSink, RequestFailure, StopReason,
 };
 
 /// The engine's request for the wire's `add`. Its `constraint` and `trace_context` are the
@@ -77,6 +77,16 @@ pub fn step_output(output: EngineOutput) -> StepOutput {
         errors: output.errors.into_iter().map(request_error).collect(),
         load: output.load.map(load_report),
         step: output.step,
+        kv_events: output.cache.map(kv_events),
+    }
+}
+
+/// The wire's prefix cache events for the engine's cache report.
+fn kv_events(report: CacheReport) -> KvCacheEvents {
+    KvCacheEvents {
+        snapshot: report.snapshot,
+        stored: report.events.stored,
+        evicted: report.events.evicted,
     }
 }
 
@@ -132,6 +142,7 @@ fn load_report(load: EngineLoad) -> LoadReport {
         running_sequences: load.running_sequences,
         waiting_sequences: load.waiting_sequences,
         free_kv_tokens: load.free_kv_tokens,
+        kv_demand_tokens: load.kv_demand_tokens,
     }
 }
 
@@ -319,8 +330,16 @@ mod tests {
                 running_sequences: 2,
                 waiting_sequences: 1,
                 free_kv_tokens: 640,
+                kv_demand_tokens: 300,
             }),
             step: 9,
+            cache: Some(CacheReport {
+                snapshot: false,
+                events: engine::kv::CacheEvents {
+                    stored: vec![5, 6],
+                    evicted: vec![1],
+                },
+            }),
         };
         let wire = step_output(output);
         assert_eq!(
@@ -364,8 +383,14 @@ mod tests {
                     running_sequences: 2,
                     waiting_sequences: 1,
                     free_kv_tokens: 640,
+                    kv_demand_tokens: 300,
                 }),
                 step: 9,
+                kv_events: Some(KvCacheEvents {
+                    snapshot: false,
+                    stored: vec![5, 6],
+                    evicted: vec![1],
+                }),
             }
         );
         for (reason, wire) in [

@@ -21,7 +21,8 @@ use std::time::{Duration, Instant};
 use futures::Stream;
 use inference_proto::worker::{
     router_message, worker_message, worker_server::Worker, HealthRequest, HealthResponse,
-    InfoRequest, InfoResponse, RouterMessage, WorkerMessage,
+    InfoRequest, InfoResponse, KvCacheBlocksRequest, KvCacheBlocksResponse, RouterMessage,
+    WorkerMessage,
 };
 use tokio_stream::StreamExt;
 use tonic::{Code, Request, Response, Status, Streaming};
@@ -129,6 +130,14 @@ impl Worker for WorkerService {
         let conn = engine.new_connection();
         let (out_tx, out_rx) = tokio::sync::mpsc::unbounded_channel();
         tracing::info!(conn, "router stream opened");
+        // The stream's first message is the prefix cache's snapshot; every step's load and cache
+        // changes follow, before any request of this router.
+        if !engine.send(Command::Connect {
+            conn,
+            out: Box::new(WireSink(out_tx.clone())),
+        }) {
+            return Err(Status::unavailable("the engine has stopped"));
+        }
         let spans = ConnectionSpans::new_if_enabled().map(Arc::new);
         let inbound_spans = spans.clone();
         let lifecycle = self.lifecycle.clone();
@@ -221,6 +230,21 @@ impl Worker for WorkerService {
         let mut info = (*self.description).clone();
         info.stats = Some(wire_stats(snapshot.stats));
         Ok(Response::new(info))
+    }
+
+    async fn kv_cache_blocks(
+        &self,
+        _request: Request<KvCacheBlocksRequest>,
+    ) -> Result<Response<KvCacheBlocksResponse>, Status> {
+        let (block_hashes, block_size) = self
+            .engine
+            .cached_blocks()
+            .await
+            .ok_or_else(|| Status::unavailable("the engine has stopped"))?;
+        Ok(Response::new(KvCacheBlocksResponse {
+            block_hashes,
+            block_size: block_size as u32,
+        }))
     }
 
     async fn health(

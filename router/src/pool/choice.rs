@@ -1,0 +1,100 @@
+//! The choice of a worker for one request under the `routing` setting ([`routing::Routing`]): what
+//! the policy needs of the request, computed once when it is admitted ([`RouteKey`]), and the pick
+//! among the ready workers ([`choose`]). The policies themselves are the `routing` crate's.
+
+use std::sync::Arc;
+
+use inference_proto::worker::AddRequest;
+use routing::kv_aware::{KvCandidate, PromptChain};
+use routing::Routing;
+
+use super::link::{WorkerLink, WorkerSnapshot};
+use super::settings::PoolSettings;
+use crate::affinity::Candidate;
+
+/// What the policy needs of a request, computed once when it is admitted (or resumed).
+#[derive(Debug, Clone)]
+pub(super) struct RouteKey {
+    /// The affinity key (`routing = affinity`).
+    affinity: Option<u64>,
+    /// The block chain of the prompt plus already generated tokens (`routing = kv_aware`): what
+    /// the worker looks up in its prefix cache.
+    chain: Option<PromptChain>,
+    /// Tokens the request brings to its worker (prompt plus already generated).
+    pub(super) tokens: u64,
+}
+
+impl RouteKey {
+    /// The key of `request` under `settings`, with chains in blocks of `block_size` tokens (the
+    /// workers' block size; 0 before any worker described it).
+    pub(super) fn new(settings: &PoolSettings, block_size: usize, request: &AddRequest) -> Self {
+        let tokens = (request.prompt_ids.len() + request.generated_ids.len()) as u64;
+        match settings.routing {
+            Routing::Affinity => Self {
+                affinity: settings.affinity.key(&request.prompt_ids),
+                chain: None,
+                tokens,
+            },
+            Routing::RoundRobin => Self {
+                affinity: None,
+                chain: None,
+                tokens,
+            },
+            Routing::KvAware => {
+                let chain = if request.generated_ids.is_empty() {
+                    PromptChain::new(&request.prompt_ids, block_size)
+                } else {
+                    let mut all = request.prompt_ids.clone();
+                    all.extend_from_slice(&request.generated_ids);
+                    PromptChain::new(&all, block_size)
+                };
+                Self {
+                    affinity: None,
+                    chain: Some(chain),
+                    tokens,
+                }
+            }
+        }
+    }
+}
+
+/// Index into `ready` (the ready workers and their snapshots) of the worker that takes the request,
+/// `None` when none has room (fewer than `cap` of this router's requests in flight).
+pub(super) fn choose(
+    settings: &PoolSettings,
+    round_robin: &routing::round_robin::RoundRobin,
+    key: &RouteKey,
+    ready: &[(Arc<WorkerLink>, WorkerSnapshot)],
+    cap: usize,
+) -> Option<usize> {
+    match (&key.chain, settings.routing) {
+        (Some(chain), Routing::KvAware) => {
+            let candidates: Vec<KvCandidate<'_>> = ready
+                .iter()
+                .map(|(link, s)| KvCandidate {
+                    address: &s.address,
+                    has_room: s.inflight < cap,
+                    cached_blocks: link.kv.prefix_blocks(&chain.hashes, chain.block_size),
+                    load_tokens: link.kv.load_tokens(),
+                })
+                .collect();
+            settings.kv_aware.pick(chain, &candidates)
+        }
+        (_, Routing::RoundRobin) => {
+            let addresses: Vec<&str> = ready.iter().map(|(_, s)| s.address.as_str()).collect();
+            let has_room: Vec<bool> = ready.iter().map(|(_, s)| s.inflight < cap).collect();
+            round_robin.pick(&addresses, &has_room)
+        }
+        _ => {
+            let candidates: Vec<Candidate<'_>> = ready
+                .iter()
+                .map(|(_, s)| Candidate {
+                    address: &s.address,
+                    load: s.load,
+                    has_room: s.inflight < cap,
+                })
+                .collect();
+            settings.affinity.pick(key.affinity, &candidates)
+        }
+    }
+}

@@ -1,0 +1,159 @@
+//! KV-aware routing: the worker whose real KV cache and real load make the request cheapest.
+//!
+//! # Cost
+//!
+//! For a prompt of `P` tokens whose block chain ([`PromptChain`]) a worker holds for its first `c`
+//! blocks of `B` tokens (from its [`crate::index::BlockIndex`]), and a worker load of `L` tokens:
+//!
+//! ```text
+//! cached(w)  = min(c, (P - 1) / B) * B      tokens it will not prefill (it always computes the last)
+//! prefill(w) = P - cached(w)                tokens it must prefill
+//! cost(w)    = prefill(w) + L(w)            tokens of work ahead of the request's first token
+//! ```
+//!
+//! `L` is the KV demand (prompt plus generated tokens) of the worker's running and waiting
+//! sequences from its last load report, which counts every router's requests, plus the prompt tokens
+//! this router sent it since that report. Both terms are tokens the worker must hold and (for the
+//! prefill) compute before the request's first token, so the sum is a first-order estimate of its
+//! time to first token.
+//!
+//! # Choice
+//!
+//! 1. Only workers with room (`has_room`) are eligible.
+//! 2. **Load bound**: a worker whose load exceeds `(1 + load_factor) * average load + P` (the
+//!    average over all candidates) has its cache ignored (`cached = 0`): a hit never sends a
+//!    request to an overloaded worker (as in [`crate::affinity`], with loads in tokens).
+//! 3. The lowest cost wins. With no hit anywhere every cost is `P + L`, so a miss goes to the least
+//!    loaded worker (not the emptiest cache).
+//! 4. Ties go to the highest rendezvous score of the prompt's key ([`PromptChain::key`]: its first
+//!    block's hash, or a hash of the whole prompt when it is shorter than a block), so that equal
+//!    choices spread over the workers by prompt, and the same prefix prefers the same worker.
+//!
+//! A worker whose index cannot be trusted (its events stalled, or its block size differs from the
+//! chain's) is given `cached_blocks = 0` by the caller: it is routed by load only.
+
+use crate::affinity::{rendezvous_score, AffinityPolicy};
+use block_hash::block_hashes;
+
+/// A prompt's block chain, computed once per request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PromptChain {
+    /// Prompt tokens (`P`).
+    pub tokens: usize,
+    /// Tokens per block (`B`) of the chain.
+    pub block_size: usize,
+    /// Hashes of the prompt's full blocks, block 0 first (`block-hash`'s chain).
+    pub hashes: Vec<u64>,
+    /// The rendezvous key of the ties.
+    pub key: u64,
+}
+
+impl PromptChain {
+    /// The chain of `prompt_ids` in blocks of `block_size` tokens (no blocks when `block_size` is 0).
+    pub fn new(prompt_ids: &[u32], block_size: usize) -> Self {
+        let hashes = block_hashes(prompt_ids, block_size);
+        let whole_prompt = AffinityPolicy {
+            prefix_tokens: usize::MAX,
+            load_factor: 0.0,
+        };
+        let key = hashes
+            .first()
+            .copied()
+            .or_else(|| whole_prompt.key(prompt_ids))
+            .unwrap_or(0);
+        Self {
+            tokens: prompt_ids.len(),
+            block_size,
+            hashes,
+            key,
+        }
+    }
+
+    /// Tokens a worker holding the first `cached_blocks` blocks does not prefill.
+    pub fn cached_tokens(&self, cached_blocks: usize) -> usize {
+        if self.block_size == 0 || self.tokens == 0 {
+            return 0;
+        }
+        cached_blocks.min((self.tokens - 1) / self.block_size) * self.block_size
+    }
+}
+
+/// One ready worker as the KV-aware policy sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvCandidate<'a> {
+    /// The worker's address (its identity for rendezvous hashing).
+    pub address: &'a str,
+    /// Whether it may take another request (below `max_inflight_per_worker`).
+    pub has_room: bool,
+    /// Leading blocks of the prompt's chain it holds (0 when its index cannot be trusted).
+    pub cached_blocks: usize,
+    /// Its load in tokens (`L`, see the module docs).
+    pub load_tokens: u64,
+}
+
+/// The KV-aware policy's settings.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct KvAwarePolicy {
+    /// Slack of the load bound above the average load (0.5 = 50 % above average, plus the prompt).
+    pub load_factor: f64,
+}
+
+/// A candidate's evaluation (for tests, metrics and the simulator's reports).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Evaluation {
+    /// Tokens it would not prefill (0 when beyond the load bound).
+    pub cached_tokens: usize,
+    /// `prefill + load`, in tokens.
+    pub cost: u64,
+}
+
+impl KvAwarePolicy {
+    /// Each candidate's cached tokens and cost for `chain` (see the module docs), in order.
+    pub fn evaluate(&self, chain: &PromptChain, candidates: &[KvCandidate<'_>]) -> Vec<Evaluation> {
+        let bound = self.load_bound(chain, candidates);
+        candidates
+            .iter()
+            .map(|c| {
+                let cached = if c.load_tokens as f64 > bound {
+                    0
+                } else {
+                    chain.cached_tokens(c.cached_blocks)
+                };
+                Evaluation {
+                    cached_tokens: cached,
+                    cost: (chain.tokens - cached) as u64 + c.load_tokens,
+                }
+            })
+            .collect()
+    }
+
+    /// Index of the worker to use among `candidates`, `None` when none has room.
+    pub fn pick(&self, chain: &PromptChain, candidates: &[KvCandidate<'_>]) -> Option<usize> {
+        let evaluations = self.evaluate(chain, candidates);
+        candidates
+            .iter()
+            .zip(&evaluations)
+            .enumerate()
+            .filter(|(_, (c, _))| c.has_room)
+            .min_by(|(_, (a, ea)), (_, (b, eb))| {
+                ea.cost.cmp(&eb.cost).then_with(|| {
+                    rendezvous_score(chain.key, b.address)
+                        .cmp(&rendezvous_score(chain.key, a.address))
+                })
+            })
+            .map(|(i, _)| i)
+    }
+
+    /// `(1 + load_factor) * average load + P`, in tokens.
+    fn load_bound(&self, chain: &PromptChain, candidates: &[KvCandidate<'_>]) -> f64 {
+        if candidates.is_empty() {
+            return f64::INFINITY;
+        }
+        let total: u64 = candidates.iter().map(|c| c.load_tokens).sum();
+        let average = total as f64 / candidates.len() as f64;
+        (1.0 + self.load_factor.max(0.0)) * average + chain.tokens as f64
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,175 @@
+use rand::{Rng, SeedableRng};
+
+use super::*;
+
+const POLICY: KvAwarePolicy = KvAwarePolicy { load_factor: 0.5 };
+const ADDRS: [&str; 3] = ["10.0.0.1:50061", "10.0.0.2:50061", "10.0.0.3:50061"];
+
+fn idle() -> Vec<KvCandidate<'static>> {
+    ADDRS
+        .iter()
+        .map(|a| KvCandidate {
+            address: a,
+            has_room: true,
+            cached_blocks: 0,
+            load_tokens: 0,
+        })
+        .collect()
+}
+
+fn prompt(len: usize, salt: u32) -> Vec<u32> {
+    (0..len as u32).map(|i| i.wrapping_mul(31) ^ salt).collect()
+}
+
+#[test]
+fn the_chain_is_the_workers_chain_and_the_last_token_is_always_computed() {
+    let p = prompt(40, 1);
+    let chain = PromptChain::new(&p, 16);
+    assert_eq!(chain.hashes, block_hash::block_hashes(&p, 16));
+    assert_eq!(chain.hashes.len(), 2);
+    assert_eq!(chain.key, chain.hashes[0]);
+    assert_eq!(chain.cached_tokens(2), 32);
+    assert_eq!(chain.cached_tokens(9), 32);
+    // 32 tokens = 2 full blocks, but the worker recomputes the last token: 1 block reused.
+    let exact = PromptChain::new(&p[..32], 16);
+    assert_eq!(exact.cached_tokens(2), 16);
+    // Shorter than a block: keyed by the whole prompt, nothing cached.
+    let short = PromptChain::new(&p[..5], 16);
+    assert!(short.hashes.is_empty());
+    assert_ne!(short.key, PromptChain::new(&p[..6], 16).key);
+    assert_eq!(short.cached_tokens(3), 0);
+    assert_eq!(PromptChain::new(&p, 0).cached_tokens(1), 0);
+}
+
+#[test]
+fn a_hit_wins_over_an_equally_loaded_miss() {
+    let chain = PromptChain::new(&prompt(100, 2), 16);
+    for holder in 0..3 {
+        let mut c = idle();
+        c[holder].cached_blocks = 6;
+        assert_eq!(POLICY.pick(&chain, &c), Some(holder));
+        let e = POLICY.evaluate(&chain, &c);
+        assert_eq!(
+            e[holder],
+            Evaluation {
+                cached_tokens: 96,
+                cost: 4
+            }
+        );
+        assert_eq!(e[(holder + 1) % 3].cost, 100);
+    }
+}
+
+#[test]
+fn cost_trades_prefill_against_load() {
+    let chain = PromptChain::new(&prompt(100, 3), 16);
+    let mut c = idle();
+    c[0].cached_blocks = 6; // cost 4 + load
+    c[0].load_tokens = 90;
+    c[1].load_tokens = 0; // cost 100
+    c[2].load_tokens = 50;
+    // 94 < 100: the hit still pays.
+    assert_eq!(POLICY.pick(&chain, &c), Some(0));
+    c[0].load_tokens = 97; // 101 > 100
+    assert_eq!(POLICY.pick(&chain, &c), Some(1));
+}
+
+#[test]
+fn a_hit_never_goes_beyond_the_load_bound() {
+    let chain = PromptChain::new(&prompt(64, 4), 16);
+    let mut c = idle();
+    c[0].cached_blocks = 3;
+    c[0].load_tokens = 1_000;
+    c[1].load_tokens = 990;
+    c[2].load_tokens = 990;
+    // Within: 1000 <= 1.5 * 993.3 + 64 = 1554: the hit wins (cost 16 + 1000 < 64 + 990).
+    assert_eq!(POLICY.pick(&chain, &c), Some(0));
+    // Beyond: average 433.3, bound 714 < 1000: cache ignored, the least loaded worker takes it.
+    c[1].load_tokens = 200;
+    c[2].load_tokens = 100;
+    assert_eq!(POLICY.evaluate(&chain, &c)[0].cached_tokens, 0);
+    assert_eq!(POLICY.pick(&chain, &c), Some(2));
+    // Even when the other costs are higher than the overloaded hit would have been, a hit beyond
+    // the bound does not count.
+    let mut c = idle();
+    c[0].cached_blocks = 3;
+    c[0].load_tokens = 5_000;
+    c[1].load_tokens = 100;
+    c[2].load_tokens = 100;
+    // Average 1733, bound 2664 < 5000: workers 1 and 2 tie at 164; rendezvous picks one.
+    let pick = POLICY.pick(&chain, &c);
+    assert!(matches!(pick, Some(1) | Some(2)), "{pick:?}");
+}
+
+#[test]
+fn a_miss_goes_to_the_least_loaded_worker_and_no_room_means_none() {
+    let chain = PromptChain::new(&prompt(50, 5), 16);
+    let mut c = idle();
+    c[0].load_tokens = 300;
+    c[1].load_tokens = 20;
+    c[2].load_tokens = 100;
+    assert_eq!(POLICY.pick(&chain, &c), Some(1));
+    c[1].has_room = false;
+    assert_eq!(POLICY.pick(&chain, &c), Some(2));
+    for x in &mut c {
+        x.has_room = false;
+    }
+    assert_eq!(POLICY.pick(&chain, &c), None);
+    assert_eq!(POLICY.pick(&chain, &[]), None);
+}
+
+#[test]
+fn equal_choices_spread_and_the_same_prefix_sticks() {
+    let mut counts = [0usize; 3];
+    for salt in 0..600u32 {
+        let chain = PromptChain::new(&prompt(40, salt * 7919), 16);
+        counts[POLICY.pick(&chain, &idle()).unwrap()] += 1;
+    }
+    assert!(counts.iter().all(|&n| n > 150), "{counts:?}");
+    // Same first block, different tails: same key, same worker while loads are equal.
+    let a = PromptChain::new(&prompt(40, 9), 16);
+    let mut other = prompt(40, 9);
+    other[20..].iter_mut().for_each(|t| *t += 1);
+    let b = PromptChain::new(&other, 16);
+    assert_eq!(POLICY.pick(&a, &idle()), POLICY.pick(&b, &idle()));
+    // The choice is by address, not by candidate order.
+    let mut reversed = idle();
+    reversed.reverse();
+    let first = idle()[POLICY.pick(&a, &idle()).unwrap()].address;
+    assert_eq!(reversed[POLICY.pick(&a, &reversed).unwrap()].address, first);
+}
+
+/// Property: the choice always has the lowest cost among the workers with room, and never uses a
+/// cache beyond the load bound.
+#[test]
+fn the_choice_is_a_lowest_cost_worker_with_room() {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+    let addrs: Vec<String> = (0..8).map(|i| format!("10.0.0.{i}:1")).collect();
+    for _ in 0..2_000 {
+        let chain = PromptChain::new(&prompt(rng.random_range(1..300), rng.random()), 16);
+        let c: Vec<KvCandidate<'_>> = addrs
+            .iter()
+            .map(|a| KvCandidate {
+                address: a,
+                has_room: rng.random_bool(0.8),
+                cached_blocks: rng.random_range(0..20),
+                load_tokens: rng.random_range(0..2_000),
+            })
+            .collect();
+        let e = POLICY.evaluate(&chain, &c);
+        let best = c
+            .iter()
+            .zip(&e)
+            .filter(|(c, _)| c.has_room)
+            .map(|(_, e)| e.cost)
+            .min();
+        let pick = POLICY.pick(&chain, &c);
+        assert_eq!(pick.map(|i| e[i].cost), best);
+        let average = c.iter().map(|c| c.load_tokens).sum::<u64>() as f64 / c.len() as f64;
+        for (c, e) in c.iter().zip(&e) {
+            if c.load_tokens as f64 > 1.5 * average + chain.tokens as f64 {
+                assert_eq!(e.cached_tokens, 0);
+            }
+        }
+    }
+}
