@@ -141,36 +141,72 @@ fn act_blocks(format: GgmlType) -> Option<ActBlocks> {
     }
 }
 
-/// `[Σ_k W[row][k] · x_t[k]]_t` of one encoded row of `format` (`k` values) against `T` rows.
+/// `out[r][t] = Σ_k W_r[k] · x_t[k]` for the consecutive encoded rows `rows` of `format`
+/// (`out.len()` rows of `k` values) against `T` activation rows.
 #[inline(always)]
 fn rows_t<const T: usize>(
     path: IntPath,
     format: GgmlType,
-    row: &[u8],
+    rows: &[u8],
     xs: [QRow<'_>; T],
     k: usize,
-) -> [f32; T] {
+    out: &mut [[f32; T]],
+) {
     let (f32, fk) = (Fmt32::of(format), FmtK::of(format));
     match path {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Avx2` comes only from `IntPath::available`, which detected AVX2, FMA and F16C;
-        // `QMatrix` validated the row (whole blocks of `k` values) and `xs` were quantized from
+        // `QMatrix` validated the rows (whole blocks of `k` values) and `xs` were quantized from
         // rows of `k` values in this format's blocks.
-        IntPath::Avx2 => unsafe { x86::rows_avx2::<T>(f32, fk, row, xs, k) },
+        IntPath::Avx2 => unsafe { x86::rows_avx2::<T>(f32, fk, rows, xs, k, out) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above; `Vnni` also comes only from `IntPath::available`, after detecting
         // AVX-512F/BW/VL/VNNI.
-        IntPath::Vnni => unsafe { x86::rows_vnni::<T>(f32, fk, row, xs, k) },
-        _ => std::array::from_fn(|t| match (f32, fk) {
-            (Some(f), _) => reference::dot32(f, row, xs[t], k / 32),
-            (None, Some(f)) => reference::dot_k(f, row, xs[t], k / 256),
-            (None, None) => unreachable!("int8: format without an integer kernel"),
-        }),
+        IntPath::Vnni => unsafe { x86::rows_vnni::<T>(f32, fk, rows, xs, k, out) },
+        _ => {
+            let rb = rows.len() / out.len();
+            for (r, o) in out.iter_mut().enumerate() {
+                let row = &rows[r * rb..(r + 1) * rb];
+                *o = std::array::from_fn(|t| match (f32, fk) {
+                    (Some(f), _) => reference::dot32(f, row, xs[t], k / 32),
+                    (None, Some(f)) => reference::dot_k(f, row, xs[t], k / 256),
+                    (None, None) => unreachable!("int8: format without an integer kernel"),
+                });
+            }
+        }
     }
 }
 
 /// Tokens per kernel call.
 const TILE_T: usize = 4;
+
+/// Weight rows per kernel call.
+const CHUNK_R: usize = 16;
+
+/// Rows `r0..r0 + out.cols` of `w` against the `T` quantized rows from `t0`, in chunks of
+/// [`CHUNK_R`] rows.
+fn token_tile<const T: usize>(
+    path: IntPath,
+    x: &QuantActs,
+    t0: usize,
+    w: &QMatrix,
+    r0: usize,
+    out: &mut OutCols<'_>,
+) {
+    let xs: [QRow<'_>; T] = std::array::from_fn(|i| x.row(t0 + i));
+    let mut buf = [[0.0f32; T]; CHUNK_R];
+    let mut r = 0;
+    while r < out.cols {
+        let count = (out.cols - r).min(CHUNK_R);
+        let rows = w.rows_encoded(r0 + r, count);
+        rows_t::<T>(path, w.format(), rows, xs, w.cols(), &mut buf[..count]);
+        for (i, v) in buf[..count].iter().enumerate() {
+            let col: [[f32; 1]; T] = std::array::from_fn(|t| [v[t]]);
+            out.put(t0, r + i, &col);
+        }
+        r += count;
+    }
+}
 
 /// Rows `r0..r0 + out.cols` of `w` against every row of the quantized `x`, `y[t][r]` through
 /// `out`: token tiles of [`TILE_T`] outermost (their codes stay in L1), the task's weight rows
@@ -183,31 +219,14 @@ fn rows_task(
     r0: usize,
     out: &mut OutCols<'_>,
 ) {
-    let (k, format) = (w.cols(), w.format());
     let mut t0 = 0;
     while t0 < n {
         let tile = (n - t0).min(TILE_T);
-        for r in 0..out.cols {
-            let row = w.row_encoded(r0 + r);
-            match tile {
-                1 => out.put(
-                    t0,
-                    r,
-                    &rows_t::<1>(path, format, row, [x.row(t0)], k).map(|v| [v]),
-                ),
-                2 => {
-                    let xs = std::array::from_fn(|i| x.row(t0 + i));
-                    out.put(t0, r, &rows_t::<2>(path, format, row, xs, k).map(|v| [v]))
-                }
-                3 => {
-                    let xs = std::array::from_fn(|i| x.row(t0 + i));
-                    out.put(t0, r, &rows_t::<3>(path, format, row, xs, k).map(|v| [v]))
-                }
-                _ => {
-                    let xs = std::array::from_fn(|i| x.row(t0 + i));
-                    out.put(t0, r, &rows_t::<4>(path, format, row, xs, k).map(|v| [v]))
-                }
-            }
+        match tile {
+            1 => token_tile::<1>(path, x, t0, w, r0, out),
+            2 => token_tile::<2>(path, x, t0, w, r0, out),
+            3 => token_tile::<3>(path, x, t0, w, r0, out),
+            _ => token_tile::<4>(path, x, t0, w, r0, out),
         }
         t0 += tile;
     }

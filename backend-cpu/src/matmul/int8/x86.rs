@@ -16,7 +16,7 @@
 use std::arch::x86_64::*;
 
 use super::acts::QRow;
-use super::reference::{block_term32, reduce8, term_k, Fmt32, FmtK, KMeta};
+use super::reference::{reduce8, term32, term_k, Fmt32, FmtK, KMeta};
 
 /// Unsigned-by-signed byte products summed into 8 i32 lanes (exact; which lane holds which
 /// partial differs between implementations, the total does not).
@@ -60,28 +60,61 @@ unsafe fn bytes_from_bits(bits: u32) -> __m256i {
     _mm256_cmpeq_epi8(v, _mm256_set1_epi64x(-1))
 }
 
+/// The 32 codes of 16 bytes of nibbles at `qs`: low nibbles (elements 0..16), then high.
+#[inline(always)]
+unsafe fn nibbles(qs: *const u8) -> __m256i {
+    let q = _mm_loadu_si128(qs as *const __m128i);
+    let m = _mm_set1_epi8(0x0F);
+    let lo = _mm_and_si128(q, m);
+    let hi = _mm_and_si128(_mm_srli_epi16(q, 4), m);
+    _mm256_set_m128i(hi, lo)
+}
+
+/// The fifth bits (`0x10` where set) of the 32 elements from the little-endian u32 at `qh`.
+#[inline(always)]
+unsafe fn fifth_bits(qh: *const u8) -> __m256i {
+    let bits = u32::from_le_bytes(std::ptr::read_unaligned(qh as *const [u8; 4]));
+    _mm256_and_si256(bytes_from_bits(bits), _mm256_set1_epi8(0x10))
+}
+
 /// The 32 codes of the block at `p` in element order: unsigned codes, or for Q8_0 the raw signed
-/// bytes (made magnitudes by the caller).
+/// bytes (made magnitudes by the caller). No closures in the kernels: a closure would be compiled
+/// without the caller's target features, and its intrinsics would not be inlined.
 #[inline(always)]
 unsafe fn codes32(f: Fmt32, p: *const u8) -> __m256i {
-    let nibbles = |qs: *const u8| {
-        let q = _mm_loadu_si128(qs as *const __m128i);
-        let m = _mm_set1_epi8(0x0F);
-        let lo = _mm_and_si128(q, m);
-        let hi = _mm_and_si128(_mm_srli_epi16(q, 4), m);
-        _mm256_set_m128i(hi, lo)
-    };
-    let fifth = |qh: *const u8| {
-        let bits = u32::from_le_bytes(std::ptr::read_unaligned(qh as *const [u8; 4]));
-        _mm256_and_si256(bytes_from_bits(bits), _mm256_set1_epi8(0x10))
-    };
     match f {
         Fmt32::Q8_0 => _mm256_loadu_si256(p.add(2) as *const __m256i),
         Fmt32::Q4_0 => nibbles(p.add(2)),
         Fmt32::Q4_1 => nibbles(p.add(4)),
-        Fmt32::Q5_0 => _mm256_or_si256(nibbles(p.add(6)), fifth(p.add(2))),
-        Fmt32::Q5_1 => _mm256_or_si256(nibbles(p.add(8)), fifth(p.add(4))),
+        Fmt32::Q5_0 => _mm256_or_si256(nibbles(p.add(6)), fifth_bits(p.add(2))),
+        Fmt32::Q5_1 => _mm256_or_si256(nibbles(p.add(8)), fifth_bits(p.add(4))),
     }
+}
+
+/// Lane partial sums of block `j`'s codes (`u`, signs `raw` for Q8_0) times the activation codes
+/// at `xq + 32 j`.
+#[inline(always)]
+unsafe fn block_dot<M: Mac>(
+    u: &[__m256i; 8],
+    raw: &[__m256i; 8],
+    signed: bool,
+    xq: *const i8,
+    j: usize,
+) -> __m256i {
+    let xv = _mm256_loadu_si256(xq.add(32 * j) as *const __m256i);
+    let xv = if signed {
+        _mm256_sign_epi8(xv, raw[j])
+    } else {
+        xv
+    };
+    M::dot(u[j], xv)
+}
+
+/// The f16 at `p`, as f32 (exact).
+#[inline(always)]
+unsafe fn f16_at(p: *const u8) -> f32 {
+    let bits = std::ptr::read_unaligned(p as *const u16);
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
 }
 
 /// Sum of the 8 i32 lanes (exact).
@@ -127,19 +160,23 @@ unsafe fn rows32<M: Mac, const T: usize>(
         let mw = _mm256_cvtph_ps(_mm_loadu_si128(mh.as_ptr() as *const __m128i));
         for t in 0..T {
             let xq = xs[t].qs.as_ptr().add(256 * g);
-            let p = |j: usize| {
-                let xv = _mm256_loadu_si256(xq.add(32 * j) as *const __m256i);
-                let xv = if signed {
-                    _mm256_sign_epi8(xv, raw[j])
-                } else {
-                    xv
-                };
-                M::dot(u[j], xv)
-            };
-            let h0123 =
-                _mm256_hadd_epi32(_mm256_hadd_epi32(p(0), p(1)), _mm256_hadd_epi32(p(2), p(3)));
-            let h4567 =
-                _mm256_hadd_epi32(_mm256_hadd_epi32(p(4), p(5)), _mm256_hadd_epi32(p(6), p(7)));
+            let h01 = _mm256_hadd_epi32(
+                block_dot::<M>(&u, &raw, signed, xq, 0),
+                block_dot::<M>(&u, &raw, signed, xq, 1),
+            );
+            let h23 = _mm256_hadd_epi32(
+                block_dot::<M>(&u, &raw, signed, xq, 2),
+                block_dot::<M>(&u, &raw, signed, xq, 3),
+            );
+            let h45 = _mm256_hadd_epi32(
+                block_dot::<M>(&u, &raw, signed, xq, 4),
+                block_dot::<M>(&u, &raw, signed, xq, 5),
+            );
+            let h67 = _mm256_hadd_epi32(
+                block_dot::<M>(&u, &raw, signed, xq, 6),
+                block_dot::<M>(&u, &raw, signed, xq, 7),
+            );
+            let (h0123, h4567) = (_mm256_hadd_epi32(h01, h23), _mm256_hadd_epi32(h45, h67));
             let mut s = _mm256_add_epi32(
                 _mm256_permute2x128_si256::<0x20>(h0123, h4567),
                 _mm256_permute2x128_si256::<0x31>(h0123, h4567),
@@ -158,14 +195,48 @@ unsafe fn rows32<M: Mac, const T: usize>(
             acc[t] = _mm256_add_ps(acc[t], term);
         }
     }
-    std::array::from_fn(|t| {
+    let mut out = [0.0f32; T];
+    for t in 0..T {
         let mut lanes = [0.0f32; 8];
         _mm256_storeu_ps(lanes.as_mut_ptr(), acc[t]);
+        // The last `nb % 8` blocks one at a time: the same exact sum, the same term.
         for b in 8 * groups..nb {
-            lanes[b % 8] += block_term32(f, row, xs[t], b);
+            let p = row.as_ptr().add(b * bytes);
+            let raw = codes32(f, p);
+            let u = if signed { _mm256_abs_epi8(raw) } else { raw };
+            let xv = _mm256_loadu_si256(xs[t].qs.as_ptr().add(32 * b) as *const __m256i);
+            let xv = if signed {
+                _mm256_sign_epi8(xv, raw)
+            } else {
+                xv
+            };
+            let isum = hsum_i32(M::dot(u, xv)) - f.offset() * xs[t].sums[b];
+            let mw = f.has_min().then(|| f16_at(p.add(2)));
+            lanes[b % 8] += term32(f16_at(p), mw, xs[t].d[b], xs[t].dsums[b], isum);
         }
-        reduce8(lanes)
-    })
+        out[t] = reduce8(lanes);
+    }
+    out
+}
+
+/// `0x10` in each byte of `qh` whose bit `bit` is set.
+#[inline(always)]
+unsafe fn bit_as_fifth(qh: __m256i, bit: usize) -> __m256i {
+    let b = _mm256_set1_epi8((1u8 << bit) as i8);
+    let set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, b), b);
+    _mm256_and_si256(set, _mm256_set1_epi8(0x10))
+}
+
+/// Bits `2i..2i + 2` of each byte of `qh` as bits 4-5 (Q6_K's high bits of code vector `i`).
+#[inline(always)]
+unsafe fn q6_high(qh: __m256i, i: usize, m3: __m256i) -> __m256i {
+    let v = match i {
+        0 => qh,
+        1 => _mm256_srli_epi16(qh, 2),
+        2 => _mm256_srli_epi16(qh, 4),
+        _ => _mm256_srli_epi16(qh, 6),
+    };
+    _mm256_slli_epi16(_mm256_and_si256(v, m3), 4)
 }
 
 /// One weight row of a k-quant format `f` (`nsb` super-blocks) against `T` activation rows.
@@ -189,13 +260,8 @@ unsafe fn rows_k<const T: usize>(f: FmtK, row: &[u8], xs: [QRow<'_>; T], nsb: us
                     let mut lo = _mm256_and_si256(q, m4);
                     let mut hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
                     if f == FmtK::Q5K {
-                        let fifth = |bit: i32| {
-                            let b = _mm256_set1_epi8((1 << bit) as i8);
-                            let set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, b), b);
-                            _mm256_and_si256(set, _mm256_set1_epi8(0x10))
-                        };
-                        lo = _mm256_or_si256(lo, fifth(2 * c as i32));
-                        hi = _mm256_or_si256(hi, fifth(2 * c as i32 + 1));
+                        lo = _mm256_or_si256(lo, bit_as_fifth(qh, 2 * c));
+                        hi = _mm256_or_si256(hi, bit_as_fifth(qh, 2 * c + 1));
                     }
                     codes[2 * c] = lo;
                     codes[2 * c + 1] = hi;
@@ -208,15 +274,6 @@ unsafe fn rows_k<const T: usize>(f: FmtK, row: &[u8], xs: [QRow<'_>; T], nsb: us
                     let ql0 = _mm256_loadu_si256(p.add(64 * h) as *const __m256i);
                     let ql1 = _mm256_loadu_si256(p.add(64 * h + 32) as *const __m256i);
                     let qh = _mm256_loadu_si256(p.add(128 + 32 * h) as *const __m256i);
-                    let high = |shift: i32| {
-                        let v = match shift {
-                            0 => qh,
-                            2 => _mm256_srli_epi16(qh, 2),
-                            4 => _mm256_srli_epi16(qh, 4),
-                            _ => _mm256_srli_epi16(qh, 6),
-                        };
-                        _mm256_slli_epi16(_mm256_and_si256(v, m3), 4)
-                    };
                     let low = [
                         _mm256_and_si256(ql0, m4),
                         _mm256_and_si256(ql1, m4),
@@ -224,7 +281,7 @@ unsafe fn rows_k<const T: usize>(f: FmtK, row: &[u8], xs: [QRow<'_>; T], nsb: us
                         _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
                     ];
                     for (i, lo) in low.into_iter().enumerate() {
-                        codes[4 * h + i] = _mm256_or_si256(lo, high(2 * i as i32));
+                        codes[4 * h + i] = _mm256_or_si256(lo, q6_high(qh, i, m3));
                         let g = 8 * h + 2 * i;
                         scales[4 * h + i] = _mm256_set_m128i(
                             _mm_set1_epi16(m.scales[g + 1] as i16),
@@ -249,39 +306,50 @@ unsafe fn rows_k<const T: usize>(f: FmtK, row: &[u8], xs: [QRow<'_>; T], nsb: us
     acc
 }
 
-/// Dispatches a row of `format` (a [`Fmt32`] or [`FmtK`] format, `k` values) to [`rows32`] with
-/// `$mac` or [`rows_k`], the format a constant in each arm.
+/// Runs every row of `rows` (consecutive encoded rows of `k` values) through [`rows32`] with
+/// `$mac` or [`rows_k`], the format a constant in each arm, into `out` (one entry per row).
 macro_rules! dispatch {
-    ($mac:ty, $f32:expr, $fk:expr, $row:expr, $xs:expr, $k:expr) => {
+    ($mac:ty, $f32:expr, $fk:expr, $rows:expr, $xs:expr, $k:expr, $out:expr) => {{
+        let rb = $rows.len() / $out.len();
+        let xs = $xs;
+        macro_rules! each {
+            ($call:expr) => {
+                for (r, o) in $out.iter_mut().enumerate() {
+                    let row = &$rows[r * rb..(r + 1) * rb];
+                    *o = $call(row);
+                }
+            };
+        }
         match ($f32, $fk) {
-            (Some(Fmt32::Q8_0), _) => rows32::<$mac, T>(Fmt32::Q8_0, $row, $xs, $k / 32),
-            (Some(Fmt32::Q4_0), _) => rows32::<$mac, T>(Fmt32::Q4_0, $row, $xs, $k / 32),
-            (Some(Fmt32::Q4_1), _) => rows32::<$mac, T>(Fmt32::Q4_1, $row, $xs, $k / 32),
-            (Some(Fmt32::Q5_0), _) => rows32::<$mac, T>(Fmt32::Q5_0, $row, $xs, $k / 32),
-            (Some(Fmt32::Q5_1), _) => rows32::<$mac, T>(Fmt32::Q5_1, $row, $xs, $k / 32),
-            (None, Some(FmtK::Q4K)) => rows_k::<T>(FmtK::Q4K, $row, $xs, $k / 256),
-            (None, Some(FmtK::Q5K)) => rows_k::<T>(FmtK::Q5K, $row, $xs, $k / 256),
-            (None, Some(FmtK::Q6K)) => rows_k::<T>(FmtK::Q6K, $row, $xs, $k / 256),
+            (Some(Fmt32::Q8_0), _) => each!(|row| rows32::<$mac, T>(Fmt32::Q8_0, row, xs, $k / 32)),
+            (Some(Fmt32::Q4_0), _) => each!(|row| rows32::<$mac, T>(Fmt32::Q4_0, row, xs, $k / 32)),
+            (Some(Fmt32::Q4_1), _) => each!(|row| rows32::<$mac, T>(Fmt32::Q4_1, row, xs, $k / 32)),
+            (Some(Fmt32::Q5_0), _) => each!(|row| rows32::<$mac, T>(Fmt32::Q5_0, row, xs, $k / 32)),
+            (Some(Fmt32::Q5_1), _) => each!(|row| rows32::<$mac, T>(Fmt32::Q5_1, row, xs, $k / 32)),
+            (None, Some(FmtK::Q4K)) => each!(|row| rows_k::<T>(FmtK::Q4K, row, xs, $k / 256)),
+            (None, Some(FmtK::Q5K)) => each!(|row| rows_k::<T>(FmtK::Q5K, row, xs, $k / 256)),
+            (None, Some(FmtK::Q6K)) => each!(|row| rows_k::<T>(FmtK::Q6K, row, xs, $k / 256)),
             (None, None) => unreachable!("int8: format without an integer kernel"),
         }
-    };
+    }};
 }
 
-/// `[Σ W·x_t]_t` for one row of `k` values (AVX2 path); `f32`/`fk` name the format (one is
-/// `Some`).
+/// `out[r][t] = Σ W_r·x_t` for the consecutive encoded rows `rows` (`out.len()` rows of `k`
+/// values, AVX2 path); `f32`/`fk` name the format (one is `Some`).
 ///
 /// # Safety
-/// The CPU must support AVX2, FMA and F16C; `row` holds `k` values of the format, each `xs[t]`
-/// the matching quantized activations of `k` values.
+/// The CPU must support AVX2, FMA and F16C; `rows` holds `out.len()` rows of `k` values of the
+/// format, each `xs[t]` the matching quantized activations of `k` values.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn rows_avx2<const T: usize>(
     f32: Option<Fmt32>,
     fk: Option<FmtK>,
-    row: &[u8],
+    rows: &[u8],
     xs: [QRow<'_>; T],
     k: usize,
-) -> [f32; T] {
-    dispatch!(Avx2Mac, f32, fk, row, xs, k)
+    out: &mut [[f32; T]],
+) {
+    dispatch!(Avx2Mac, f32, fk, rows, xs, k, out)
 }
 
 /// [`rows_avx2`] on the VNNI path.
@@ -292,9 +360,10 @@ pub(super) unsafe fn rows_avx2<const T: usize>(
 pub(super) unsafe fn rows_vnni<const T: usize>(
     f32: Option<Fmt32>,
     fk: Option<FmtK>,
-    row: &[u8],
+    rows: &[u8],
     xs: [QRow<'_>; T],
     k: usize,
-) -> [f32; T] {
-    dispatch!(VnniMac, f32, fk, row, xs, k)
+    out: &mut [[f32; T]],
+) {
+    dispatch!(VnniMac, f32, fk, rows, xs, k, out)
 }
