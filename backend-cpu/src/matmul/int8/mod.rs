@@ -45,8 +45,7 @@ use gguf::GgmlType;
 use serde::{Deserialize, Serialize};
 
 use super::out_cols::OutCols;
-use super::{rows_per_task, SimdPath};
-use crate::kernels::QMatrix;
+use crate::kernels::{QMatrix, SimdPath};
 use crate::pool;
 use acts::{ActBlocks, QRow, QuantActs};
 use reference::{Fmt32, FmtK};
@@ -232,6 +231,17 @@ fn rows_task(
     }
 }
 
+/// Tasks per thread of a matmul (enough for load balance when a helper is descheduled).
+const TASKS_PER_THREAD: usize = 8;
+
+/// Weight rows per pool task for `out_dim` rows on `threads` threads: whole [`CHUNK_R`] chunks,
+/// about [`TASKS_PER_THREAD`] tasks per thread. The token tiles sweep a task's rows, which stay in
+/// L2 (at most a few hundred KiB of encoded rows for these models). Task sizes change no value.
+fn rows_per_task(out_dim: usize, threads: usize) -> usize {
+    let rows = out_dim.div_ceil(threads.max(1) * TASKS_PER_THREAD);
+    rows.div_ceil(CHUNK_R).max(1) * CHUNK_R
+}
+
 thread_local! {
     /// The calling thread's quantized activations, one per [`ActBlocks`] kind (32, 256).
     static ACTS: RefCell<[QuantActs; 2]> = RefCell::new(Default::default());
@@ -271,7 +281,7 @@ pub fn matmul_into_with(
             }
         }
         let pool = pool::global();
-        let per_task = rows_per_task(n, out_dim, in_dim, pool.threads());
+        let per_task = rows_per_task(out_dim, pool.threads());
         let n_tasks = parts.iter().map(|w| w.rows().div_ceil(per_task)).sum();
         let all = OutCols::new(y, n, out_dim);
         let acts = &*acts;
