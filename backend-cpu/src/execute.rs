@@ -11,7 +11,7 @@ use std::cell::RefCell;
 use std::ops::ControlFlow;
 
 use super::attention::{attention_into, AttnOptions, HeadShape, QueryPos};
-use super::matmul::matmul_into;
+use super::matmul::{matmul_into_numerics, Numerics};
 use super::ops::{
     gated_into, rms_norm_chunks_in_place, rms_norm_into, softcap_in_place, RopeTable,
 };
@@ -65,6 +65,8 @@ pub(super) struct Step<'a> {
 pub(super) struct Pass<'m, 'a> {
     desc: &'m ModelDesc,
     weights: &'m ModelWeights,
+    /// How the matmuls multiply quantized weights.
+    numerics: Numerics,
     step: &'m Step<'a>,
     kv: &'m mut PagedKvCache,
     /// One RoPE table per [`ModelPlan::rope_variants`], over the step's positions.
@@ -82,12 +84,14 @@ impl<'m, 'a> Pass<'m, 'a> {
     pub(super) fn new(
         desc: &'m ModelDesc,
         weights: &'m ModelWeights,
+        numerics: Numerics,
         step: &'m Step<'a>,
         kv: &'m mut PagedKvCache,
     ) -> Pass<'m, 'a> {
         Pass {
             desc,
             weights,
+            numerics,
             step,
             kv,
             ropes: Vec::new(),
@@ -154,7 +158,9 @@ impl<'m, 'a> Pass<'m, 'a> {
         let rows = self.queries.len();
         match op {
             LayerOp::Norm(branch) => rms_norm_into(&self.x, w.norm(branch), eps, &mut ws.xn),
-            LayerOp::QkvProject => matmul_into(&ws.xn, rows, hidden, &w.wqkv, &mut ws.qkv),
+            LayerOp::QkvProject => {
+                matmul_into_numerics(self.numerics, &ws.xn, rows, hidden, &w.wqkv, &mut ws.qkv)
+            }
             LayerOp::QkvBias => {
                 for r in ws.qkv.chunks_exact_mut(width) {
                     add_in_place(r, w.bias());
@@ -189,13 +195,18 @@ impl<'m, 'a> Pass<'m, 'a> {
                     Branch::FeedForward => (&ws.h, c.ffn_dim),
                 };
                 let wy = std::slice::from_ref(w.out_projection(branch));
-                matmul_into(y, rows, k, wy, &mut ws.proj);
+                matmul_into_numerics(self.numerics, y, rows, k, wy, &mut ws.proj);
                 let norm = post_norm.then(|| w.post_norm(branch).as_slice());
                 add_residual(&mut self.x, &ws.proj, norm, eps, &mut ws.xn);
             }
-            LayerOp::GateUpProject => {
-                matmul_into(&ws.xn, rows, hidden, &w.w_gate_up, &mut ws.gate_up)
-            }
+            LayerOp::GateUpProject => matmul_into_numerics(
+                self.numerics,
+                &ws.xn,
+                rows,
+                hidden,
+                &w.w_gate_up,
+                &mut ws.gate_up,
+            ),
             LayerOp::Gate(act) => gated_into(&ws.gate_up, c.ffn_dim, act, &mut ws.h),
         }
         ControlFlow::Continue(())
@@ -259,7 +270,8 @@ impl<'m, 'a> Pass<'m, 'a> {
                 }
                 HeadOp::LmHead => {
                     let head = std::slice::from_ref(self.weights.lm_head());
-                    matmul_into(&ws.xn, m, c.hidden, head, logits.buffer(c.vocab_size));
+                    let y = logits.buffer(c.vocab_size);
+                    matmul_into_numerics(self.numerics, &ws.xn, m, c.hidden, head, y);
                 }
                 HeadOp::Softcap(cap) => softcap_in_place(logits.buffer(c.vocab_size), cap),
             }

@@ -11,7 +11,7 @@ use std::path::Path;
 use super::attention::QueryPos;
 use super::execute::{Pass, Step};
 use super::weights::{load_weights, ModelWeights};
-use super::{KvDtype, PagedKvCache};
+use super::{KvDtype, Numerics, PagedKvCache};
 use engine::backend::{BatchEntry, EntryLimits, Logits, ModelError, StepPlan};
 use model_desc::{ModelDesc, ModelPlan, ModelSource};
 
@@ -25,6 +25,8 @@ pub struct CpuModel {
     weights: ModelWeights,
     /// Element type of the caches made by [`Self::new_kv`].
     kv_dtype: KvDtype,
+    /// How quantized weights are multiplied.
+    numerics: Numerics,
 }
 
 impl CpuModel {
@@ -59,6 +61,7 @@ impl CpuModel {
             config,
             weights,
             kv_dtype: KvDtype::F32,
+            numerics: Numerics::Exact,
         }
     }
 
@@ -73,6 +76,18 @@ impl CpuModel {
     /// Element type of the caches made by [`Self::new_kv`].
     pub fn kv_dtype(&self) -> KvDtype {
         self.kv_dtype
+    }
+
+    /// This model multiplying its quantized weights in numeric mode `numerics` (default
+    /// [`Numerics::Exact`]; [`Numerics::Fast`]: 8-bit activations, see [`crate::matmul::int8`]).
+    pub fn with_numerics(mut self, numerics: Numerics) -> CpuModel {
+        self.numerics = numerics;
+        self
+    }
+
+    /// The numeric mode of the matmuls.
+    pub fn numerics(&self) -> Numerics {
+        self.numerics
     }
 
     /// The model's hyper-parameters.
@@ -185,7 +200,7 @@ impl CpuModel {
         if step.queries.is_empty() {
             return Ok(());
         }
-        Pass::new(&self.config, &self.weights, &step, kv).run(&self.plan, logits);
+        Pass::new(&self.config, &self.weights, self.numerics, &step, kv).run(&self.plan, logits);
         Ok(())
     }
 }

@@ -68,4 +68,5 @@ pub use attention::{attention, attention_into, AttnOptions, HeadShape, QueryPos}
 pub use forward::CpuModel;
 pub use kernels::{QMatrix, SimdPath};
 pub use kv_store::{KvDtype, PagedKvCache, PagedLayer};
+pub use matmul::{IntPath, Numerics};
 pub use weights::{load_weights, LayerWeights, ModelWeights};

@@ -1,7 +1,7 @@
 //! Batch-invariance and validation tests of [`CpuModel::forward_batch`] on the tiny random model
 //! (2 layers, hidden 64, 4 query / 2 KV heads of 16, context 256).
 
-use super::{CpuModel, KvDtype, PagedKvCache};
+use super::{CpuModel, KvDtype, Numerics, PagedKvCache};
 use engine::backend::BatchEntry;
 use engine::backend::ModelError;
 
@@ -392,5 +392,77 @@ fn every_architecture_is_batch_invariant() {
         let f16 = model.with_kv_dtype(KvDtype::F16);
         chunking_is_bitwise_invariant_with(&f16);
         batched_sequences_match_running_alone_with(&f16);
+    }
+}
+
+/// The checks above in `fast` numerics on the tiny model: its first layer is Q4_1 and its tied LM
+/// head Q8_0, so those matmuls run the 8-bit integer kernels (the F16/F32 layer stays exact).
+#[test]
+fn fast_numerics_is_batch_invariant() {
+    let (_dir, model) = tiny();
+    let model = model.with_numerics(Numerics::Fast);
+    chunking_is_bitwise_invariant_with(&model);
+    batched_sequences_match_running_alone_with(&model);
+    shared_prefix_blocks_give_identical_results_with(&model);
+    shuffled_block_ids_match_contiguous_with(&model);
+}
+
+/// `fast` numerics changes the logits of quantized layers (it is not silently the exact path) and
+/// keeps them close to the exact ones.
+#[test]
+fn fast_numerics_stays_close_to_exact() {
+    let (_dir, model) = tiny();
+    let prompt: Vec<u32> = (0..9).map(|i| (i * 29 + 3) % 259).collect();
+    let table = [0u32, 1, 2];
+    let exact = run_chunked(&model, &mut model.new_kv(3, 4), &prompt, &[9], &table);
+    let model = model.with_numerics(Numerics::Fast);
+    let fast = run_chunked(&model, &mut model.new_kv(3, 4), &prompt, &[9], &table);
+    assert_ne!(bits(&fast), bits(&exact));
+    let scale = exact.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let worst = fast
+        .iter()
+        .zip(&exact)
+        .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(worst < 0.05 * scale, "{worst} of {scale}");
+}
+
+/// A tiny architecture's f32 weights re-encoded block-wise (every matrix in `format`), so every
+/// matmul of `fast` runs the integer kernels.
+fn tiny_arch_quantized(arch: &str, format: gguf::GgmlType) -> CpuModel {
+    use model_desc::ModelDesc;
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../fixtures/tiny-arch")
+        .join(arch)
+        .join(format!("{arch}-f32.gguf"));
+    let file = gguf::GgufFile::open(&path).unwrap();
+    let desc = ModelDesc::from_source(&file).unwrap();
+    let weights = crate::load_weights(&file, &desc).unwrap();
+    let encode = |m: &crate::QMatrix| {
+        let mut x = vec![0.0; m.rows() * m.cols()];
+        m.dequantize_rows(0, &mut x);
+        let bytes = match format {
+            gguf::GgmlType::Q8_0 => gguf::quantize_q8_0(&x).unwrap(),
+            _ => gguf::quantize_q4_1(&x).unwrap(),
+        };
+        crate::QMatrix::from_bytes(format, m.rows(), m.cols(), &bytes)
+    };
+    let weights = weights.try_map(encode, |v| Ok(v.clone())).unwrap();
+    CpuModel::from_parts(desc, weights).with_numerics(Numerics::Fast)
+}
+
+/// The batch-invariance checks in `fast` numerics on every tiny architecture, all matrices Q8_0
+/// or Q4_1 (the integer kernels in every matmul, the LM head included).
+#[test]
+fn fast_numerics_every_architecture_is_batch_invariant() {
+    for (i, arch) in ["qwen2", "qwen3", "llama3rope", "gemma2", "phi3"]
+        .into_iter()
+        .enumerate()
+    {
+        eprintln!("{arch}");
+        let format = [gguf::GgmlType::Q8_0, gguf::GgmlType::Q4_1][i % 2];
+        let model = tiny_arch_quantized(arch, format);
+        chunking_is_bitwise_invariant_with(&model);
+        batched_sequences_match_running_alone_with(&model);
+        shared_prefix_blocks_give_identical_results_with(&model);
     }
 }

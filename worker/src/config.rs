@@ -7,7 +7,7 @@ use clap::Parser;
 use figment::providers::Env;
 use serde::{Deserialize, Serialize};
 
-use backend_cpu::KvDtype;
+use backend_cpu::{KvDtype, Numerics as CpuNumerics};
 use backend_cuda::{DeviceKind, Numerics};
 use engine::{EngineConfig, SchedulerConfig};
 
@@ -88,6 +88,11 @@ pub struct Cli {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cuda_device: Option<usize>,
+    /// CPU numeric mode: exact (f32 activations, the default) or fast (8-bit activations and
+    /// integer dot products for quantized weights, still batch invariant). CPU only.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub numerics: Option<String>,
     /// CUDA numeric mode: exact (f32, reference-equal greedy ids, batch invariant) or fast (bf16).
     #[arg(long, value_enum)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -190,6 +195,12 @@ pub struct WorkerSettings {
     pub device: DeviceKind,
     /// CUDA device ordinal.
     pub cuda_device: usize,
+    /// Numeric mode of the CPU backend: `exact` (default: f32 activations against exactly decoded
+    /// weights, the float32 reference up to summation order) or `fast` (block-quantized weights
+    /// multiplied with 8-bit activations and integer dot products; deterministic and batch
+    /// invariant, but not equal to the f32 reference). Applies to the CPU only: `fast` with the
+    /// CUDA device is an error (the CUDA backend's own mode is `cuda_numerics`).
+    pub numerics: CpuNumerics,
     /// Numeric mode of the CUDA backend: `exact` (f32; greedy ids equal the CPU reference, batch
     /// invariant) or `fast` (bf16 activations and KV cache).
     pub cuda_numerics: Numerics,
@@ -232,6 +243,7 @@ impl Default for WorkerSettings {
             engine_stall_timeout_ms: 60_000,
             device: DeviceKind::Auto,
             cuda_device: 0,
+            numerics: CpuNumerics::Exact,
             cuda_numerics: Numerics::Exact,
             cuda_graphs: true,
             cuda_cache_dir: String::new(),
@@ -297,7 +309,21 @@ impl WorkerSettings {
         if self.engine_stall_timeout_ms == 0 {
             return Err(SettingsError::ZeroStallTimeout);
         }
+        if self.device == DeviceKind::Cuda {
+            self.check_numerics_on("cuda")?;
+        }
         Ok(())
+    }
+
+    /// Checks that `numerics` can run on the device `chosen` (`cuda` or `cpu`): `fast` is a CPU
+    /// mode.
+    ///
+    /// Errors: [`SettingsError::FastNumericsOnCuda`].
+    pub fn check_numerics_on(&self, chosen: &'static str) -> Result<(), SettingsError> {
+        match (self.numerics, chosen) {
+            (CpuNumerics::Fast, "cuda") => Err(SettingsError::FastNumericsOnCuda),
+            _ => Ok(()),
+        }
     }
 
     /// The gRPC port's certificate, read now (re-read by its `watch`), when TLS is on.
@@ -390,6 +416,12 @@ pub enum SettingsError {
     /// The TLS settings or files cannot be used.
     #[error(transparent)]
     Tls(#[from] tls_certs::TlsError),
+    /// `numerics = fast` with the CUDA device.
+    #[error(
+        "numerics = fast is a CPU mode and the device is cuda: set `numerics = exact` (or `device = \
+         cpu`); the CUDA backend's fast mode is `cuda_numerics = fast`"
+    )]
+    FastNumericsOnCuda,
     /// `engine_stall_timeout_ms` is 0.
     #[error("engine_stall_timeout_ms must be at least 1")]
     ZeroStallTimeout,
@@ -464,6 +496,44 @@ mod tests {
             jail.create_file("w.toml", "model = 'a.gguf'\nkv_cache_dtype = 'f16'\n")?;
             let s = WorkerSettings::load(&cli).map_err(|e| e.to_string())?;
             assert_eq!(s.kv_cache_dtype, KvDtype::F16);
+            Ok(())
+        });
+    }
+
+    /// `numerics`: `exact` by default, `fast` from the file, the environment or the flag; an
+    /// unknown value and `fast` on CUDA are errors naming the setting.
+    #[test]
+    #[allow(clippy::result_large_err)] // figment::Jail's closure signature
+    fn numerics_setting() {
+        figment::Jail::expect_with(|jail| {
+            let cli = Cli::parse_from(["worker", "--config", "w.toml"]);
+            jail.create_file("w.toml", "model = 'a.gguf'\n")?;
+            let s = WorkerSettings::load(&cli).map_err(|e| e.to_string())?;
+            assert_eq!(s.numerics, CpuNumerics::Exact);
+            jail.create_file("w.toml", "model = 'a.gguf'\nnumerics = 'fast'\n")?;
+            let s = WorkerSettings::load(&cli).map_err(|e| e.to_string())?;
+            assert_eq!(s.numerics, CpuNumerics::Fast);
+            assert!(s.validate().is_ok());
+            jail.set_env("WORKER_NUMERICS", "exact");
+            let s = WorkerSettings::load(&cli).map_err(|e| e.to_string())?;
+            assert_eq!(s.numerics, CpuNumerics::Exact);
+            let flagged = Cli::parse_from(["worker", "--config", "w.toml", "--numerics", "fast"]);
+            let s = WorkerSettings::load(&flagged).map_err(|e| e.to_string())?;
+            assert_eq!(s.numerics, CpuNumerics::Fast);
+            let cuda = WorkerSettings {
+                device: DeviceKind::Cuda,
+                ..s.clone()
+            };
+            let err = cuda.validate().unwrap_err().to_string();
+            assert!(err.starts_with("numerics = fast is a CPU mode"), "{err}");
+            assert!(s.check_numerics_on("cpu").is_ok());
+            assert!(s.check_numerics_on("cuda").is_err());
+            jail.set_env("WORKER_NUMERICS", "quick");
+            let err = WorkerSettings::load(&cli).unwrap_err().to_string();
+            assert!(
+                err.contains("quick") && err.to_lowercase().contains("numerics"),
+                "{err}"
+            );
             Ok(())
         });
     }

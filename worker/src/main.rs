@@ -120,14 +120,35 @@ async fn run(settings: WorkerSettings, backend: Backend) -> anyhow::Result<()> {
     };
     match backend {
         Backend::Cpu { reason } => {
-            tracing::info!(device = "cpu", %reason, "compute device chosen");
+            let numerics = prepared.settings.numerics;
+            tracing::info!(
+                device = "cpu",
+                %reason,
+                numerics = numerics.as_str(),
+                simd = backend_cpu::SimdPath::detect().as_str(),
+                int8 = backend_cpu::IntPath::detect().as_str(),
+                "compute device chosen"
+            );
             let kv_dtype = prepared.settings.kv_cache_dtype;
             let load = move |file: &gguf::GgufFile| {
-                CpuModel::from_source(file).map(|model| model.with_kv_dtype(kv_dtype))
+                CpuModel::from_source(file)
+                    .map(|model| model.with_kv_dtype(kv_dtype).with_numerics(numerics))
             };
-            load_and_serve(prepared, load, |_, _| Ok(())).await
+            let mode = match numerics {
+                backend_cpu::Numerics::Exact => "cpu, numerics exact".to_string(),
+                backend_cpu::Numerics::Fast => format!(
+                    "cpu, numerics fast, {} integer kernels",
+                    backend_cpu::IntPath::detect().as_str()
+                ),
+            };
+            load_and_serve(prepared, mode, load, |_, _| Ok(())).await
         }
         Backend::Cuda(gpu) => {
+            // `device = auto` chose the GPU: `numerics = fast` (a CPU mode) cannot run there.
+            prepared
+                .settings
+                .check_numerics_on("cuda")
+                .map_err(|e| BadInput(anyhow::anyhow!("invalid settings: {e}")))?;
             tracing::info!(
                 device = "cuda",
                 gpu = %gpu.name,
@@ -152,8 +173,10 @@ async fn run(settings: WorkerSettings, backend: Backend) -> anyhow::Result<()> {
                 cache_dir: backend_cuda::cache::cache_dir(&s.cuda_cache_dir),
                 max_decode_batch: s.max_num_seqs,
             };
+            let mode = format!("cuda, cuda_numerics {}", s.cuda_numerics.as_str());
             load_and_serve(
                 prepared,
+                mode,
                 move |file: &gguf::GgufFile| CudaModel::from_source(file, gpu, options),
                 |model: &CudaModel, config: &EngineConfig| {
                     Ok(model.check_kv_fits(config.num_blocks, config.block_size)?)
@@ -177,8 +200,14 @@ struct Prepared<H> {
 }
 
 /// Opens the model file, builds the model from it with `load` (on a blocking thread; a shutdown signal meanwhile ends the worker),
-/// checks the engine settings against it with `check`, then runs the engine and serves until shutdown.
-async fn load_and_serve<H, M, E, L, C>(p: Prepared<H>, load: L, check: C) -> anyhow::Result<()>
+/// checks the engine settings against it with `check`, then runs the engine and serves until shutdown;
+/// `mode` (the device and numeric mode) goes into the ready line.
+async fn load_and_serve<H, M, E, L, C>(
+    p: Prepared<H>,
+    mode: String,
+    load: L,
+    check: C,
+) -> anyhow::Result<()>
 where
     H: tonic_health::pb::health_server::Health,
     M: BatchModel,
@@ -258,10 +287,11 @@ where
         stall_timeout,
     ));
     println!(
-        "worker ready: serving {} on {}{}",
+        "worker ready: serving {} on {}{} ({})",
         model_path.display(),
         settings.listen,
-        if cert.is_some() { " over TLS" } else { "" }
+        if cert.is_some() { " over TLS" } else { "" },
+        mode
     );
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let router = tonic::transport::Server::builder()

@@ -9,7 +9,8 @@
 //!   steps) must give the same ids.
 //! - On a tiny random model: prefill-then-decode equals token-by-token, bitwise.
 //! - `throughput_report` (ignored; run with `--ignored --nocapture`) prints
-//!   prefill and decode speeds of the real model (`THROUGHPUT_KV=f16` for an
+//!   prefill and decode speeds of the real model (`THROUGHPUT_NUMERICS=fast` for the 8-bit
+//!   activation kernels, `THROUGHPUT_KV=f16` for an
 //!   f16 KV cache).
 //! - `f16_kv_report` (ignored) prints how far greedy decoding with an f16 KV
 //!   cache follows the reference on each prompt.
@@ -346,10 +347,21 @@ fn throughput_report() {
         Ok("f16") => KvDtype::F16,
         _ => KvDtype::F32,
     };
+    let numerics = match std::env::var("THROUGHPUT_NUMERICS").as_deref() {
+        Ok("fast") => backend_cpu::Numerics::Fast,
+        _ => backend_cpu::Numerics::Exact,
+    };
     let model = CpuModel::load(&real_model_path())
         .expect("loading the model")
-        .with_kv_dtype(kv_dtype);
+        .with_kv_dtype(kv_dtype)
+        .with_numerics(numerics);
     eprintln!("kv cache: {kv_dtype:?}");
+    eprintln!(
+        "numerics: {} (f32 path {}, integer path {})",
+        numerics.as_str(),
+        backend_cpu::SimdPath::detect().as_str(),
+        backend_cpu::IntPath::detect().as_str()
+    );
     let vocab = model.config().vocab_size as u32;
     let plen = env_list("THROUGHPUT_PREFILL", &[300])[0];
     let batches = env_list("THROUGHPUT_BATCHES", &[1, 8, 32]);

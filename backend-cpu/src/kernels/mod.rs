@@ -7,8 +7,8 @@
 //! ([`blocks512`], shared with the fused matmul kernels). The matmul
 //! decodes a few rows at a time into a small per-thread f32 tile (L1
 //! resident: `TILE_R * cols * 4` bytes, at most 18 KiB for SmolLM2's 1536-wide
-//! rows) and multiplies float32 activations against it; there is no 8-bit
-//! activation path.
+//! rows) and multiplies float32 activations against it (in `exact` numerics; the 8-bit
+//! activation kernels of `fast` numerics are [`crate::matmul::int8`]).
 //!
 //! Exactness: every decoder produces bitwise the values of the scalar
 //! reference [`gguf::dequantize`] (ggml's `dequantize_row_*` formulas):

@@ -33,6 +33,15 @@ impl SimdPath {
         })
     }
 
+    /// `"portable"`, `"avx2"` or `"avx512"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SimdPath::Portable => "portable",
+            SimdPath::Avx2 => "avx2",
+            SimdPath::Avx512 => "avx512",
+        }
+    }
+
     /// Every path this CPU can run, slowest first (always starts with `Portable`).
     pub fn available() -> Vec<SimdPath> {
         let mut out = vec![SimdPath::Portable];

@@ -52,6 +52,7 @@ pub const TILE_R: usize = 3;
 mod dot;
 #[cfg(target_arch = "x86_64")]
 mod fused;
+pub mod int8;
 mod out_cols;
 mod prefetch;
 mod simd;
@@ -62,6 +63,7 @@ pub use dot::{
     add_scaled, add_scaled_rows, add_scaled_rows_with, add_scaled_with, dot, dot_block_scaled_with,
     dot_rows, dot_tile_with, dot_with,
 };
+pub use int8::{IntPath, Numerics};
 use out_cols::OutCols;
 use prefetch::Prefetch;
 use simd::tile_portable;
@@ -355,6 +357,25 @@ pub fn matmul(x: &[f32], n: usize, in_dim: usize, parts: &[QMatrix]) -> Vec<f32>
 /// allocation is reused, so a step's buffers are not allocated again).
 pub fn matmul_into(x: &[f32], n: usize, in_dim: usize, parts: &[QMatrix], y: &mut Vec<f32>) {
     matmul_into_with(SimdPath::detect(), x, n, in_dim, parts, y)
+}
+
+/// [`matmul_into`] in numeric mode `numerics`: [`Numerics::Fast`] multiplies block-quantized
+/// weights with 8-bit activations on [`IntPath::detect`]'s path ([`int8`]); F16/BF16/F32 weights
+/// and [`Numerics::Exact`] take the f32 path.
+pub fn matmul_into_numerics(
+    numerics: Numerics,
+    x: &[f32],
+    n: usize,
+    in_dim: usize,
+    parts: &[QMatrix],
+    y: &mut Vec<f32>,
+) {
+    if numerics == Numerics::Fast
+        && int8::matmul_into_with(IntPath::detect(), x, n, in_dim, parts, y)
+    {
+        return;
+    }
+    matmul_into(x, n, in_dim, parts, y)
 }
 
 /// [`matmul`] on a given path.

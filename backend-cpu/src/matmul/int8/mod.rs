@@ -1,0 +1,315 @@
+//! The `fast` numerics of the CPU backend ([`Numerics::Fast`]): matrix multiplications of
+//! block-quantized weights with 8-bit activations and integer dot products, as llama.cpp's CPU
+//! kernels do (`ggml_vec_dot_q4_1_q8_1`, `ggml_vec_dot_q4_K_q8_K`, ...), but batch invariant.
+//!
+//! Each step's activation rows are quantized once per matmul call ([`acts`]): in blocks of 32 for
+//! Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 weights (an f32 scale, the block's integer sum and the scale
+//! times it), in blocks of 256 with per-16 sums for Q4_K, Q5_K and Q6_K. A call covers every part
+//! of one logical matrix (Q, K, V; gate, up), so the parts that read the same input share one
+//! quantization. Scratch: per call `n * k` bytes of codes plus 12 bytes per 32 values (or 36 per
+//! 256), e.g. 756 bytes per token for SmolLM2's 576-wide input, in a per-thread buffer reused
+//! across steps. F16, BF16 and F32 weights (and any call with such a part) take the exact f32 path.
+//!
+//! # Batch invariance (the contract of [`super`] kept in `fast`)
+//!
+//! An output element `y[t][r]` is a function of activation row `t` and weight row `r` alone,
+//! computed by the same operations whatever the batch, tile, thread or SIMD path:
+//!
+//! 1. Quantizing a row reads only that row: each block's scale is its own `max|x| / 127` and each
+//!    code `round_ties_even(x * (1 / d))`, in scalar code shared by every path.
+//! 2. A block's products are summed in i32. Integer addition is exact and associative, so the sum
+//!    does not depend on how a path splits it into lanes (`vpmaddubsw` pairs, `vpdpbusd` quads, the
+//!    scalar loop) or reduces them (no sum can overflow: a Q6_K super-block's is at most
+//!    16 · 128 · 16 · 63 · 127 < 2³¹, the others' less).
+//! 3. A block's f32 term is one fixed formula of that block's scales and integer sum
+//!    ([`reference::term32`], [`reference::term_k`]; separate multiplies and adds, never fused),
+//!    and lane-wise SIMD arithmetic rounds each lane exactly as the scalar operation does.
+//! 4. Terms are accumulated in a fixed order set by the row length only: blocks of 32 in 8 lanes
+//!    (block `b` into lane `b % 8`, in increasing `b`) then [`reference::reduce8`]; super-blocks of
+//!    256 sequentially.
+//!
+//! So every path gives bitwise the result of the portable reference ([`reference`]), which the
+//! tests check for every format, path, tile height and row count; results are therefore also
+//! reproducible across machines (unlike the exact path, whose f32 lane count follows the CPU).
+
+mod acts;
+mod reference;
+#[cfg(test)]
+mod tests;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+use std::cell::RefCell;
+
+use gguf::GgmlType;
+use serde::{Deserialize, Serialize};
+
+use super::out_cols::OutCols;
+use crate::kernels::{QMatrix, SimdPath};
+use crate::pool;
+use acts::{ActBlocks, QRow, QuantActs};
+use reference::{Fmt32, FmtK};
+
+/// How the CPU backend multiplies quantized weights (the worker's `numerics` setting).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Numerics {
+    /// f32 activations against exactly decoded weights: the float32 reference up to summation
+    /// order (the default).
+    #[default]
+    Exact,
+    /// 8-bit activations and integer dot products for block-quantized weights (see [`self`]);
+    /// still deterministic and batch invariant, not equal to the f32 reference.
+    Fast,
+}
+
+impl Numerics {
+    /// `"exact"` or `"fast"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Numerics::Exact => "exact",
+            Numerics::Fast => "fast",
+        }
+    }
+}
+
+/// The instruction-set path of the integer kernels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IntPath {
+    /// Portable scalar code ([`reference`]).
+    Portable,
+    /// AVX2: `vpmaddubsw` + `vpmaddwd`.
+    Avx2,
+    /// AVX-512 VNNI (with VL and BW): `vpdpbusd` on 256-bit vectors for blocks of 32.
+    Vnni,
+}
+
+impl IntPath {
+    /// Every path this CPU can run, slowest first (always starts with `Portable`).
+    pub fn available() -> Vec<IntPath> {
+        let mut out = vec![IntPath::Portable];
+        if SimdPath::available().contains(&SimdPath::Avx2) {
+            out.push(IntPath::Avx2);
+            #[cfg(target_arch = "x86_64")]
+            if std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512bw")
+                && std::arch::is_x86_feature_detected!("avx512vl")
+                && std::arch::is_x86_feature_detected!("avx512vnni")
+            {
+                out.push(IntPath::Vnni);
+            }
+        }
+        out
+    }
+
+    /// The path that goes with the f32 kernels' [`SimdPath::detect`] (so `WORKER_SIMD=portable` or
+    /// `avx2` forces the portable or AVX2 integer path too): VNNI where [`SimdPath::Avx512`] runs
+    /// and the CPU has it, else AVX2 or portable.
+    pub fn detect() -> IntPath {
+        let all = IntPath::available();
+        match SimdPath::detect() {
+            SimdPath::Portable => IntPath::Portable,
+            SimdPath::Avx2 => IntPath::Avx2,
+            SimdPath::Avx512 => *all.last().expect("portable is always available"),
+        }
+    }
+
+    /// `"portable"`, `"avx2"` or `"avx512-vnni"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IntPath::Portable => "portable",
+            IntPath::Avx2 => "avx2",
+            IntPath::Vnni => "avx512-vnni",
+        }
+    }
+}
+
+/// Whether `format` has integer kernels (every block format; not F16, BF16, F32).
+pub fn supports(format: GgmlType) -> bool {
+    Fmt32::of(format).is_some() || FmtK::of(format).is_some()
+}
+
+/// The activation blocks `format` needs (`None`: no integer kernel).
+fn act_blocks(format: GgmlType) -> Option<ActBlocks> {
+    if Fmt32::of(format).is_some() {
+        Some(ActBlocks::B32)
+    } else if FmtK::of(format).is_some() {
+        Some(ActBlocks::B256)
+    } else {
+        None
+    }
+}
+
+/// `out[r][t] = Σ_k W_r[k] · x_t[k]` for the consecutive encoded rows `rows` of `format`
+/// (`out.len()` rows of `k` values) against `T` activation rows.
+#[inline(always)]
+fn rows_t<const T: usize>(
+    path: IntPath,
+    format: GgmlType,
+    rows: &[u8],
+    xs: [QRow<'_>; T],
+    k: usize,
+    out: &mut [[f32; T]],
+) {
+    let (f32, fk) = (Fmt32::of(format), FmtK::of(format));
+    match path {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Avx2` comes only from `IntPath::available`, which detected AVX2, FMA and F16C;
+        // `QMatrix` validated the rows (whole blocks of `k` values) and `xs` were quantized from
+        // rows of `k` values in this format's blocks.
+        IntPath::Avx2 => unsafe { x86::rows_avx2::<T>(f32, fk, rows, xs, k, out) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above; `Vnni` also comes only from `IntPath::available`, after detecting
+        // AVX-512F/BW/VL/VNNI.
+        IntPath::Vnni => unsafe { x86::rows_vnni::<T>(f32, fk, rows, xs, k, out) },
+        _ => {
+            let rb = rows.len() / out.len();
+            for (r, o) in out.iter_mut().enumerate() {
+                let row = &rows[r * rb..(r + 1) * rb];
+                *o = std::array::from_fn(|t| match (f32, fk) {
+                    (Some(f), _) => reference::dot32(f, row, xs[t], k / 32),
+                    (None, Some(f)) => reference::dot_k(f, row, xs[t], k / 256),
+                    (None, None) => unreachable!("int8: format without an integer kernel"),
+                });
+            }
+        }
+    }
+}
+
+/// Tokens per kernel call.
+const TILE_T: usize = 4;
+
+/// Weight rows per kernel call.
+const CHUNK_R: usize = 16;
+
+/// Rows `r0..r0 + out.cols` of `w` against the `T` quantized rows from `t0`, in chunks of
+/// [`CHUNK_R`] rows.
+fn token_tile<const T: usize>(
+    path: IntPath,
+    x: &QuantActs,
+    t0: usize,
+    w: &QMatrix,
+    r0: usize,
+    out: &mut OutCols<'_>,
+) {
+    let xs: [QRow<'_>; T] = std::array::from_fn(|i| x.row(t0 + i));
+    let mut buf = [[0.0f32; T]; CHUNK_R];
+    let mut r = 0;
+    while r < out.cols {
+        let count = (out.cols - r).min(CHUNK_R);
+        let rows = w.rows_encoded(r0 + r, count);
+        rows_t::<T>(path, w.format(), rows, xs, w.cols(), &mut buf[..count]);
+        for (i, v) in buf[..count].iter().enumerate() {
+            let col: [[f32; 1]; T] = std::array::from_fn(|t| [v[t]]);
+            out.put(t0, r + i, &col);
+        }
+        r += count;
+    }
+}
+
+/// Rows `r0..r0 + out.cols` of `w` against every row of the quantized `x`, `y[t][r]` through
+/// `out`: token tiles of [`TILE_T`] outermost (their codes stay in L1), the task's weight rows
+/// (in L2) streaming past each.
+fn rows_task(
+    path: IntPath,
+    x: &QuantActs,
+    n: usize,
+    w: &QMatrix,
+    r0: usize,
+    out: &mut OutCols<'_>,
+) {
+    let mut t0 = 0;
+    while t0 < n {
+        let tile = (n - t0).min(TILE_T);
+        match tile {
+            1 => token_tile::<1>(path, x, t0, w, r0, out),
+            2 => token_tile::<2>(path, x, t0, w, r0, out),
+            3 => token_tile::<3>(path, x, t0, w, r0, out),
+            _ => token_tile::<4>(path, x, t0, w, r0, out),
+        }
+        t0 += tile;
+    }
+}
+
+/// Tasks per thread of a matmul (enough for load balance when a helper is descheduled).
+const TASKS_PER_THREAD: usize = 8;
+
+/// Weight rows per pool task for `out_dim` rows on `threads` threads: whole [`CHUNK_R`] chunks,
+/// about [`TASKS_PER_THREAD`] tasks per thread. The token tiles sweep a task's rows, which stay in
+/// L2 (at most a few hundred KiB of encoded rows for these models). Task sizes change no value.
+fn rows_per_task(out_dim: usize, threads: usize) -> usize {
+    let rows = out_dim.div_ceil(threads.max(1) * TASKS_PER_THREAD);
+    rows.div_ceil(CHUNK_R).max(1) * CHUNK_R
+}
+
+thread_local! {
+    /// The calling thread's quantized activations, one per [`ActBlocks`] kind (32, 256).
+    static ACTS: RefCell<[QuantActs; 2]> = RefCell::new(Default::default());
+}
+
+/// `y[n, out] = x[n, in] · W[out, in]ᵀ` (`W` the row-wise concatenation of `parts`, as
+/// [`super::matmul`]) with 8-bit activations on `path`, when every part has integer kernels
+/// ([`supports`]); returns `false` and leaves `y` alone otherwise (the caller then runs the exact
+/// path). Bit-identical per element for any `n`, tile, thread count and path (module docs).
+///
+/// Panics if `x.len() != n * in_dim` or a part does not have `in_dim` columns.
+pub fn matmul_into_with(
+    path: IntPath,
+    x: &[f32],
+    n: usize,
+    in_dim: usize,
+    parts: &[QMatrix],
+    y: &mut Vec<f32>,
+) -> bool {
+    if !parts.iter().all(|p| supports(p.format())) {
+        return false;
+    }
+    assert_eq!(x.len(), n * in_dim, "matmul: x has wrong length");
+    assert!(
+        parts.iter().all(|p| p.cols() == in_dim),
+        "matmul: weight width differs from in_dim"
+    );
+    let out_dim: usize = parts.iter().map(QMatrix::rows).sum();
+    y.resize(n * out_dim, 0.0);
+    if n == 0 {
+        return true;
+    }
+    let mut run = |acts: &mut [QuantActs; 2]| {
+        for (i, kind) in [ActBlocks::B32, ActBlocks::B256].into_iter().enumerate() {
+            if parts.iter().any(|p| act_blocks(p.format()) == Some(kind)) {
+                acts[i].quantize(kind, x, n, in_dim);
+            }
+        }
+        let pool = pool::global();
+        let per_task = rows_per_task(out_dim, pool.threads());
+        let n_tasks = parts.iter().map(|w| w.rows().div_ceil(per_task)).sum();
+        let all = OutCols::new(y, n, out_dim);
+        let acts = &*acts;
+        pool.run(n_tasks, &|mut i| {
+            let mut col = 0;
+            for w in parts {
+                let here = w.rows().div_ceil(per_task);
+                if i < here {
+                    let r0 = i * per_task;
+                    // SAFETY: task i alone writes these columns (blocks of distinct tasks do not
+                    // overlap), and `run` calls each task once.
+                    let mut out =
+                        unsafe { all.task_columns(col + r0, per_task.min(w.rows() - r0)) };
+                    let x = match act_blocks(w.format()) {
+                        Some(ActBlocks::B256) => &acts[1],
+                        _ => &acts[0],
+                    };
+                    return rows_task(path, x, n, w, r0, &mut out);
+                }
+                i -= here;
+                col += w.rows();
+            }
+            unreachable!("matmul: task index past the last part")
+        });
+    };
+    ACTS.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut acts) => run(&mut acts),
+        Err(_) => run(&mut Default::default()),
+    });
+    true
+}

@@ -1,0 +1,233 @@
+use gguf::GgmlType;
+
+use super::acts::{ActBlocks, QuantActs};
+use super::reference;
+use super::*;
+use crate::matmul::matmul_with;
+
+/// Every format with integer kernels.
+const BLOCK_FORMATS: [GgmlType; 8] = [
+    GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+];
+
+/// Activations of mixed magnitudes (so scales differ per block), with zeros, ties and an all-zero
+/// block.
+fn data(n: usize, seed: u32) -> Vec<f32> {
+    (0..n)
+        .map(|i| {
+            let h = (i as u32)
+                .wrapping_mul(2_654_435_761)
+                .wrapping_add(seed * 97);
+            let v = ((h >> 8) % 2001) as f32 / 1000.0 - 1.0;
+            match (i / 32) % 5 {
+                0 => v * 30.0,
+                1 => v * 1e-3,
+                2 if i % 64 < 32 => 0.0,
+                3 => (v * 8.0).round() * 0.5,
+                _ => v,
+            }
+        })
+        .collect()
+}
+
+/// `[rows, cols]` random weights in `format` (random bytes: every code and scale pattern).
+fn matrix(format: GgmlType, rows: usize, cols: usize, seed: u64) -> QMatrix {
+    let bytes = gguf::testing::random_encoding(format, rows * cols, seed);
+    QMatrix::from_bytes(format, rows, cols, &bytes).unwrap()
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|f| f.to_bits()).collect()
+}
+
+/// The scalar reference of the whole product, element by element.
+fn reference_matmul(x: &[f32], n: usize, k: usize, w: &QMatrix) -> Vec<f32> {
+    let kind = act_blocks(w.format()).unwrap();
+    let mut acts = QuantActs::default();
+    acts.quantize(kind, x, n, k);
+    let mut y = vec![0.0; n * w.rows()];
+    for t in 0..n {
+        for r in 0..w.rows() {
+            let row = w.row_encoded(r);
+            y[t * w.rows() + r] = match (Fmt32::of(w.format()), FmtK::of(w.format())) {
+                (Some(f), _) => reference::dot32(f, row, acts.row(t), k / 32),
+                (_, Some(f)) => reference::dot_k(f, row, acts.row(t), k / 256),
+                _ => unreachable!(),
+            };
+        }
+    }
+    y
+}
+
+fn fast(path: IntPath, x: &[f32], n: usize, k: usize, parts: &[QMatrix]) -> Vec<f32> {
+    let mut y = Vec::new();
+    assert!(matmul_into_with(path, x, n, k, parts, &mut y));
+    y
+}
+
+/// Every format on every path this CPU has (and the portable one) gives bitwise the scalar
+/// reference, for row counts 1..67 (every token-tile remainder, several tiles), lengths with a
+/// partial group of 8 blocks (k = 288, 96: not multiples of 256) and output rows split over
+/// several pool tasks.
+#[test]
+fn every_path_and_format_equals_the_scalar_reference_bitwise() {
+    let paths = IntPath::available();
+    eprintln!("integer paths: {paths:?}");
+    for (i, format) in BLOCK_FORMATS.into_iter().enumerate() {
+        let shapes: &[(usize, usize)] = match format.block_size() {
+            Some(256) => &[(7, 256), (5, 768), (130, 512)],
+            _ => &[(7, 32), (9, 96), (5, 288), (130, 576)],
+        };
+        for &(rows, k) in shapes {
+            let w = matrix(format, rows, k, 100 + i as u64);
+            for n in (1..=9).chain([15, 16, 17, 31, 33, 64, 67]) {
+                if rows > 100 && n > 9 {
+                    continue;
+                }
+                let x = data(n * k, (n + k) as u32);
+                let want = reference_matmul(&x, n, k, &w);
+                for &path in &paths {
+                    let got = fast(path, &x, n, k, std::slice::from_ref(&w));
+                    assert_eq!(
+                        bits(&got),
+                        bits(&want),
+                        "{format} {path:?} rows={rows} k={k} n={n}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// A row's outputs do not depend on its batch-mates: each token alone gives the same bits as
+/// inside a batch of 67, and the parts of a split matrix give the columns of the whole.
+#[test]
+fn rows_are_independent_of_their_batch_and_parts() {
+    for (i, format) in BLOCK_FORMATS.into_iter().enumerate() {
+        let k = if format.block_size() == Some(256) {
+            512
+        } else {
+            160
+        };
+        let (n, rows) = (67, 20);
+        let w = matrix(format, rows, k, 7 + i as u64);
+        let x = data(n * k, 3);
+        for path in IntPath::available() {
+            let batch = fast(path, &x, n, k, std::slice::from_ref(&w));
+            for t in [0, 1, 5, 33, 66] {
+                let solo = fast(path, &x[t * k..(t + 1) * k], 1, k, std::slice::from_ref(&w));
+                assert_eq!(
+                    bits(&solo),
+                    bits(&batch[t * rows..(t + 1) * rows]),
+                    "{format} {path:?} t={t}"
+                );
+            }
+            // Rows 0..8 and 8..20 as two parts.
+            let bytes = |r0: usize, r1: usize| w.rows_encoded(r0, r1 - r0).to_vec();
+            let parts = [
+                QMatrix::from_bytes(format, 8, k, &bytes(0, 8)).unwrap(),
+                QMatrix::from_bytes(format, 12, k, &bytes(8, 20)).unwrap(),
+            ];
+            assert_eq!(
+                bits(&fast(path, &x, n, k, &parts)),
+                bits(&batch),
+                "{format} {path:?} parts"
+            );
+        }
+    }
+}
+
+/// The fast product is close to the exact one: each output within 1 % of `Σ |w·x|` (8-bit
+/// activations: a relative error of at most 1/254 per value), and the typical error far smaller.
+#[test]
+fn fast_is_close_to_exact() {
+    for (i, format) in BLOCK_FORMATS.into_iter().enumerate() {
+        let (n, rows, k) = (5, 24, 512);
+        let w = matrix(format, rows, k, 50 + i as u64);
+        let x: Vec<f32> = data(n * k, 9);
+        let exact = matmul_with(SimdPath::Portable, &x, n, k, std::slice::from_ref(&w));
+        let mut dense = vec![0.0; rows * k];
+        w.dequantize_rows(0, &mut dense);
+        let y = fast(IntPath::detect(), &x, n, k, std::slice::from_ref(&w));
+        let mut rel = 0.0f64;
+        for t in 0..n {
+            for r in 0..rows {
+                let mag: f32 = (0..k)
+                    .map(|j| (x[t * k + j] * dense[r * k + j]).abs())
+                    .sum();
+                let err = (y[t * rows + r] - exact[t * rows + r]).abs();
+                assert!(err <= 0.01 * mag, "{format} t={t} r={r}: {err} of {mag}");
+                rel += f64::from(err / mag.max(1e-30));
+            }
+        }
+        let mean = rel / (n * rows) as f64;
+        assert!(mean < 2e-3, "{format}: mean relative error {mean}");
+    }
+}
+
+/// Quantization: `d · q` is within `d / 2` of each value, the block sums are those of the codes,
+/// and no code is −128.
+#[test]
+fn activation_blocks_round_to_nearest_and_sum_their_codes() {
+    let (n, k) = (3, 512);
+    let x = data(n * k, 1);
+    for kind in [ActBlocks::B32, ActBlocks::B256] {
+        let mut acts = QuantActs::default();
+        acts.quantize(kind, &x, n, k);
+        let len = kind.len();
+        for t in 0..n {
+            let row = acts.row(t);
+            for (b, d) in row.d.iter().enumerate() {
+                let xs = &x[t * k + b * len..t * k + (b + 1) * len];
+                let qs = &row.qs[b * len..(b + 1) * len];
+                for (&v, &q) in xs.iter().zip(qs) {
+                    assert!(q != -128);
+                    assert!(
+                        (d * f32::from(q) - v).abs() <= d * 0.5 * (1.0 + 1e-5) + 1e-30,
+                        "{v} {q} {d}"
+                    );
+                }
+                let sum: i32 = qs.iter().map(|&q| i32::from(q)).sum();
+                match kind {
+                    ActBlocks::B32 => {
+                        assert_eq!(row.sums[b], sum);
+                        assert_eq!(row.dsums[b].to_bits(), (d * sum as f32).to_bits());
+                    }
+                    ActBlocks::B256 => {
+                        let bs: i32 = row.bsums[16 * b..16 * b + 16]
+                            .iter()
+                            .map(|&s| i32::from(s))
+                            .sum();
+                        assert_eq!(bs, sum);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Float weights have no integer kernel: the call says so and leaves the output alone.
+#[test]
+fn float_weights_are_left_to_the_exact_path() {
+    for format in [GgmlType::F32, GgmlType::F16, GgmlType::BF16] {
+        assert!(!supports(format));
+        let w = matrix(format, 4, 64, 1);
+        let mut y = vec![7.0];
+        assert!(!matmul_into_with(
+            IntPath::Portable,
+            &data(64, 1),
+            1,
+            64,
+            &[w],
+            &mut y
+        ));
+        assert_eq!(y, [7.0]);
+    }
+}
