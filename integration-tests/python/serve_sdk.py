@@ -1,0 +1,45 @@
+"""`serve`'s OpenAI HTTP API driven by the official `openai` Python SDK, as a new user would call it.
+
+Run by integration-tests/tests/serve.rs with OPENAI_BASE (http://127.0.0.1:PORT/v1); prints one JSON
+line: the listed model ids, and the text, finish reason and usage of a whole and a streamed chat
+answer.
+"""
+
+import json
+import os
+
+import openai
+
+client = openai.OpenAI(base_url=os.environ["OPENAI_BASE"], api_key="unused", max_retries=0, timeout=60)
+models = [m.id for m in client.models.list()]
+messages = [{"role": "user", "content": "Say hello."}]
+whole = client.chat.completions.create(model=models[0], messages=messages, max_tokens=8, seed=1)
+text, reasons, usage = "", [], None
+stream = client.chat.completions.create(
+    model=models[0],
+    messages=messages,
+    max_tokens=8,
+    seed=1,
+    stream=True,
+    stream_options={"include_usage": True},
+)
+for chunk in stream:
+    for choice in chunk.choices:
+        text += choice.delta.content or ""
+        if choice.finish_reason is not None:
+            reasons.append(choice.finish_reason)
+    if chunk.usage is not None:
+        usage = chunk.usage.completion_tokens
+print(
+    json.dumps(
+        {
+            "models": models,
+            "whole": {
+                "text": whole.choices[0].message.content,
+                "finish_reason": whole.choices[0].finish_reason,
+                "completion_tokens": whole.usage.completion_tokens,
+            },
+            "streamed": {"text": text, "finish_reasons": reasons, "completion_tokens": usage},
+        }
+    )
+)
