@@ -2,7 +2,7 @@
 
 Run by integration-tests/tests/serve.rs with OPENAI_BASE (http://127.0.0.1:PORT/v1); prints one JSON
 line: the listed model ids, and the text, finish reason and usage of a whole and a streamed chat
-answer.
+answer, and what a request with `tools` got.
 """
 
 import json
@@ -30,6 +30,17 @@ for chunk in stream:
             reasons.append(choice.finish_reason)
     if chunk.usage is not None:
         usage = chunk.usage.completion_tokens
+# Tool calling is not served: the SDK's `tools` gets a 400 naming the field, not a prose answer.
+try:
+    client.chat.completions.create(
+        model=models[0],
+        messages=messages,
+        max_tokens=8,
+        tools=[{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}],
+    )
+    tools = {"status": 200}
+except openai.BadRequestError as e:
+    tools = {"status": e.status_code, "param": e.body.get("param"), "code": e.body.get("code")}
 print(
     json.dumps(
         {
@@ -40,6 +51,7 @@ print(
                 "completion_tokens": whole.usage.completion_tokens,
             },
             "streamed": {"text": text, "finish_reasons": reasons, "completion_tokens": usage},
+            "tools": tools,
         }
     )
 )

@@ -109,6 +109,12 @@ async fn serve_answers_the_sdk_and_grpc_then_drains_on_sigterm() {
         "{sdk}"
     );
 
+    assert_eq!(
+        sdk["tools"],
+        serde_json::json!({"status": 400, "param": "tools", "code": "unsupported_parameter"}),
+        "{sdk}"
+    );
+
     // gRPC beside it.
     let grpc_addr = format!("127.0.0.1:{grpc_port}");
     let mut grpc = connect_ready(&grpc_addr, Duration::from_secs(10)).await;
