@@ -146,6 +146,7 @@ written as integers (the binaries' integer settings reject 100.0).
 {{- define "smollm.router.toml" -}}
 {{- $owned := dict "listen" (include "smollm.bind" (dict "ctx" . "port" .Values.router.port)) -}}
 {{- $_ := set $owned "metrics_listen" (ternary (include "smollm.bind" (dict "ctx" . "port" .Values.router.metricsPort)) "" .Values.metrics.enabled) -}}
+{{- $_ := set $owned "http_listen" (ternary (include "smollm.bind" (dict "ctx" . "port" .Values.router.http.port)) "" .Values.router.http.enabled) -}}
 {{- $_ := set $owned "discovery_dns" (printf "%s:%d" (include "smollm.worker.dnsName" .) (int .Values.worker.port)) -}}
 {{- include "smollm.toml" (merge $owned (deepCopy .Values.router.config)) -}}
 {{- end -}}

@@ -44,6 +44,21 @@ pub async fn start(
     }
 }
 
+/// The Python of the official `openai` SDK's virtual environment; panics with the fix when it is not
+/// installed.
+pub fn sdk_python() -> std::path::PathBuf {
+    let path = std::path::PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../.cache/openai-venv/bin/python"
+    ));
+    assert!(
+        path.is_file(),
+        "the openai SDK is missing at {}: run scripts/install-openai-sdk (scripts/test does)",
+        path.display()
+    );
+    path
+}
+
 /// Waits until `GET {base}/health` answers 200.
 pub async fn wait_healthy(base: &str, timeout: Duration) {
     let deadline = Instant::now() + timeout;

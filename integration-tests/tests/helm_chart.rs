@@ -92,6 +92,38 @@ fn values_map_to_settings() {
 }
 
 #[test]
+fn the_openai_http_api_is_exposed_on_its_port_or_off() {
+    let on = ["--set", "router.http.port=8080"].map(String::from);
+    let (router, _) = check_profile("http-8080", &on);
+    assert_eq!(router["http_listen"], "0.0.0.0:8080");
+    let m = Manifests::render("http-8080", &on);
+    let service = m.one("Service", "router");
+    let http = items(&service["spec"]["ports"])
+        .iter()
+        .find(|p| p["name"] == "http")
+        .cloned()
+        .expect("an http Service port");
+    assert_eq!(http["port"], 8080);
+    let off = ["--set", "router.http.enabled=false"].map(String::from);
+    let (router, _) = check_profile("http-off", &off);
+    assert_eq!(router["http_listen"], "");
+    // The chart owns http_listen (like listen): the value is router.http.
+    for (args, expected) in [
+        (["--set", "router.http.port=0"], "router.http.port"),
+        (["--set", "router.http.enabled=yes"], "router.http.enabled"),
+        (
+            ["--set", "router.config.http_listen=0.0.0.0:1"],
+            "http_listen",
+        ),
+    ] {
+        match helm_template(&args) {
+            Ok(_) => panic!("helm template {args:?} accepted a wrong value"),
+            Err(message) => assert!(message.contains(expected), "{args:?}: {message}"),
+        }
+    }
+}
+
+#[test]
 fn model_sources_and_switches_hold_together() {
     let cpu = repo_root().join("helm/values-cpu.yaml");
     let cpu = cpu.to_str().unwrap();

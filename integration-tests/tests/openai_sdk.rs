@@ -4,11 +4,10 @@
 //! key and serves TLS with a test CA made at run time), computes the gRPC front's texts for the
 //! requests the Python test makes, and runs integration-tests/python/test_openai.py with the SDK
 //! that scripts/install-openai-sdk installs (scripts/test runs it first).
-use std::path::PathBuf;
 use std::time::Duration;
 
 use inference_proto::public::{ChatMessage, GenerateRequest};
-use integration_tests::openai::{start, wait_healthy};
+use integration_tests::openai::{sdk_python, start, wait_healthy};
 use integration_tests::{free_port, generate, real_model, start_router, start_router_with_env};
 use serde_json::json;
 
@@ -17,20 +16,6 @@ const CHAT_PROMPT: &str = "What is the capital of France?";
 const COMPLETION_PROMPT: &str = "The three primary colors are";
 /// The API key of the router that requires one.
 const KEYED_KEY: &str = "sk-sdk-test-7c41";
-
-/// The SDK's Python; panics with the fix when it is not installed.
-fn sdk_python() -> PathBuf {
-    let path = PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../.cache/openai-venv/bin/python"
-    ));
-    assert!(
-        path.is_file(),
-        "the openai SDK is missing at {}: run scripts/install-openai-sdk (scripts/test does)",
-        path.display()
-    );
-    path
-}
 
 fn summary(g: &integration_tests::Generation) -> serde_json::Value {
     let usage = g.usage.expect("usage");

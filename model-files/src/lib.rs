@@ -10,6 +10,7 @@
 mod arch;
 mod error;
 pub mod hf;
+pub mod sampling;
 
 use std::path::Path;
 

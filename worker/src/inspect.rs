@@ -112,6 +112,15 @@ pub fn inspect(path: &Path) -> Inspection {
         ),
         Err(e) => line(&mut report, "tokenizer", format!("unreadable ({e})")),
     }
+    // What the model's authors recommend (`scripts/demo` samples with it).
+    let sampling = match model_files::sampling::recommended_sampling(path, &file) {
+        Ok(Some(found)) => found.to_string(),
+        Ok(None) => {
+            "none recommended (no general.sampling.* keys or generation_config.json)".into()
+        }
+        Err(e) => format!("unreadable ({e})"),
+    };
+    line(&mut report, "sampling", sampling);
     // The rest of what serving would do with the open file: every tensor read and checked.
     let model = config.and_then(|config| {
         let weights = load_weights(&file, &config)?;
@@ -158,6 +167,11 @@ mod tests {
         assert!(i.report.contains("servable       yes"), "{}", i.report);
         assert!(i.report.contains("tokenizer      gpt2"), "{}", i.report);
         assert!(i.report.contains(", bos 1, eos 2, "), "{}", i.report);
+        assert!(
+            i.report.contains("sampling       none recommended"),
+            "{}",
+            i.report
+        );
         assert_eq!(token_id(None), "none");
     }
 

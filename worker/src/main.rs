@@ -286,10 +286,14 @@ where
         engine.clone(),
         stall_timeout,
     ));
+    // The bound address: with port 0 in `listen` the system picked one (`serve` starts it so).
+    let bound = listener
+        .local_addr()
+        .map_err(|e| anyhow::anyhow!("reading the bound address: {e}"))?;
     println!(
         "worker ready: serving {} on {}{} ({})",
         model_path.display(),
-        settings.listen,
+        bound,
         if cert.is_some() { " over TLS" } else { "" },
         mode
     );

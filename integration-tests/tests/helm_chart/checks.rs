@@ -240,6 +240,34 @@ pub(crate) fn check_profile(profile: &str, args: &[String]) -> (Value, Value) {
         public["targetPort"]
     );
 
+    // The OpenAI HTTP API (router.http, on by default): the router binds http_listen on every
+    // interface, and the container and the Service expose it as the port named `http`.
+    let http_listen = str_of(&rs.effective["http_listen"], "router http_listen");
+    let service_http = items(&router_service["spec"]["ports"])
+        .iter()
+        .find(|p| p["name"] == "http");
+    if http_listen.is_empty() {
+        assert_eq!(container_port(router, "http"), None, "{profile}: http off");
+        assert!(
+            service_http.is_none(),
+            "{profile}: http off, yet a Service port"
+        );
+    } else {
+        let ip = http_listen.rsplit_once(':').unwrap().0;
+        assert!(
+            ip == "0.0.0.0" || ip == "[::]",
+            "{profile}: the router serves HTTP on {http_listen} only"
+        );
+        assert_eq!(
+            container_port(router, "http"),
+            Some(port_of(http_listen)),
+            "{profile}: router http containerPort"
+        );
+        let service_http = service_http
+            .unwrap_or_else(|| panic!("{profile}: the router Service has no http port"));
+        assert_eq!(service_http["targetPort"], "http", "{profile}");
+    }
+
     // Model: the worker's model path is on the model volume, which an init container fills when
     // the chart downloads it.
     let model = str_of(&ws.effective["model"], "worker model");

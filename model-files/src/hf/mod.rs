@@ -14,7 +14,7 @@
 //! or dtype, a missing tensor, a shape that disagrees with `config.json`.
 
 mod arch;
-mod config;
+pub(crate) mod config;
 mod convert;
 mod sentencepiece;
 mod shards;

@@ -201,13 +201,63 @@ pub struct CompletionBody {
     pub guided_grammar: Option<String>,
     /// vLLM: one of these strings.
     pub guided_choice: Option<Vec<String>>,
+    /// Chat: tools the model may call (not served: refused unless `tool_choice` is `"none"`).
+    pub tools: Option<serde_json::Value>,
+    /// Chat: `"none"`, `"auto"`, `"required"` or a named function.
+    pub tool_choice: Option<serde_json::Value>,
+    /// Chat: the deprecated `functions` (not served: refused unless `function_call` is `"none"`).
+    pub functions: Option<serde_json::Value>,
+    /// Chat: the deprecated `function_call`.
+    pub function_call: Option<serde_json::Value>,
 }
 
 /// Parses a request body.
 ///
 /// Errors: 400 `invalid_json` for a body that is not JSON, 400 `invalid_type` naming the field
-/// (`param`) for a known field of the wrong type.
+/// (`param`) for a known field of the wrong type, 400 `unsupported_parameter` naming `tools` (or
+/// `functions`) for a tool-calling request (see [`refuse_tool_calls`]).
 pub fn parse(body: &[u8]) -> Result<CompletionBody, ApiError> {
+    let body = parse_fields(body)?;
+    refuse_tool_calls(&body)?;
+    Ok(body)
+}
+
+/// Tool calling is not served: a request that offers tools (`tools`, or the deprecated
+/// `functions`) gets a 400 naming the field instead of a prose answer that ignores them, unless it
+/// forbids calling them (`tool_choice` / `function_call` `"none"`). An empty or null list offers
+/// none. (vLLM answers the same way when started without a tool parser.)
+fn refuse_tool_calls(body: &CompletionBody) -> Result<(), ApiError> {
+    let offered = |list: &Option<serde_json::Value>| match list {
+        None | Some(serde_json::Value::Null) => false,
+        Some(serde_json::Value::Array(items)) => !items.is_empty(),
+        Some(_) => true,
+    };
+    let none = |choice: &Option<serde_json::Value>| matches!(choice, Some(c) if c == "none");
+    for (field, list, choice, choice_field) in [
+        ("tools", &body.tools, &body.tool_choice, "tool_choice"),
+        (
+            "functions",
+            &body.functions,
+            &body.function_call,
+            "function_call",
+        ),
+    ] {
+        if offered(list) && !none(choice) {
+            return Err(ApiError::bad_request(
+                "unsupported_parameter",
+                Some(field.to_string()),
+                format!(
+                    "`{field}`: tool calling is not served by this server; send the request \
+                     without `{field}`, or with `{choice_field}: \"none\"` for a plain answer"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Deserializes the body's fields (no cross-field checks).
+fn parse_fields(body: &[u8]) -> Result<CompletionBody, ApiError> {
     let value: serde_json::Value = serde_json::from_slice(body).map_err(|e| {
         ApiError::bad_request(
             "invalid_json",

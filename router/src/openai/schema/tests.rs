@@ -298,3 +298,47 @@ fn fields_of_several_shapes_name_the_shapes_they_take() {
         );
     }
 }
+
+#[test]
+fn tool_calling_requests_are_refused_naming_the_field() {
+    let chat = |extra: serde_json::Value| {
+        let mut body = json!({"messages": [{"role": "user", "content": "weather?"}]});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        parse(body.to_string().as_bytes())
+    };
+    let tool = json!([{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]);
+    for (extra, field) in [
+        (json!({"tools": tool}), "tools"),
+        (json!({"tools": tool, "tool_choice": "auto"}), "tools"),
+        (json!({"tools": tool, "tool_choice": "required"}), "tools"),
+        (
+            json!({"tools": tool, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}),
+            "tools",
+        ),
+        (
+            json!({"functions": [{"name": "f", "parameters": {}}]}),
+            "functions",
+        ),
+    ] {
+        let e = chat(extra.clone()).unwrap_err();
+        assert_eq!(e.status, 400, "{extra}");
+        assert_eq!(e.param.as_deref(), Some(field), "{extra}");
+        assert_eq!(e.code, "unsupported_parameter");
+        assert!(
+            e.message.contains("tool calling is not served"),
+            "{}",
+            e.message
+        );
+    }
+    // Tools that must not be called, or none offered: a plain answer.
+    for extra in [
+        json!({"tools": tool, "tool_choice": "none"}),
+        json!({"tools": []}),
+        json!({"tools": null, "tool_choice": "auto"}),
+        json!({"functions": [{"name": "f"}], "function_call": "none"}),
+    ] {
+        assert!(chat(extra.clone()).is_ok(), "{extra}");
+    }
+}
