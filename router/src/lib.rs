@@ -22,4 +22,5 @@ pub mod route_error;
 pub mod service;
 pub mod stop;
 pub mod telemetry;
+pub mod tenants;
 pub mod validation;
