@@ -22,5 +22,6 @@ pub mod route_error;
 pub mod service;
 pub mod stop;
 pub mod telemetry;
+pub mod tenant_metrics;
 pub mod tenants;
 pub mod validation;

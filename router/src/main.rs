@@ -106,7 +106,7 @@ async fn run(settings: RouterSettings) -> anyhow::Result<()> {
         pool.clone(),
         drain.clone(),
     ));
-    let metrics = RouterMetrics::new(pool.clone(), drain.clone());
+    let metrics = RouterMetrics::with_tenants(pool.clone(), drain.clone(), keys.clone());
     if let Some(addr) = observability::metrics_http::parse_listen(&settings.metrics_listen)? {
         let m = metrics.clone();
         let bound =

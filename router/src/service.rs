@@ -112,13 +112,16 @@ impl TextGeneration for TextGenerationService {
     ) -> Result<Response<Self::GenerateStream>, Status> {
         HandlerReached::mark(&request);
         let span = crate::telemetry::request_span(request.metadata());
-        let observer = self.metrics.as_ref().map(|m| m.request(span.clone()));
         let tenant = request
             .extensions()
             .get::<Arc<Tenant>>()
             .cloned()
             .unwrap_or_else(|| self.callers.table().default.clone());
         span.record("tenant", &*tenant.name);
+        let observer = self
+            .metrics
+            .as_ref()
+            .map(|m| m.request_for(span.clone(), &tenant.name));
         let started = async {
             let call = self.drain.admit()?;
             let context = CallContext {

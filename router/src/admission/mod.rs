@@ -159,6 +159,15 @@ pub struct Entry<T> {
     pub item: T,
 }
 
+/// The queue seen per tenant (for the metrics).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TenantQueues {
+    /// New requests waiting, per tenant with any.
+    pub waiting: Vec<(Arc<str>, usize)>,
+    /// Every tenant's fair-share counter (weighted tokens of service).
+    pub counters: Vec<(Arc<str>, f64)>,
+}
+
 /// A new request in the queue: its id, and the sheddable request it displaced, if any (whose
 /// owner must be told, with [`QueueFull::Displaced`]).
 #[derive(Debug)]
@@ -217,16 +226,17 @@ impl<T> AdmissionQueue<T> {
         &self.share
     }
 
-    /// New requests waiting per tenant.
-    pub fn waiting_by_tenant(&self) -> Vec<(Arc<str>, usize)> {
-        let mut out: Vec<(Arc<str>, usize)> = Vec::new();
+    /// New requests waiting per tenant, and every tenant's fair-share counter.
+    pub fn tenant_queues(&self) -> TenantQueues {
+        let mut waiting: Vec<(Arc<str>, usize)> = Vec::new();
         for p in self.entries.iter().filter_map(|e| e.placement.as_ref()) {
-            match out.iter_mut().find(|(t, _)| *t == p.tenant) {
+            match waiting.iter_mut().find(|(t, _)| *t == p.tenant) {
                 Some((_, n)) => *n += 1,
-                None => out.push((p.tenant.clone(), 1)),
+                None => waiting.push((p.tenant.clone(), 1)),
             }
         }
-        out
+        let counters = self.share.counters().map(|(t, c)| (t.clone(), c)).collect();
+        TenantQueues { waiting, counters }
     }
 
     fn waiting_of(&self, tenant: &str) -> usize {

@@ -132,7 +132,7 @@ fn a_tenant_past_max_queued_is_refused_alone() {
         }
     );
     q.push_new(1, at("b", 1, 0), "b1".into()).unwrap();
-    assert_eq!(q.waiting_by_tenant().len(), 2);
+    assert_eq!(q.tenant_queues().waiting.len(), 2);
 }
 
 /// A tenant that returns from idle starts at the least backlogged counter: no banked credit.

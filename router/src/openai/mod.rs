@@ -194,7 +194,10 @@ impl OpenAiFront {
             prompt_tokens += valid.prompt_ids.len() as u64;
             for n in 0..shape.n {
                 let index = choices.len();
-                let observer = self.metrics.as_ref().map(|m| m.request(span.clone()));
+                let observer = self
+                    .metrics
+                    .as_ref()
+                    .map(|m| m.request_for(span.clone(), &context.caller.tenant.name));
                 let launched = span.in_scope(|| {
                     generate::launch(
                         &self.pool,

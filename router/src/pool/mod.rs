@@ -42,7 +42,7 @@ pub use session::Session;
 pub use settings::{PoolCounters, PoolSettings};
 pub use unreachable::{Unreachable, UnreachableLog};
 
-use crate::admission::{AdmissionQueue, Placement, QueueFull};
+use crate::admission::{AdmissionQueue, Placement, QueueFull, TenantQueues};
 use crate::affinity::Candidate;
 use crate::model_context::ModelContext;
 use crate::route_error::RouteError;
@@ -134,16 +134,9 @@ impl WorkerPool {
         (queue.len(), queue.tokens())
     }
 
-    /// New requests waiting per tenant, and every tenant's fair-share counter (weighted tokens of
-    /// service, [`crate::admission::fair_share`]).
-    pub fn tenant_queues(&self) -> (Vec<(Arc<str>, usize)>, Vec<(Arc<str>, f64)>) {
-        let queue = self.queue.lock().expect("queue lock");
-        let counters = queue
-            .fair_share()
-            .counters()
-            .map(|(t, c)| (t.clone(), c))
-            .collect();
-        (queue.waiting_by_tenant(), counters)
+    /// New requests waiting per tenant, and every tenant's fair-share counter.
+    pub fn tenant_queues(&self) -> TenantQueues {
+        self.queue.lock().expect("queue lock").tenant_queues()
     }
 
     /// Charges `tokens` generated for `tenant` to its fair-share counter (as they stream).

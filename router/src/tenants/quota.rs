@@ -41,7 +41,8 @@ pub enum QuotaExceeded {
         /// The `max_concurrent` limit.
         max: u32,
     },
-    /// The tenant's `requests_per_second` bucket is empty.
+    /// The tenant's `requests_per_second` bucket is empty (it holds one second's worth, at least
+    /// one request).
     #[error(
         "tenant {tenant:?} is over its requests_per_second quota ({limit}); retry after {} ms",
         retry_after.as_millis()
@@ -113,18 +114,26 @@ struct Usage {
     active: u32,
 }
 
-/// Makes `bucket` match a limit of `per_window` per `window_s` seconds (`None`: no bucket).
+/// Makes `bucket` match a limit of `per_window` per `window_s` seconds (`None`: no bucket): a
+/// bucket of one window's worth, at least `min_capacity` (a request must fit in it).
 fn sync_bucket(
     bucket: &mut Option<TokenBucket>,
     per_window: Option<f64>,
     window_s: f64,
+    min_capacity: f64,
     now: Instant,
 ) {
-    match (bucket.as_mut(), per_window) {
-        (_, None) => *bucket = None,
-        (None, Some(cap)) => *bucket = Some(TokenBucket::new(cap, cap / window_s, now)),
-        (Some(b), Some(cap)) if b.capacity() != cap => b.reconfigure(cap, cap / window_s, now),
-        (Some(_), Some(_)) => {}
+    let Some(per_window) = per_window else {
+        *bucket = None;
+        return;
+    };
+    let (capacity, rate) = (per_window.max(min_capacity), per_window / window_s);
+    match bucket.as_mut() {
+        None => *bucket = Some(TokenBucket::new(capacity, rate, now)),
+        Some(b) if b.capacity() != capacity || b.rate_per_s() != rate => {
+            b.reconfigure(capacity, rate, now)
+        }
+        Some(_) => {}
     }
 }
 
@@ -157,13 +166,16 @@ impl QuotaBook {
         let limits = &tenant.limits;
         let mut all = self.usage.lock().expect("quota lock");
         let usage = all.entry(tenant.name.clone()).or_default();
-        sync_bucket(&mut usage.requests, limits.requests_per_second, 1.0, now);
+        // Below one request per second, the bucket still holds one request.
         sync_bucket(
-            &mut usage.tokens,
-            limits.tokens_per_minute.map(|t| t as f64),
-            60.0,
+            &mut usage.requests,
+            limits.requests_per_second,
+            1.0,
+            1.0,
             now,
         );
+        let tokens_per_minute = limits.tokens_per_minute.map(|t| t as f64);
+        sync_bucket(&mut usage.tokens, tokens_per_minute, 60.0, 0.0, now);
         if let Some(max) = limits.max_concurrent.filter(|&max| usage.active >= max) {
             return Err(QuotaExceeded::Concurrent {
                 tenant: tenant.name.clone(),
@@ -374,6 +386,21 @@ mod tests {
         // The request token and all 20 tokens came back.
         let lease = book.acquire(&a, 30, 30, t0).unwrap();
         drop(lease);
+    }
+
+    #[test]
+    fn below_one_request_per_second_one_request_fits() {
+        let book = QuotaBook::new();
+        let a = tenant(TenantLimits {
+            requests_per_second: Some(0.2),
+            ..Default::default()
+        });
+        let t0 = Instant::now();
+        drop(book.acquire(&a, 1, 1, t0).unwrap());
+        let AdmissionRefusal::Quota(q) = book.acquire(&a, 1, 1, t0).unwrap_err() else {
+            panic!()
+        };
+        assert_eq!(q.retry_after(), Some(Duration::from_secs(5)));
     }
 
     #[test]
