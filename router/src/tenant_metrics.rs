@@ -42,6 +42,9 @@ pub const OTHER: &str = "other";
 
 type TenantLabel = Vec<(&'static str, String)>;
 
+/// Reads one per-tenant gauge by tenant name.
+type TenantValue<'a> = dyn Fn(&str) -> i64 + 'a;
+
 /// The per-tenant series; registered once into the router's registry.
 #[derive(Debug)]
 pub struct TenantMetrics {
@@ -228,7 +231,7 @@ impl Collector for TenantCollector {
                 .sum::<i64>()
         };
         let quotas = self.callers.quotas();
-        let series: [(&str, &str, &dyn Fn(&str) -> i64); 2] = [
+        let series: [(&str, &str, &TenantValue); 2] = [
             (
                 "tenant_queued_requests",
                 "Requests of the tenant waiting in the admission queue",

@@ -14,9 +14,10 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
+use super::caller::Caller;
 use super::file::{parse, TenantFileError, TenantTable};
 use super::quota::QuotaBook;
-use super::{Caller, Tenant};
+use super::tenant::Tenant;
 use crate::auth::{bearer_key, ct_eq, digest, ApiKeys, Refusal, RELOAD_PERIOD};
 use crate::validation::ValidationError;
 

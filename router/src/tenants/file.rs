@@ -24,7 +24,7 @@ use std::sync::Arc;
 use figment::providers::{Format as _, Toml};
 use serde::Deserialize;
 
-use super::{Tenant, TenantLimits, DEFAULT_TENANT};
+use super::tenant::{Tenant, TenantLimits, DEFAULT_TENANT};
 use crate::auth::{digest, KeyDigest};
 
 /// Why a tenants file cannot be used; every message names the tenant and the field.

@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::bucket::TokenBucket;
-use super::Tenant;
+use super::tenant::Tenant;
 use crate::validation::ValidationError;
 
 /// Why a tenant's request was refused by its quotas. The messages name the tenant, the limit and
