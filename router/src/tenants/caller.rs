@@ -35,14 +35,4 @@ impl Caller {
             quotas,
         })
     }
-
-    /// The built-in `default` tenant at priority 0 with a book of its own (callers without a
-    /// tenant context).
-    pub fn default_tenant() -> Self {
-        Self {
-            tenant: Arc::new(Tenant::builtin_default()),
-            priority: 0,
-            quotas: QuotaBook::new(),
-        }
-    }
 }
