@@ -28,7 +28,7 @@ use sha2::{Digest as _, Sha256};
 pub const RELOAD_PERIOD: Duration = observability::reload::RELOAD_PERIOD;
 
 /// SHA-256 of one key.
-type KeyDigest = [u8; 32];
+pub type KeyDigest = [u8; 32];
 
 /// Why a request was refused. The messages never contain the key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -112,26 +112,21 @@ impl ApiKeys {
         if !self.enforced {
             return Ok(());
         }
-        let value = authorization.ok_or(Refusal::Missing)?;
-        let value = std::str::from_utf8(value).map_err(|_| Refusal::Malformed)?;
-        let (scheme, key) = value.trim().split_once(' ').ok_or(Refusal::Malformed)?;
-        let key = key.trim();
-        if !scheme.eq_ignore_ascii_case("bearer") || key.is_empty() {
-            return Err(Refusal::Malformed);
-        }
-        let presented = digest(key);
-        let from_file = self.from_file.read().expect("key lock poisoned");
-        // No early exit: every configured digest is compared.
-        let matched = self
-            .listed
-            .iter()
-            .chain(from_file.1.iter())
-            .fold(false, |found, d| found | ct_eq(d, &presented));
-        if matched {
+        if self.contains(&digest(bearer_key(authorization)?)) {
             Ok(())
         } else {
             Err(Refusal::Wrong)
         }
+    }
+
+    /// Whether `presented` is the digest of one of the keys (compared in constant time).
+    pub fn contains(&self, presented: &KeyDigest) -> bool {
+        let from_file = self.from_file.read().expect("key lock poisoned");
+        // No early exit: every configured digest is compared.
+        self.listed
+            .iter()
+            .chain(from_file.1.iter())
+            .fold(false, |found, d| found | ct_eq(d, presented))
     }
 
     /// Re-reads the key file once: a changed content replaces the file's keys (returns `true`);
@@ -179,12 +174,28 @@ fn read_key_file(path: &Path) -> Result<String, KeyFileError> {
     })
 }
 
-fn digest(key: &str) -> KeyDigest {
+/// The key of an `authorization` value `Bearer KEY` (`None`: the request has none).
+///
+/// Errors: [`Refusal::Missing`] without a value, [`Refusal::Malformed`] for anything but
+/// `Bearer KEY`.
+pub fn bearer_key(authorization: Option<&[u8]>) -> Result<&str, Refusal> {
+    let value = authorization.ok_or(Refusal::Missing)?;
+    let value = std::str::from_utf8(value).map_err(|_| Refusal::Malformed)?;
+    let (scheme, key) = value.trim().split_once(' ').ok_or(Refusal::Malformed)?;
+    let key = key.trim();
+    if !scheme.eq_ignore_ascii_case("bearer") || key.is_empty() {
+        return Err(Refusal::Malformed);
+    }
+    Ok(key)
+}
+
+/// SHA-256 of `key`.
+pub fn digest(key: &str) -> KeyDigest {
     Sha256::digest(key.as_bytes()).into()
 }
 
 /// Constant-time equality of two digests: the time does not depend on where they differ.
-fn ct_eq(a: &KeyDigest, b: &KeyDigest) -> bool {
+pub fn ct_eq(a: &KeyDigest, b: &KeyDigest) -> bool {
     let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
     std::hint::black_box(diff) == 0
 }

@@ -15,6 +15,7 @@ use crate::auth::ApiKeys;
 use crate::model_context::ChatTemplateFile;
 use crate::openai::ModelNames;
 use crate::pool::PoolSettings;
+use crate::tenants::Callers;
 use crate::validation::RequestLimits;
 use routing::kv_aware::KvAwarePolicy;
 use routing::Routing;
@@ -86,6 +87,11 @@ pub struct Cli {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub api_keys_file: Option<String>,
+    /// A TOML file of tenants (`[[tenant]]` tables: name, keys, weight, priority, max_priority and
+    /// optional limits), re-read on change; see the README.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenants_file: Option<String>,
     /// TLS certificate chain (PEM, leaf first) of the public ports (gRPC `listen` and
     /// `http_listen`); needs `--tls-key`. Re-read on change.
     #[arg(long)]
@@ -202,6 +208,11 @@ pub struct RouterSettings {
     /// A file of API keys, one per line (blank lines and `#` comments ignored), re-read about
     /// every second; empty = none. Used together with `api_keys`.
     pub api_keys_file: String,
+    /// A TOML file of tenants, one `[[tenant]]` table each (`name`, `keys`, `weight`, `priority`,
+    /// `max_priority`, optional `max_concurrent`, `max_queued`, `requests_per_second`,
+    /// `tokens_per_minute`), re-read about every second ([`crate::tenants`]); empty = none (all
+    /// traffic is the tenant `default`).
+    pub tenants_file: String,
     /// TLS certificate chain file (PEM, leaf first) of the public ports (`listen` and
     /// `http_listen`); with `tls_key`, both ports speak only TLS. Both files are re-read about
     /// every second: new connections get a changed pair; a broken one keeps the last good pair.
@@ -250,6 +261,7 @@ impl Default for RouterSettings {
             chat_template: String::new(),
             api_keys: Vec::new(),
             api_keys_file: String::new(),
+            tenants_file: String::new(),
             tls_cert: String::new(),
             tls_key: String::new(),
             worker_tls_ca: String::new(),
@@ -356,6 +368,16 @@ impl RouterSettings {
         ApiKeys::load(&self.api_keys, file).map_err(SettingsError::ApiKeys)
     }
 
+    /// Who may call and as which tenant: the API keys and the `tenants_file`, read now.
+    ///
+    /// Errors: [`SettingsError::ApiKeys`] / [`SettingsError::Tenants`] when a file cannot be read
+    /// or is invalid (the message names it, and the tenant and field at fault).
+    pub fn callers(&self) -> Result<Arc<Callers>, SettingsError> {
+        let file = self.tenants_file.trim();
+        let file = (!file.is_empty()).then(|| std::path::Path::new(file));
+        Callers::load(self.api_keys()?, file).map_err(SettingsError::Tenants)
+    }
+
     /// The public ports' certificate files, when TLS is on.
     ///
     /// Errors: [`SettingsError::Tls`] when only one of `tls_cert` and `tls_key` is set.
@@ -447,7 +469,7 @@ impl RouterSettings {
             });
         }
         self.chat_template_file()?;
-        self.api_keys()?;
+        self.callers()?;
         self.tls_cert()?;
         self.worker_tls()?;
         let l = &self.limits;

@@ -8,6 +8,11 @@
 //! The call's gRPC deadline is enforced here too: when it passes, the request is cancelled on its
 //! worker (or leaves the queue) and the stream ends with [`RouteError::DeadlineExceeded`].
 //!
+//! Each sequence is admitted for its caller ([`Caller`]): its tenant's quotas first
+//! ([`crate::tenants::quota`], the [`Lease`] held until the stream ends), then the pool's queue in
+//! the request's priority class; each generated token is charged to the tenant's fair-share counter
+//! as it streams ([`crate::admission`]).
+//!
 //! Errors are [`RouteError`]s throughout; each front maps them to its transport.
 
 use std::sync::Arc;
@@ -21,11 +26,14 @@ use tokenizer::IncrementalDetokenizer;
 use tokio::sync::mpsc;
 use tracing::Instrument as _;
 
+use crate::admission::Placement;
 use crate::model_context::ModelContext;
 use crate::pool::{Session, WorkerPool};
 use crate::request::GenerationRequest;
 use crate::route_error::RouteError;
 use crate::stop::StopMatcher;
+use crate::tenants::quota::Lease;
+use crate::tenants::Caller;
 use crate::validation::{check_request, sampling_params, validate, RequestLimits, ValidRequest};
 
 /// Messages sent to the client of one `Generate` call.
@@ -35,29 +43,31 @@ pub type ResponseSender = mpsc::Sender<Result<GenerateResponse, RouteError>>;
 /// `usage`, or is an error. Dropping it cancels the sequence on its worker within a step.
 pub type ResponseReceiver = mpsc::Receiver<Result<GenerateResponse, RouteError>>;
 
-/// Validates `req` (a gRPC `Generate` call), admits it and returns the channel its responses arrive
-/// on. `deadline` is when the call's gRPC deadline passes.
+/// What one call brings to each of its sequences.
+#[derive(Debug, Clone)]
+pub struct CallContext {
+    /// When the call arrived (usage times count from it).
+    pub arrival: Instant,
+    /// When it must end ([`RouteError::DeadlineExceeded`]); `None`: no deadline.
+    pub deadline: Option<Instant>,
+    /// Who calls: tenant, priority, quotas.
+    pub caller: Caller,
+}
+
+/// Validates `req` (a gRPC `Generate` call), admits it for `call` and returns the channel its
+/// responses arrive on.
 ///
 /// Errors (before any message is streamed): those of [`prepare`] and [`launch`].
 pub async fn start(
     pool: &Arc<WorkerPool>,
     limits: &RequestLimits,
     req: GenerateRequest,
-    deadline: Option<Instant>,
+    call: &CallContext,
 ) -> Result<ResponseReceiver, RouteError> {
-    let arrival = Instant::now();
     let req = GenerationRequest::try_from(req)?;
     let (model, valid) = prepare(pool, limits, req).await?;
     let request_id = valid.request_id.clone().unwrap_or_else(new_request_id);
-    launch(
-        pool,
-        model,
-        &valid,
-        valid.choice_seed(0),
-        request_id,
-        arrival,
-        deadline,
-    )
+    launch(pool, model, &valid, valid.choice_seed(0), request_id, call)
 }
 
 /// A fresh request id (16 hex digits).
@@ -90,23 +100,31 @@ pub async fn prepare(
     Ok((model, valid))
 }
 
-/// Admits one sequence of `valid` with sampler `seed` and streams it: the returned channel gets
-/// one message per engine step. `arrival` is when the request arrived (usage times count from
-/// it), `deadline` when it must end ([`RouteError::DeadlineExceeded`]). Several calls with the
-/// same prompt (the choices of an OpenAI `n`) share its KV blocks through the workers' prefix
-/// cache and the pool's prefix affinity.
+/// Admits one sequence of `valid` with sampler `seed` for `call` and streams it: the returned
+/// channel gets one message per engine step. Several calls with the same prompt (the choices of an
+/// OpenAI `n`) share its KV blocks through the workers' prefix cache and the pool's prefix
+/// affinity; each choice counts as one request against its tenant's quotas.
 ///
-/// Errors: those of [`WorkerPool::admit`] (no worker ready, admission queue full).
+/// Errors: [`RouteError::Quota`] (or [`RouteError::Invalid`] for a request larger than the
+/// tenant's whole token quota) from the tenant's quotas; those of [`WorkerPool::admit`] (no worker
+/// ready, admission queue or the tenant's share of it full).
 pub fn launch(
     pool: &Arc<WorkerPool>,
     model: Arc<ModelContext>,
     valid: &ValidRequest,
     seed: u64,
     request_id: String,
-    arrival: Instant,
-    deadline: Option<Instant>,
+    call: &CallContext,
 ) -> Result<ResponseReceiver, RouteError> {
     let prompt_tokens = valid.prompt_ids.len() as u32;
+    let caller = &call.caller;
+    let tenant = &caller.tenant;
+    let lease = caller.quotas.acquire(
+        tenant,
+        prompt_tokens.into(),
+        valid.max_new_tokens.into(),
+        Instant::now(),
+    )?;
     let request = AddRequest {
         request_id: String::new(),
         prompt_ids: valid.prompt_ids.clone(),
@@ -117,9 +135,21 @@ pub fn launch(
         trace_context: observability::propagation::current_context(),
         constraint: valid.constraint.clone(),
     };
-    let ticket = pool.admit(request.clone())?;
+    let placement = Placement {
+        tenant: tenant.name.clone(),
+        weight: tenant.weight,
+        priority: caller.priority,
+        max_queued: tenant.limits.max_queued,
+    };
+    let ticket = match pool.admit(request.clone(), placement) {
+        Ok(ticket) => ticket,
+        Err(e) => {
+            lease.refund();
+            return Err(e);
+        }
+    };
     let session = Session::new(pool.clone(), request, ticket);
-    tracing::debug!(%request_id, prompt_tokens, "admitted");
+    tracing::debug!(%request_id, prompt_tokens, tenant = &*tenant.name, priority = caller.priority, "admitted");
     let (tx, rx) = mpsc::channel(64);
     let stream = TokenStream {
         detokenizer: IncrementalDetokenizer::new(
@@ -132,13 +162,34 @@ pub fn launch(
         seed,
         prompt_tokens,
         generated: 0,
-        arrival,
+        arrival: call.arrival,
+        service: Service {
+            pool: pool.clone(),
+            tenant: tenant.name.clone(),
+            lease,
+        },
         dispatched_at: None,
         failovers: 0,
         first_token_at: None,
     };
-    tokio::spawn(stream.run(session, tx, deadline).in_current_span());
+    tokio::spawn(stream.run(session, tx, call.deadline).in_current_span());
     Ok(rx)
+}
+
+/// The service one sequence receives, charged to its tenant as tokens stream: each token goes to
+/// the tenant's fair-share counter and uses up the quota reservation (the rest is given back when
+/// the stream ends, by the [`Lease`]).
+struct Service {
+    pool: Arc<WorkerPool>,
+    tenant: Arc<str>,
+    lease: Lease,
+}
+
+impl Service {
+    fn on_token(&mut self) {
+        self.pool.charge(&self.tenant, 1);
+        self.lease.on_generated(1);
+    }
 }
 
 /// State of one response stream.
@@ -151,6 +202,7 @@ struct TokenStream {
     prompt_tokens: u32,
     generated: u32,
     arrival: Instant,
+    service: Service,
     /// When the request first reached a worker.
     dispatched_at: Option<Instant>,
     /// Times the request moved to another worker.
@@ -203,6 +255,7 @@ impl TokenStream {
         let now = Instant::now();
         self.first_token_at.get_or_insert(now);
         self.generated += 1;
+        self.service.on_token();
         let tokenizer = &self.model.tokenizer;
         let id = token.token_id;
         let ended_by_eos = token.finished && token.stop_reason() == StopReason::StopToken;

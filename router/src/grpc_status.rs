@@ -6,10 +6,13 @@
 //! | [`ValidationError::Invalid`], worker [`WorkerFailureKind::Rejected`] | `INVALID_ARGUMENT` |
 //! | [`ValidationError::Unsupported`] | `UNIMPLEMENTED` |
 //! | draining, no worker (known, ready, in time, left), failovers exhausted, worker [`WorkerFailureKind::HandedBack`] | `UNAVAILABLE` |
-//! | admission queue full, worker [`WorkerFailureKind::DoesNotFit`] | `RESOURCE_EXHAUSTED` |
+//! | admission queue full, tenant quota or queue share, displaced sheddable request, worker [`WorkerFailureKind::DoesNotFit`] | `RESOURCE_EXHAUSTED` |
 //! | deadline passed | `DEADLINE_EXCEEDED` |
 //! | worker [`WorkerFailureKind::Failed`], router fault | `INTERNAL` |
 //! | worker [`WorkerFailureKind::Other`] | the worker's code |
+//!
+//! A refusal with a retry hint ([`RouteError::retry_after`], a tenant's bucket quota) carries it
+//! as `retry-after-ms` metadata (whole milliseconds, rounded up).
 //!
 //! The same code names label `router_requests_total{code}` ([`crate::metrics`]).
 
@@ -39,7 +42,7 @@ impl RouteError {
             | RouteError::NoWorkerInTime { .. }
             | RouteError::FailoversExhausted { .. }
             | RouteError::NoWorkerLeft { .. } => Code::Unavailable,
-            RouteError::Overloaded(_) => Code::ResourceExhausted,
+            RouteError::Overloaded(_) | RouteError::Quota(_) => Code::ResourceExhausted,
             RouteError::DeadlineExceeded { .. } => Code::DeadlineExceeded,
             RouteError::Worker(failure) => match failure.kind {
                 WorkerFailureKind::Rejected => Code::InvalidArgument,
@@ -61,7 +64,14 @@ impl From<ValidationError> for Status {
 
 impl From<RouteError> for Status {
     fn from(e: RouteError) -> Self {
-        Status::new(e.grpc_code(), e.to_string())
+        let mut status = Status::new(e.grpc_code(), e.to_string());
+        if let Some(wait) = e.retry_after() {
+            let ms = wait.as_micros().div_ceil(1000).to_string();
+            if let Ok(value) = ms.parse() {
+                status.metadata_mut().insert("retry-after-ms", value);
+            }
+        }
+        status
     }
 }
 

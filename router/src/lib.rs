@@ -22,6 +22,8 @@ pub mod route_error;
 pub mod service;
 pub mod stop;
 pub mod telemetry;
+pub mod tenant_metrics;
+pub mod tenants;
 pub mod validation;
 
 /// The affinity policy lives in the `routing` crate (shared with the fleet simulator).

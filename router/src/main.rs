@@ -80,10 +80,13 @@ async fn run(settings: RouterSettings) -> anyhow::Result<()> {
     if let Some((target, interval)) = discovery.clone() {
         tokio::spawn(router::discovery::run(pool.clone(), target, interval));
     }
-    let keys = settings.api_keys()?;
+    let keys = settings.callers()?;
     keys.watch();
     if keys.enforced() {
         tracing::info!("API keys required on the public gRPC and HTTP APIs");
+    }
+    if !settings.tenants_file.trim().is_empty() {
+        tracing::info!(tenants = keys.table().tenants.len(), "tenants file loaded");
     }
     let drain = Drain::new();
     // Readiness (grpc.health.v1): NOT_SERVING until a worker is ready, and from SIGTERM on.
@@ -103,7 +106,7 @@ async fn run(settings: RouterSettings) -> anyhow::Result<()> {
         pool.clone(),
         drain.clone(),
     ));
-    let metrics = RouterMetrics::new(pool.clone(), drain.clone());
+    let metrics = RouterMetrics::with_tenants(pool.clone(), drain.clone(), keys.clone());
     if let Some(addr) = observability::metrics_http::parse_listen(&settings.metrics_listen)? {
         let m = metrics.clone();
         let bound =
@@ -147,7 +150,8 @@ async fn run(settings: RouterSettings) -> anyhow::Result<()> {
         None => None,
     };
     let service = TextGenerationService::new(pool, settings.limits.clone(), drain.clone())
-        .with_metrics(metrics.clone());
+        .with_metrics(metrics.clone())
+        .with_callers(keys.clone());
     // The decode limit follows max_request_bytes; the request guard checks the API key, answers
     // an oversized message with RESOURCE_EXHAUSTED naming it, and counts and logs calls refused
     // before the handler.

@@ -21,6 +21,8 @@
 //! queue full), `router_health_probe_misses_total` (probes without an answer in time),
 //! `router_worker_stalls_total` (stall-rule removals), and `router_draining` (0/1),
 //! `router_active_calls`; and the KV-aware routing metrics of [`crate::kv_metrics`].
+//!
+//! Per tenant, with bounded labels: [`crate::tenant_metrics`].
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -42,6 +44,8 @@ use crate::drain::Drain;
 use crate::pool::WorkerPool;
 use crate::route_error::RouteError;
 use crate::telemetry;
+use crate::tenant_metrics::{TenantMetrics, TenantObserver};
+use crate::tenants::{Callers, DEFAULT_TENANT};
 
 type Label = [(&'static str, &'static str); 1];
 
@@ -60,11 +64,21 @@ pub struct RouterMetrics {
     itl: Histogram,
     duration: Histogram,
     queue: Histogram,
+    tenants: Arc<TenantMetrics>,
 }
 
 impl RouterMetrics {
-    /// Metrics over `pool` and `drain` (read at each scrape).
+    /// Metrics over `pool` and `drain` (read at each scrape), without tenants (all `default`).
     pub fn new(pool: Arc<WorkerPool>, drain: Arc<Drain>) -> Arc<Self> {
+        Self::with_tenants(pool, drain, Callers::open())
+    }
+
+    /// Metrics over `pool` and `drain` (read at each scrape), per tenant of `callers`.
+    pub fn with_tenants(
+        pool: Arc<WorkerPool>,
+        drain: Arc<Drain>,
+        callers: Arc<Callers>,
+    ) -> Arc<Self> {
         let mut registry = Registry::with_prefix("router");
         let requests = Family::<Label, Counter>::default();
         let finished = Family::<Label, Counter>::default();
@@ -122,6 +136,7 @@ impl RouterMetrics {
             "From the call's arrival until a worker admitted it (finished requests)",
             queue.clone(),
         );
+        let tenants = TenantMetrics::register(&mut registry, pool.clone(), callers);
         registry.register_collector(Box::new(PoolCollector { pool, drain }));
         Arc::new(Self {
             registry,
@@ -133,6 +148,7 @@ impl RouterMetrics {
             itl,
             duration,
             queue,
+            tenants,
         })
     }
 
@@ -144,9 +160,17 @@ impl RouterMetrics {
         text
     }
 
-    /// Starts observing one `Generate` call that arrived now; `span` is its request span.
+    /// Starts observing one `Generate` call of the `default` tenant that arrived now; `span` is
+    /// its request span.
     pub fn request(self: &Arc<Self>, span: tracing::Span) -> RequestObserver {
+        self.request_for(span, DEFAULT_TENANT)
+    }
+
+    /// Starts observing one `Generate` call of `tenant` that arrived now; `span` is its request
+    /// span.
+    pub fn request_for(self: &Arc<Self>, span: tracing::Span, tenant: &str) -> RequestObserver {
         RequestObserver {
+            tenant: self.tenants.observe(tenant),
             metrics: self.clone(),
             span,
             arrival: Instant::now(),
@@ -181,6 +205,8 @@ pub struct RequestObserver {
     /// Tokens already added to `router_generated_tokens_total` for this call.
     counted_tokens: u64,
     done: bool,
+    /// The same call in its tenant's series.
+    tenant: TenantObserver,
 }
 
 impl RequestObserver {
@@ -198,6 +224,11 @@ impl RequestObserver {
     }
 
     fn on_message(&mut self, message: &GenerateResponse) {
+        if self.done {
+            return;
+        }
+        self.tenant
+            .on_message(message, finish_reason_name(message.finish_reason()));
         let now = Instant::now();
         let m = &self.metrics;
         if !message.tokens.is_empty() {
@@ -242,6 +273,7 @@ impl RequestObserver {
             return;
         }
         self.done = true;
+        self.tenant.on_error(error);
         self.metrics.count_status(error.grpc_code());
         telemetry::record_error(&self.span, error);
     }
@@ -250,6 +282,7 @@ impl RequestObserver {
 impl Drop for RequestObserver {
     fn drop(&mut self) {
         if !self.done {
+            self.tenant.on_cancelled();
             self.metrics.count_status(Code::Cancelled);
         }
     }
@@ -457,12 +490,16 @@ mod tests {
         let mut gone = m.request(tracing::Span::none());
         gone.on_item(&Ok(token_message(false)));
         drop(gone);
+        // A name that is not configured is `other`.
+        m.request_for(tracing::Span::none(), "stranger")
+            .refused(&RouteError::no_worker(0));
         let text = m.render();
         for line in [
             "router_requests_total{code=\"OK\"} 1",
             "router_requests_total{code=\"INVALID_ARGUMENT\"} 1",
             "router_requests_total{code=\"RESOURCE_EXHAUSTED\"} 1",
-            "router_requests_total{code=\"UNAVAILABLE\"} 1",
+            "router_requests_total{code=\"UNAVAILABLE\"} 2",
+            "router_tenant_requests_total{tenant=\"other\",code=\"UNAVAILABLE\",reason=\"error\"} 1",
             "router_requests_total{code=\"CANCELLED\"} 1",
             "router_finished_requests_total{finish_reason=\"stop_sequence\"} 1",
             "router_prompt_tokens_total 4",
@@ -474,6 +511,13 @@ mod tests {
             "router_queue_duration_seconds_sum 0.002",
             "router_workers_known 0",
             "router_draining 0",
+            "router_tenant_requests_total{tenant=\"default\",code=\"OK\",reason=\"stop_sequence\"} 1",
+            "router_tenant_requests_total{tenant=\"default\",code=\"CANCELLED\",reason=\"cancelled\"} 1",
+            "router_tenant_requests_total{tenant=\"default\",code=\"RESOURCE_EXHAUSTED\",reason=\"queue_full\"} 1",
+            "router_tenant_generated_tokens_total{tenant=\"default\"} 4",
+            "router_tenant_prompt_tokens_total{tenant=\"default\"} 4",
+            "router_tenant_queued_requests{tenant=\"default\"} 0",
+            "router_tenant_fair_share_counter{tenant=\"default\"} 0.0",
         ] {
             assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
         }

@@ -3,7 +3,8 @@
 //! are separate services and are not wrapped, so they stay open.
 //!
 //! - **API keys**: a call whose `authorization` metadata does not carry a configured key is
-//!   answered `UNAUTHENTICATED` ([`crate::auth`]); the call goes no further.
+//!   answered `UNAUTHENTICATED` ([`crate::auth`]); the call goes no further. A call that passes
+//!   carries its key's tenant (`Arc<Tenant>`, [`crate::tenants::Callers`]) in its extensions.
 //! - **Size and framing**: request bodies pass through a [`FrameGuard`] with `max_request_bytes`
 //!   (`RESOURCE_EXHAUSTED` for a message above it, `INVALID_ARGUMENT` for broken framing; see
 //!   [`crate::grpc_frames`]).
@@ -28,9 +29,9 @@ use tonic::body::Body;
 use tonic::server::NamedService;
 use tonic::{Code, Status};
 
-use crate::auth::ApiKeys;
 use crate::grpc_frames::FrameGuard;
 use crate::metrics::RouterMetrics;
+use crate::tenants::Callers;
 
 /// Path suffix of the method whose calls `router_requests_total` counts.
 const GENERATE_METHOD: &str = "/Generate";
@@ -60,7 +61,7 @@ impl HandlerReached {
 #[derive(Debug, Clone)]
 pub struct RequestGuard<S> {
     inner: S,
-    keys: Arc<ApiKeys>,
+    keys: Arc<Callers>,
     max_request_bytes: usize,
     metrics: Option<Arc<RouterMetrics>>,
 }
@@ -71,7 +72,7 @@ impl<S> RequestGuard<S> {
     /// refused; refusals are counted in `metrics` when given.
     pub fn new(
         inner: S,
-        keys: Arc<ApiKeys>,
+        keys: Arc<Callers>,
         max_request_bytes: usize,
         metrics: Option<Arc<RouterMetrics>>,
     ) -> Self {
@@ -112,15 +113,19 @@ where
             .headers()
             .get(http::header::AUTHORIZATION)
             .map(|v| v.as_bytes());
-        if let Err(refusal) = self.keys.check(authorization) {
-            let status = Status::unauthenticated(refusal.to_string());
-            record_refusal(&method, &status, metrics.as_deref());
-            return Box::pin(std::future::ready(Ok(status.into_http())));
-        }
+        let tenant = match self.keys.identify(authorization) {
+            Ok(tenant) => tenant,
+            Err(refusal) => {
+                let status = Status::unauthenticated(refusal.to_string());
+                record_refusal(&method, &status, metrics.as_deref());
+                return Box::pin(std::future::ready(Ok(status.into_http())));
+            }
+        };
         let reached = HandlerReached::default();
         let limit = self.max_request_bytes;
         let mut request = request.map(|body| Body::new(FrameGuard::new(body, limit)));
         request.extensions_mut().insert(reached.clone());
+        request.extensions_mut().insert(tenant);
         let response = self.inner.call(request);
         Box::pin(async move {
             let response = response.await?;

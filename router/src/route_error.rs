@@ -8,9 +8,13 @@
 //! Every message names the numbers behind the refusal (limits, counts, waits), so a client can act
 //! on it; the texts are part of the API (clients and tests match them).
 
+use std::time::Duration;
+
 use inference_proto::worker::RequestError;
 
 use crate::admission::QueueFull;
+use crate::tenants::quota::AdmissionRefusal;
+use crate::tenants::QuotaExceeded;
 use crate::validation::ValidationError;
 
 /// Why a request did not start, or stopped before its last token.
@@ -33,9 +37,14 @@ pub enum RouteError {
         /// Workers known to the router.
         configured: usize,
     },
-    /// The admission queue is full (overload; the client may retry later).
+    /// The admission queue is full (overload; the client may retry later), or the tenant's share
+    /// of it, or a sheddable request was displaced from it.
     #[error(transparent)]
     Overloaded(#[from] QueueFull),
+    /// The tenant is over one of its quotas (`max_concurrent`, `requests_per_second`,
+    /// `tokens_per_minute`); the client may retry after [`RouteError::retry_after`].
+    #[error(transparent)]
+    Quota(#[from] QuotaExceeded),
     /// A queued request waited `waited_ms` (the failover timeout) without a ready worker.
     #[error("no worker is ready ({ready} of {configured} known); waited {waited_ms} ms for one")]
     NoWorkerInTime {
@@ -102,6 +111,24 @@ impl RouteError {
             Self::NoWorkersKnown
         } else {
             Self::NoWorkerReady { configured }
+        }
+    }
+
+    /// How long the client should wait before retrying, when the refusal says (a tenant's bucket
+    /// quota: computed from the bucket's refill).
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Self::Quota(q) => q.retry_after(),
+            _ => None,
+        }
+    }
+}
+
+impl From<AdmissionRefusal> for RouteError {
+    fn from(refusal: AdmissionRefusal) -> Self {
+        match refusal {
+            AdmissionRefusal::Quota(q) => Self::Quota(q),
+            AdmissionRefusal::Invalid(e) => Self::Invalid(e),
         }
     }
 }

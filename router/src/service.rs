@@ -8,6 +8,10 @@
 //! becomes the request's deadline ([`crate::deadline`]). Every handler marks its call as reached
 //! ([`HandlerReached`]), so [`crate::request_guard::RequestGuard`] accounts only calls refused before
 //! a handler.
+//!
+//! The caller's tenant is what [`crate::request_guard::RequestGuard`] identified from its key (put
+//! in the request's extensions; without a guard, the `default` tenant); the request's `priority`
+//! resolves against the tenant ([`Callers::caller`]).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -25,12 +29,13 @@ use tracing::Instrument as _;
 
 use crate::deadline::grpc_timeout;
 use crate::drain::{ActiveCall, Drain};
-use crate::generate;
+use crate::generate::{self, CallContext};
 use crate::metrics::{RequestObserver, RouterMetrics};
 use crate::model_context::ModelContext;
 use crate::pool::WorkerPool;
 use crate::request_guard::HandlerReached;
 use crate::route_error::RouteError;
+use crate::tenants::{Callers, Tenant};
 use crate::validation::RequestLimits;
 
 /// The router's public service.
@@ -39,6 +44,7 @@ pub struct TextGenerationService {
     limits: RequestLimits,
     drain: Arc<Drain>,
     metrics: Option<Arc<RouterMetrics>>,
+    callers: Arc<Callers>,
 }
 
 impl TextGenerationService {
@@ -50,7 +56,15 @@ impl TextGenerationService {
             limits,
             drain,
             metrics: None,
+            callers: Callers::open(),
         }
+    }
+
+    /// Resolves callers' tenants, priorities and quotas with `callers` (the same as the request
+    /// guard's).
+    pub fn with_callers(mut self, callers: Arc<Callers>) -> Self {
+        self.callers = callers;
+        self
     }
 
     /// Records every `Generate` call in `metrics`.
@@ -98,12 +112,25 @@ impl TextGeneration for TextGenerationService {
     ) -> Result<Response<Self::GenerateStream>, Status> {
         HandlerReached::mark(&request);
         let span = crate::telemetry::request_span(request.metadata());
-        let observer = self.metrics.as_ref().map(|m| m.request(span.clone()));
+        let tenant = request
+            .extensions()
+            .get::<Arc<Tenant>>()
+            .cloned()
+            .unwrap_or_else(|| self.callers.table().default.clone());
+        span.record("tenant", &*tenant.name);
+        let observer = self
+            .metrics
+            .as_ref()
+            .map(|m| m.request_for(span.clone(), &tenant.name));
         let started = async {
             let call = self.drain.admit()?;
-            let deadline = grpc_timeout(request.metadata()).map(|t| Instant::now() + t);
+            let context = CallContext {
+                arrival: Instant::now(),
+                deadline: grpc_timeout(request.metadata()).map(|t| Instant::now() + t),
+                caller: self.callers.caller(tenant, request.get_ref().priority)?,
+            };
             let rx =
-                generate::start(&self.pool, &self.limits, request.into_inner(), deadline).await?;
+                generate::start(&self.pool, &self.limits, request.into_inner(), &context).await?;
             Ok::<_, RouteError>((call, rx))
         }
         .instrument(span.clone())

@@ -1,5 +1,5 @@
 //! The router's spans. Each `Generate` call gets a `generate` span (an OTLP server span, child of the
-//! caller's `traceparent` when it sends one) with children `tokenize`, `queue` (each wait for a
+//! caller's `traceparent` when it sends one; its `tenant` attribute names the caller's tenant) with children `tokenize`, `queue` (each wait for a
 //! worker, failovers included) and `generation` (each worker attempt). The span's W3C context goes
 //! to the worker in `AddRequest.trace_context`, where the request's `prefill` and `decode` spans
 //! hang under it. Spans are exported only when `otlp_endpoint` is set ([`observability::telemetry`]).
@@ -19,6 +19,7 @@ pub fn request_span(metadata: &tonic::metadata::MetadataMap) -> tracing::Span {
         otel.status_description = Empty,
         rpc.grpc.status_code = Empty,
         request_id = Empty,
+        tenant = Empty,
         prompt_tokens = Empty,
         generated_tokens = Empty,
         finish_reason = Empty,

@@ -2,6 +2,7 @@
 
 use crate::auth::KeyFileError;
 use crate::model_context::ChatTemplateFileError;
+use crate::tenants::file::TenantFileError;
 
 /// Why the settings cannot be used. Every message names the setting (or its file); a message that
 /// holds a cause's text has no separate source, so it is printed once.
@@ -52,6 +53,9 @@ pub enum SettingsError {
     /// The `api_keys_file` cannot be read.
     #[error("{0}")]
     ApiKeys(KeyFileError),
+    /// The `tenants_file` cannot be read or is invalid (the message names the tenant and field).
+    #[error("tenants_file: {0}")]
+    Tenants(TenantFileError),
     /// A TLS setting or file that cannot be used (half a pair, an unreadable or invalid file, an
     /// invalid server name).
     #[error("{0}")]

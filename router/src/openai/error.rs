@@ -8,13 +8,20 @@
 //! | unknown model | 404 | `invalid_request_error` | `model_not_found` |
 //! | unknown path / served path with another method | 404 / 405 | `invalid_request_error` | `unknown_url` / `method_not_allowed` |
 //! | body above `max_request_bytes` | 413 | `invalid_request_error` | `request_too_large` |
-//! | admission queue full ([`RouteError::Overloaded`]), worker [`WorkerFailureKind::DoesNotFit`] | 429 | `rate_limit_error` | `overloaded` |
+//! | admission queue full ([`RouteError::Overloaded`]), displaced sheddable request, worker [`WorkerFailureKind::DoesNotFit`] | 429 | `rate_limit_error` | `overloaded` |
+//! | tenant quota ([`RouteError::Quota`]) or tenant queue share (`max_queued`) | 429 | `rate_limit_exceeded` | the limit: `requests_per_second`, `tokens_per_minute`, `max_concurrent`, `max_queued` |
 //! | no worker ready (known, in time, left), failovers exhausted, draining, worker [`WorkerFailureKind::HandedBack`] | 503 | `server_error` | `unavailable` |
 //! | deadline passed | 504 | `server_error` | `timeout` |
 //! | no, malformed or wrong API key ([`Refusal`]) | 401 | `invalid_request_error` | `invalid_api_key` |
 //! | [`ValidationError::Unsupported`] | 501 | `invalid_request_error` | `not_implemented` |
 //! | anything else (worker failure, router fault) | 500 | `server_error` | `internal_error` |
+//!
+//! A refusal with a retry hint ([`RouteError::retry_after`]: a tenant's bucket quota) carries it
+//! as `Retry-After` (whole seconds, rounded up, at least 1) and `retry-after-ms` headers.
 
+use std::time::Duration;
+
+use crate::admission::QueueFull;
 use crate::auth::Refusal;
 use crate::route_error::{RouteError, WorkerFailureKind};
 use crate::validation::ValidationError;
@@ -88,6 +95,9 @@ pub struct ApiError {
     pub param: Option<String>,
     /// A stable machine-readable code (see the module table).
     pub code: &'static str,
+    /// When the client may retry (`Retry-After`, `retry-after-ms`; not serialized).
+    #[serde(skip)]
+    pub retry_after: Option<Duration>,
 }
 
 impl ApiError {
@@ -108,6 +118,7 @@ impl ApiError {
             kind: "invalid_request_error",
             param,
             code,
+            retry_after: None,
         }
     }
 
@@ -126,6 +137,7 @@ impl ApiError {
             kind: "invalid_request_error",
             param: Some("model".into()),
             code: "model_not_found",
+            retry_after: None,
         }
     }
 
@@ -137,6 +149,7 @@ impl ApiError {
             kind: "invalid_request_error",
             param: None,
             code: "request_too_large",
+            retry_after: None,
         }
     }
 
@@ -149,6 +162,7 @@ impl ApiError {
             kind: "invalid_request_error",
             param: None,
             code: "invalid_api_key",
+            retry_after: None,
         }
     }
 
@@ -160,6 +174,7 @@ impl ApiError {
             kind: "invalid_request_error",
             param: None,
             code: "unknown_url",
+            retry_after: None,
         }
     }
 
@@ -171,6 +186,7 @@ impl ApiError {
             kind: "invalid_request_error",
             param: None,
             code: "method_not_allowed",
+            retry_after: None,
         }
     }
 
@@ -189,7 +205,9 @@ impl ApiError {
                 "invalid_request_error",
                 "not_implemented",
             ),
+            RouteError::Overloaded(QueueFull::TenantQueue { .. }) => rate_limited("max_queued"),
             RouteError::Overloaded(_) => OVERLOADED,
+            RouteError::Quota(q) => rate_limited(q.limit_name()),
             RouteError::Draining
             | RouteError::NoWorkersKnown
             | RouteError::NoWorkerReady { .. }
@@ -221,6 +239,7 @@ impl ApiError {
             kind,
             param,
             code,
+            retry_after: e.retry_after(),
         }
     }
 
@@ -228,6 +247,11 @@ impl ApiError {
     pub fn body(&self) -> serde_json::Value {
         serde_json::json!({ "error": self })
     }
+}
+
+/// A tenant's limit refused the request: 429 `rate_limit_exceeded`, coded by the limit.
+fn rate_limited(limit: &'static str) -> Class {
+    (StatusCode::TOO_MANY_REQUESTS, "rate_limit_exceeded", limit)
 }
 
 impl IntoResponse for ApiError {
@@ -243,6 +267,13 @@ impl IntoResponse for ApiError {
             response
                 .headers_mut()
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        if let Some(wait) = self.retry_after {
+            let headers = response.headers_mut();
+            let seconds = wait.as_millis().div_ceil(1000).max(1);
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds as u64));
+            let ms = wait.as_micros().div_ceil(1000) as u64;
+            headers.insert("retry-after-ms", HeaderValue::from(ms));
         }
         if self.status == StatusCode::PAYLOAD_TOO_LARGE {
             // The rest of the body was not read: the connection cannot carry another request.

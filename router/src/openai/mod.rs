@@ -4,7 +4,9 @@
 //!
 //! It shares everything behind the gRPC front: the drain, one validation pass
 //! ([`crate::generate::prepare`]), the admission queue and workers ([`crate::generate::launch`],
-//! once per choice), the detokenizer and stop strings, and the metrics.
+//! once per choice), the detokenizer and stop strings, and the metrics. The API key's tenant
+//! ([`Callers`]) and the body's `priority` (an extension field, the gRPC request's meaning) place
+//! each request in the tenants' fair share and priority classes.
 //!
 //! - [`schema`]: request bodies and their translation into [`crate::request::GenerationRequest`]s;
 //! - [`reply`]: response documents and chunks;
@@ -20,19 +22,19 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::Body;
-use axum::extract::State;
+use axum::extract::{Extension, State};
 use axum::http::{header, HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::json;
 use tracing::Instrument as _;
 
-use crate::auth::ApiKeys;
 use crate::drain::Drain;
-use crate::generate::{self, new_request_id};
+use crate::generate::{self, new_request_id, CallContext};
 use crate::metrics::RouterMetrics;
 use crate::pool::WorkerPool;
 use crate::route_error::RouteError;
+use crate::tenants::{Callers, Tenant};
 use crate::validation::RequestLimits;
 use error::{ApiError, Endpoint};
 use reply::Reply;
@@ -54,7 +56,7 @@ pub struct OpenAiFront {
     drain: Arc<Drain>,
     metrics: Option<Arc<RouterMetrics>>,
     names: ModelNames,
-    keys: Arc<ApiKeys>,
+    keys: Arc<Callers>,
 }
 
 impl OpenAiFront {
@@ -67,7 +69,7 @@ impl OpenAiFront {
         drain: Arc<Drain>,
         metrics: Option<Arc<RouterMetrics>>,
         names: ModelNames,
-        keys: Arc<ApiKeys>,
+        keys: Arc<Callers>,
     ) -> Arc<Self> {
         Arc::new(Self {
             pool,
@@ -88,8 +90,8 @@ impl OpenAiFront {
             .route("/v1/models", get(models))
             .route("/tokenize", post(tokenize))
             .route_layer(axum::middleware::from_fn(
-                move |request: axum::extract::Request, next: axum::middleware::Next| {
-                    let checked = keys.check(
+                move |mut request: axum::extract::Request, next: axum::middleware::Next| {
+                    let checked = keys.identify(
                         request
                             .headers()
                             .get(header::AUTHORIZATION)
@@ -97,7 +99,10 @@ impl OpenAiFront {
                     );
                     async move {
                         match checked {
-                            Ok(()) => next.run(request).await,
+                            Ok(tenant) => {
+                                request.extensions_mut().insert(tenant);
+                                next.run(request).await
+                            }
                             Err(refusal) => ApiError::unauthorized(refusal).into_response(),
                         }
                     }
@@ -142,6 +147,7 @@ impl OpenAiFront {
     async fn complete(
         self: Arc<Self>,
         endpoint: Endpoint,
+        tenant: Arc<Tenant>,
         headers: HeaderMap,
         body: Body,
     ) -> Result<Response, ApiError> {
@@ -152,13 +158,24 @@ impl OpenAiFront {
             .map_err(|_| ApiError::too_large(limit))?;
         let body = schema::parse(&bytes)?;
         let model = self.resolve_model(body.model.as_deref())?;
+        let priority = body.priority()?;
         let (requests, shape) = body.into_requests(endpoint, bytes.len())?;
+        let caller = self
+            .keys
+            .caller(tenant, priority)
+            .map_err(|e| ApiError::from_validation(e, endpoint))?;
         let call = self
             .drain
             .admit()
             .map_err(|e| ApiError::from_route(e, Some(endpoint)))?;
         let span =
             crate::telemetry::request_span(&tonic::metadata::MetadataMap::from_headers(headers));
+        span.record("tenant", &*caller.tenant.name);
+        let context = CallContext {
+            arrival,
+            deadline: None,
+            caller,
+        };
         let mut prepared = Vec::with_capacity(requests.len());
         for request in requests {
             let result = generate::prepare(&self.pool, &self.limits, request)
@@ -177,7 +194,10 @@ impl OpenAiFront {
             prompt_tokens += valid.prompt_ids.len() as u64;
             for n in 0..shape.n {
                 let index = choices.len();
-                let observer = self.metrics.as_ref().map(|m| m.request(span.clone()));
+                let observer = self
+                    .metrics
+                    .as_ref()
+                    .map(|m| m.request_for(span.clone(), &context.caller.tenant.name));
                 let launched = span.in_scope(|| {
                     generate::launch(
                         &self.pool,
@@ -185,8 +205,7 @@ impl OpenAiFront {
                         valid,
                         valid.choice_seed(n.into()),
                         format!("{id}-{index}"),
-                        arrival,
-                        None,
+                        &context,
                     )
                 });
                 match launched {
@@ -240,20 +259,26 @@ fn json_response(status: StatusCode, value: &serde_json::Value) -> Response {
         .into_response()
 }
 
-async fn chat(State(front): State<Arc<OpenAiFront>>, headers: HeaderMap, body: Body) -> Response {
+async fn chat(
+    State(front): State<Arc<OpenAiFront>>,
+    Extension(tenant): Extension<Arc<Tenant>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     front
-        .complete(Endpoint::Chat, headers, body)
+        .complete(Endpoint::Chat, tenant, headers, body)
         .await
         .unwrap_or_else(IntoResponse::into_response)
 }
 
 async fn completions(
     State(front): State<Arc<OpenAiFront>>,
+    Extension(tenant): Extension<Arc<Tenant>>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
     front
-        .complete(Endpoint::Completions, headers, body)
+        .complete(Endpoint::Completions, tenant, headers, body)
         .await
         .unwrap_or_else(IntoResponse::into_response)
 }

@@ -209,6 +209,9 @@ pub struct CompletionBody {
     pub functions: Option<serde_json::Value>,
     /// Chat: the deprecated `function_call`.
     pub function_call: Option<serde_json::Value>,
+    /// Scheduling priority, as the gRPC request's `priority`: higher first, 0 the default, below 0
+    /// sheddable; absent = the tenant's default. (vLLM's `priority` orders the other way.)
+    pub priority: Option<i64>,
 }
 
 /// Parses a request body.
@@ -301,6 +304,22 @@ pub struct Shape {
 }
 
 impl CompletionBody {
+    /// The requested `priority`, if any.
+    ///
+    /// Errors: 400 naming `priority` for a value outside the 32-bit range.
+    pub fn priority(&self) -> Result<Option<i32>, ApiError> {
+        self.priority
+            .map(|p| {
+                i32::try_from(p).map_err(|_| {
+                    ApiError::invalid(
+                        "priority",
+                        format!("priority must be in [{}, {}], got {p}", i32::MIN, i32::MAX),
+                    )
+                })
+            })
+            .transpose()
+    }
+
     /// The generation requests (one per prompt) and the response shape, for `endpoint`.
     /// `size_bytes` is the body's length.
     ///

@@ -47,7 +47,7 @@ pub use session::Session;
 pub use settings::{PoolCounters, PoolSettings};
 pub use unreachable::{Unreachable, UnreachableLog};
 
-use crate::admission::AdmissionQueue;
+use crate::admission::{AdmissionQueue, Placement, QueueFull, TenantQueues};
 use crate::model_context::ModelContext;
 use crate::route_error::RouteError;
 use crate::validation::ValidationError;
@@ -57,7 +57,8 @@ use link_task::LinkOwner;
 struct Waiter {
     request: AddRequest,
     key: RouteKey,
-    tx: oneshot::Sender<Dispatched>,
+    /// Gets the request's worker, or why it was displaced from the queue.
+    tx: oneshot::Sender<Result<Dispatched, QueueFull>>,
 }
 
 struct LinkEntry {
@@ -144,6 +145,19 @@ impl WorkerPool {
         (queue.len(), queue.tokens())
     }
 
+    /// New requests waiting per tenant, and every tenant's fair-share counter.
+    pub fn tenant_queues(&self) -> TenantQueues {
+        self.queue.lock().expect("queue lock").tenant_queues()
+    }
+
+    /// Charges `tokens` generated for `tenant` to its fair-share counter (as they stream).
+    pub fn charge(&self, tenant: &str, tokens: u64) {
+        self.queue
+            .lock()
+            .expect("queue lock")
+            .charge(tenant, tokens);
+    }
+
     /// Adds a worker and starts its link; `false` when the address is already known.
     pub fn add_worker(self: &Arc<Self>, address: &str, origin: Origin) -> bool {
         let mut links = self.links.write().expect("links lock");
@@ -206,12 +220,17 @@ impl WorkerPool {
             .send_if_modified(|old| std::mem::replace(old, n) != n);
     }
 
-    /// Admits a new request: sends it to a worker at once when the queue is empty and one has
-    /// room, queues it otherwise. `request.request_id` is replaced with a router-unique id.
+    /// Admits a new request of `placement` (tenant and priority class): sends it to a worker at
+    /// once when the queue is empty and one has room, queues it otherwise (see
+    /// [`crate::admission`]). `request.request_id` is replaced with a router-unique id.
     ///
     /// Errors: [`RouteError::NoWorkersKnown`] / [`RouteError::NoWorkerReady`] when no worker is
-    /// ready, [`RouteError::Overloaded`] when the queue is full.
-    pub fn admit(self: &Arc<Self>, request: AddRequest) -> Result<Ticket, RouteError> {
+    /// ready, [`RouteError::Overloaded`] when the queue (or the tenant's share of it) is full.
+    pub fn admit(
+        self: &Arc<Self>,
+        request: AddRequest,
+        placement: Placement,
+    ) -> Result<Ticket, RouteError> {
         if self.ready_workers() == 0 {
             return Err(RouteError::no_worker(self.configured_workers()));
         }
@@ -220,19 +239,30 @@ impl WorkerPool {
         }
         let key = self.route_key(&request);
         let mut queue = self.queue.lock().expect("queue lock");
+        let tokens = waiting_tokens(&request);
         if queue.is_empty() {
             if let Some(dispatched) = self.dispatch_now(&request, &key) {
+                queue.dispatched_directly(&placement, tokens);
                 return Ok(Ticket::dispatched(self.clone(), dispatched));
             }
         }
         let (tx, rx) = oneshot::channel();
-        let tokens = waiting_tokens(&request);
-        let id = queue
-            .push_new(tokens, Waiter { request, key, tx })
+        let by = placement.priority;
+        let pushed = queue
+            .push_new(tokens, placement, Waiter { request, key, tx })
             .inspect_err(|_| {
                 self.counters.rejected.fetch_add(1, Ordering::Relaxed);
             })?;
-        Ok(Ticket::queued(self.clone(), id, rx))
+        drop(queue);
+        if let Some(displaced) = pushed.displaced {
+            self.counters.rejected.fetch_add(1, Ordering::Relaxed);
+            let priority = displaced.placement.as_ref().map_or(0, |p| p.priority);
+            let _ = displaced
+                .item
+                .tx
+                .send(Err(QueueFull::Displaced { priority, by }));
+        }
+        Ok(Ticket::queued(self.clone(), pushed.id, rx))
     }
 
     /// The refusal of a request that no ready worker's KV cache could ever hold
@@ -284,7 +314,7 @@ impl WorkerPool {
                 break;
             };
             let entry = queue.pop_front().expect("front exists");
-            if let Err(dispatched) = entry.item.tx.send(dispatched) {
+            if let Err(Ok(dispatched)) = entry.item.tx.send(Ok(dispatched)) {
                 undelivered.push(dispatched);
             }
         }
@@ -401,7 +431,7 @@ impl Drop for Dispatched {
 pub struct Ticket {
     pool: Arc<WorkerPool>,
     dispatched: Option<Dispatched>,
-    queued: Option<(u64, oneshot::Receiver<Dispatched>)>,
+    queued: Option<(u64, oneshot::Receiver<Result<Dispatched, QueueFull>>)>,
 }
 
 impl Ticket {
@@ -413,7 +443,11 @@ impl Ticket {
         }
     }
 
-    fn queued(pool: Arc<WorkerPool>, id: u64, rx: oneshot::Receiver<Dispatched>) -> Self {
+    fn queued(
+        pool: Arc<WorkerPool>,
+        id: u64,
+        rx: oneshot::Receiver<Result<Dispatched, QueueFull>>,
+    ) -> Self {
         Self {
             pool,
             dispatched: None,
@@ -424,7 +458,7 @@ impl Ticket {
     /// Waits until the request is sent to a worker.
     ///
     /// Errors: [`RouteError::NoWorkerInTime`] when no worker was ready for the pool's failover
-    /// timeout.
+    /// timeout; [`RouteError::Overloaded`] when a request of a higher class displaced it.
     pub async fn wait(&mut self) -> Result<Dispatched, RouteError> {
         if let Some(dispatched) = self.dispatched.take() {
             return Ok(dispatched);
@@ -455,9 +489,9 @@ impl Ticket {
                 () = give_up => break None,
             }
         };
-        if let Some(dispatched) = outcome {
+        if let Some(outcome) = outcome {
             self.queued = None;
-            return Ok(dispatched);
+            return outcome.map_err(RouteError::Overloaded);
         }
         self.leave_queue();
         Err(RouteError::NoWorkerInTime {
