@@ -517,7 +517,7 @@ mod tests {
             "router_tenant_generated_tokens_total{tenant=\"default\"} 4",
             "router_tenant_prompt_tokens_total{tenant=\"default\"} 4",
             "router_tenant_queued_requests{tenant=\"default\"} 0",
-            "router_tenant_fair_share_counter{tenant=\"default\"} 0.0",
+            "router_tenant_fair_share_virtual_tokens{tenant=\"default\"} 0.0",
         ] {
             assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
         }

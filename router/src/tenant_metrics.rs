@@ -14,7 +14,7 @@
 //!
 //! Read at each scrape: `router_tenant_queued_requests{tenant}` (waiting in the admission queue),
 //! `router_tenant_running_requests{tenant}` (admitted, not waiting, not finished) and
-//! `router_tenant_fair_share_counter{tenant}` (the Virtual Token Counter: weighted tokens of
+//! `router_tenant_fair_share_virtual_tokens{tenant}` (the Virtual Token Counter: weighted tokens of
 //! service, [`crate::admission::fair_share`]).
 
 use std::sync::Arc;
@@ -251,7 +251,7 @@ impl Collector for TenantCollector {
             }
         }
         let mut family = e.encode_descriptor(
-            "tenant_fair_share_counter",
+            "tenant_fair_share_virtual_tokens",
             "Weighted tokens of service the tenant received (Virtual Token Counter)",
             None,
             MetricType::Gauge,
