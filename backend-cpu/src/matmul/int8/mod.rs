@@ -176,8 +176,10 @@ fn rows_t<const T: usize>(
     }
 }
 
-/// Tokens per kernel call.
-const TILE_T: usize = 4;
+/// Tokens per kernel call: each weight block group is decoded once per tile, so a taller tile
+/// spreads the decoding over more tokens (8 accumulators still fit the AVX2 register file with
+/// the codes read back from L1).
+const TILE_T: usize = 8;
 
 /// Weight rows per kernel call.
 const CHUNK_R: usize = 16;
@@ -220,12 +222,17 @@ fn rows_task(
 ) {
     let mut t0 = 0;
     while t0 < n {
-        let tile = (n - t0).min(TILE_T);
+        // Tiles of 8, then 4, 3, 2, 1 for the rest (the tile changes no value).
+        let tile = match n - t0 {
+            r if r >= TILE_T => TILE_T,
+            r => r.min(4),
+        };
         match tile {
             1 => token_tile::<1>(path, x, t0, w, r0, out),
             2 => token_tile::<2>(path, x, t0, w, r0, out),
             3 => token_tile::<3>(path, x, t0, w, r0, out),
-            _ => token_tile::<4>(path, x, t0, w, r0, out),
+            4 => token_tile::<4>(path, x, t0, w, r0, out),
+            _ => token_tile::<TILE_T>(path, x, t0, w, r0, out),
         }
         t0 += tile;
     }

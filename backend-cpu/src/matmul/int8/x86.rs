@@ -6,7 +6,9 @@
 //! (Q8_0: their magnitudes, the activations taking the weights' signs, `vpsignb`), then for each
 //! token the 8 products are multiplied into 8 vectors of i32 partial sums, reduced by a transposed
 //! `vphaddd` tree into one vector of the 8 exact block sums, and the 8 block terms are computed
-//! lane-wise with the reference's f32 operations (block `8g + l` in lane `l`). Super-blocks of
+//! lane-wise with the reference's f32 operations (block `8g + l` in lane `l`); a row's last,
+//! partial group runs the same code with masked loads, and the 8 lanes are reduced in registers
+//! in [`super::reference::reduce8`]'s order. Super-blocks of
 //! 256: 8 vectors of codes, each with its sub-block scales as i16 (`vpmaddwd` applies them), one
 //! horizontal sum per token, the term in scalar code. The VNNI path uses `vpdpbusd` for the
 //! 32-blocks and the AVX2 sequence for the k-quants, whose `vpmaddwd` applies the scales at no
@@ -16,7 +18,7 @@
 use std::arch::x86_64::*;
 
 use super::acts::QRow;
-use super::reference::{reduce8, term32, term_k, Fmt32, FmtK, KMeta};
+use super::reference::{term_k, Fmt32, FmtK, KMeta};
 
 /// Unsigned-by-signed byte products summed into 8 i32 lanes (exact; which lane holds which
 /// partial differs between implementations, the total does not).
@@ -110,13 +112,6 @@ unsafe fn block_dot<M: Mac>(
     M::dot(u[j], xv)
 }
 
-/// The f16 at `p`, as f32 (exact).
-#[inline(always)]
-unsafe fn f16_at(p: *const u8) -> f32 {
-    let bits = std::ptr::read_unaligned(p as *const u16);
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
-}
-
 /// Sum of the 8 i32 lanes (exact).
 #[inline(always)]
 unsafe fn hsum_i32(v: __m256i) -> i32 {
@@ -126,7 +121,109 @@ unsafe fn hsum_i32(v: __m256i) -> i32 {
     _mm_cvtsi128_si32(s)
 }
 
-/// One weight row of a 32-block format `f` (`nb` blocks) against `T` activation rows.
+/// The i32 lanes `0..count` of `p` (`count` ≤ 8), zeros above: a full load for `count == 8`,
+/// else a masked one that reads nothing past lane `count`.
+#[inline(always)]
+unsafe fn load8_i32(p: *const i32, count: usize) -> __m256i {
+    if count == 8 {
+        _mm256_loadu_si256(p as *const __m256i)
+    } else {
+        _mm256_maskload_epi32(p, lane_mask(count))
+    }
+}
+
+/// [`load8_i32`] for f32 lanes.
+#[inline(always)]
+unsafe fn load8_f32(p: *const f32, count: usize) -> __m256 {
+    if count == 8 {
+        _mm256_loadu_ps(p)
+    } else {
+        _mm256_maskload_ps(p, lane_mask(count))
+    }
+}
+
+/// All ones in the i32 lanes below `count`.
+#[inline(always)]
+unsafe fn lane_mask(count: usize) -> __m256i {
+    let idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    _mm256_cmpgt_epi32(_mm256_set1_epi32(count as i32), idx)
+}
+
+/// [`super::reference::reduce8`] of the 8 lanes of `v`, the same additions in the same order.
+#[inline(always)]
+unsafe fn reduce8_ps(v: __m256) -> f32 {
+    // [a0+a4, a1+a5, a2+a6, a3+a7]
+    let h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    // [(a0+a4)+(a2+a6), (a1+a5)+(a3+a7), ..]
+    let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)))
+}
+
+/// One group of `count` (1..=8) blocks of a 32-block format `f` from `p0`, its first block `8 g`
+/// of the row, against `T` activation rows, each block's term added to lane `b % 8` of `acc[t]`.
+/// The missing blocks of a partial group read nothing and add `+0.0` to their lanes, which
+/// changes no lane: a lane starts at `+0.0` and a sum with a `+0.0` start is never `-0.0`.
+#[inline(always)]
+unsafe fn group32<M: Mac, const T: usize>(
+    f: Fmt32,
+    p0: *const u8,
+    xs: &[QRow<'_>; T],
+    g: usize,
+    count: usize,
+    acc: &mut [__m256; T],
+) {
+    let bytes = f.bytes();
+    let signed = f == Fmt32::Q8_0;
+    let mut u = [_mm256_setzero_si256(); 8];
+    let mut raw = [_mm256_setzero_si256(); 8];
+    let (mut dh, mut mh) = ([0u16; 8], [0u16; 8]);
+    for j in 0..count {
+        let p = p0.add(j * bytes);
+        dh[j] = std::ptr::read_unaligned(p as *const u16);
+        if f.has_min() {
+            mh[j] = std::ptr::read_unaligned(p.add(2) as *const u16);
+        }
+        raw[j] = codes32(f, p);
+        u[j] = if signed {
+            _mm256_abs_epi8(raw[j])
+        } else {
+            raw[j]
+        };
+    }
+    let dw = _mm256_cvtph_ps(_mm_loadu_si128(dh.as_ptr() as *const __m128i));
+    let mw = _mm256_cvtph_ps(_mm_loadu_si128(mh.as_ptr() as *const __m128i));
+    for t in 0..T {
+        let xq = xs[t].qs.as_ptr().add(256 * g);
+        let mut d = [_mm256_setzero_si256(); 8];
+        for (j, d) in d.iter_mut().enumerate().take(count) {
+            *d = block_dot::<M>(&u, &raw, signed, xq, j);
+        }
+        let h01 = _mm256_hadd_epi32(d[0], d[1]);
+        let h23 = _mm256_hadd_epi32(d[2], d[3]);
+        let h45 = _mm256_hadd_epi32(d[4], d[5]);
+        let h67 = _mm256_hadd_epi32(d[6], d[7]);
+        let (h0123, h4567) = (_mm256_hadd_epi32(h01, h23), _mm256_hadd_epi32(h45, h67));
+        let mut s = _mm256_add_epi32(
+            _mm256_permute2x128_si256::<0x20>(h0123, h4567),
+            _mm256_permute2x128_si256::<0x31>(h0123, h4567),
+        );
+        if f.offset() != 0 {
+            let sums = load8_i32(xs[t].sums.as_ptr().add(8 * g), count);
+            let off = _mm256_mullo_epi32(sums, _mm256_set1_epi32(f.offset()));
+            s = _mm256_sub_epi32(s, off);
+        }
+        let dx = load8_f32(xs[t].d.as_ptr().add(8 * g), count);
+        let mut term = _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(s));
+        if f.has_min() {
+            let dsum = load8_f32(xs[t].dsums.as_ptr().add(8 * g), count);
+            term = _mm256_add_ps(term, _mm256_mul_ps(mw, dsum));
+        }
+        acc[t] = _mm256_add_ps(acc[t], term);
+    }
+}
+
+/// One weight row of a 32-block format `f` (`nb` blocks) against `T` activation rows: whole
+/// groups of 8 blocks, then the partial group in the same vector code, then [`reduce8_ps`].
 #[inline(always)]
 unsafe fn rows32<M: Mac, const T: usize>(
     f: Fmt32,
@@ -134,87 +231,18 @@ unsafe fn rows32<M: Mac, const T: usize>(
     xs: [QRow<'_>; T],
     nb: usize,
 ) -> [f32; T] {
-    let bytes = f.bytes();
-    let signed = f == Fmt32::Q8_0;
     let groups = nb / 8;
     let mut acc = [_mm256_setzero_ps(); T];
-    let mut u = [_mm256_setzero_si256(); 8];
-    let mut raw = [_mm256_setzero_si256(); 8];
     for g in 0..groups {
-        let p0 = row.as_ptr().add(8 * g * bytes);
-        let (mut dh, mut mh) = ([0u16; 8], [0u16; 8]);
-        for j in 0..8 {
-            let p = p0.add(j * bytes);
-            dh[j] = std::ptr::read_unaligned(p as *const u16);
-            if f.has_min() {
-                mh[j] = std::ptr::read_unaligned(p.add(2) as *const u16);
-            }
-            raw[j] = codes32(f, p);
-            u[j] = if signed {
-                _mm256_abs_epi8(raw[j])
-            } else {
-                raw[j]
-            };
-        }
-        let dw = _mm256_cvtph_ps(_mm_loadu_si128(dh.as_ptr() as *const __m128i));
-        let mw = _mm256_cvtph_ps(_mm_loadu_si128(mh.as_ptr() as *const __m128i));
-        for t in 0..T {
-            let xq = xs[t].qs.as_ptr().add(256 * g);
-            let h01 = _mm256_hadd_epi32(
-                block_dot::<M>(&u, &raw, signed, xq, 0),
-                block_dot::<M>(&u, &raw, signed, xq, 1),
-            );
-            let h23 = _mm256_hadd_epi32(
-                block_dot::<M>(&u, &raw, signed, xq, 2),
-                block_dot::<M>(&u, &raw, signed, xq, 3),
-            );
-            let h45 = _mm256_hadd_epi32(
-                block_dot::<M>(&u, &raw, signed, xq, 4),
-                block_dot::<M>(&u, &raw, signed, xq, 5),
-            );
-            let h67 = _mm256_hadd_epi32(
-                block_dot::<M>(&u, &raw, signed, xq, 6),
-                block_dot::<M>(&u, &raw, signed, xq, 7),
-            );
-            let (h0123, h4567) = (_mm256_hadd_epi32(h01, h23), _mm256_hadd_epi32(h45, h67));
-            let mut s = _mm256_add_epi32(
-                _mm256_permute2x128_si256::<0x20>(h0123, h4567),
-                _mm256_permute2x128_si256::<0x31>(h0123, h4567),
-            );
-            if f.offset() != 0 {
-                let sums = _mm256_loadu_si256(xs[t].sums.as_ptr().add(8 * g) as *const __m256i);
-                let off = _mm256_mullo_epi32(sums, _mm256_set1_epi32(f.offset()));
-                s = _mm256_sub_epi32(s, off);
-            }
-            let dx = _mm256_loadu_ps(xs[t].d.as_ptr().add(8 * g));
-            let mut term = _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(s));
-            if f.has_min() {
-                let dsum = _mm256_loadu_ps(xs[t].dsums.as_ptr().add(8 * g));
-                term = _mm256_add_ps(term, _mm256_mul_ps(mw, dsum));
-            }
-            acc[t] = _mm256_add_ps(acc[t], term);
-        }
+        group32::<M, T>(f, row.as_ptr().add(8 * g * f.bytes()), &xs, g, 8, &mut acc);
+    }
+    if !nb.is_multiple_of(8) {
+        let p0 = row.as_ptr().add(8 * groups * f.bytes());
+        group32::<M, T>(f, p0, &xs, groups, nb % 8, &mut acc);
     }
     let mut out = [0.0f32; T];
     for t in 0..T {
-        let mut lanes = [0.0f32; 8];
-        _mm256_storeu_ps(lanes.as_mut_ptr(), acc[t]);
-        // The last `nb % 8` blocks one at a time: the same exact sum, the same term.
-        for b in 8 * groups..nb {
-            let p = row.as_ptr().add(b * bytes);
-            let raw = codes32(f, p);
-            let u = if signed { _mm256_abs_epi8(raw) } else { raw };
-            let xv = _mm256_loadu_si256(xs[t].qs.as_ptr().add(32 * b) as *const __m256i);
-            let xv = if signed {
-                _mm256_sign_epi8(xv, raw)
-            } else {
-                xv
-            };
-            let isum = hsum_i32(M::dot(u, xv)) - f.offset() * xs[t].sums[b];
-            let mw = f.has_min().then(|| f16_at(p.add(2)));
-            lanes[b % 8] += term32(f16_at(p), mw, xs[t].d[b], xs[t].dsums[b], isum);
-        }
-        out[t] = reduce8(lanes);
+        out[t] = reduce8_ps(acc[t]);
     }
     out
 }
