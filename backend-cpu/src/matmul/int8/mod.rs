@@ -176,9 +176,8 @@ fn rows_t<const T: usize>(
     }
 }
 
-/// Tokens per kernel call: each weight block group is decoded once per tile, so a taller tile
-/// spreads the decoding over more tokens (8 accumulators still fit the AVX2 register file with
-/// the codes read back from L1).
+/// Tokens per kernel call: the SIMD kernels decode (and for blocks of 32, transpose) each weight
+/// block once per tile, so a taller tile spreads that work over more tokens.
 const TILE_T: usize = 8;
 
 /// Weight rows per kernel call.

@@ -2,48 +2,136 @@
 //! the fast path: one weight row against `T` quantized activation rows, bitwise equal to
 //! [`super::reference`].
 //!
-//! Blocks of 32: a group of 8 blocks is decoded once into 8 vectors of 32 unsigned codes
-//! (Q8_0: their magnitudes, the activations taking the weights' signs, `vpsignb`), then for each
-//! token the 8 products are multiplied into 8 vectors of i32 partial sums, reduced by a transposed
-//! `vphaddd` tree into one vector of the 8 exact block sums, and the 8 block terms are computed
-//! lane-wise with the reference's f32 operations (block `8g + l` in lane `l`); a row's last,
-//! partial group runs the same code with masked loads, and the 8 lanes are reduced in registers
-//! in [`super::reference::reduce8`]'s order. Super-blocks of
+//! Blocks of 32, tiles of 4 or more tokens ([`tile32`], prefill and batched decode): 8 weight
+//! rows' block `b` is decoded once into 8 vectors of 32 codes and transposed (an 8 × 8 dword
+//! transpose), so that vector `i` holds elements `4i..4i + 4` of each row, lane `r` = row `r`;
+//! per token, 8 products with the activation dword `i` broadcast (`vpdpbusd`, or on AVX2
+//! `vpmaddubsw` whose i16 pairs of 4 vectors add without overflow, then one `vpmaddwd`) give
+//! the 8 rows' exact block sums in 8 lanes with no horizontal reduction, and the block term
+//! (the reference's f32 operations, lane-wise) goes to accumulator `b % 8` of the token, the 8
+//! reduced at the end in [`super::reference::reduce8`]'s order. Q8_0 weights are signed: the
+//! VNNI path biases them by 128 (and subtracts `128 · Σq`, exact), the AVX2 path uses their
+//! magnitudes and gives the broadcast activations their signs (`vpsignb`). Fewer than 4 tokens
+//! ([`per_row`], single-stream decode): one row at a time, a `vphaddd` tree per group of 8
+//! blocks, the same lanes and order. Super-blocks of
 //! 256: 8 vectors of codes, each with its sub-block scales as i16 (`vpmaddwd` applies them), one
-//! horizontal sum per token, the term in scalar code. The VNNI path uses `vpdpbusd` for the
-//! 32-blocks and the AVX2 sequence for the k-quants, whose `vpmaddwd` applies the scales at no
-//! extra cost. No product saturates: codes are at most 128 (Q8_0 magnitudes) and activations at
-//! most 127 in magnitude, so a `vpmaddubsw` pair is at most 2 · 128 · 127 = 32 512 < 2¹⁵.
+//! horizontal sum per token, the term in scalar code (the AVX2 sequence on both paths, whose
+//! `vpmaddwd` applies the scales at no extra cost). No product saturates: codes are at most 128
+//! (Q8_0 magnitudes) and activations at most 127 in magnitude, so a `vpmaddubsw` pair is at most
+//! 2 · 128 · 127 = 32 512 < 2¹⁵.
+
+mod per_row;
 
 use std::arch::x86_64::*;
 
 use super::acts::QRow;
 use super::reference::{term_k, Fmt32, FmtK, KMeta};
 
-/// Unsigned-by-signed byte products summed into 8 i32 lanes (exact; which lane holds which
-/// partial differs between implementations, the total does not).
+/// The integer products of a tile of 8 weight rows (lane `r` = row `r`) with one activation
+/// block, for the transposed codes of [`transpose8`].
 trait Mac {
-    /// Lane partial sums of `u[i] * x[i]` (`u` unsigned, `x` signed bytes).
-    unsafe fn dot(u: __m256i, x: __m256i) -> __m256i;
+    /// What Q8_0's integer sum must subtract times the activation block's `Σq` (the bias
+    /// [`Mac::prep`] added to the codes).
+    const Q8_OFFSET: i32;
+
+    /// The unsigned operands of [`Mac::dot8`] from the transposed codes `raw` (for Q8_0, `signed`,
+    /// the signed weight bytes; otherwise the codes themselves).
+    unsafe fn prep(signed: bool, raw: [__m256i; 8]) -> [__m256i; 8];
+
+    /// Per lane `r`: `Σ_i Σ_j u[i]_r[j] · x[4i + j]` (`x` the 32 activation codes at `xq`), plus
+    /// `Q8_OFFSET · Σ x` for Q8_0; exact. Codes are below 32 unless `signed`, so 4 `vpmaddubsw`
+    /// pairs of sums (each at most 2 · 31 · 127) add in i16 without overflow.
+    unsafe fn dot8(u: &[__m256i; 8], raw: &[__m256i; 8], signed: bool, xq: *const i8) -> __m256i;
+
+    /// Lane partial sums of `u[i] * x[i]` (`u` unsigned, `x` signed bytes; exact, which lane holds
+    /// which partial differs between implementations, the total does not).
+    unsafe fn dot1(u: __m256i, x: __m256i) -> __m256i;
 }
 
-/// `vpmaddubsw` then `vpmaddwd` by ones.
+/// The activation dword `i` of `xq` in every lane.
+#[inline(always)]
+unsafe fn bcast(xq: *const i8, i: usize) -> __m256i {
+    _mm256_set1_epi32(std::ptr::read_unaligned(xq.add(4 * i) as *const i32))
+}
+
+/// `vpmaddubsw` then `vpmaddwd` by ones (Q8_0: weight magnitudes, activations given the
+/// weights' signs by `vpsignb`).
 struct Avx2Mac;
 
 impl Mac for Avx2Mac {
+    const Q8_OFFSET: i32 = 0;
+
     #[inline(always)]
-    unsafe fn dot(u: __m256i, x: __m256i) -> __m256i {
+    unsafe fn prep(signed: bool, raw: [__m256i; 8]) -> [__m256i; 8] {
+        if signed {
+            let mut u = raw;
+            for v in &mut u {
+                *v = _mm256_abs_epi8(*v);
+            }
+            u
+        } else {
+            raw
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn dot1(u: __m256i, x: __m256i) -> __m256i {
         _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1))
+    }
+
+    #[inline(always)]
+    unsafe fn dot8(u: &[__m256i; 8], raw: &[__m256i; 8], signed: bool, xq: *const i8) -> __m256i {
+        let ones = _mm256_set1_epi16(1);
+        if signed {
+            let mut s = [_mm256_setzero_si256(); 2];
+            for i in 0..8 {
+                let x = _mm256_sign_epi8(bcast(xq, i), raw[i]);
+                let p = _mm256_madd_epi16(_mm256_maddubs_epi16(u[i], x), ones);
+                s[i % 2] = _mm256_add_epi32(s[i % 2], p);
+            }
+            _mm256_add_epi32(s[0], s[1])
+        } else {
+            let mut h = [_mm256_setzero_si256(); 2];
+            for i in 0..8 {
+                let p = _mm256_maddubs_epi16(u[i], bcast(xq, i));
+                h[i / 4] = _mm256_add_epi16(h[i / 4], p);
+            }
+            _mm256_add_epi32(_mm256_madd_epi16(h[0], ones), _mm256_madd_epi16(h[1], ones))
+        }
     }
 }
 
-/// `vpdpbusd` (AVX-512 VNNI, 256-bit form).
+/// `vpdpbusd` (AVX-512 VNNI, 256-bit form); Q8_0's signed bytes biased by 128 to unsigned.
 struct VnniMac;
 
 impl Mac for VnniMac {
+    const Q8_OFFSET: i32 = 128;
+
     #[inline(always)]
-    unsafe fn dot(u: __m256i, x: __m256i) -> __m256i {
+    unsafe fn prep(signed: bool, raw: [__m256i; 8]) -> [__m256i; 8] {
+        if signed {
+            let mut u = raw;
+            for v in &mut u {
+                *v = _mm256_xor_si256(*v, _mm256_set1_epi8(-128));
+            }
+            u
+        } else {
+            raw
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn dot1(u: __m256i, x: __m256i) -> __m256i {
         _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, x)
+    }
+
+    #[inline(always)]
+    unsafe fn dot8(u: &[__m256i; 8], _: &[__m256i; 8], _: bool, xq: *const i8) -> __m256i {
+        let mut s = [_mm256_setzero_si256(); 2];
+        for i in 0..8 {
+            s[i % 2] = _mm256_dpbusd_epi32(s[i % 2], u[i], bcast(xq, i));
+        }
+        _mm256_add_epi32(s[0], s[1])
     }
 }
 
@@ -93,25 +181,6 @@ unsafe fn codes32(f: Fmt32, p: *const u8) -> __m256i {
     }
 }
 
-/// Lane partial sums of block `j`'s codes (`u`, signs `raw` for Q8_0) times the activation codes
-/// at `xq + 32 j`.
-#[inline(always)]
-unsafe fn block_dot<M: Mac>(
-    u: &[__m256i; 8],
-    raw: &[__m256i; 8],
-    signed: bool,
-    xq: *const i8,
-    j: usize,
-) -> __m256i {
-    let xv = _mm256_loadu_si256(xq.add(32 * j) as *const __m256i);
-    let xv = if signed {
-        _mm256_sign_epi8(xv, raw[j])
-    } else {
-        xv
-    };
-    M::dot(u[j], xv)
-}
-
 /// Sum of the 8 i32 lanes (exact).
 #[inline(always)]
 unsafe fn hsum_i32(v: __m256i) -> i32 {
@@ -121,130 +190,133 @@ unsafe fn hsum_i32(v: __m256i) -> i32 {
     _mm_cvtsi128_si32(s)
 }
 
-/// The i32 lanes `0..count` of `p` (`count` ≤ 8), zeros above: a full load for `count == 8`,
-/// else a masked one that reads nothing past lane `count`.
+/// The 8 × 8 dword transpose: lane `r` of output `i` is dword `i` of input `r` (so output `i`
+/// holds elements `4i..4i + 4` of each of 8 rows' blocks).
 #[inline(always)]
-unsafe fn load8_i32(p: *const i32, count: usize) -> __m256i {
-    if count == 8 {
-        _mm256_loadu_si256(p as *const __m256i)
-    } else {
-        _mm256_maskload_epi32(p, lane_mask(count))
-    }
+unsafe fn transpose8(v: [__m256i; 8]) -> [__m256i; 8] {
+    let t0 = _mm256_unpacklo_epi32(v[0], v[1]);
+    let t1 = _mm256_unpackhi_epi32(v[0], v[1]);
+    let t2 = _mm256_unpacklo_epi32(v[2], v[3]);
+    let t3 = _mm256_unpackhi_epi32(v[2], v[3]);
+    let t4 = _mm256_unpacklo_epi32(v[4], v[5]);
+    let t5 = _mm256_unpackhi_epi32(v[4], v[5]);
+    let t6 = _mm256_unpacklo_epi32(v[6], v[7]);
+    let t7 = _mm256_unpackhi_epi32(v[6], v[7]);
+    // Dwords (0 | 4), (1 | 5), (2 | 6), (3 | 7) of rows 0-3, then of rows 4-7.
+    let s0 = _mm256_unpacklo_epi64(t0, t2);
+    let s1 = _mm256_unpackhi_epi64(t0, t2);
+    let s2 = _mm256_unpacklo_epi64(t1, t3);
+    let s3 = _mm256_unpackhi_epi64(t1, t3);
+    let s4 = _mm256_unpacklo_epi64(t4, t6);
+    let s5 = _mm256_unpackhi_epi64(t4, t6);
+    let s6 = _mm256_unpacklo_epi64(t5, t7);
+    let s7 = _mm256_unpackhi_epi64(t5, t7);
+    [
+        _mm256_permute2x128_si256::<0x20>(s0, s4),
+        _mm256_permute2x128_si256::<0x20>(s1, s5),
+        _mm256_permute2x128_si256::<0x20>(s2, s6),
+        _mm256_permute2x128_si256::<0x20>(s3, s7),
+        _mm256_permute2x128_si256::<0x31>(s0, s4),
+        _mm256_permute2x128_si256::<0x31>(s1, s5),
+        _mm256_permute2x128_si256::<0x31>(s2, s6),
+        _mm256_permute2x128_si256::<0x31>(s3, s7),
+    ]
 }
 
-/// [`load8_i32`] for f32 lanes.
+/// `nrows` (1..=8) weight rows of a 32-block format `f` (`nb` blocks each, `rb` bytes apart
+/// from `rows`) against `T` activation rows: lane `r` of entry `t` is `Σ W_r · x_t`. Each block
+/// of the 8 rows is decoded and transposed once, then per token its exact integer sums land in
+/// lane `r`, and the block's term ([`super::reference::term32`], lane-wise) is added to
+/// accumulator `b % 8` in increasing block order, the 8 reduced at the end as
+/// [`super::reference::reduce8`] does. Lanes of missing rows are garbage.
 #[inline(always)]
-unsafe fn load8_f32(p: *const f32, count: usize) -> __m256 {
-    if count == 8 {
-        _mm256_loadu_ps(p)
-    } else {
-        _mm256_maskload_ps(p, lane_mask(count))
-    }
-}
-
-/// All ones in the i32 lanes below `count`.
-#[inline(always)]
-unsafe fn lane_mask(count: usize) -> __m256i {
-    let idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    _mm256_cmpgt_epi32(_mm256_set1_epi32(count as i32), idx)
-}
-
-/// [`super::reference::reduce8`] of the 8 lanes of `v`, the same additions in the same order.
-#[inline(always)]
-unsafe fn reduce8_ps(v: __m256) -> f32 {
-    // [a0+a4, a1+a5, a2+a6, a3+a7]
-    let h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-    // [(a0+a4)+(a2+a6), (a1+a5)+(a3+a7), ..]
-    let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)))
-}
-
-/// One group of `count` (1..=8) blocks of a 32-block format `f` from `p0`, its first block `8 g`
-/// of the row, against `T` activation rows, each block's term added to lane `b % 8` of `acc[t]`.
-/// The missing blocks of a partial group read nothing and add `+0.0` to their lanes, which
-/// changes no lane: a lane starts at `+0.0` and a sum with a `+0.0` start is never `-0.0`.
-#[inline(always)]
-unsafe fn group32<M: Mac, const T: usize>(
+unsafe fn tile32<M: Mac, const T: usize>(
     f: Fmt32,
-    p0: *const u8,
+    rows: *const u8,
+    rb: usize,
+    nrows: usize,
     xs: &[QRow<'_>; T],
-    g: usize,
-    count: usize,
-    acc: &mut [__m256; T],
-) {
+    nb: usize,
+) -> [__m256; T] {
     let bytes = f.bytes();
     let signed = f == Fmt32::Q8_0;
-    let mut u = [_mm256_setzero_si256(); 8];
-    let mut raw = [_mm256_setzero_si256(); 8];
-    let (mut dh, mut mh) = ([0u16; 8], [0u16; 8]);
-    for j in 0..count {
-        let p = p0.add(j * bytes);
-        dh[j] = std::ptr::read_unaligned(p as *const u16);
-        if f.has_min() {
-            mh[j] = std::ptr::read_unaligned(p.add(2) as *const u16);
+    let offset = if signed { M::Q8_OFFSET } else { f.offset() };
+    // Block `b` into accumulator `b % 8` of each token, as the reference's lanes.
+    let mut acc = [[_mm256_setzero_ps(); 8]; T];
+    for b in 0..nb {
+        let mut codes = [_mm256_setzero_si256(); 8];
+        let (mut dh, mut mh) = ([0u16; 8], [0u16; 8]);
+        for r in 0..nrows {
+            let p = rows.add(r * rb + b * bytes);
+            dh[r] = std::ptr::read_unaligned(p as *const u16);
+            if f.has_min() {
+                mh[r] = std::ptr::read_unaligned(p.add(2) as *const u16);
+            }
+            codes[r] = codes32(f, p);
         }
-        raw[j] = codes32(f, p);
-        u[j] = if signed {
-            _mm256_abs_epi8(raw[j])
-        } else {
-            raw[j]
-        };
+        let raw = transpose8(codes);
+        let u = M::prep(signed, raw);
+        let dw = _mm256_cvtph_ps(_mm_loadu_si128(dh.as_ptr() as *const __m128i));
+        let mw = _mm256_cvtph_ps(_mm_loadu_si128(mh.as_ptr() as *const __m128i));
+        for t in 0..T {
+            let x = xs[t];
+            let mut s = M::dot8(&u, &raw, signed, x.qs.as_ptr().add(32 * b));
+            if offset != 0 {
+                s = _mm256_sub_epi32(s, _mm256_set1_epi32(offset * x.sums[b]));
+            }
+            let dx = _mm256_set1_ps(x.d[b]);
+            let mut term = _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(s));
+            if f.has_min() {
+                term = _mm256_add_ps(term, _mm256_mul_ps(mw, _mm256_set1_ps(x.dsums[b])));
+            }
+            acc[t][b % 8] = _mm256_add_ps(acc[t][b % 8], term);
+        }
     }
-    let dw = _mm256_cvtph_ps(_mm_loadu_si128(dh.as_ptr() as *const __m128i));
-    let mw = _mm256_cvtph_ps(_mm_loadu_si128(mh.as_ptr() as *const __m128i));
+    let mut out = [_mm256_setzero_ps(); T];
     for t in 0..T {
-        let xq = xs[t].qs.as_ptr().add(256 * g);
-        let mut d = [_mm256_setzero_si256(); 8];
-        for (j, d) in d.iter_mut().enumerate().take(count) {
-            *d = block_dot::<M>(&u, &raw, signed, xq, j);
-        }
-        let h01 = _mm256_hadd_epi32(d[0], d[1]);
-        let h23 = _mm256_hadd_epi32(d[2], d[3]);
-        let h45 = _mm256_hadd_epi32(d[4], d[5]);
-        let h67 = _mm256_hadd_epi32(d[6], d[7]);
-        let (h0123, h4567) = (_mm256_hadd_epi32(h01, h23), _mm256_hadd_epi32(h45, h67));
-        let mut s = _mm256_add_epi32(
-            _mm256_permute2x128_si256::<0x20>(h0123, h4567),
-            _mm256_permute2x128_si256::<0x31>(h0123, h4567),
-        );
-        if f.offset() != 0 {
-            let sums = load8_i32(xs[t].sums.as_ptr().add(8 * g), count);
-            let off = _mm256_mullo_epi32(sums, _mm256_set1_epi32(f.offset()));
-            s = _mm256_sub_epi32(s, off);
-        }
-        let dx = load8_f32(xs[t].d.as_ptr().add(8 * g), count);
-        let mut term = _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(s));
-        if f.has_min() {
-            let dsum = load8_f32(xs[t].dsums.as_ptr().add(8 * g), count);
-            term = _mm256_add_ps(term, _mm256_mul_ps(mw, dsum));
-        }
-        acc[t] = _mm256_add_ps(acc[t], term);
+        // [`super::reference::reduce8`]'s order, lane-wise.
+        let a = &acc[t];
+        let even = _mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6]));
+        let odd = _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7]));
+        out[t] = _mm256_add_ps(even, odd);
     }
+    out
 }
 
-/// One weight row of a 32-block format `f` (`nb` blocks) against `T` activation rows: whole
-/// groups of 8 blocks, then the partial group in the same vector code, then [`reduce8_ps`].
+/// Every row of `rows` (`out.len()` rows of `rb` bytes, format `f`, `nb` blocks) against `xs`
+/// through [`tile32`], 8 rows at a time, or for tiles of fewer than 4 tokens one row at a time
+/// through [`per_row::row32`] (the same bits).
 #[inline(always)]
 unsafe fn rows32<M: Mac, const T: usize>(
     f: Fmt32,
-    row: &[u8],
+    rows: &[u8],
     xs: [QRow<'_>; T],
     nb: usize,
-) -> [f32; T] {
-    let groups = nb / 8;
-    let mut acc = [_mm256_setzero_ps(); T];
-    for g in 0..groups {
-        group32::<M, T>(f, row.as_ptr().add(8 * g * f.bytes()), &xs, g, 8, &mut acc);
+    out: &mut [[f32; T]],
+) {
+    let rb = rows.len() / out.len();
+    if T < 4 {
+        for (r, o) in out.iter_mut().enumerate() {
+            *o = per_row::row32::<M, T>(f, &rows[r * rb..(r + 1) * rb], &xs, nb);
+        }
+        return;
     }
-    if !nb.is_multiple_of(8) {
-        let p0 = row.as_ptr().add(8 * groups * f.bytes());
-        group32::<M, T>(f, p0, &xs, groups, nb % 8, &mut acc);
+    for (c, o) in out.chunks_mut(8).enumerate() {
+        let p = rows.as_ptr().add(8 * c * rb);
+        // A constant 8 unrolls the decoding loop (codes and scales in registers).
+        let acc = if o.len() == 8 {
+            tile32::<M, T>(f, p, rb, 8, &xs, nb)
+        } else {
+            tile32::<M, T>(f, p, rb, o.len(), &xs, nb)
+        };
+        for t in 0..T {
+            let mut lanes = [0.0f32; 8];
+            _mm256_storeu_ps(lanes.as_mut_ptr(), acc[t]);
+            for (r, o) in o.iter_mut().enumerate() {
+                o[t] = lanes[r];
+            }
+        }
     }
-    let mut out = [0.0f32; T];
-    for t in 0..T {
-        out[t] = reduce8_ps(acc[t]);
-    }
-    out
 }
 
 /// `0x10` in each byte of `qh` whose bit `bit` is set.
@@ -349,11 +421,11 @@ macro_rules! dispatch {
             };
         }
         match ($f32, $fk) {
-            (Some(Fmt32::Q8_0), _) => each!(|row| rows32::<$mac, T>(Fmt32::Q8_0, row, xs, $k / 32)),
-            (Some(Fmt32::Q4_0), _) => each!(|row| rows32::<$mac, T>(Fmt32::Q4_0, row, xs, $k / 32)),
-            (Some(Fmt32::Q4_1), _) => each!(|row| rows32::<$mac, T>(Fmt32::Q4_1, row, xs, $k / 32)),
-            (Some(Fmt32::Q5_0), _) => each!(|row| rows32::<$mac, T>(Fmt32::Q5_0, row, xs, $k / 32)),
-            (Some(Fmt32::Q5_1), _) => each!(|row| rows32::<$mac, T>(Fmt32::Q5_1, row, xs, $k / 32)),
+            (Some(Fmt32::Q8_0), _) => rows32::<$mac, T>(Fmt32::Q8_0, $rows, xs, $k / 32, $out),
+            (Some(Fmt32::Q4_0), _) => rows32::<$mac, T>(Fmt32::Q4_0, $rows, xs, $k / 32, $out),
+            (Some(Fmt32::Q4_1), _) => rows32::<$mac, T>(Fmt32::Q4_1, $rows, xs, $k / 32, $out),
+            (Some(Fmt32::Q5_0), _) => rows32::<$mac, T>(Fmt32::Q5_0, $rows, xs, $k / 32, $out),
+            (Some(Fmt32::Q5_1), _) => rows32::<$mac, T>(Fmt32::Q5_1, $rows, xs, $k / 32, $out),
             (None, Some(FmtK::Q4K)) => each!(|row| rows_k::<T>(FmtK::Q4K, row, xs, $k / 256)),
             (None, Some(FmtK::Q5K)) => each!(|row| rows_k::<T>(FmtK::Q5K, row, xs, $k / 256)),
             (None, Some(FmtK::Q6K)) => each!(|row| rows_k::<T>(FmtK::Q6K, row, xs, $k / 256)),
