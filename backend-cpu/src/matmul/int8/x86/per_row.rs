@@ -13,7 +13,8 @@ use std::arch::x86_64::*;
 
 use super::super::acts::QRow;
 use super::super::reference::Fmt32;
-use super::{codes32, Mac};
+use super::codes::codes32;
+use super::mac::Mac;
 
 /// The i32 lanes `0..count` of `p` (`count` ≤ 8), zeros above: a full load for `count == 8`,
 /// else a masked one that reads nothing past lane `count`.
