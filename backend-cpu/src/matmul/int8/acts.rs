@@ -82,6 +82,7 @@ pub(super) struct QRow<'a> {
 }
 
 /// Quantizes one block: writes `q` and returns `d` (see the module docs).
+#[inline(always)]
 fn quantize_block(x: &[f32], q: &mut [i8]) -> f32 {
     let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
     let d = amax / 127.0;
@@ -97,6 +98,19 @@ impl QuantActs {
     ///
     /// Panics if `x.len() != n * k` or `k` is not a multiple of the block length.
     pub(super) fn quantize(&mut self, kind: ActBlocks, x: &[f32], n: usize, k: usize) {
+        self.quantize_with(kind, x, n, k, true);
+    }
+
+    /// [`Self::quantize`], compiled for AVX2 when `simd` and the CPU has it (bitwise the same
+    /// result either way; `false` is for the tests that check so).
+    pub(super) fn quantize_with(
+        &mut self,
+        kind: ActBlocks,
+        x: &[f32],
+        n: usize,
+        k: usize,
+        simd: bool,
+    ) {
         let block = kind.len();
         assert_eq!(x.len(), n * k, "QuantActs: x has wrong length");
         assert!(
@@ -114,6 +128,30 @@ impl QuantActs {
         self.sums.resize(n_sums, 0);
         self.dsums.resize(n_sums, 0.0);
         self.bsums.resize(n_bsums, 0);
+        #[cfg(target_arch = "x86_64")]
+        if simd && std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: AVX2 was just detected.
+            unsafe { self.blocks_avx2(kind, x) };
+            return;
+        }
+        self.blocks(kind, x);
+    }
+
+    /// [`Self::blocks`] compiled for AVX2, where `round_ties_even` is one `vroundps` and the
+    /// loops vectorize: the same operations, so bitwise the same codes, scales and sums.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn blocks_avx2(&mut self, kind: ActBlocks, x: &[f32]) {
+        self.blocks(kind, x);
+    }
+
+    /// Quantizes every block of `x` into the (already sized) buffers.
+    #[inline(always)]
+    fn blocks(&mut self, kind: ActBlocks, x: &[f32]) {
+        let block = kind.len();
         let blocks = x.chunks_exact(block).zip(self.qs.chunks_exact_mut(block));
         for (b, (xb, qb)) in blocks.enumerate() {
             let d = quantize_block(xb, qb);

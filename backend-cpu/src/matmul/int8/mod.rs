@@ -40,6 +40,7 @@ mod tests;
 mod x86;
 
 use std::cell::RefCell;
+use std::ops::Range;
 
 use gguf::GgmlType;
 use serde::{Deserialize, Serialize};
@@ -176,27 +177,29 @@ fn rows_t<const T: usize>(
     }
 }
 
-/// Tokens per kernel call.
-const TILE_T: usize = 4;
+/// Tokens per kernel call: the SIMD kernels decode (and for blocks of 32, transpose) each weight
+/// block once per tile, so a taller tile spreads that work over more tokens.
+const TILE_T: usize = 8;
 
 /// Weight rows per kernel call.
 const CHUNK_R: usize = 16;
 
-/// Rows `r0..r0 + out.cols` of `w` against the `T` quantized rows from `t0`, in chunks of
-/// [`CHUNK_R`] rows.
+/// Task columns `cols` (rows `r0 + cols` of `w`) against the `T` quantized rows from `t0`, in
+/// chunks of [`CHUNK_R`] rows.
 fn token_tile<const T: usize>(
     path: IntPath,
     x: &QuantActs,
     t0: usize,
     w: &QMatrix,
     r0: usize,
+    cols: Range<usize>,
     out: &mut OutCols<'_>,
 ) {
     let xs: [QRow<'_>; T] = std::array::from_fn(|i| x.row(t0 + i));
     let mut buf = [[0.0f32; T]; CHUNK_R];
-    let mut r = 0;
-    while r < out.cols {
-        let count = (out.cols - r).min(CHUNK_R);
+    let mut r = cols.start;
+    while r < cols.end {
+        let count = (cols.end - r).min(CHUNK_R);
         let rows = w.rows_encoded(r0 + r, count);
         rows_t::<T>(path, w.format(), rows, xs, w.cols(), &mut buf[..count]);
         for (i, v) in buf[..count].iter().enumerate() {
@@ -207,9 +210,12 @@ fn token_tile<const T: usize>(
     }
 }
 
+/// Encoded weight bytes that the token tiles sweep at a time (they stay in L2 between tiles).
+const SWEEP_BYTES: usize = 128 << 10;
+
 /// Rows `r0..r0 + out.cols` of `w` against every row of the quantized `x`, `y[t][r]` through
-/// `out`: token tiles of [`TILE_T`] outermost (their codes stay in L1), the task's weight rows
-/// (in L2) streaming past each.
+/// `out`: the task's rows in sweeps of about [`SWEEP_BYTES`] (read from memory once, then from
+/// L2), each swept by token tiles of [`TILE_T`] (whose codes stay in L1).
 fn rows_task(
     path: IntPath,
     x: &QuantActs,
@@ -218,16 +224,29 @@ fn rows_task(
     r0: usize,
     out: &mut OutCols<'_>,
 ) {
-    let mut t0 = 0;
-    while t0 < n {
-        let tile = (n - t0).min(TILE_T);
-        match tile {
-            1 => token_tile::<1>(path, x, t0, w, r0, out),
-            2 => token_tile::<2>(path, x, t0, w, r0, out),
-            3 => token_tile::<3>(path, x, t0, w, r0, out),
-            _ => token_tile::<4>(path, x, t0, w, r0, out),
+    let row_bytes = w.rows_encoded(r0, 1).len().max(1);
+    let sweep = (SWEEP_BYTES / row_bytes / CHUNK_R).max(1) * CHUNK_R;
+    let mut c0 = 0;
+    while c0 < out.cols {
+        let cols = c0..(c0 + sweep).min(out.cols);
+        let mut t0 = 0;
+        while t0 < n {
+            // Tiles of 8, then 4, 3, 2, 1 for the rest (the tile changes no value).
+            let tile = match n - t0 {
+                r if r >= TILE_T => TILE_T,
+                r => r.min(4),
+            };
+            let c = cols.clone();
+            match tile {
+                1 => token_tile::<1>(path, x, t0, w, r0, c, out),
+                2 => token_tile::<2>(path, x, t0, w, r0, c, out),
+                3 => token_tile::<3>(path, x, t0, w, r0, c, out),
+                4 => token_tile::<4>(path, x, t0, w, r0, c, out),
+                _ => token_tile::<TILE_T>(path, x, t0, w, r0, c, out),
+            }
+            t0 += tile;
         }
-        t0 += tile;
+        c0 = cols.end;
     }
 }
 
@@ -235,8 +254,8 @@ fn rows_task(
 const TASKS_PER_THREAD: usize = 8;
 
 /// Weight rows per pool task for `out_dim` rows on `threads` threads: whole [`CHUNK_R`] chunks,
-/// about [`TASKS_PER_THREAD`] tasks per thread. The token tiles sweep a task's rows, which stay in
-/// L2 (at most a few hundred KiB of encoded rows for these models). Task sizes change no value.
+/// about [`TASKS_PER_THREAD`] tasks per thread ([`rows_task`] sweeps large ones in L2-sized
+/// pieces). Task sizes change no value.
 fn rows_per_task(out_dim: usize, threads: usize) -> usize {
     let rows = out_dim.div_ceil(threads.max(1) * TASKS_PER_THREAD);
     rows.div_ceil(CHUNK_R).max(1) * CHUNK_R

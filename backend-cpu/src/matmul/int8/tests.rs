@@ -213,6 +213,42 @@ fn activation_blocks_round_to_nearest_and_sum_their_codes() {
     }
 }
 
+/// The AVX2 build of the quantization gives bitwise the portable one's codes, scales and sums,
+/// ties (`x / d` exactly half-way, rounded to even) included.
+#[test]
+fn activation_quantization_is_the_same_on_every_path() {
+    let (n, k) = (5, 768);
+    let mut x = data(n * k, 9);
+    // A block whose maximum is 127, so that `1 / d` is 1 and the half-integers are ties.
+    for (i, v) in x[256..288].iter_mut().enumerate() {
+        *v = if i == 0 {
+            127.0
+        } else {
+            (i as f32 - 16.0) + 0.5
+        };
+    }
+    for kind in [ActBlocks::B32, ActBlocks::B256] {
+        let (mut portable, mut simd) = (QuantActs::default(), QuantActs::default());
+        portable.quantize_with(kind, &x, n, k, false);
+        simd.quantize_with(kind, &x, n, k, true);
+        for t in 0..n {
+            let (a, b) = (portable.row(t), simd.row(t));
+            assert_eq!(a.qs, b.qs, "{kind:?} row {t}");
+            assert_eq!(bits(a.d), bits(b.d));
+            assert_eq!(a.sums, b.sums);
+            assert_eq!(bits(a.dsums), bits(b.dsums));
+            assert_eq!(a.bsums, b.bsums);
+        }
+    }
+    let row = {
+        let mut acts = QuantActs::default();
+        acts.quantize_with(ActBlocks::B32, &x[..k], 1, k, false);
+        acts.row(0).qs[256..260].to_vec()
+    };
+    // -14.5, -13.5, -12.5 round to the even -14, -14, -12.
+    assert_eq!(row, [127, -14, -14, -12]);
+}
+
 /// Float weights have no integer kernel: the call says so and leaves the output alone.
 #[test]
 fn float_weights_are_left_to_the_exact_path() {

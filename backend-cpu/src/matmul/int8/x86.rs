@@ -2,120 +2,34 @@
 //! the fast path: one weight row against `T` quantized activation rows, bitwise equal to
 //! [`super::reference`].
 //!
-//! Blocks of 32: a group of 8 blocks is decoded once into 8 vectors of 32 unsigned codes
-//! (Q8_0: their magnitudes, the activations taking the weights' signs, `vpsignb`), then for each
-//! token the 8 products are multiplied into 8 vectors of i32 partial sums, reduced by a transposed
-//! `vphaddd` tree into one vector of the 8 exact block sums, and the 8 block terms are computed
-//! lane-wise with the reference's f32 operations (block `8g + l` in lane `l`). Super-blocks of
+//! Blocks of 32, tiles of 4 or more tokens ([`tile32`], prefill and batched decode): 8 weight
+//! rows' block `b` is decoded once into 8 vectors of 32 codes and transposed (an 8 × 8 dword
+//! transpose), so that vector `i` holds elements `4i..4i + 4` of each row, lane `r` = row `r`;
+//! per token, 8 products with the activation dword `i` broadcast (`vpdpbusd`, or on AVX2
+//! `vpmaddubsw` whose i16 pairs of 4 vectors add without overflow, then one `vpmaddwd`) give
+//! the 8 rows' exact block sums in 8 lanes with no horizontal reduction, and the block term
+//! (the reference's f32 operations, lane-wise) goes to accumulator `b % 8` of the token, the 8
+//! reduced at the end in [`super::reference::reduce8`]'s order. Q8_0 weights are signed: the
+//! VNNI path biases them by 128 (and subtracts `128 · Σq`, exact), the AVX2 path uses their
+//! magnitudes and gives the broadcast activations their signs (`vpsignb`). Fewer than 4 tokens
+//! ([`per_row`], single-stream decode): one row at a time, a `vphaddd` tree per group of 8
+//! blocks, the same lanes and order. Super-blocks of
 //! 256: 8 vectors of codes, each with its sub-block scales as i16 (`vpmaddwd` applies them), one
-//! horizontal sum per token, the term in scalar code. The VNNI path uses `vpdpbusd` for the
-//! 32-blocks and the AVX2 sequence for the k-quants, whose `vpmaddwd` applies the scales at no
-//! extra cost. No product saturates: codes are at most 128 (Q8_0 magnitudes) and activations at
-//! most 127 in magnitude, so a `vpmaddubsw` pair is at most 2 · 128 · 127 = 32 512 < 2¹⁵.
+//! horizontal sum per token, the term in scalar code (the AVX2 sequence on both paths, whose
+//! `vpmaddwd` applies the scales at no extra cost). No product saturates: codes are at most 128
+//! (Q8_0 magnitudes) and activations at most 127 in magnitude, so a `vpmaddubsw` pair is at most
+//! 2 · 128 · 127 = 32 512 < 2¹⁵.
+
+mod codes;
+mod mac;
+mod per_row;
 
 use std::arch::x86_64::*;
 
 use super::acts::QRow;
-use super::reference::{reduce8, term32, term_k, Fmt32, FmtK, KMeta};
-
-/// Unsigned-by-signed byte products summed into 8 i32 lanes (exact; which lane holds which
-/// partial differs between implementations, the total does not).
-trait Mac {
-    /// Lane partial sums of `u[i] * x[i]` (`u` unsigned, `x` signed bytes).
-    unsafe fn dot(u: __m256i, x: __m256i) -> __m256i;
-}
-
-/// `vpmaddubsw` then `vpmaddwd` by ones.
-struct Avx2Mac;
-
-impl Mac for Avx2Mac {
-    #[inline(always)]
-    unsafe fn dot(u: __m256i, x: __m256i) -> __m256i {
-        _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1))
-    }
-}
-
-/// `vpdpbusd` (AVX-512 VNNI, 256-bit form).
-struct VnniMac;
-
-impl Mac for VnniMac {
-    #[inline(always)]
-    unsafe fn dot(u: __m256i, x: __m256i) -> __m256i {
-        _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, x)
-    }
-}
-
-/// 32 bytes, `0xFF` where bit `i` of `bits` is set (ggml's `bytes_from_bits_32`).
-#[inline(always)]
-unsafe fn bytes_from_bits(bits: u32) -> __m256i {
-    let v = _mm256_set1_epi32(bits as i32);
-    let shuf = _mm256_setr_epi64x(
-        0x0000_0000_0000_0000,
-        0x0101_0101_0101_0101,
-        0x0202_0202_0202_0202,
-        0x0303_0303_0303_0303,
-    );
-    let v = _mm256_shuffle_epi8(v, shuf);
-    let v = _mm256_or_si256(v, _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe));
-    _mm256_cmpeq_epi8(v, _mm256_set1_epi64x(-1))
-}
-
-/// The 32 codes of 16 bytes of nibbles at `qs`: low nibbles (elements 0..16), then high.
-#[inline(always)]
-unsafe fn nibbles(qs: *const u8) -> __m256i {
-    let q = _mm_loadu_si128(qs as *const __m128i);
-    let m = _mm_set1_epi8(0x0F);
-    let lo = _mm_and_si128(q, m);
-    let hi = _mm_and_si128(_mm_srli_epi16(q, 4), m);
-    _mm256_set_m128i(hi, lo)
-}
-
-/// The fifth bits (`0x10` where set) of the 32 elements from the little-endian u32 at `qh`.
-#[inline(always)]
-unsafe fn fifth_bits(qh: *const u8) -> __m256i {
-    let bits = u32::from_le_bytes(std::ptr::read_unaligned(qh as *const [u8; 4]));
-    _mm256_and_si256(bytes_from_bits(bits), _mm256_set1_epi8(0x10))
-}
-
-/// The 32 codes of the block at `p` in element order: unsigned codes, or for Q8_0 the raw signed
-/// bytes (made magnitudes by the caller). No closures in the kernels: a closure would be compiled
-/// without the caller's target features, and its intrinsics would not be inlined.
-#[inline(always)]
-unsafe fn codes32(f: Fmt32, p: *const u8) -> __m256i {
-    match f {
-        Fmt32::Q8_0 => _mm256_loadu_si256(p.add(2) as *const __m256i),
-        Fmt32::Q4_0 => nibbles(p.add(2)),
-        Fmt32::Q4_1 => nibbles(p.add(4)),
-        Fmt32::Q5_0 => _mm256_or_si256(nibbles(p.add(6)), fifth_bits(p.add(2))),
-        Fmt32::Q5_1 => _mm256_or_si256(nibbles(p.add(8)), fifth_bits(p.add(4))),
-    }
-}
-
-/// Lane partial sums of block `j`'s codes (`u`, signs `raw` for Q8_0) times the activation codes
-/// at `xq + 32 j`.
-#[inline(always)]
-unsafe fn block_dot<M: Mac>(
-    u: &[__m256i; 8],
-    raw: &[__m256i; 8],
-    signed: bool,
-    xq: *const i8,
-    j: usize,
-) -> __m256i {
-    let xv = _mm256_loadu_si256(xq.add(32 * j) as *const __m256i);
-    let xv = if signed {
-        _mm256_sign_epi8(xv, raw[j])
-    } else {
-        xv
-    };
-    M::dot(u[j], xv)
-}
-
-/// The f16 at `p`, as f32 (exact).
-#[inline(always)]
-unsafe fn f16_at(p: *const u8) -> f32 {
-    let bits = std::ptr::read_unaligned(p as *const u16);
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
-}
+use super::reference::{term_k, Fmt32, FmtK, KMeta};
+use codes::codes32;
+use mac::{Avx2Mac, Mac, VnniMac};
 
 /// Sum of the 8 i32 lanes (exact).
 #[inline(always)]
@@ -126,97 +40,133 @@ unsafe fn hsum_i32(v: __m256i) -> i32 {
     _mm_cvtsi128_si32(s)
 }
 
-/// One weight row of a 32-block format `f` (`nb` blocks) against `T` activation rows.
+/// The 8 × 8 dword transpose: lane `r` of output `i` is dword `i` of input `r` (so output `i`
+/// holds elements `4i..4i + 4` of each of 8 rows' blocks).
 #[inline(always)]
-unsafe fn rows32<M: Mac, const T: usize>(
+unsafe fn transpose8(v: [__m256i; 8]) -> [__m256i; 8] {
+    let t0 = _mm256_unpacklo_epi32(v[0], v[1]);
+    let t1 = _mm256_unpackhi_epi32(v[0], v[1]);
+    let t2 = _mm256_unpacklo_epi32(v[2], v[3]);
+    let t3 = _mm256_unpackhi_epi32(v[2], v[3]);
+    let t4 = _mm256_unpacklo_epi32(v[4], v[5]);
+    let t5 = _mm256_unpackhi_epi32(v[4], v[5]);
+    let t6 = _mm256_unpacklo_epi32(v[6], v[7]);
+    let t7 = _mm256_unpackhi_epi32(v[6], v[7]);
+    // Dwords (0 | 4), (1 | 5), (2 | 6), (3 | 7) of rows 0-3, then of rows 4-7.
+    let s0 = _mm256_unpacklo_epi64(t0, t2);
+    let s1 = _mm256_unpackhi_epi64(t0, t2);
+    let s2 = _mm256_unpacklo_epi64(t1, t3);
+    let s3 = _mm256_unpackhi_epi64(t1, t3);
+    let s4 = _mm256_unpacklo_epi64(t4, t6);
+    let s5 = _mm256_unpackhi_epi64(t4, t6);
+    let s6 = _mm256_unpacklo_epi64(t5, t7);
+    let s7 = _mm256_unpackhi_epi64(t5, t7);
+    [
+        _mm256_permute2x128_si256::<0x20>(s0, s4),
+        _mm256_permute2x128_si256::<0x20>(s1, s5),
+        _mm256_permute2x128_si256::<0x20>(s2, s6),
+        _mm256_permute2x128_si256::<0x20>(s3, s7),
+        _mm256_permute2x128_si256::<0x31>(s0, s4),
+        _mm256_permute2x128_si256::<0x31>(s1, s5),
+        _mm256_permute2x128_si256::<0x31>(s2, s6),
+        _mm256_permute2x128_si256::<0x31>(s3, s7),
+    ]
+}
+
+/// `nrows` (1..=8) weight rows of a 32-block format `f` (`nb` blocks each, `rb` bytes apart
+/// from `rows`) against `T` activation rows: lane `r` of entry `t` is `Σ W_r · x_t`. Each block
+/// of the 8 rows is decoded and transposed once, then per token its exact integer sums land in
+/// lane `r`, and the block's term ([`super::reference::term32`], lane-wise) is added to
+/// accumulator `b % 8` in increasing block order, the 8 reduced at the end as
+/// [`super::reference::reduce8`] does. Lanes of missing rows are garbage.
+#[inline(always)]
+unsafe fn tile32<M: Mac, const T: usize>(
     f: Fmt32,
-    row: &[u8],
-    xs: [QRow<'_>; T],
+    rows: *const u8,
+    rb: usize,
+    nrows: usize,
+    xs: &[QRow<'_>; T],
     nb: usize,
-) -> [f32; T] {
+) -> [__m256; T] {
     let bytes = f.bytes();
     let signed = f == Fmt32::Q8_0;
-    let groups = nb / 8;
-    let mut acc = [_mm256_setzero_ps(); T];
-    let mut u = [_mm256_setzero_si256(); 8];
-    let mut raw = [_mm256_setzero_si256(); 8];
-    for g in 0..groups {
-        let p0 = row.as_ptr().add(8 * g * bytes);
+    let offset = if signed { M::Q8_OFFSET } else { f.offset() };
+    // Block `b` into accumulator `b % 8` of each token, as the reference's lanes.
+    let mut acc = [[_mm256_setzero_ps(); 8]; T];
+    for b in 0..nb {
+        let mut codes = [_mm256_setzero_si256(); 8];
         let (mut dh, mut mh) = ([0u16; 8], [0u16; 8]);
-        for j in 0..8 {
-            let p = p0.add(j * bytes);
-            dh[j] = std::ptr::read_unaligned(p as *const u16);
+        for r in 0..nrows {
+            let p = rows.add(r * rb + b * bytes);
+            dh[r] = std::ptr::read_unaligned(p as *const u16);
             if f.has_min() {
-                mh[j] = std::ptr::read_unaligned(p.add(2) as *const u16);
+                mh[r] = std::ptr::read_unaligned(p.add(2) as *const u16);
             }
-            raw[j] = codes32(f, p);
-            u[j] = if signed {
-                _mm256_abs_epi8(raw[j])
-            } else {
-                raw[j]
-            };
+            codes[r] = codes32(f, p);
         }
+        let raw = transpose8(codes);
+        let u = M::prep(signed, raw);
         let dw = _mm256_cvtph_ps(_mm_loadu_si128(dh.as_ptr() as *const __m128i));
         let mw = _mm256_cvtph_ps(_mm_loadu_si128(mh.as_ptr() as *const __m128i));
         for t in 0..T {
-            let xq = xs[t].qs.as_ptr().add(256 * g);
-            let h01 = _mm256_hadd_epi32(
-                block_dot::<M>(&u, &raw, signed, xq, 0),
-                block_dot::<M>(&u, &raw, signed, xq, 1),
-            );
-            let h23 = _mm256_hadd_epi32(
-                block_dot::<M>(&u, &raw, signed, xq, 2),
-                block_dot::<M>(&u, &raw, signed, xq, 3),
-            );
-            let h45 = _mm256_hadd_epi32(
-                block_dot::<M>(&u, &raw, signed, xq, 4),
-                block_dot::<M>(&u, &raw, signed, xq, 5),
-            );
-            let h67 = _mm256_hadd_epi32(
-                block_dot::<M>(&u, &raw, signed, xq, 6),
-                block_dot::<M>(&u, &raw, signed, xq, 7),
-            );
-            let (h0123, h4567) = (_mm256_hadd_epi32(h01, h23), _mm256_hadd_epi32(h45, h67));
-            let mut s = _mm256_add_epi32(
-                _mm256_permute2x128_si256::<0x20>(h0123, h4567),
-                _mm256_permute2x128_si256::<0x31>(h0123, h4567),
-            );
-            if f.offset() != 0 {
-                let sums = _mm256_loadu_si256(xs[t].sums.as_ptr().add(8 * g) as *const __m256i);
-                let off = _mm256_mullo_epi32(sums, _mm256_set1_epi32(f.offset()));
-                s = _mm256_sub_epi32(s, off);
+            let x = xs[t];
+            let mut s = M::dot8(&u, &raw, signed, x.qs.as_ptr().add(32 * b));
+            if offset != 0 {
+                s = _mm256_sub_epi32(s, _mm256_set1_epi32(offset * x.sums[b]));
             }
-            let dx = _mm256_loadu_ps(xs[t].d.as_ptr().add(8 * g));
+            let dx = _mm256_set1_ps(x.d[b]);
             let mut term = _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(s));
             if f.has_min() {
-                let dsum = _mm256_loadu_ps(xs[t].dsums.as_ptr().add(8 * g));
-                term = _mm256_add_ps(term, _mm256_mul_ps(mw, dsum));
+                term = _mm256_add_ps(term, _mm256_mul_ps(mw, _mm256_set1_ps(x.dsums[b])));
             }
-            acc[t] = _mm256_add_ps(acc[t], term);
+            acc[t][b % 8] = _mm256_add_ps(acc[t][b % 8], term);
         }
     }
-    let mut out = [0.0f32; T];
+    let mut out = [_mm256_setzero_ps(); T];
     for t in 0..T {
-        let mut lanes = [0.0f32; 8];
-        _mm256_storeu_ps(lanes.as_mut_ptr(), acc[t]);
-        // The last `nb % 8` blocks one at a time: the same exact sum, the same term.
-        for b in 8 * groups..nb {
-            let p = row.as_ptr().add(b * bytes);
-            let raw = codes32(f, p);
-            let u = if signed { _mm256_abs_epi8(raw) } else { raw };
-            let xv = _mm256_loadu_si256(xs[t].qs.as_ptr().add(32 * b) as *const __m256i);
-            let xv = if signed {
-                _mm256_sign_epi8(xv, raw)
-            } else {
-                xv
-            };
-            let isum = hsum_i32(M::dot(u, xv)) - f.offset() * xs[t].sums[b];
-            let mw = f.has_min().then(|| f16_at(p.add(2)));
-            lanes[b % 8] += term32(f16_at(p), mw, xs[t].d[b], xs[t].dsums[b], isum);
-        }
-        out[t] = reduce8(lanes);
+        // [`super::reference::reduce8`]'s order, lane-wise.
+        let a = &acc[t];
+        let even = _mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6]));
+        let odd = _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7]));
+        out[t] = _mm256_add_ps(even, odd);
     }
     out
+}
+
+/// Every row of `rows` (`out.len()` rows of `rb` bytes, format `f`, `nb` blocks) against `xs`
+/// through [`tile32`], 8 rows at a time, or for tiles of fewer than 4 tokens one row at a time
+/// through [`per_row::row32`] (the same bits).
+#[inline(always)]
+unsafe fn rows32<M: Mac, const T: usize>(
+    f: Fmt32,
+    rows: &[u8],
+    xs: [QRow<'_>; T],
+    nb: usize,
+    out: &mut [[f32; T]],
+) {
+    let rb = rows.len() / out.len();
+    if T < 4 {
+        for (r, o) in out.iter_mut().enumerate() {
+            *o = per_row::row32::<M, T>(f, &rows[r * rb..(r + 1) * rb], &xs, nb);
+        }
+        return;
+    }
+    for (c, o) in out.chunks_mut(8).enumerate() {
+        let p = rows.as_ptr().add(8 * c * rb);
+        // A constant 8 unrolls the decoding loop (codes and scales in registers).
+        let acc = if o.len() == 8 {
+            tile32::<M, T>(f, p, rb, 8, &xs, nb)
+        } else {
+            tile32::<M, T>(f, p, rb, o.len(), &xs, nb)
+        };
+        for t in 0..T {
+            let mut lanes = [0.0f32; 8];
+            _mm256_storeu_ps(lanes.as_mut_ptr(), acc[t]);
+            for (r, o) in o.iter_mut().enumerate() {
+                o[t] = lanes[r];
+            }
+        }
+    }
 }
 
 /// `0x10` in each byte of `qh` whose bit `bit` is set.
@@ -321,11 +271,11 @@ macro_rules! dispatch {
             };
         }
         match ($f32, $fk) {
-            (Some(Fmt32::Q8_0), _) => each!(|row| rows32::<$mac, T>(Fmt32::Q8_0, row, xs, $k / 32)),
-            (Some(Fmt32::Q4_0), _) => each!(|row| rows32::<$mac, T>(Fmt32::Q4_0, row, xs, $k / 32)),
-            (Some(Fmt32::Q4_1), _) => each!(|row| rows32::<$mac, T>(Fmt32::Q4_1, row, xs, $k / 32)),
-            (Some(Fmt32::Q5_0), _) => each!(|row| rows32::<$mac, T>(Fmt32::Q5_0, row, xs, $k / 32)),
-            (Some(Fmt32::Q5_1), _) => each!(|row| rows32::<$mac, T>(Fmt32::Q5_1, row, xs, $k / 32)),
+            (Some(Fmt32::Q8_0), _) => rows32::<$mac, T>(Fmt32::Q8_0, $rows, xs, $k / 32, $out),
+            (Some(Fmt32::Q4_0), _) => rows32::<$mac, T>(Fmt32::Q4_0, $rows, xs, $k / 32, $out),
+            (Some(Fmt32::Q4_1), _) => rows32::<$mac, T>(Fmt32::Q4_1, $rows, xs, $k / 32, $out),
+            (Some(Fmt32::Q5_0), _) => rows32::<$mac, T>(Fmt32::Q5_0, $rows, xs, $k / 32, $out),
+            (Some(Fmt32::Q5_1), _) => rows32::<$mac, T>(Fmt32::Q5_1, $rows, xs, $k / 32, $out),
             (None, Some(FmtK::Q4K)) => each!(|row| rows_k::<T>(FmtK::Q4K, row, xs, $k / 256)),
             (None, Some(FmtK::Q5K)) => each!(|row| rows_k::<T>(FmtK::Q5K, row, xs, $k / 256)),
             (None, Some(FmtK::Q6K)) => each!(|row| rows_k::<T>(FmtK::Q6K, row, xs, $k / 256)),
