@@ -32,7 +32,7 @@ use crate::pool::{Session, WorkerPool};
 use crate::request::GenerationRequest;
 use crate::route_error::RouteError;
 use crate::stop::StopMatcher;
-use crate::tenants::quota::Lease;
+use crate::tenants::quota::{CallPart, Lease};
 use crate::tenants::Caller;
 use crate::validation::{check_request, sampling_params, validate, RequestLimits, ValidRequest};
 
@@ -67,7 +67,15 @@ pub async fn start(
     let req = GenerationRequest::try_from(req)?;
     let (model, valid) = prepare(pool, limits, req).await?;
     let request_id = valid.request_id.clone().unwrap_or_else(new_request_id);
-    launch(pool, model, &valid, valid.choice_seed(0), request_id, call)
+    launch(
+        pool,
+        model,
+        &valid,
+        valid.choice_seed(0),
+        request_id,
+        call,
+        CallPart::First,
+    )
 }
 
 /// A fresh request id (16 hex digits).
@@ -103,7 +111,8 @@ pub async fn prepare(
 /// Admits one sequence of `valid` with sampler `seed` for `call` and streams it: the returned
 /// channel gets one message per engine step. Several calls with the same prompt (the choices of an
 /// OpenAI `n`) share its KV blocks through the workers' prefix cache and the pool's prefix
-/// affinity; each choice counts as one request against its tenant's quotas.
+/// affinity; the call counts once against its tenant's call quotas (`part`: see
+/// [`crate::tenants::quota`]), and each choice reserves its own tokens.
 ///
 /// Errors: [`RouteError::Quota`] (or [`RouteError::Invalid`] for a request larger than the
 /// tenant's whole token quota) from the tenant's quotas; those of [`WorkerPool::admit`] (no worker
@@ -115,12 +124,14 @@ pub fn launch(
     seed: u64,
     request_id: String,
     call: &CallContext,
+    part: CallPart,
 ) -> Result<ResponseReceiver, RouteError> {
     let prompt_tokens = valid.prompt_ids.len() as u32;
     let caller = &call.caller;
     let tenant = &caller.tenant;
     let lease = caller.quotas.acquire(
         tenant,
+        part,
         prompt_tokens.into(),
         valid.max_new_tokens.into(),
         Instant::now(),

@@ -34,6 +34,7 @@ use crate::generate::{self, new_request_id, CallContext};
 use crate::metrics::RouterMetrics;
 use crate::pool::WorkerPool;
 use crate::route_error::RouteError;
+use crate::tenants::quota::CallPart;
 use crate::tenants::{Callers, Tenant};
 use crate::validation::RequestLimits;
 use error::{ApiError, Endpoint};
@@ -206,6 +207,11 @@ impl OpenAiFront {
                         valid.choice_seed(n.into()),
                         format!("{id}-{index}"),
                         &context,
+                        if index == 0 {
+                            CallPart::First
+                        } else {
+                            CallPart::Further
+                        },
                     )
                 });
                 match launched {

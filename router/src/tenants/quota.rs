@@ -10,6 +10,12 @@
 //! than the whole bucket could never pass: it is refused as invalid (`max_new_tokens`), not told to
 //! retry.
 //!
+//! A call counts once against the call quotas (`requests_per_second`, `max_concurrent`), however
+//! many sequences it runs (an OpenAI request's `n` choices, or its list of prompts): its first
+//! sequence takes the request token and the concurrency slot ([`CallPart::First`]), the others
+//! ([`CallPart::Further`]) only reserve their tokens. So `n` above `requests_per_second` or
+//! `max_concurrent` is served, not told to retry a refusal that could never pass.
+//!
 //! Limits are read from the tenant's settings at each admission, so a changed tenants file takes
 //! effect with the next request ([`TokenBucket::reconfigure`]: a raised limit at once).
 //!
@@ -159,10 +165,12 @@ impl QuotaBook {
     pub fn acquire(
         self: &Arc<Self>,
         tenant: &Tenant,
+        part: CallPart,
         prompt_tokens: u64,
         max_new_tokens: u64,
         now: Instant,
     ) -> Result<Lease, AdmissionRefusal> {
+        let counts_call = part == CallPart::First;
         let limits = &tenant.limits;
         let mut all = self.usage.lock().expect("quota lock");
         let usage = all.entry(tenant.name.clone()).or_default();
@@ -176,7 +184,8 @@ impl QuotaBook {
         );
         let tokens_per_minute = limits.tokens_per_minute.map(|t| t as f64);
         sync_bucket(&mut usage.tokens, tokens_per_minute, 60.0, 0.0, now);
-        if let Some(max) = limits.max_concurrent.filter(|&max| usage.active >= max) {
+        let over_concurrent = limits.max_concurrent.filter(|&max| usage.active >= max);
+        if let Some(max) = over_concurrent.filter(|_| counts_call) {
             return Err(QuotaExceeded::Concurrent {
                 tenant: tenant.name.clone(),
                 active: usage.active,
@@ -185,7 +194,7 @@ impl QuotaBook {
             .into());
         }
         let reserving = prompt_tokens + max_new_tokens;
-        let requests_wait = match usage.requests.as_mut() {
+        let requests_wait = match usage.requests.as_mut().filter(|_| counts_call) {
             Some(b) => b.wait_for(1.0, now).unwrap_or(Duration::MAX),
             None => Duration::ZERO,
         };
@@ -224,16 +233,19 @@ impl QuotaBook {
             };
             return Err(refusal.into());
         }
-        if let Some(b) = usage.requests.as_mut() {
+        if let Some(b) = usage.requests.as_mut().filter(|_| counts_call) {
             b.take(1.0, now).expect("checked above");
         }
         if let Some(b) = usage.tokens.as_mut() {
             b.take(reserving as f64, now).expect("checked above");
         }
-        usage.active += 1;
+        if counts_call {
+            usage.active += 1;
+        }
         Ok(Lease {
             book: self.clone(),
             tenant: tenant.name.clone(),
+            counts_call,
             prompt_tokens,
             reserved: max_new_tokens,
             generated: 0,
@@ -252,11 +264,13 @@ impl QuotaBook {
         let Some(usage) = all.get_mut(&lease.tenant) else {
             return;
         };
-        usage.active = usage.active.saturating_sub(1);
+        if lease.counts_call {
+            usage.active = usage.active.saturating_sub(1);
+        }
         let mut unused = lease.reserved.saturating_sub(lease.generated);
         if !lease.admitted {
             unused += lease.prompt_tokens;
-            if let Some(b) = usage.requests.as_mut() {
+            if let Some(b) = usage.requests.as_mut().filter(|_| lease.counts_call) {
                 b.give_back(1.0, now);
             }
         }
@@ -266,12 +280,23 @@ impl QuotaBook {
     }
 }
 
+/// Which sequence of a call is being admitted (see the module doc).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CallPart {
+    /// The call's first sequence: counts against `requests_per_second` and `max_concurrent`.
+    First,
+    /// Another sequence of an admitted call (a further OpenAI choice or prompt): reserves tokens only.
+    Further,
+}
+
 /// One admitted request's hold on its tenant's quotas: counted in `max_concurrent` and holding
 /// its token reservation until dropped, which gives back the tokens it did not generate.
 #[derive(Debug)]
 pub struct Lease {
     book: Arc<QuotaBook>,
     tenant: Arc<str>,
+    /// Holds the call's request token and concurrency slot ([`CallPart::First`]).
+    counts_call: bool,
     prompt_tokens: u64,
     reserved: u64,
     generated: u64,
@@ -318,9 +343,9 @@ mod tests {
             ..Default::default()
         });
         let t0 = Instant::now();
-        let _l1 = book.acquire(&a, 1, 1, t0).unwrap();
-        let _l2 = book.acquire(&a, 1, 1, t0).unwrap();
-        let refusal = book.acquire(&a, 1, 1, t0).unwrap_err();
+        let _l1 = book.acquire(&a, CallPart::First, 1, 1, t0).unwrap();
+        let _l2 = book.acquire(&a, CallPart::First, 1, 1, t0).unwrap();
+        let refusal = book.acquire(&a, CallPart::First, 1, 1, t0).unwrap_err();
         let AdmissionRefusal::Quota(q) = refusal else {
             panic!("{refusal:?}")
         };
@@ -329,11 +354,11 @@ mod tests {
         assert!(q.to_string().contains("retry after 500 ms"), "{q}");
         // Honoured, it passes; another tenant was never limited.
         let _l3 = book
-            .acquire(&a, 1, 1, t0 + Duration::from_millis(500))
+            .acquire(&a, CallPart::First, 1, 1, t0 + Duration::from_millis(500))
             .unwrap();
         let other = Tenant::builtin_default();
         for _ in 0..10 {
-            drop(book.acquire(&other, 1, 1, t0).unwrap());
+            drop(book.acquire(&other, CallPart::First, 1, 1, t0).unwrap());
         }
     }
 
@@ -345,9 +370,11 @@ mod tests {
             ..Default::default()
         });
         let t0 = Instant::now();
-        let mut lease = book.acquire(&a, 100, 400, t0).unwrap();
+        let mut lease = book.acquire(&a, CallPart::First, 100, 400, t0).unwrap();
         // 100 left: a request reserving 150 waits 5 s for 50 more.
-        let AdmissionRefusal::Quota(q) = book.acquire(&a, 50, 100, t0).unwrap_err() else {
+        let AdmissionRefusal::Quota(q) =
+            book.acquire(&a, CallPart::First, 50, 100, t0).unwrap_err()
+        else {
             panic!()
         };
         assert_eq!(q.retry_after(), Some(Duration::from_secs(5)));
@@ -356,12 +383,53 @@ mod tests {
         // It generated 100 of its 400: 300 come back.
         lease.on_generated(100);
         drop(lease);
-        assert!(book.acquire(&a, 50, 100, t0).is_ok());
+        assert!(book.acquire(&a, CallPart::First, 50, 100, t0).is_ok());
         // More than the whole bucket: invalid, naming max_new_tokens.
-        let AdmissionRefusal::Invalid(e) = book.acquire(&a, 100, 501, t0).unwrap_err() else {
+        let AdmissionRefusal::Invalid(e) =
+            book.acquire(&a, CallPart::First, 100, 501, t0).unwrap_err()
+        else {
             panic!()
         };
         assert_eq!(e.field(), "max_new_tokens");
+    }
+
+    #[test]
+    fn a_call_counts_once_however_many_choices_it_runs() {
+        let book = QuotaBook::new();
+        let a = tenant(TenantLimits {
+            requests_per_second: Some(1.0),
+            max_concurrent: Some(1),
+            tokens_per_minute: Some(100),
+            ..Default::default()
+        });
+        let t0 = Instant::now();
+        // `n = 3` on an idle tenant with one request per second and one call at a time: served.
+        let first = book.acquire(&a, CallPart::First, 10, 10, t0).unwrap();
+        let second = book.acquire(&a, CallPart::Further, 10, 10, t0).unwrap();
+        let third = book.acquire(&a, CallPart::Further, 10, 10, t0).unwrap();
+        assert_eq!(book.active(&a.name), 1);
+        // Every choice reserved its tokens: 60 of 100 are held, so a fourth of 20 fits, not 50.
+        assert!(book.acquire(&a, CallPart::Further, 10, 10, t0).is_ok());
+        let AdmissionRefusal::Quota(q) =
+            book.acquire(&a, CallPart::Further, 25, 25, t0).unwrap_err()
+        else {
+            panic!("the token bucket still applies to further choices")
+        };
+        assert_eq!(q.limit_name(), "tokens_per_minute");
+        // The next call is held by max_concurrent until the first call's first sequence ends.
+        let AdmissionRefusal::Quota(q) = book.acquire(&a, CallPart::First, 1, 1, t0).unwrap_err()
+        else {
+            panic!("max_concurrent counts calls")
+        };
+        assert_eq!(q.limit_name(), "max_concurrent");
+        drop((second, third));
+        assert_eq!(book.active(&a.name), 1);
+        drop(first);
+        assert_eq!(book.active(&a.name), 0);
+        // One second later the request bucket holds the next call again.
+        assert!(book
+            .acquire(&a, CallPart::First, 1, 1, t0 + Duration::from_secs(1))
+            .is_ok());
     }
 
     #[test]
@@ -374,9 +442,10 @@ mod tests {
             ..Default::default()
         });
         let t0 = Instant::now();
-        let lease = book.acquire(&a, 10, 10, t0).unwrap();
+        let lease = book.acquire(&a, CallPart::First, 10, 10, t0).unwrap();
         assert_eq!(book.active("a"), 1);
-        let AdmissionRefusal::Quota(q) = book.acquire(&a, 1, 1, t0).unwrap_err() else {
+        let AdmissionRefusal::Quota(q) = book.acquire(&a, CallPart::First, 1, 1, t0).unwrap_err()
+        else {
             panic!()
         };
         assert_eq!(q.limit_name(), "max_concurrent");
@@ -384,7 +453,7 @@ mod tests {
         lease.refund();
         assert_eq!(book.active("a"), 0);
         // The request token and all 20 tokens came back.
-        let lease = book.acquire(&a, 30, 30, t0).unwrap();
+        let lease = book.acquire(&a, CallPart::First, 30, 30, t0).unwrap();
         drop(lease);
     }
 
@@ -396,8 +465,9 @@ mod tests {
             ..Default::default()
         });
         let t0 = Instant::now();
-        drop(book.acquire(&a, 1, 1, t0).unwrap());
-        let AdmissionRefusal::Quota(q) = book.acquire(&a, 1, 1, t0).unwrap_err() else {
+        drop(book.acquire(&a, CallPart::First, 1, 1, t0).unwrap());
+        let AdmissionRefusal::Quota(q) = book.acquire(&a, CallPart::First, 1, 1, t0).unwrap_err()
+        else {
             panic!()
         };
         assert_eq!(q.retry_after(), Some(Duration::from_secs(5)));
@@ -411,18 +481,18 @@ mod tests {
             requests_per_second: Some(1.0),
             ..Default::default()
         });
-        drop(book.acquire(&slow, 1, 1, t0).unwrap());
-        assert!(book.acquire(&slow, 1, 1, t0).is_err());
+        drop(book.acquire(&slow, CallPart::First, 1, 1, t0).unwrap());
+        assert!(book.acquire(&slow, CallPart::First, 1, 1, t0).is_err());
         let fast = tenant(TenantLimits {
             requests_per_second: Some(100.0),
             ..Default::default()
         });
         for _ in 0..50 {
-            drop(book.acquire(&fast, 1, 1, t0).unwrap());
+            drop(book.acquire(&fast, CallPart::First, 1, 1, t0).unwrap());
         }
         let unlimited = tenant(TenantLimits::default());
         for _ in 0..500 {
-            drop(book.acquire(&unlimited, 1, 1, t0).unwrap());
+            drop(book.acquire(&unlimited, CallPart::First, 1, 1, t0).unwrap());
         }
     }
 }
