@@ -37,7 +37,7 @@ where
     }
     figment
         .merge(env.ignore(&["config"]))
-        .merge(Serialized::defaults(cli))
+        .merge(Flags(Serialized::defaults(cli)))
         .extract()
         .map_err(Box::new)
 }
@@ -95,6 +95,22 @@ impl Provider for SettingsFile {
         self.0
             .metadata()
             .interpolater(|_: &Profile, keys: &[&str]| keys.join("."))
+    }
+
+    fn data(&self) -> Result<Map<Profile, Dict>, figment::Error> {
+        self.0.data()
+    }
+}
+
+/// The parsed command-line flags, named so in errors (figment would name the Rust type and a source
+/// line): a bad value reads `... for key "--routing" in command-line flags`.
+struct Flags<T>(Serialized<T>);
+
+impl<T: serde::Serialize> Provider for Flags<T> {
+    fn metadata(&self) -> Metadata {
+        Metadata::named("command-line flags").interpolater(|_: &Profile, keys: &[&str]| {
+            format!("--{}", keys.join(".").replace('_', "-"))
+        })
     }
 
     fn data(&self) -> Result<Map<Profile, Dict>, figment::Error> {
@@ -175,6 +191,36 @@ mod tests {
         );
         let e = check("[nope]\nx = 1\n").unwrap_err();
         assert!(e.contains("unknown setting `nope` in"), "{e}");
+    }
+
+    #[test]
+    fn a_bad_flag_value_names_the_flag_not_a_rust_type() {
+        #[derive(serde::Serialize)]
+        struct Cli {
+            #[serde(skip_serializing_if = "Option::is_none")]
+            max_thread_count: Option<&'static str>,
+        }
+        #[derive(serde::Serialize, serde::Deserialize, Default)]
+        struct Wanted {
+            max_thread_count: usize,
+        }
+        let cli = Cli {
+            max_thread_count: Some("many"),
+        };
+        let e = load(
+            &Wanted::default(),
+            None,
+            Env::prefixed("SETTINGS_FILE_TEST_"),
+            &cli,
+        )
+        .err()
+        .expect("a string is not a number")
+        .to_string();
+        assert!(
+            e.contains("for key \"--max-thread-count\" in command-line flags"),
+            "{e}"
+        );
+        assert!(!e.contains("src/lib.rs"), "{e}");
     }
 
     #[test]
