@@ -38,6 +38,9 @@ pub enum ServeError {
         /// How long `serve` waited.
         seconds: u64,
     },
+    /// A second signal arrived while the parts were stopping: they were killed, not drained.
+    #[error("a second signal: the parts were killed without draining")]
+    Killed,
     /// A signal handler could not be installed.
     #[error("installing the signal handlers: {0}")]
     Signals(#[source] std::io::Error),

@@ -92,7 +92,8 @@ pub async fn run(args: ServeArgs) -> Result<(), ServeError> {
 
 /// Stops `parts` one after the other: SIGTERM, then waits for it to exit (each drains first). A
 /// second signal meanwhile kills every part still running. `Ok` when each exited with code 0 (or had
-/// exited already), else the first failure.
+/// exited already), else the first failure, or [`ServeError::Killed`] after a second signal (the
+/// parts killed on request are not failures: their output is not replayed as one).
 async fn stop(parts: Vec<Part>, signals: &mut Signals) -> Result<(), ServeError> {
     let mut first_failure = None;
     let mut parts = parts.into_iter();
@@ -107,7 +108,8 @@ async fn stop(parts: Vec<Part>, signals: &mut Signals) -> Result<(), ServeError>
                 for rest in parts.by_ref() {
                     rest.kill();
                 }
-                part.exited().await
+                part.exited().await;
+                return Err(first_failure.unwrap_or(ServeError::Killed));
             }
         };
         if !status.is_some_and(|s| s.success()) && first_failure.is_none() {
