@@ -159,7 +159,7 @@ impl CpuModel {
     /// keys (RoPE applied) and values of every token are written to slot
     /// `block_table[pos / block_size] * block_size + pos % block_size` of
     /// each layer. Returns, in batch order, the logits (`[vocab_size]`, f32,
-    /// unnormalised) of the last token of every entry with `want_logits`.
+    /// unnormalised) of the last `logit_tokens` tokens of every entry.
     ///
     /// All tokens of all entries form one `[num_tokens, hidden]` activation,
     /// so every linear layer is a single matrix multiply; only the rows that

@@ -18,7 +18,7 @@ fn entry<'a>(tokens: &'a [u32], start_pos: usize, table: &'a [u32], want: bool) 
         tokens,
         start_pos,
         block_table: table,
-        want_logits: want,
+        logit_tokens: usize::from(want),
     }
 }
 
@@ -109,6 +109,39 @@ fn chunking_is_bitwise_invariant_with(model: &CpuModel) {
         assert_eq!(bits(&prefill), stepwise[split - 1], "prefill of {split}");
         let last = run_chunked(model, &mut model.new_kv(3, 4), &PROMPT, &chunks, &table);
         assert_eq!(bits(&last), stepwise[PROMPT.len() - 1], "split {split}");
+    }
+
+    // Several positions scored in one pass (speculative verification, prompt logprobs): each row
+    // is that position's stepwise logits, whether the entry runs alone or beside another one.
+    for start in [0, 3, 7] {
+        for n in 1..=PROMPT.len() - start {
+            let mut kv = model.new_kv(6, 4);
+            run_chunked(
+                model,
+                &mut kv,
+                &PROMPT[..start.max(1)],
+                &[start.max(1)],
+                &table,
+            );
+            let (tokens, pos) = if start == 0 {
+                (&PROMPT[..], 0)
+            } else {
+                (&PROMPT[start..], start)
+            };
+            let mut e = entry(tokens, pos, &table, true);
+            e.logit_tokens = n;
+            let other = entry(&PROMPT[..5], 0, &[3, 4], true);
+            let out = model.forward_batch(&[other, e], &mut kv).unwrap();
+            assert_eq!(out.len(), n + 1, "start {start}, {n} rows");
+            for (i, row) in out[1..].iter().enumerate() {
+                let p = pos + tokens.len() - n + i;
+                assert_eq!(
+                    bits(row),
+                    stepwise[p],
+                    "start {start}, {n} rows, position {p}"
+                );
+            }
+        }
     }
 }
 
@@ -223,6 +256,22 @@ fn validation_errors_leave_the_cache_untouched() {
         (vec![ok, entry(&[], 4, &[2], true)], |e| {
             matches!(e, ModelError::EmptyInput { entry: 1 })
         }),
+        (
+            vec![BatchEntry {
+                logit_tokens: 2,
+                ..ok
+            }],
+            |e| {
+                matches!(
+                    e,
+                    ModelError::TooManyLogitTokens {
+                        entry: 0,
+                        logit_tokens: 2,
+                        tokens: 1
+                    }
+                )
+            },
+        ),
         (
             vec![ok, entry(&bad_token, 0, &[2], true)],
             |e| matches!(e, ModelError::TokenOutOfRange { entry: 1, token, vocab_size } if *token as usize == *vocab_size),

@@ -388,7 +388,7 @@ impl<M: BatchModel> Engine<M> {
                     tokens: &seq.tokens[seq.computed..end],
                     start_pos: seq.computed,
                     block_table: seq.blocks.as_ref().expect("scheduled").table(),
-                    want_logits: end == seq.tokens.len(),
+                    logit_tokens: usize::from(end == seq.tokens.len()),
                 }
             })
             .collect();

@@ -52,8 +52,8 @@ impl BatchModel for SumModel {
             for (i, &t) in e.tokens.iter().enumerate() {
                 kv.slots[slot(e.block_table, e.start_pos + i)] = Some(t);
             }
-            if e.want_logits {
-                let end = e.start_pos + e.tokens.len();
+            let last = e.start_pos + e.tokens.len();
+            for end in last + 1 - e.logit_tokens..=last {
                 let sum: u32 = (0..end)
                     .map(|p| kv.slots[slot(e.block_table, p)].expect("position computed"))
                     .sum();

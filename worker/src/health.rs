@@ -257,7 +257,7 @@ mod tests {
                 std::thread::sleep(Duration::from_millis(1));
             }
             logits.clear(4);
-            for _ in batch.iter().filter(|e| e.want_logits) {
+            for _ in 0..batch.iter().map(|e| e.logit_tokens).sum::<usize>() {
                 logits.push_row(&[1.0, 0.0, 0.0, 0.0]);
             }
             Ok(())

@@ -84,7 +84,7 @@ fn greedy_traced(model: &CpuModel, prompt: &[u32], steps: usize) -> (Vec<f32>, V
             tokens,
             start_pos,
             block_table: &blocks,
-            want_logits: true,
+            logit_tokens: 1,
         };
         model
             .forward_batch(&[entry], kv)
@@ -298,7 +298,7 @@ fn gemma3_32_sequences_together_match_each_alone() {
             tokens: p,
             start_pos: 0,
             block_table: t,
-            want_logits: true,
+            logit_tokens: 1,
         })
         .collect();
     let mut logits = model.forward_batch(&entries, &mut kv).expect("prefill");
@@ -323,7 +323,7 @@ fn gemma3_32_sequences_together_match_each_alone() {
                 tokens: std::slice::from_ref(t),
                 start_pos: p.len() + step,
                 block_table: table,
-                want_logits: true,
+                logit_tokens: 1,
             })
             .collect();
         logits = model.forward_batch(&entries, &mut kv).expect("decode");

@@ -102,7 +102,7 @@ fn matches_numpy_reference() {
             tokens: &case.prompt,
             start_pos: 0,
             block_table: &blocks,
-            want_logits: true,
+            logit_tokens: 1,
         };
         let mut logits = model
             .forward_batch(&[entry], &mut kv)
@@ -132,7 +132,7 @@ fn matches_numpy_reference() {
                     tokens: std::slice::from_ref(&next),
                     start_pos: case.prompt.len() + step,
                     block_table: &blocks,
-                    want_logits: true,
+                    logit_tokens: 1,
                 };
                 logits = model
                     .forward_batch(&[entry], &mut kv)
@@ -163,7 +163,7 @@ fn matches_numpy_reference() {
             tokens: &c.prompt,
             start_pos: 0,
             block_table: t,
-            want_logits: true,
+            logit_tokens: 1,
         })
         .collect();
     let mut logits = model
@@ -188,7 +188,7 @@ fn matches_numpy_reference() {
                 tokens: std::slice::from_ref(n),
                 start_pos: c.prompt.len() + step,
                 block_table: t,
-                want_logits: true,
+                logit_tokens: 1,
             })
             .collect();
         logits = model
@@ -215,7 +215,7 @@ fn run(
                 tokens,
                 start_pos: first,
                 block_table: blocks,
-                want_logits: true,
+                logit_tokens: 1,
             }],
             kv,
         )
@@ -438,7 +438,7 @@ fn throughput_report() {
                         tokens: &tok,
                         start_pos: ctx + step,
                         block_table: t,
-                        want_logits: true,
+                        logit_tokens: 1,
                     })
                     .collect();
                 let t = Instant::now();

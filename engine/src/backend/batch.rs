@@ -20,8 +20,12 @@ pub struct BatchEntry<'a> {
     /// Physical KV block ids: block `i` holds positions `i * block_size .. (i + 1) * block_size`.
     /// Covers at least `start_pos + tokens.len()` positions.
     pub block_table: &'a [u32],
-    /// Whether the logits of the last token are wanted (the chunk ends the known tokens).
-    pub want_logits: bool,
+    /// How many of the entry's last tokens have their logits returned (at most `tokens.len()`):
+    /// 0 for none (a prefill chunk that does not end the known tokens), 1 for the last token (decode,
+    /// a prefill's final chunk), more to score several positions in one pass (speculative
+    /// verification, prompt logprobs). Each returned row is bitwise the row that a pass ending at
+    /// that token would return (batch and chunk invariance).
+    pub logit_tokens: usize,
 }
 
 /// A model that runs a flattened batch of sequences over a paged KV cache.
@@ -37,8 +41,8 @@ pub trait BatchModel: Send + 'static {
     /// Allocates storage for `num_blocks` blocks of `block_size` tokens.
     fn new_kv(&self, num_blocks: usize, block_size: usize) -> Self::Kv;
     /// Runs `batch` in one step: writes each entry's K/V into its blocks and leaves in `logits` the
-    /// logits (`[vocab_size]` f32 each) of the last token of every entry with `want_logits`, in
-    /// batch order and nothing else. `logits` is the caller's buffer, kept from step to step, so a
+    /// logits (`[vocab_size]` f32 each) of the last `logit_tokens` tokens of every entry, entries
+    /// in batch order and tokens in position order, and nothing else. `logits` is the caller's buffer, kept from step to step, so a
     /// step allocates none; after an error its contents are unspecified.
     ///
     /// Errors: [`StepError::Batch`] for an empty entry, an out-of-vocabulary id, a block table too

@@ -19,12 +19,20 @@ impl EntryLimits {
     /// Checks entry number `entry` of a batch and returns how many KV blocks it covers
     /// (`ceil((start_pos + tokens.len()) / block_size)`).
     ///
-    /// Errors: [`ModelError::EmptyInput`], [`ModelError::TokenOutOfRange`],
+    /// Errors: [`ModelError::EmptyInput`], [`ModelError::TooManyLogitTokens`],
+    /// [`ModelError::TokenOutOfRange`],
     /// [`ModelError::ContextOverflow`], [`ModelError::BlockTableTooShort`],
     /// [`ModelError::BlockOutOfRange`] (among the blocks it covers).
     pub fn check(&self, entry: usize, e: &BatchEntry<'_>) -> Result<usize, ModelError> {
         if e.tokens.is_empty() {
             return Err(ModelError::EmptyInput { entry });
+        }
+        if e.logit_tokens > e.tokens.len() {
+            return Err(ModelError::TooManyLogitTokens {
+                entry,
+                logit_tokens: e.logit_tokens,
+                tokens: e.tokens.len(),
+            });
         }
         if let Some(&token) = e.tokens.iter().find(|&&t| t as usize >= self.vocab_size) {
             return Err(ModelError::TokenOutOfRange {

@@ -29,6 +29,16 @@ pub enum ModelError {
         /// Index of the entry in the batch.
         entry: usize,
     },
+    /// An entry asks for the logits of more tokens than it has.
+    #[error("batch entry {entry} asks for the logits of {logit_tokens} tokens but has {tokens}")]
+    TooManyLogitTokens {
+        /// Index of the entry in the batch.
+        entry: usize,
+        /// The entry's `logit_tokens`.
+        logit_tokens: usize,
+        /// The entry's number of tokens.
+        tokens: usize,
+    },
     /// A token id is not below the vocabulary size.
     #[error(
         "batch entry {entry}: token id {token} is out of range (vocabulary size {vocab_size})"

@@ -21,8 +21,8 @@ pub struct PlannedToken {
 pub struct StepPlan {
     /// Every token of every entry, entries in batch order (`[n_tokens]`).
     pub tokens: Vec<PlannedToken>,
-    /// Index in [`StepPlan::tokens`] of the last token of each entry with `want_logits`, in batch
-    /// order (`[n_logits]`): the rows whose logits the step returns.
+    /// Index in [`StepPlan::tokens`] of each of the last `logit_tokens` tokens of every entry, in
+    /// batch order (`[n_logits]`): the rows whose logits the step returns.
     pub logit_rows: Vec<usize>,
     /// KV blocks each entry covers, `ceil((start_pos + tokens.len()) / block_size)` (`[n_entries]`).
     pub needed_blocks: Vec<usize>,
@@ -54,9 +54,8 @@ impl StepPlan {
                     entry,
                 });
             }
-            if e.want_logits {
-                plan.logit_rows.push(plan.tokens.len() - 1);
-            }
+            let end = plan.tokens.len();
+            plan.logit_rows.extend(end - e.logit_tokens..end);
         }
         let mut writes: Vec<(usize, usize)> =
             plan.tokens.iter().map(|t| (t.slot, t.entry)).collect();
@@ -97,7 +96,7 @@ pub mod test_batch {
             tokens,
             start_pos,
             block_table: table,
-            want_logits: true,
+            logit_tokens: 1,
         }
     }
 }
@@ -111,7 +110,7 @@ mod tests {
     fn lays_out_tokens_slots_and_logit_rows() {
         let (a, b) = ([5, 6, 7], [9]);
         let mut second = entry(&b, 5, &[3, 1]);
-        second.want_logits = false;
+        second.logit_tokens = 0;
         let plan = StepPlan::new(&[entry(&a, 3, &[2, 6]), second], LIMITS).unwrap();
         let slots: Vec<(u32, usize, usize, usize)> = plan
             .tokens

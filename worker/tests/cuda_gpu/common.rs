@@ -239,7 +239,7 @@ pub fn run_greedy<M: BatchModel>(
                 tokens: &prompts[i],
                 start_pos: 0,
                 block_table: &tables[i],
-                want_logits: true,
+                logit_tokens: 1,
             })
             .collect();
         let mut logits = Logits::new();
@@ -264,7 +264,7 @@ pub fn run_greedy<M: BatchModel>(
                     tokens: std::slice::from_ref(n),
                     start_pos: prompts[i].len() + step,
                     block_table: &tables[i],
-                    want_logits: true,
+                    logit_tokens: 1,
                 })
                 .collect();
             model
