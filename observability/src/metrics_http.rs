@@ -61,7 +61,25 @@ where
     Fut: Future<Output = String> + Send + 'static,
 {
     let bound = listener.local_addr()?;
-    let app = axum::Router::new().route(
+    let app = metrics_route(axum::Router::new(), render);
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!(error = %e, "metrics endpoint failed");
+        }
+    });
+    Ok(bound)
+}
+
+/// Adds `GET /metrics` with the text `render` produces (OpenMetrics or text 0.0.4, as the
+/// `Accept` header asks) to `app`, e.g. the router's OpenAI HTTP front, which serves it beside the
+/// API as vLLM does.
+pub fn metrics_route<S, F, Fut>(app: axum::Router<S>, render: F) -> axum::Router<S>
+where
+    S: Clone + Send + Sync + 'static,
+    F: Fn() -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = String> + Send + 'static,
+{
+    app.route(
         "/metrics",
         get(move |headers: HeaderMap| {
             let render = render.clone();
@@ -79,13 +97,7 @@ where
                 }
             }
         }),
-    );
-    tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            tracing::error!(error = %e, "metrics endpoint failed");
-        }
-    });
-    Ok(bound)
+    )
 }
 
 /// Whether the request's `Accept` header names the OpenMetrics text format.

@@ -27,6 +27,7 @@ pub use error::SettingsError;
 #[derive(Debug, Parser, Serialize)]
 #[command(
     name = "router",
+    version = build_info::VERSION,
     about = "Serves the public TextGeneration gRPC API over a set of workers"
 )]
 pub struct Cli {
@@ -81,6 +82,13 @@ pub struct Cli {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub chat_template: Option<String>,
+    /// An API key requests must carry (`authorization: Bearer KEY`), as vLLM's `--api-key`;
+    /// repeat it or separate keys with commas. Like every flag it wins over the `api_keys` of the
+    /// file and of `ROUTER_API_KEYS`; the keys of `api_keys_file` count too. A key on the command line is visible to every local user in the
+    /// process list: prefer the file or the environment on shared machines.
+    #[arg(long = "api-key", value_delimiter = ',')]
+    #[serde(rename = "api_keys", skip_serializing_if = "Vec::is_empty")]
+    pub api_key: Vec<String>,
     /// A file of API keys (one per line; blank lines and `#` comments ignored), re-read on change;
     /// requests then need `authorization: Bearer KEY` on both fronts. Keys can also be given as
     /// `ROUTER_API_KEYS="k1,k2"`.

@@ -9,7 +9,6 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::Parser;
 use inference_proto::public::text_generation_server::TextGenerationServer;
 use router::config::{Cli, RouterSettings};
 use router::drain::Drain;
@@ -20,7 +19,7 @@ use router::service::TextGenerationService;
 use tls_certs::Alpn;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli: Cli = settings_file::flags::parse_flags(&RouterSettings::default());
     let loaded = RouterSettings::load(&cli);
     let settings = match observability::process::checked_settings(
         "router",
@@ -149,6 +148,7 @@ async fn run(settings: RouterSettings) -> anyhow::Result<()> {
         }
         None => None,
     };
+    let ready_pool = pool.clone();
     let service = TextGenerationService::new(pool, settings.limits.clone(), drain.clone())
         .with_metrics(metrics.clone())
         .with_callers(keys.clone());
@@ -171,11 +171,25 @@ async fn run(settings: RouterSettings) -> anyhow::Result<()> {
         .map(|addr| format!("; OpenAI HTTP API on {addr}"))
         .unwrap_or_default();
     let tls = if cert.is_some() { " over TLS" } else { "" };
+    let mut ready_workers = ready_pool.ready_watch();
+    let connected = *ready_workers.borrow_and_update();
     println!(
-        "router ready: serving inference.v1.TextGeneration on {}{tls} (workers: {}){http}",
+        "router ready: serving inference.v1.TextGeneration on {}{tls} (workers: {}; {}){http}",
         settings.listen,
-        sources.join(", ")
+        sources.join(", "),
+        workers_ready_text(connected, ready_pool.configured_workers()),
     );
+    // Every later change of the count, on the same stream, so that whoever waits on the log
+    // (a person, `serve`, a script) sees when the router can answer.
+    tokio::spawn(async move {
+        while ready_workers.changed().await.is_ok() {
+            let ready = *ready_workers.borrow_and_update();
+            println!(
+                "router workers: {}",
+                workers_ready_text(ready, ready_pool.configured_workers())
+            );
+        }
+    });
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let router = tonic::transport::Server::builder()
         .add_service(public_api)
@@ -226,6 +240,14 @@ async fn run(settings: RouterSettings) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// `1 of 2 workers ready`, or `no worker ready yet` before the first.
+fn workers_ready_text(ready: usize, known: usize) -> String {
+    match ready {
+        0 => format!("no worker ready yet, {known} known"),
+        n => format!("{n} of {known} workers ready"),
+    }
 }
 
 async fn shutdown_signal() {

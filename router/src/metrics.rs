@@ -22,7 +22,12 @@
 //! `router_worker_stalls_total` (stall-rule removals), and `router_draining` (0/1),
 //! `router_active_calls`; and the KV-aware routing metrics of [`crate::kv_metrics`].
 //!
-//! Per tenant, with bounded labels: [`crate::tenant_metrics`].
+//! The HTTP front: `router_http_requests_total{route, status}`, every response of its API routes
+//! (`/v1/chat/completions`, `/v1/completions`, `/v1/models`, `/tokenize`, ...), so that refusals
+//! that never reach a worker (400, 401, 404 model, 413, 429) are counted too.
+//!
+//! Per tenant, with bounded labels: [`crate::tenant_metrics`]. Unprefixed: the standard `process_*`
+//! metrics and `build_info{component="router",version,commit}` ([`process_metrics`]).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -30,6 +35,7 @@ use std::time::Instant;
 use inference_proto::public::{FinishReason, GenerateResponse};
 use inference_proto::status::code_name;
 use observability::const_metrics::{counter, gauge};
+use observability::process_metrics::{self, BuildInfo, ProcessMetrics};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::Counter;
@@ -49,6 +55,10 @@ use crate::tenants::{Callers, DEFAULT_TENANT};
 
 type Label = [(&'static str, &'static str); 1];
 
+/// Labels of `router_http_requests_total`: the matched route (bounded by the front's routes) and
+/// the status code.
+type HttpLabel = [(&'static str, String); 2];
+
 /// Reads one per-worker gauge from a worker's snapshot.
 type WorkerValue = fn(&crate::pool::WorkerSnapshot) -> i64;
 
@@ -65,6 +75,8 @@ pub struct RouterMetrics {
     duration: Histogram,
     queue: Histogram,
     tenants: Arc<TenantMetrics>,
+    http: Family<HttpLabel, Counter>,
+    process: ProcessMetrics,
 }
 
 impl RouterMetrics {
@@ -136,6 +148,13 @@ impl RouterMetrics {
             "From the call's arrival until a worker admitted it (finished requests)",
             queue.clone(),
         );
+        let http = Family::<HttpLabel, Counter>::default();
+        registry.register(
+            "http_requests",
+            "Responses of the OpenAI HTTP front's API routes by route and status, refusals \
+             (4xx: bad input, unknown model, missing key, quota) included",
+            http.clone(),
+        );
         let tenants = TenantMetrics::register(&mut registry, pool.clone(), callers);
         registry.register_collector(Box::new(PoolCollector { pool, drain }));
         Arc::new(Self {
@@ -149,15 +168,18 @@ impl RouterMetrics {
             duration,
             queue,
             tenants,
+            http,
+            process: ProcessMetrics::new(BuildInfo {
+                component: "router",
+                version: build_info::PACKAGE_VERSION,
+                commit: build_info::COMMIT,
+            }),
         })
     }
 
-    /// The OpenMetrics text of every metric.
+    /// The OpenMetrics text of every metric, the process metrics and `build_info` included.
     pub fn render(&self) -> String {
-        let mut text = String::new();
-        prometheus_client::encoding::text::encode(&mut text, &self.registry)
-            .expect("writing to a String cannot fail");
-        text
+        process_metrics::render(&self.registry, &self.process)
     }
 
     /// Starts observing one `Generate` call of the `default` tenant that arrived now; `span` is
@@ -185,6 +207,14 @@ impl RouterMetrics {
     /// `router_requests_total{code}`.
     pub fn count_rejection(&self, code: Code) {
         self.count_status(code);
+    }
+
+    /// Counts one response of the HTTP front's route `route` (e.g. `/v1/completions`) with
+    /// `status` in `router_http_requests_total{route, status}`.
+    pub fn count_http(&self, route: &str, status: u16) {
+        self.http
+            .get_or_create(&[("route", route.to_string()), ("status", status.to_string())])
+            .inc();
     }
 
     fn count_status(&self, code: Code) {

@@ -120,6 +120,12 @@ impl ModelContext {
         } else if let Some(builtin) = builtin_template(&info.architecture, |text| {
             tokenizer.token_id(text).is_some()
         }) {
+            tracing::info!(
+                model = %info.model_name,
+                template = builtin.name,
+                "the model has no chat template of its own: chat requests use the built-in \
+                 template (replace it with the chat_template setting)"
+            );
             (
                 builtin.source.to_string(),
                 format!("built-in {}", builtin.name),

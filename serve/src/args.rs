@@ -9,7 +9,7 @@ use clap::Parser;
 #[derive(Debug, Clone, Parser)]
 #[command(
     name = "serve",
-    version,
+    version = build_info::VERSION,
     about = "Serves a model with the OpenAI HTTP API and the gRPC API: starts a worker and a router \
              on 127.0.0.1 and stops both on SIGTERM or Ctrl-C (draining running requests)"
 )]

@@ -4,7 +4,10 @@
 //! start with the default.
 //!
 //! Used by the `router` and `worker` binaries (each owns its settings struct, its env prefix and
-//! its flags; this crate only merges and checks them).
+//! its flags; this crate only merges and checks them). [`flags`] parses those flags with each
+//! setting's default shown in `--help`.
+
+pub mod flags;
 
 use std::path::Path;
 

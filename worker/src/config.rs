@@ -15,6 +15,7 @@ use engine::{EngineConfig, SchedulerConfig};
 #[derive(Debug, Parser, Serialize)]
 #[command(
     name = "worker",
+    version = build_info::VERSION,
     about = "Loads a GGUF model and serves it to routers over gRPC"
 )]
 pub struct Cli {

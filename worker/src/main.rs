@@ -16,7 +16,6 @@ use std::time::Duration;
 
 use backend_cpu::CpuModel;
 use backend_cuda::{Backend, CudaModel, CudaOptions};
-use clap::Parser;
 use engine::backend::BatchModel;
 use engine::{spawn_engine, EngineConfig};
 use inference_proto::worker::worker_server::WorkerServer;
@@ -32,7 +31,7 @@ use worker::service::WorkerService;
 const MAX_PENDING_RESETS: usize = 4096;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli: Cli = settings_file::flags::parse_flags(&WorkerSettings::default());
     if let Some(WorkerCommand::Inspect { model }) = &cli.command {
         let inspection = worker::inspect::inspect(model);
         print!("{}", inspection.report);

@@ -11,6 +11,9 @@
 //! `worker_prefix_cache_hit_tokens_total`, `worker_finished_requests_total`,
 //! `worker_cancelled_requests_total`, `worker_failed_requests_total`.
 //!
+//! Unprefixed: the standard `process_*` metrics and `build_info{component="worker",version,commit}`
+//! (`observability::process_metrics`).
+//!
 //! Structured output: histogram `worker_constraint_mask_seconds`, the time to compute one constrained
 //! sequence's allowed-token mask (observed by the engine for every mask, see `engine::masks`).
 //!
@@ -25,6 +28,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use observability::const_metrics::{counter, gauge};
+use observability::process_metrics::{self, BuildInfo, ProcessMetrics};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
@@ -45,6 +49,7 @@ pub struct WorkerMetrics {
     step_duration: Histogram,
     batch_tokens: Histogram,
     batch_sequences: Histogram,
+    process: ProcessMetrics,
 }
 
 impl std::fmt::Debug for WorkerMetrics {
@@ -94,6 +99,11 @@ impl WorkerMetrics {
             step_duration,
             batch_tokens,
             batch_sequences,
+            process: ProcessMetrics::new(BuildInfo {
+                component: "worker",
+                version: build_info::PACKAGE_VERSION,
+                commit: build_info::COMMIT,
+            }),
         })
     }
 
@@ -102,10 +112,7 @@ impl WorkerMetrics {
         // The engine's published state: a running step never delays a scrape (once the engine has
         // stopped it holds the last values).
         *self.snapshot.lock().expect("stats lock") = Some(self.engine.snapshot().stats);
-        let mut text = String::new();
-        prometheus_client::encoding::text::encode(&mut text, &self.registry)
-            .expect("writing to a String cannot fail");
-        text
+        process_metrics::render(&self.registry, &self.process)
     }
 
     /// Records step durations and batch sizes until the engine stops (see the module doc).

@@ -1,6 +1,7 @@
 //! The OpenAI-compatible HTTP front (axum, on `http_listen`): `POST /v1/chat/completions`,
 //! `POST /v1/completions`, `GET /v1/models` and `GET /health`, plus `POST /tokenize` as vLLM and
-//! llama.cpp's server have it (what `bench --openai` fits its prompts with).
+//! llama.cpp's server have it (what `bench --openai` fits its prompts with), and `GET /metrics`
+//! (the router's Prometheus metrics, also on `metrics_listen`; open like `/health`, as vLLM's).
 //!
 //! It shares everything behind the gRPC front: the drain, one validation pass
 //! ([`crate::generate::prepare`]), the admission queue and workers ([`crate::generate::launch`],
@@ -109,6 +110,35 @@ impl OpenAiFront {
                     }
                 },
             ));
+        let api = match &self.metrics {
+            Some(metrics) => {
+                let metrics = metrics.clone();
+                api.route_layer(axum::middleware::from_fn(
+                    move |request: axum::extract::Request, next: axum::middleware::Next| {
+                        let metrics = metrics.clone();
+                        let route = request
+                            .extensions()
+                            .get::<axum::extract::MatchedPath>()
+                            .map_or_else(|| "other".to_string(), |p| p.as_str().to_string());
+                        async move {
+                            let response = next.run(request).await;
+                            metrics.count_http(&route, response.status().as_u16());
+                            response
+                        }
+                    },
+                ))
+            }
+            None => api,
+        };
+        let api = match &self.metrics {
+            Some(metrics) => {
+                let metrics = metrics.clone();
+                observability::metrics_http::metrics_route(api, move || {
+                    std::future::ready(metrics.render())
+                })
+            }
+            None => api,
+        };
         api.route("/health", get(health))
             .fallback(|uri: Uri| async move { ApiError::no_route(uri.path()) })
             .method_not_allowed_fallback(|method: axum::http::Method, uri: Uri| async move {
@@ -295,9 +325,23 @@ async fn models(State(front): State<Arc<OpenAiFront>>) -> Response {
         let e = RouteError::no_worker(front.pool.configured_workers());
         return ApiError::from_route(e, None).into_response();
     };
+    // vLLM's `max_model_len`, and where chat requests' template comes from (a built-in one for a
+    // model without its own, which may not suit it).
+    let model = front.pool.model();
+    let max_model_len = model.as_ref().map(|m| m.context_length);
+    let origin = model.as_ref().map(|m| m.chat_template_origin.clone());
     let data: Vec<_> = names
         .iter()
-        .map(|name| json!({"id": name, "object": "model", "created": 0, "owned_by": "inference"}))
+        .map(|name| {
+            json!({
+                "id": name,
+                "object": "model",
+                "created": 0,
+                "owned_by": "inference",
+                "max_model_len": max_model_len,
+                "chat_template_origin": origin,
+            })
+        })
         .collect();
     json_response(StatusCode::OK, &json!({"object": "list", "data": data}))
 }

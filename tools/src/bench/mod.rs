@@ -42,6 +42,7 @@ use constraint::ConstraintSpec;
 #[derive(Debug, Clone, Parser, Serialize)]
 #[command(
     name = "bench",
+    version = build_info::VERSION,
     about = "Load-tests a router's (or, with --worker, one worker's) Generate stream and reports \
              throughput and latency percentiles",
     after_help = "Exit status: 0 when every measured request succeeded, 1 when any failed (the \

@@ -39,7 +39,11 @@ impl tonic::service::Interceptor for BearerKey {
 type Client = TextGenerationClient<InterceptedService<Channel, BearerKey>>;
 
 #[derive(Debug, Parser)]
-#[command(name = "client", about = "Streams one generation from the router")]
+#[command(
+    name = "client",
+    version = build_info::VERSION,
+    about = "Streams one generation from the router"
+)]
 struct Args {
     /// Router address (HOST:PORT).
     #[arg(long, default_value = "127.0.0.1:50051")]
