@@ -2,3 +2,4 @@
 //! `src/bin/bench.rs`) and the `client` caller (`src/bin/client.rs`).
 
 pub mod bench;
+pub mod fleet;

@@ -10,6 +10,9 @@
 //! (`--constrained-fraction F`) makes it a structured-output load; `--worker-metrics HOST:PORT`
 //! adds the worker's mask time per token.
 //!
+//! `bench fleet ...`: the fleet benchmark of the routing policies on real worker and router
+//! processes, and its simulator (`tools::fleet`; `bench fleet --help`).
+//!
 //! Exit status: 0 when every measured request succeeded, 1 when any failed (the summary is still
 //! printed and written), 2 when the run could not start or the JSON could not be written.
 
@@ -18,9 +21,20 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Parser;
 use tools::bench::{run::run, BenchArgs};
+use tools::fleet::{self, cli::FleetArgs};
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
+    if std::env::args().nth(1).as_deref() == Some("fleet") {
+        let args = FleetArgs::parse_from(std::env::args().skip(1));
+        return match fleet::cli::run(&args).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("bench fleet: {e:#}");
+                ExitCode::from(2)
+            }
+        };
+    }
     let args = BenchArgs::parse();
     if let Err(e) = args.validate() {
         eprintln!("bench: {e:#}");

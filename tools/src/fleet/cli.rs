@@ -1,0 +1,300 @@
+//! The `bench fleet` command line and its three modes:
+//!
+//! - default: real processes ([`super::real`]): per workload and policy, W workers and R routers
+//!   started afresh, the workload replayed at `--load` times the pool's capacity; each run is also
+//!   simulated with the fitted cost (`--cost`, else fitted first on one worker) and the calibration
+//!   error printed;
+//! - `--simulate`: the simulator alone over `--sim-workers` x `--sim-routers` x `--sim-loads`.
+//!
+//! Capacity (requests/s) is found by a saturating run (every request at time 0) under
+//! `round_robin` on the same fleet (or the same simulated fleet); `--load 0.8` replays at 80 % of it.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Parser;
+use routing::Routing;
+
+use super::calibrate::{fit_cost, relative_error};
+use super::outcome::FleetSummary;
+use super::real::{Fleet, FleetSpec};
+use super::sim::worker::{CostModel, WorkerLimits};
+use super::sim::{simulate, SimConfig, SimRequest};
+use super::workload::{generate, ideal_hit_rate, Shape, WorkloadRequest, WorkloadSpec};
+
+/// `bench fleet`: fleet benchmark of the routing policies (real processes or simulation).
+#[derive(Debug, Clone, Parser)]
+#[command(name = "bench fleet")]
+pub struct FleetArgs {
+    /// Workloads to run.
+    #[arg(long, value_enum, value_delimiter = ',', default_values = ["shared-prefix", "multi-turn", "no-sharing"])]
+    pub workload: Vec<Shape>,
+    /// Policies to compare.
+    #[arg(long, value_delimiter = ',', default_values = ["round_robin", "affinity", "kv_aware"], value_parser = parse_routing)]
+    pub routing: Vec<Routing>,
+    /// Seed of the workloads.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Groups / conversations / requests (see `fleet::workload`).
+    #[arg(long, default_value_t = 8)]
+    pub groups: usize,
+    /// Questions per group / turns per conversation.
+    #[arg(long, default_value_t = 6)]
+    pub per_group: usize,
+    /// Words of the shared system prompt.
+    #[arg(long, default_value_t = 192)]
+    pub prefix_tokens: usize,
+    /// Words of a question.
+    #[arg(long, default_value_t = 24)]
+    pub question_tokens: usize,
+    /// Words of an assistant reply (multi-turn).
+    #[arg(long, default_value_t = 24)]
+    pub reply_tokens: usize,
+    /// Tokens generated per request.
+    #[arg(long, default_value_t = 16)]
+    pub max_new_tokens: u32,
+    /// Offered load as a fraction of the pool's capacity.
+    #[arg(long, default_value_t = 0.8)]
+    pub load: f64,
+    /// Workers (W) of the real fleet.
+    #[arg(long, default_value_t = 4)]
+    pub workers: usize,
+    /// Routers (R) of the real fleet.
+    #[arg(long, default_value_t = 2)]
+    pub routers: usize,
+    /// Model the workers serve.
+    #[arg(long, default_value = ".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf")]
+    pub model: PathBuf,
+    /// Each worker's compute threads.
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
+    /// Each worker's KV blocks (16 tokens each).
+    #[arg(long, default_value_t = 256)]
+    pub kv_blocks: usize,
+    /// The simulator's step cost as JSON (`CostModel`); without it, fitted on one real worker.
+    #[arg(long)]
+    pub cost: Option<String>,
+    /// Simulation only.
+    #[arg(long)]
+    pub simulate: bool,
+    /// Simulated worker counts.
+    #[arg(long, value_delimiter = ',', default_values_t = [16usize, 128, 1024])]
+    pub sim_workers: Vec<usize>,
+    /// Simulated router counts.
+    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 4, 16])]
+    pub sim_routers: Vec<usize>,
+    /// Simulated loads.
+    #[arg(long, value_delimiter = ',', default_values_t = [0.5f64, 0.8, 0.95])]
+    pub sim_loads: Vec<f64>,
+    /// Requests per simulated worker (the workload's groups scale with W).
+    #[arg(long, default_value_t = 24)]
+    pub sim_requests_per_worker: usize,
+    /// Where the processes' logs go.
+    #[arg(long, default_value = "target/fleet-logs")]
+    pub log_dir: PathBuf,
+}
+
+fn parse_routing(s: &str) -> Result<Routing, clap::Error> {
+    match s {
+        "affinity" => Ok(Routing::Affinity),
+        "round_robin" => Ok(Routing::RoundRobin),
+        "kv_aware" => Ok(Routing::KvAware),
+        _ => Err(clap::Error::raw(
+            clap::error::ErrorKind::InvalidValue,
+            format!("unknown routing '{s}' (affinity, round_robin or kv_aware)\n"),
+        )),
+    }
+}
+
+impl FleetArgs {
+    fn spec(&self, shape: Shape, groups: usize) -> WorkloadSpec {
+        WorkloadSpec {
+            shape,
+            seed: self.seed,
+            groups,
+            per_group: self.per_group,
+            prefix_tokens: self.prefix_tokens,
+            question_tokens: self.question_tokens,
+            reply_tokens: self.reply_tokens,
+            max_new_tokens: self.max_new_tokens,
+        }
+    }
+
+    fn sim_config(
+        &self,
+        workers: usize,
+        routers: usize,
+        routing: Routing,
+        cost: CostModel,
+    ) -> SimConfig {
+        SimConfig {
+            workers,
+            routers,
+            routing,
+            limits: WorkerLimits {
+                block_size: 16,
+                kv_blocks: self.kv_blocks,
+                max_num_seqs: 128,
+                max_batch_tokens: 512,
+            },
+            cost,
+            max_inflight_per_worker: 64,
+            affinity_prefix_tokens: 64,
+            load_factor: 0.5,
+        }
+    }
+}
+
+/// The simulator's requests: `ids` (token ids per request) with the workload's lengths and times.
+fn sim_requests(requests: &[WorkloadRequest], ids: Option<&[Vec<u32>]>) -> Vec<SimRequest> {
+    requests
+        .iter()
+        .enumerate()
+        .map(|(i, r)| SimRequest {
+            prompt: ids.map_or_else(|| r.words.clone(), |ids| ids[i].clone()),
+            max_new_tokens: r.max_new_tokens as usize,
+            arrival_s: r.arrival_s,
+            after: r.after,
+        })
+        .collect()
+}
+
+/// Runs `bench fleet` with `args`, printing the report on stdout.
+pub async fn run(args: &FleetArgs) -> anyhow::Result<()> {
+    if args.simulate {
+        let cost = match &args.cost {
+            Some(json) => serde_json::from_str(json).context("parsing --cost")?,
+            None => anyhow::bail!("--simulate needs --cost (the JSON a real run prints)"),
+        };
+        simulate_sweep(args, cost);
+        return Ok(());
+    }
+    real_runs(args).await
+}
+
+/// The simulated sweep: every W x R x load x workload x policy.
+fn simulate_sweep(args: &FleetArgs, cost: CostModel) {
+    println!(
+        "simulated; cost {}",
+        serde_json::to_string(&cost).unwrap_or_default()
+    );
+    for &shape in &args.workload {
+        for &w in &args.sim_workers {
+            let groups = (w * args.sim_requests_per_worker / args.per_group.max(1)).max(1);
+            let groups = if shape == Shape::NoSharing {
+                groups * args.per_group
+            } else {
+                groups
+            };
+            let spec = args.spec(shape, groups);
+            let saturating = sim_requests(&generate(&spec, 0.0), None);
+            let capacity = simulate(
+                &args.sim_config(w, 1, Routing::RoundRobin, cost),
+                &saturating,
+            )
+            .summary()
+            .requests_per_s;
+            for &r in &args.sim_routers {
+                for &load in &args.sim_loads {
+                    let reqs = sim_requests(&generate(&spec, load * capacity), None);
+                    for &routing in &args.routing {
+                        let s = simulate(&args.sim_config(w, r, routing, cost), &reqs).summary();
+                        let label = format!("{shape} W={w} R={r} load={load} {routing}");
+                        println!("{}", s.render(&label));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Real runs per workload and policy, each simulated alongside.
+async fn real_runs(args: &FleetArgs) -> anyhow::Result<()> {
+    let spec = FleetSpec {
+        model: args.model.clone(),
+        workers: args.workers,
+        routers: args.routers,
+        threads: args.threads,
+        kv_blocks: args.kv_blocks,
+        worker_args: Vec::new(),
+        log_dir: args.log_dir.clone(),
+    };
+    let cost = match &args.cost {
+        Some(json) => serde_json::from_str(json).context("parsing --cost")?,
+        None => {
+            let one = FleetSpec {
+                workers: 1,
+                routers: 1,
+                ..spec.clone()
+            };
+            let fleet = Fleet::start(&one, Routing::RoundRobin).await?;
+            let cost = fit_cost(&fleet, 24, 400, 8).await;
+            fleet.stop().await;
+            cost?
+        }
+    };
+    println!("fitted cost: {}", serde_json::to_string(&cost)?);
+    println!(
+        "W={} R={} model {} threads {}",
+        args.workers,
+        args.routers,
+        args.model.display(),
+        args.threads
+    );
+    for &shape in &args.workload {
+        let groups = if shape == Shape::NoSharing {
+            args.groups * args.per_group
+        } else {
+            args.groups
+        };
+        let wspec = args.spec(shape, groups);
+        let fleet = Fleet::start(&spec, Routing::RoundRobin).await?;
+        let saturating = generate(&wspec, 0.0);
+        let ids = fleet.tokenize(&saturating).await?;
+        let capacity = fleet.replay(&saturating).await?.summary().requests_per_s;
+        fleet.stop().await;
+        let rate = args.load * capacity;
+        println!(
+            "{shape}: {} requests, capacity {capacity:.2} req/s (round_robin, saturating), rate {rate:.2} req/s, ideal hit {:.1}%",
+            saturating.len(),
+            ideal_hit_rate(&ids, 16) * 100.0
+        );
+        let requests = generate(&wspec, rate);
+        for &routing in &args.routing {
+            let fleet = Fleet::start(&spec, routing).await?;
+            let measured = fleet.replay(&requests).await;
+            fleet.stop().await;
+            let measured = measured?;
+            // Simulate with the real send times (a turn's send time is when its previous turn ended
+            // on the real fleet; the simulator re-derives it from its own finishes).
+            let simulated = simulate(
+                &args.sim_config(args.workers, args.routers, routing, cost),
+                &sim_requests(&requests, Some(&ids)),
+            );
+            let (m, s) = (measured.summary(), simulated.summary());
+            println!("{}", m.render(&format!("{shape} {routing} real")));
+            println!("{}", s.render(&format!("{shape} {routing} sim")));
+            println!("{}", error_line(&m, &s));
+            println!(
+                "  per-worker hit rate (real): {:?}",
+                m.worker_hit_rates
+                    .iter()
+                    .map(|h| (h * 1000.0).round() / 10.0)
+                    .collect::<Vec<_>>()
+            );
+        }
+    }
+    Ok(())
+}
+
+fn error_line(m: &FleetSummary, s: &FleetSummary) -> String {
+    let pct = |sim: f64, real: f64| relative_error(sim, real) * 100.0;
+    format!(
+        "  sim error: hit {:+.1} pts, TTFT p50 {:+.0}%, p90 {:+.0}%, p99 {:+.0}%, tok/s {:+.0}%",
+        (s.hit_rate - m.hit_rate) * 100.0,
+        pct(s.ttft_p50_ms, m.ttft_p50_ms),
+        pct(s.ttft_p90_ms, m.ttft_p90_ms),
+        pct(s.ttft_p99_ms, m.ttft_p99_ms),
+        pct(s.output_tokens_per_s, m.output_tokens_per_s),
+    )
+}

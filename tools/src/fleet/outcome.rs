@@ -1,0 +1,135 @@
+//! What one fleet run produced ([`FleetOutcome`], from real processes or the simulator alike) and
+//! its summary ([`FleetSummary`]): the figures `bench fleet` prints and BENCHMARKS.md quotes.
+
+use serde::Serialize;
+
+use crate::bench::stats::percentile;
+
+/// One request's times, in seconds from the run's start.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct RequestTiming {
+    /// When it was sent (a conversation's turn: when it could be sent).
+    pub arrival_s: f64,
+    /// When its first token arrived (`None`: failed or never answered).
+    pub first_token_s: Option<f64>,
+    /// When its last token arrived (`None`: failed).
+    pub finish_s: Option<f64>,
+    /// Tokens it generated.
+    pub output_tokens: u64,
+}
+
+/// Every request's timing and each worker's counters.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FleetOutcome {
+    /// Per request, in workload order.
+    pub requests: Vec<RequestTiming>,
+    /// Requests each worker received.
+    pub worker_requests: Vec<u64>,
+    /// Prompt tokens each worker looked up in its prefix cache.
+    pub worker_query_tokens: Vec<u64>,
+    /// Prompt tokens each worker found there.
+    pub worker_hit_tokens: Vec<u64>,
+}
+
+/// The figures of one run.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FleetSummary {
+    /// Requests that finished.
+    pub completed: usize,
+    /// Requests that did not.
+    pub failed: usize,
+    /// Prefix-cache hit rate over all workers (hit tokens / query tokens).
+    pub hit_rate: f64,
+    /// Each worker's hit rate (0 for a worker that got no request).
+    pub worker_hit_rates: Vec<f64>,
+    /// TTFT percentiles, in milliseconds.
+    pub ttft_p50_ms: f64,
+    /// TTFT p90, ms.
+    pub ttft_p90_ms: f64,
+    /// TTFT p99, ms.
+    pub ttft_p99_ms: f64,
+    /// Median of the requests' mean inter-token gap, ms.
+    pub itl_p50_ms: f64,
+    /// Generated tokens per second over the run (first arrival to last finish).
+    pub output_tokens_per_s: f64,
+    /// Completed requests per second over the run.
+    pub requests_per_s: f64,
+    /// Most requests any worker got over the mean (1.0 = perfectly even).
+    pub max_over_mean_requests: f64,
+}
+
+impl FleetOutcome {
+    /// Sums up the run.
+    pub fn summary(&self) -> FleetSummary {
+        let mut ttft: Vec<f64> = Vec::new();
+        let mut itl: Vec<f64> = Vec::new();
+        let (mut start, mut end) = (f64::INFINITY, 0.0f64);
+        let mut tokens = 0u64;
+        let mut completed = 0;
+        for r in &self.requests {
+            start = start.min(r.arrival_s);
+            if let (Some(first), Some(finish)) = (r.first_token_s, r.finish_s) {
+                completed += 1;
+                ttft.push((first - r.arrival_s) * 1e3);
+                if r.output_tokens > 1 {
+                    itl.push((finish - first) * 1e3 / (r.output_tokens - 1) as f64);
+                }
+                end = end.max(finish);
+                tokens += r.output_tokens;
+            }
+        }
+        ttft.sort_by(f64::total_cmp);
+        itl.sort_by(f64::total_cmp);
+        let duration = (end - start).max(1e-9);
+        let query: u64 = self.worker_query_tokens.iter().sum();
+        let hit: u64 = self.worker_hit_tokens.iter().sum();
+        let workers = self.worker_requests.len().max(1);
+        let mean = self.worker_requests.iter().sum::<u64>() as f64 / workers as f64;
+        let max = self.worker_requests.iter().copied().max().unwrap_or(0) as f64;
+        FleetSummary {
+            completed,
+            failed: self.requests.len() - completed,
+            hit_rate: ratio(hit, query),
+            worker_hit_rates: self
+                .worker_hit_tokens
+                .iter()
+                .zip(&self.worker_query_tokens)
+                .map(|(&h, &q)| ratio(h, q))
+                .collect(),
+            ttft_p50_ms: percentile(&ttft, 50.0).unwrap_or(0.0),
+            ttft_p90_ms: percentile(&ttft, 90.0).unwrap_or(0.0),
+            ttft_p99_ms: percentile(&ttft, 99.0).unwrap_or(0.0),
+            itl_p50_ms: percentile(&itl, 50.0).unwrap_or(0.0),
+            output_tokens_per_s: tokens as f64 / duration,
+            requests_per_s: completed as f64 / duration,
+            max_over_mean_requests: if mean > 0.0 { max / mean } else { 0.0 },
+        }
+    }
+}
+
+fn ratio(a: u64, b: u64) -> f64 {
+    if b == 0 {
+        0.0
+    } else {
+        a as f64 / b as f64
+    }
+}
+
+impl FleetSummary {
+    /// One line of the report: `label` then the figures.
+    pub fn render(&self, label: &str) -> String {
+        format!(
+            "{label:<28} hit {:>5.1}%  TTFT p50 {:>8.1} p90 {:>8.1} p99 {:>8.1} ms  ITL p50 {:>6.1} ms  {:>7.1} tok/s  {:>6.2} req/s  max/mean {:.2}  done {}/{}",
+            self.hit_rate * 100.0,
+            self.ttft_p50_ms,
+            self.ttft_p90_ms,
+            self.ttft_p99_ms,
+            self.itl_p50_ms,
+            self.output_tokens_per_s,
+            self.requests_per_s,
+            self.max_over_mean_requests,
+            self.completed,
+            self.completed + self.failed,
+        )
+    }
+}

@@ -1,0 +1,160 @@
+//! Properties of the simulator that do not depend on machine speed: determinism, completeness,
+//! and the policies' order on hit rate and balance.
+
+use super::worker::{CostModel, WorkerLimits};
+use super::*;
+use crate::fleet::workload::{generate, Shape, WorkloadSpec};
+
+const COST: CostModel = CostModel {
+    step_base_s: 0.004,
+    per_token_s: 0.000_05,
+    per_decode_s: 0.000_2,
+};
+
+fn config(workers: usize, routers: usize, routing: Routing) -> SimConfig {
+    SimConfig {
+        workers,
+        routers,
+        routing,
+        limits: WorkerLimits {
+            block_size: 16,
+            kv_blocks: 256,
+            max_num_seqs: 16,
+            max_batch_tokens: 256,
+        },
+        cost: COST,
+        max_inflight_per_worker: 64,
+        affinity_prefix_tokens: 64,
+        load_factor: 0.5,
+    }
+}
+
+fn requests(shape: Shape, groups: usize, per_group: usize, rate: f64) -> Vec<SimRequest> {
+    let spec = WorkloadSpec {
+        shape,
+        seed: 3,
+        groups,
+        per_group,
+        prefix_tokens: 160,
+        question_tokens: 24,
+        reply_tokens: 24,
+        max_new_tokens: 8,
+    };
+    generate(&spec, rate)
+        .into_iter()
+        .map(|r| SimRequest {
+            prompt: r.words,
+            max_new_tokens: r.max_new_tokens as usize,
+            arrival_s: r.arrival_s,
+            after: r.after,
+        })
+        .collect()
+}
+
+#[test]
+fn a_seed_gives_one_result() {
+    let reqs = requests(Shape::SharedPrefix, 8, 6, 40.0);
+    let cfg = config(4, 2, Routing::KvAware);
+    assert_eq!(simulate(&cfg, &reqs), simulate(&cfg, &reqs));
+}
+
+#[test]
+fn every_request_finishes_under_every_policy() {
+    for shape in [Shape::SharedPrefix, Shape::MultiTurn, Shape::NoSharing] {
+        let reqs = requests(shape, 8, 4, 30.0);
+        for routing in [Routing::Affinity, Routing::RoundRobin, Routing::KvAware] {
+            let out = simulate(&config(3, 2, routing), &reqs);
+            let s = out.summary();
+            assert_eq!(
+                (s.completed, s.failed),
+                (reqs.len(), 0),
+                "{shape} {routing}"
+            );
+            assert_eq!(out.worker_requests.iter().sum::<u64>(), reqs.len() as u64);
+            assert!(out.requests.iter().all(|r| {
+                let (first, end) = (r.first_token_s.unwrap(), r.finish_s.unwrap());
+                r.arrival_s < first && first <= end
+            }));
+            // A conversation's turn starts after its previous turn ended.
+            for (i, r) in reqs.iter().enumerate() {
+                if let Some(prev) = r.after {
+                    assert!(out.requests[i].arrival_s >= out.requests[prev].finish_s.unwrap());
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn kv_aware_reaches_the_ideal_hit_rate_when_requests_do_not_overlap() {
+    // One request every 5 s on average (20 ms steps: overlaps are rare): each sees every earlier request's blocks in the index and equal
+    // loads, so the worker that holds its prefix must win (the KV capacity holds everything).
+    for shape in [Shape::SharedPrefix, Shape::MultiTurn] {
+        let reqs = requests(shape, 6, 4, 0.2);
+        let prompts: Vec<Vec<u32>> = reqs.iter().map(|r| r.prompt.clone()).collect();
+        let ideal = crate::fleet::workload::ideal_hit_rate(&prompts, 16);
+        let mut cfg = config(4, 2, Routing::KvAware);
+        cfg.limits.kv_blocks = 4_096;
+        let kv = simulate(&cfg, &reqs).summary().hit_rate;
+        assert!(
+            ideal > 0.5 && kv >= 0.9 * ideal,
+            "{shape}: kv {kv} ideal {ideal}"
+        );
+    }
+}
+
+#[test]
+fn cache_aware_policies_hit_more_than_round_robin_under_load() {
+    // Shared prefixes: more groups than workers; multi-turn: one system prompt for every
+    // conversation, so affinity's 64-token key is the same for all of them.
+    for (shape, groups, per_group) in [(Shape::SharedPrefix, 12, 8), (Shape::MultiTurn, 12, 5)] {
+        let reqs = requests(shape, groups, per_group, 60.0);
+        let hit = |routing| simulate(&config(4, 2, routing), &reqs).summary().hit_rate;
+        let (kv, aff, rr) = (
+            hit(Routing::KvAware),
+            hit(Routing::Affinity),
+            hit(Routing::RoundRobin),
+        );
+        // Not asserted: kv_aware >= affinity. Under load it does not hold (BENCHMARKS.md, fleet
+        // section): its cost counts a running sequence's whole KV demand as work ahead, so a
+        // holder with one request running loses the hit to an idle worker.
+        assert!(
+            kv > rr && aff > rr,
+            "{shape}: kv {kv} affinity {aff} rr {rr}"
+        );
+    }
+}
+
+#[test]
+fn unrelated_requests_spread_evenly() {
+    let reqs = requests(Shape::NoSharing, 400, 1, 80.0);
+    for routing in [Routing::RoundRobin, Routing::KvAware] {
+        let s = simulate(&config(4, 2, routing), &reqs).summary();
+        assert!(
+            s.max_over_mean_requests <= 1.2,
+            "{routing}: {}",
+            s.max_over_mean_requests
+        );
+        assert_eq!(s.hit_rate, 0.0);
+    }
+}
+
+#[test]
+fn the_router_index_equals_each_worker_cache() {
+    let reqs = requests(Shape::MultiTurn, 10, 6, 50.0);
+    let cfg = config(3, 1, Routing::KvAware);
+    let mut sim = Simulation::new(&cfg, &reqs);
+    sim.run_events();
+    for w in &sim.workers {
+        assert!(w.model.cached_blocks() > 0);
+        assert_eq!(w.index.sorted_hashes(), w.model.sorted_hashes());
+    }
+}
+
+#[test]
+fn a_thousand_workers_run() {
+    let reqs = requests(Shape::SharedPrefix, 200, 10, 2_000.0);
+    let s = simulate(&config(1_000, 4, Routing::KvAware), &reqs).summary();
+    assert_eq!(s.completed, reqs.len());
+    assert!(s.hit_rate > 0.5, "{}", s.hit_rate);
+}
