@@ -14,9 +14,7 @@ use std::time::{Duration, Instant};
 
 use inference_proto::public::text_generation_client::TextGenerationClient;
 use inference_proto::public::ModelInfoRequest;
-use integration_tests::{
-    authorized, connect_ready, greedy, start_router_with_env, start_worker, tiny_model,
-};
+use integration_tests::{authorized, greedy, start_router_with_env, start_worker, tiny_model};
 use tonic::transport::Channel;
 use tonic::Code;
 
@@ -45,6 +43,20 @@ async fn probe(
     (calls, refused)
 }
 
+/// Waits until the router behind `client` has a ready worker, asking with `key`.
+async fn wait_ready(client: &TextGenerationClient<Channel>, key: &str) {
+    let mut client = client.clone();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while client
+        .model_info(authorized(ModelInfoRequest {}, key))
+        .await
+        .map_or(true, |info| info.into_inner().ready_workers == 0)
+    {
+        assert!(Instant::now() < deadline, "the router never got ready");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_file_rewritten_in_place_or_emptied_never_locks_a_steady_key_out() {
     let (_model_dir, model) = tiny_model(41);
@@ -64,7 +76,7 @@ async fn a_key_file_rewritten_in_place_or_emptied_never_locks_a_steady_key_out()
         .await
         .unwrap();
     let client = TextGenerationClient::new(channel);
-    connect_ready(&router_addr, Duration::from_secs(30)).await;
+    wait_ready(&client, KEY).await;
 
     // In-place rewrites for 4 s, each leaving the file empty for 100 ms of every 120 ms, the way a
     // slow `open("w")` then `write` does: most of the router's once-a-second reads see it empty.
@@ -141,15 +153,7 @@ async fn an_oversized_authorization_header_fails_its_request_alone() {
         .await
         .unwrap();
     let mut client = TextGenerationClient::new(channel);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while client
-        .model_info(authorized(ModelInfoRequest {}, KEY))
-        .await
-        .map_or(true, |info| info.into_inner().ready_workers == 0)
-    {
-        assert!(Instant::now() < deadline, "the router never got ready");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_ready(&client, KEY).await;
 
     // A stream under way on the connection.
     let mut stream = client
