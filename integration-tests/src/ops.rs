@@ -1,9 +1,10 @@
-//! Helpers for the operations tests: gRPC channels, the standard health check, and scraping and
-//! parsing the Prometheus endpoints.
+//! Helpers for the operations tests: gRPC channels, the standard health check, scraping and
+//! parsing the Prometheus endpoints, signals to a process, and the router's ready-worker count.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use inference_proto::public::ModelInfoRequest;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tonic::transport::Channel;
 use tonic::Status;
@@ -138,4 +139,39 @@ pub fn metric(samples: &HashMap<String, f64>, series: &str) -> f64 {
     *samples
         .get(series)
         .unwrap_or_else(|| panic!("no series {series} in {samples:#?}"))
+}
+
+/// Sends `signal` (e.g. "STOP", "CONT") to `process`.
+pub fn signal(process: &crate::Process, signal: &str) {
+    let pid = process.pid().expect("the process is running");
+    let status = std::process::Command::new("kill")
+        .args([&format!("-{signal}"), &pid.to_string()])
+        .status()
+        .expect("running kill");
+    assert!(status.success(), "kill -{signal} {pid} failed");
+}
+
+/// Waits until the router behind `client` reports `n` ready workers; returns how long it took.
+pub async fn wait_ready_workers(
+    client: &mut crate::PublicClient,
+    n: u32,
+    timeout: Duration,
+) -> Duration {
+    let started = Instant::now();
+    loop {
+        let info = client
+            .model_info(ModelInfoRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+        if info.ready_workers == n {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < timeout,
+            "{} ready workers, not {n}, after {timeout:?}",
+            info.ready_workers
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

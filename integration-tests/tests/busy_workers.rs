@@ -14,45 +14,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
-use inference_proto::public::{GenerateRequest, ModelInfoRequest, TokenizeRequest};
-use integration_tests::ops::{health, metric, parse_metrics, scrape};
+use inference_proto::public::{GenerateRequest, TokenizeRequest};
+use integration_tests::ops::{health, metric, parse_metrics, scrape, signal, wait_ready_workers};
 use integration_tests::{
     connect_ready, free_port, greedy, start_router_with_env, start_worker_with, stream_all,
-    tiny_model, wait_idle, worker_stats, Process, PublicClient,
+    tiny_model, wait_idle, worker_stats, Process,
 };
 use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;
-
-/// Sends `signal` (e.g. "STOP", "CONT") to `process`.
-fn signal(process: &Process, signal: &str) {
-    let pid = process.pid().expect("the process is running");
-    let status = std::process::Command::new("kill")
-        .args([&format!("-{signal}"), &pid.to_string()])
-        .status()
-        .expect("running kill");
-    assert!(status.success(), "kill -{signal} {pid} failed");
-}
-
-/// Waits until the router reports `n` ready workers.
-async fn wait_ready_workers(client: &mut PublicClient, n: u32, timeout: Duration) -> Duration {
-    let started = Instant::now();
-    loop {
-        let info = client
-            .model_info(ModelInfoRequest {})
-            .await
-            .unwrap()
-            .into_inner();
-        if info.ready_workers == n {
-            return started.elapsed();
-        }
-        assert!(
-            started.elapsed() < timeout,
-            "{} ready workers, not {n}, after {timeout:?}",
-            info.ready_workers
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sigstopped_worker_is_failed_over_within_the_stall_timeout_and_rejoins() {
@@ -73,7 +42,12 @@ async fn a_sigstopped_worker_is_failed_over_within_the_stall_timeout_and_rejoins
             "--metrics-listen",
             &metrics_addr,
         ],
-        &[("ROUTER_HEALTH_INTERVAL_MS", "100")],
+        // A stop here stands for a live process whose engine stopped stepping: the heartbeat
+        // rule (which takes a frozen process out, `heartbeat.rs`) is off.
+        &[
+            ("ROUTER_HEALTH_INTERVAL_MS", "100"),
+            ("ROUTER_HEARTBEAT_TIMEOUT_MS", "0"),
+        ],
     )
     .await;
     let mut client = connect_ready(&router_addr, Duration::from_secs(30)).await;

@@ -9,7 +9,9 @@
 //!
 //! The file is re-read every [`RELOAD_PERIOD`] by [`ApiKeys::watch`]: a changed content replaces
 //! the file's keys (a rotation takes effect within about a second, without a restart); a file that
-//! becomes unreadable keeps the last good keys and logs one WARN until it is readable again.
+//! becomes unreadable or empty (an in-place rewrite caught between its truncate and its write), or
+//! that keeps changing while it is read, keeps the last good keys and logs one WARN until it is
+//! good again ([`observability::reload::reread`]). A file of only `#` comments holds no keys.
 //!
 //! Keys are compared as SHA-256 digests in constant time ([`ct_eq`]: every byte of every
 //! configured digest is looked at, whatever matches), so the time taken tells nothing about how
@@ -42,7 +44,23 @@ pub enum Refusal {
     /// A key that is not one of the configured keys.
     #[error("the API key is not valid")]
     Wrong,
+    /// An `authorization` value longer than [`MAX_AUTHORIZATION_BYTES`].
+    #[error("the authorization value is longer than {MAX_AUTHORIZATION_BYTES} bytes, the most an API key may have")]
+    TooLong,
 }
+
+/// The longest `authorization` value looked at (bytes); a longer one is refused
+/// ([`Refusal::TooLong`]) before it is parsed or hashed.
+pub const MAX_AUTHORIZATION_BYTES: usize = 8 << 10;
+
+/// The largest header list (HPACK-decoded, bytes; RFC 9113 `SETTINGS_MAX_HEADER_LIST_SIZE`) the
+/// public gRPC port accepts on one request. hyper's default (16 KiB) makes h2 close the whole
+/// connection (GOAWAY `ENHANCE_YOUR_CALM`, `header_list_way_too_large`) for a list over 4 times
+/// that, failing every other stream on it. With this bound a request's headers up to 256 KiB reach
+/// the service, whose checks answer that request alone (an `authorization` value over
+/// [`MAX_AUTHORIZATION_BYTES`]: `UNAUTHENTICATED`); a list of 256 KiB to 1 MiB is refused by h2 for
+/// that stream alone (HTTP 431); only one over 1 MiB still closes the connection.
+pub const MAX_HEADER_LIST_BYTES: u32 = 256 << 10;
 
 /// A key file that cannot be read.
 #[derive(Debug, thiserror::Error)]
@@ -86,7 +104,7 @@ impl ApiKeys {
             .collect();
         let from_file = match file {
             Some(path) => {
-                let text = read_key_file(path)?;
+                let text = read_key_file(path, observability::reload::read_settled)?;
                 let digests = parse_key_file(&text).map(digest).collect();
                 (text, digests)
             }
@@ -130,14 +148,14 @@ impl ApiKeys {
     }
 
     /// Re-reads the key file once: a changed content replaces the file's keys (returns `true`);
-    /// an unreadable file keeps the last good keys.
+    /// an unreadable or empty file keeps the last good keys.
     ///
-    /// Errors: the file cannot be read.
+    /// Errors: the file cannot be read, is empty, or kept changing while read.
     pub fn reload(&self) -> Result<bool, KeyFileError> {
         let Some(path) = &self.file else {
             return Ok(false);
         };
-        let text = read_key_file(path)?;
+        let text = read_key_file(path, observability::reload::reread)?;
         let mut from_file = self.from_file.write().expect("key lock poisoned");
         if from_file.0 == text {
             return Ok(false);
@@ -167,19 +185,28 @@ pub fn parse_key_file(text: &str) -> impl Iterator<Item = &str> {
         .filter(|line| !line.is_empty() && !line.starts_with('#'))
 }
 
-fn read_key_file(path: &Path) -> Result<String, KeyFileError> {
-    std::fs::read_to_string(path).map_err(|source| KeyFileError {
-        path: path.to_path_buf(),
-        source,
-    })
+/// The key file's text as `read` reads it ([`observability::reload`]'s readers).
+fn read_key_file(
+    path: &Path,
+    read: fn(&Path) -> std::io::Result<Vec<u8>>,
+) -> Result<String, KeyFileError> {
+    read(path)
+        .and_then(observability::reload::utf8)
+        .map_err(|source| KeyFileError {
+            path: path.to_path_buf(),
+            source,
+        })
 }
 
 /// The key of an `authorization` value `Bearer KEY` (`None`: the request has none).
 ///
-/// Errors: [`Refusal::Missing`] without a value, [`Refusal::Malformed`] for anything but
-/// `Bearer KEY`.
+/// Errors: [`Refusal::Missing`] without a value, [`Refusal::TooLong`] over
+/// [`MAX_AUTHORIZATION_BYTES`], [`Refusal::Malformed`] for anything but `Bearer KEY`.
 pub fn bearer_key(authorization: Option<&[u8]>) -> Result<&str, Refusal> {
     let value = authorization.ok_or(Refusal::Missing)?;
+    if value.len() > MAX_AUTHORIZATION_BYTES {
+        return Err(Refusal::TooLong);
+    }
     let value = std::str::from_utf8(value).map_err(|_| Refusal::Malformed)?;
     let (scheme, key) = value.trim().split_once(' ').ok_or(Refusal::Malformed)?;
     let key = key.trim();
@@ -242,6 +269,11 @@ mod tests {
             );
         }
         assert!(!Refusal::Wrong.to_string().contains("file-key"));
+        let long = format!("Bearer {}", "k".repeat(MAX_AUTHORIZATION_BYTES));
+        assert_eq!(keys.check(Some(long.as_bytes())), Err(Refusal::TooLong));
+        assert!(Refusal::TooLong.to_string().contains("8192 bytes"));
+        let at_limit = format!("Bearer {}", "k".repeat(MAX_AUTHORIZATION_BYTES - 7));
+        assert_eq!(keys.check(Some(at_limit.as_bytes())), Err(Refusal::Wrong));
     }
 
     #[test]
@@ -262,7 +294,15 @@ mod tests {
             .to_string()
             .contains("cannot read the API key file"));
         assert_eq!(keys.check(Some(b"Bearer new")), Ok(()));
-        // An empty file: keys stay enforced, nobody passes.
+        // Truncated by an in-place rewrite (or emptied): the last good keys stay.
+        std::fs::write(&path, "").unwrap();
+        assert!(keys
+            .reload()
+            .unwrap_err()
+            .to_string()
+            .contains("the file is empty"));
+        assert_eq!(keys.check(Some(b"Bearer new")), Ok(()));
+        // A file of comments only: keys stay enforced, nobody passes.
         std::fs::write(&path, "# none\n").unwrap();
         assert!(keys.reload().unwrap());
         assert_eq!(keys.check(Some(b"Bearer new")), Err(Refusal::Wrong));

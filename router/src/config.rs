@@ -74,6 +74,16 @@ pub struct Cli {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stall_timeout_ms: Option<u64>,
+    /// A worker whose stream falls silent (no step, no heartbeat) for this many ms leaves rotation
+    /// and its requests fail over; 0 = off.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub heartbeat_timeout_ms: Option<u64>,
+    /// A response stream whose client reads nothing for this many ms while its buffer is full is
+    /// cancelled.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slow_client_timeout_ms: Option<u64>,
     /// Which policy picks each request's worker: affinity, round_robin or kv_aware.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -160,6 +170,17 @@ pub struct RouterSettings {
     /// recent step) leaves rotation: its requests fail over to another worker and it rejoins once
     /// it moves again.
     pub stall_timeout_ms: u64,
+    /// A worker that sends heartbeats on its stream (every 500 ms, from a timer outside its engine
+    /// loop) and whose stream then carries nothing for this many ms is taken for frozen or gone
+    /// (a stopped process, a cut network): the stream is dropped, the worker leaves rotation at
+    /// once and its requests fail over; it rejoins when it reconnects. 0 = off (only the HTTP/2
+    /// keep-alive, 10 s + 5 s, notices). A long engine step never delays a heartbeat.
+    pub heartbeat_timeout_ms: u64,
+    /// A response stream holds at most 64 messages for its client (beside its HTTP/2 window); when
+    /// they stay unread for this many ms the request is cancelled on its worker and the stream
+    /// ends with `RESOURCE_EXHAUSTED` (HTTP: `client_too_slow`) naming this setting. Until then the
+    /// worker generates on: a stuck client never stalls other requests.
+    pub slow_client_timeout_ms: u64,
     /// Which policy picks each request's worker: `affinity` (prefix affinity on the first
     /// `affinity_prefix_tokens` tokens with a load bound; the default), `round_robin` (each request
     /// to the next worker with room) or `kv_aware` (lowest `tokens to prefill + load in tokens` from
@@ -250,6 +271,8 @@ impl Default for RouterSettings {
             discovery_interval_ms: 5_000,
             health_interval_ms: 2_000,
             stall_timeout_ms: 60_000,
+            heartbeat_timeout_ms: 2_000,
+            slow_client_timeout_ms: 30_000,
             routing: Routing::Affinity,
             affinity_prefix_tokens: 64,
             affinity_load_factor: 0.5,
@@ -309,6 +332,9 @@ impl RouterSettings {
             backoff: self.backoff(),
             health_interval: Duration::from_millis(self.health_interval_ms.max(10)),
             stall_timeout: Duration::from_millis(self.stall_timeout_ms.max(1)),
+            heartbeat_timeout: (self.heartbeat_timeout_ms > 0)
+                .then(|| Duration::from_millis(self.heartbeat_timeout_ms)),
+            slow_client_timeout: Duration::from_millis(self.slow_client_timeout_ms.max(1)),
             max_inflight_per_worker: self.max_inflight_per_worker.max(1) as usize,
             admission: AdmissionLimits {
                 max_waiting_requests: self.max_waiting_requests as usize,

@@ -13,6 +13,14 @@
 //! the request's priority class; each generated token is charged to the tenant's fair-share counter
 //! as it streams ([`crate::admission`]).
 //!
+//! A client that stops reading holds back only its own stream: each sequence buffers at most
+//! [`RESPONSE_BUFFER`] messages for its client (beside the HTTP/2 window of its stream); when they
+//! stay full for the pool's `slow_client_timeout` the request is cancelled on its worker (its KV
+//! blocks freed) and the stream ends with [`RouteError::ClientTooSlow`], which the last slot is
+//! kept for. Until then the worker generates on (a stuck stream never delays the batch of others)
+//! and the tokens wait in the request's event channel: at most what the worker generates for it
+//! within the timeout.
+//!
 //! Errors are [`RouteError`]s throughout; each front maps them to its transport.
 
 use std::sync::Arc;
@@ -35,6 +43,10 @@ use crate::stop::StopMatcher;
 use crate::tenants::quota::{CallPart, Lease};
 use crate::tenants::Caller;
 use crate::validation::{check_request, sampling_params, validate, RequestLimits, ValidRequest};
+
+/// Messages one sequence's stream holds for its client; the last slot is kept for the
+/// [`RouteError::ClientTooSlow`] that ends a stream whose client stopped reading.
+pub const RESPONSE_BUFFER: usize = 64;
 
 /// Messages sent to the client of one `Generate` call.
 pub type ResponseSender = mpsc::Sender<Result<GenerateResponse, RouteError>>;
@@ -161,7 +173,7 @@ pub fn launch(
     };
     let session = Session::new(pool.clone(), request, ticket);
     tracing::debug!(%request_id, prompt_tokens, tenant = &*tenant.name, priority = caller.priority, "admitted");
-    let (tx, rx) = mpsc::channel(64);
+    let (tx, rx) = mpsc::channel(RESPONSE_BUFFER);
     let stream = TokenStream {
         detokenizer: IncrementalDetokenizer::new(
             model.tokenizer.clone(),
@@ -255,7 +267,27 @@ impl TokenStream {
             let last = message.as_ref().map_or(true, |m| {
                 m.finish_reason != FinishReason::Unspecified as i32
             });
-            if tx.send(message).await.is_err() || last {
+            // Sent only while a second slot is free, so that the error below always fits.
+            let slow_client_timeout = self.service.pool.settings().slow_client_timeout;
+            let permit = match tokio::time::timeout(slow_client_timeout, tx.reserve_many(2)).await {
+                Ok(Ok(mut permits)) => permits.next().expect("two permits"),
+                Ok(Err(_)) => return, // the client went away
+                Err(_) => {
+                    tracing::info!(
+                        request_id = %self.request_id,
+                        generated = self.generated,
+                        "the client read nothing for slow_client_timeout_ms; cancelling"
+                    );
+                    let _ = tx.try_send(Err(RouteError::ClientTooSlow {
+                        waited_ms: slow_client_timeout.as_millis(),
+                        buffered: RESPONSE_BUFFER - 1,
+                        generated: self.generated,
+                    }));
+                    return;
+                }
+            };
+            permit.send(message);
+            if last {
                 return;
             }
         }

@@ -42,7 +42,9 @@ impl RouteError {
             | RouteError::NoWorkerInTime { .. }
             | RouteError::FailoversExhausted { .. }
             | RouteError::NoWorkerLeft { .. } => Code::Unavailable,
-            RouteError::Overloaded(_) | RouteError::Quota(_) => Code::ResourceExhausted,
+            RouteError::Overloaded(_) | RouteError::Quota(_) | RouteError::ClientTooSlow { .. } => {
+                Code::ResourceExhausted
+            }
             RouteError::DeadlineExceeded { .. } => Code::DeadlineExceeded,
             RouteError::Worker(failure) => match failure.kind {
                 WorkerFailureKind::Rejected => Code::InvalidArgument,
@@ -180,6 +182,16 @@ mod tests {
                 Code::DeadlineExceeded,
                 "the call's deadline passed after 250 ms and 3 generated tokens; the request was \
                  cancelled",
+            ),
+            (
+                RouteError::ClientTooSlow {
+                    waited_ms: 750,
+                    buffered: 63,
+                    generated: 90,
+                },
+                Code::ResourceExhausted,
+                "the client read nothing for 750 ms while 63 messages waited for it \
+                 (slow_client_timeout_ms); the request was cancelled after 90 generated tokens",
             ),
             (
                 worker(WorkerFailureKind::Rejected),

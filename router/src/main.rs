@@ -192,6 +192,8 @@ async fn run(settings: RouterSettings) -> anyhow::Result<()> {
     });
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let router = tonic::transport::Server::builder()
+        // An oversized header is that request's error, not the connection's (see the constant).
+        .http2_max_header_list_size(router::auth::MAX_HEADER_LIST_BYTES)
         .add_service(public_api)
         .add_service(health_service)
         .add_service(observability::grpc::reflection_service(&[

@@ -19,7 +19,8 @@
 //! `router_worker_free_kv_tokens` (its last load report), the counters `router_dispatched_total`,
 //! `router_failovers_total`, `router_failovers_exhausted_total`, `router_rejected_total` (admission
 //! queue full), `router_health_probe_misses_total` (probes without an answer in time),
-//! `router_worker_stalls_total` (stall-rule removals), and `router_draining` (0/1),
+//! `router_worker_stalls_total` (stall-rule removals), `router_worker_heartbeat_losses_total`
+//! (streams dropped after `heartbeat_timeout_ms` of silence), and `router_draining` (0/1),
 //! `router_active_calls`; and the KV-aware routing metrics of [`crate::kv_metrics`].
 //!
 //! The HTTP front: `router_http_requests_total{route, status}`, every response of its API routes
@@ -441,6 +442,12 @@ impl Collector for PoolCollector {
             "worker_stalls",
             "Times a worker with work and no progress for stall_timeout_ms left rotation",
             load(&c.stalls),
+        )?;
+        counter(
+            &mut e,
+            "worker_heartbeat_losses",
+            "Times a worker's stream carried no heartbeat for heartbeat_timeout_ms and was dropped",
+            load(&c.heartbeat_losses),
         )?;
         counter(
             &mut e,

@@ -95,6 +95,20 @@ pub enum RouteError {
         /// Tokens generated before the deadline.
         generated: u32,
     },
+    /// The client read none of the `buffered` messages waiting for it within `waited_ms` (the
+    /// `slow_client_timeout_ms` setting); the request was cancelled on its worker.
+    #[error(
+        "the client read nothing for {waited_ms} ms while {buffered} messages waited for it \
+         (slow_client_timeout_ms); the request was cancelled after {generated} generated tokens"
+    )]
+    ClientTooSlow {
+        /// How long the full buffer waited, in milliseconds.
+        waited_ms: u128,
+        /// Messages the stream held for the client.
+        buffered: usize,
+        /// Tokens generated before it was cancelled.
+        generated: u32,
+    },
     /// The worker refused or could not finish the request.
     #[error(transparent)]
     Worker(#[from] WorkerFailure),

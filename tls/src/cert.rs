@@ -124,9 +124,11 @@ pub(crate) fn parse_certificates(
     Ok(chain)
 }
 
-/// Reads a file whose errors name it as `what`.
+/// Reads a file whose errors name it as `what`; read again while it changes during the read
+/// ([`observability::reload::read_settled`]), so a rotation in progress is never half taken (an
+/// empty or partial PEM is refused by its parser and the last good one stays).
 pub(crate) fn read(path: &Path, what: &'static str) -> Result<Vec<u8>, TlsError> {
-    std::fs::read(path).map_err(|source| TlsError::Read {
+    observability::reload::read_settled(path).map_err(|source| TlsError::Read {
         what,
         path: path.to_path_buf(),
         source,

@@ -30,10 +30,21 @@ fn precedence_file_env_flags() {
         assert_eq!(p.affinity.prefix_tokens, 0);
         assert_eq!(p.max_inflight_per_worker, 64);
         assert_eq!(p.stall_timeout, Duration::from_secs(60));
+        assert_eq!(p.heartbeat_timeout, Some(Duration::from_secs(2)));
+        assert_eq!(p.slow_client_timeout, Duration::from_secs(30));
         assert_eq!(s.discovery().unwrap().0, "w.ns.svc:50061");
         jail.set_env("ROUTER_STALL_TIMEOUT_MS", "900");
         let s = RouterSettings::load(&cli).map_err(|e| e.to_string())?;
         assert_eq!(s.pool_settings().stall_timeout, Duration::from_millis(900));
+        jail.set_env("ROUTER_HEARTBEAT_TIMEOUT_MS", "0");
+        let s = RouterSettings::load(&cli).map_err(|e| e.to_string())?;
+        assert_eq!(s.pool_settings().heartbeat_timeout, None);
+        jail.set_env("ROUTER_SLOW_CLIENT_TIMEOUT_MS", "750");
+        let s = RouterSettings::load(&cli).map_err(|e| e.to_string())?;
+        assert_eq!(
+            s.pool_settings().slow_client_timeout,
+            Duration::from_millis(750)
+        );
         let cli = Cli::parse_from(["router", "--workers", "a:1", "--stall-timeout-ms", "1200"]);
         let s = RouterSettings::load(&cli).map_err(|e| e.to_string())?;
         assert_eq!(s.stall_timeout_ms, 1200);

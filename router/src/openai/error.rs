@@ -217,6 +217,11 @@ impl ApiError {
             RouteError::DeadlineExceeded { .. } => {
                 (StatusCode::GATEWAY_TIMEOUT, "server_error", "timeout")
             }
+            RouteError::ClientTooSlow { .. } => (
+                StatusCode::REQUEST_TIMEOUT,
+                "invalid_request_error",
+                "client_too_slow",
+            ),
             RouteError::Worker(failure) => match failure.kind {
                 WorkerFailureKind::Rejected => INVALID,
                 WorkerFailureKind::DoesNotFit => OVERLOADED,
@@ -359,6 +364,14 @@ mod tests {
                     generated: 0,
                 },
                 (504, "server_error", "timeout"),
+            ),
+            (
+                RouteError::ClientTooSlow {
+                    waited_ms: 5,
+                    buffered: 63,
+                    generated: 0,
+                },
+                (408, "invalid_request_error", "client_too_slow"),
             ),
             (worker(WorkerFailureKind::Rejected), invalid),
             (worker(WorkerFailureKind::DoesNotFit), overloaded),

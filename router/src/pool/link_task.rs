@@ -8,7 +8,10 @@
 //! the task reconnects with exponential backoff. A probe that gets no answer within the interval
 //! changes nothing (a busy worker is not a down one; logged at debug, counted in
 //! `router_health_probe_misses_total`); the stall rule is applied after each probe (see
-//! `progress`).
+//! `progress`). A worker that sends heartbeats on its stream and then falls silent (no step, no
+//! heartbeat) for `heartbeat_timeout` (a stopped or frozen process, a cut network) is handled as a
+//! broken stream at once, instead of after the HTTP/2 keep-alive (10 s + 5 s); a long engine step
+//! never delays a worker's heartbeats (`worker::service::heartbeat`).
 //!
 //! A worker that cannot be reached is logged when it first fails (WARN, with the error), then at
 //! most once a minute while it stays unreachable, and at INFO when it is back (`unreachable`).
@@ -194,9 +197,36 @@ async fn run<P: LinkOwner>(
         link.clone(),
         client.clone(),
     )));
-    while let Some(message) = inbound.message().await.transpose() {
+    let mut liveness = Liveness::new(pool.settings().heartbeat_timeout);
+    loop {
+        let message = match liveness.deadline() {
+            Some(deadline) => match tokio::time::timeout_at(deadline, inbound.message()).await {
+                Ok(message) => message,
+                Err(_) => {
+                    pool.counters()
+                        .heartbeat_losses
+                        .fetch_add(1, Ordering::Relaxed);
+                    return Err(anyhow::anyhow!(
+                        "no heartbeat for {} ms (heartbeat_timeout_ms): the worker is frozen or \
+                         cut off; out of rotation",
+                        liveness.timeout_ms()
+                    ));
+                }
+            },
+            None => inbound.message().await,
+        };
+        let Some(message) = message.transpose() else {
+            break;
+        };
         let mut step = match message.map(|m| m.kind) {
-            Ok(Some(worker_message::Kind::Step(step))) => step,
+            Ok(Some(worker_message::Kind::Step(step))) => {
+                liveness.heard(false);
+                step
+            }
+            Ok(Some(worker_message::Kind::Heartbeat(_))) => {
+                liveness.heard(true);
+                continue;
+            }
             Ok(None) => continue,
             Err(status) => {
                 tracing::warn!(worker = %link.address, %status, "worker stream failed");
@@ -222,6 +252,42 @@ async fn run<P: LinkOwner>(
         }
     }
     Ok(())
+}
+
+/// When a stream must next carry a message: once a worker has sent a `Heartbeat` on it, anything
+/// it sends (a step or a heartbeat) must follow within the heartbeat timeout. A worker that never
+/// sent one (an older build) is left to the HTTP/2 keep-alive.
+struct Liveness {
+    timeout: Option<Duration>,
+    /// The worker sends heartbeats on this stream.
+    armed: bool,
+    last: tokio::time::Instant,
+}
+
+impl Liveness {
+    fn new(timeout: Option<Duration>) -> Self {
+        Self {
+            timeout,
+            armed: false,
+            last: tokio::time::Instant::now(),
+        }
+    }
+
+    /// A message arrived now (`heartbeat`: it was a heartbeat).
+    fn heard(&mut self, heartbeat: bool) {
+        self.armed |= heartbeat;
+        self.last = tokio::time::Instant::now();
+    }
+
+    /// By when the next message must arrive (`None`: no limit).
+    fn deadline(&self) -> Option<tokio::time::Instant> {
+        let timeout = self.timeout.filter(|_| self.armed)?;
+        Some(self.last + timeout)
+    }
+
+    fn timeout_ms(&self) -> u128 {
+        self.timeout.map_or(0, |t| t.as_millis())
+    }
 }
 
 /// Applies one message's KV cache events to the link's index; counts and (at most once a minute
@@ -334,7 +400,29 @@ async fn probe_loop<P: LinkOwner>(
 
 #[cfg(test)]
 mod tests {
-    use super::cause_chain;
+    use super::{cause_chain, Liveness};
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn the_silence_limit_starts_with_the_first_heartbeat() {
+        let timeout = Duration::from_secs(2);
+        let mut liveness = Liveness::new(Some(timeout));
+        // A worker that sends no heartbeat (an older build): no limit, steps or not.
+        assert_eq!(liveness.deadline(), None);
+        liveness.heard(false);
+        assert_eq!(liveness.deadline(), None);
+        liveness.heard(true);
+        let first = liveness.deadline().expect("armed");
+        assert!(first <= tokio::time::Instant::now() + timeout);
+        // Any message (a step too) moves the limit.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        liveness.heard(false);
+        assert!(liveness.deadline().unwrap() > first);
+        // Off: never a limit.
+        let mut off = Liveness::new(None);
+        off.heard(true);
+        assert_eq!(off.deadline(), None);
+    }
 
     #[derive(Debug, thiserror::Error)]
     #[error("tcp connect error")]

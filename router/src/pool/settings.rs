@@ -20,6 +20,13 @@ pub struct PoolSettings {
     /// A worker with work (requests of this router in flight, or its health says `has_work`) that
     /// shows no progress for this long leaves rotation and its requests fail over.
     pub stall_timeout: Duration,
+    /// A worker whose stream carried a `Heartbeat` and then carries nothing (no step, no
+    /// heartbeat) for this long is taken for frozen or gone: the stream is dropped, the worker
+    /// leaves rotation and its requests fail over (`None`: only the HTTP/2 keep-alive notices).
+    pub heartbeat_timeout: Option<Duration>,
+    /// A response stream whose client read none of its buffered messages for this long is
+    /// cancelled ([`crate::route_error::RouteError::ClientTooSlow`]; see [`crate::generate`]).
+    pub slow_client_timeout: Duration,
     /// Most requests this router has in flight on one worker.
     pub max_inflight_per_worker: usize,
     /// The admission queue's limits.
@@ -49,6 +56,8 @@ impl Default for PoolSettings {
             backoff: (Duration::from_millis(100), Duration::from_secs(5)),
             health_interval: Duration::from_secs(2),
             stall_timeout: Duration::from_secs(60),
+            heartbeat_timeout: Some(Duration::from_secs(2)),
+            slow_client_timeout: Duration::from_secs(30),
             max_inflight_per_worker: 64,
             admission: AdmissionLimits {
                 max_waiting_requests: 256,
@@ -84,6 +93,8 @@ pub struct PoolCounters {
     pub health_probe_misses: AtomicU64,
     /// Times a worker was taken out of rotation by the stall rule.
     pub stalls: AtomicU64,
+    /// Times a worker's stream fell silent for `heartbeat_timeout` and was dropped.
+    pub heartbeat_losses: AtomicU64,
     /// KV cache events that did not fit a worker's index: stores of a block already held.
     pub kv_duplicate_stores: AtomicU64,
     /// KV cache events that did not fit a worker's index: evicts of a block not held.

@@ -8,8 +8,8 @@
 //!
 //! The tenants file is re-read every [`RELOAD_PERIOD`] by [`Callers::watch`]: a changed, valid
 //! content replaces the tenants (keys, weights, priorities, limits) within about a second; an
-//! unreadable or invalid one keeps the last good tenants and logs one WARN (until it is good
-//! again, [`observability::reload::poll`]).
+//! unreadable, empty (caught mid-rewrite) or invalid one keeps the last good tenants and logs one
+//! WARN (until it is good again, [`observability::reload::poll`], [`observability::reload::reread`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
@@ -44,7 +44,7 @@ impl Callers {
     pub fn load(keys: Arc<ApiKeys>, file: Option<&Path>) -> Result<Arc<Self>, TenantFileError> {
         let (text, table) = match file {
             Some(path) => {
-                let text = read(path)?;
+                let text = read(path, observability::reload::read_settled)?;
                 let table = parse(&text)?;
                 (text, table)
             }
@@ -113,12 +113,12 @@ impl Callers {
     /// Re-reads the tenants file once: a changed, valid content replaces the tenants (returns
     /// `true`); anything else keeps them.
     ///
-    /// Errors: the file cannot be read or is invalid.
+    /// Errors: the file cannot be read, is empty, kept changing while read, or is invalid.
     pub fn reload(&self) -> Result<bool, TenantFileError> {
         let Some(path) = &self.file else {
             return Ok(false);
         };
-        let text = read(path)?;
+        let text = read(path, observability::reload::reread)?;
         if self.table.read().expect("tenants lock").0 == text {
             return Ok(false);
         }
@@ -143,11 +143,17 @@ impl Callers {
     }
 }
 
-fn read(path: &Path) -> Result<String, TenantFileError> {
-    std::fs::read_to_string(path).map_err(|source| TenantFileError::Read {
-        path: path.to_path_buf(),
-        source,
-    })
+/// The tenants file's text as `read` reads it ([`observability::reload`]'s readers).
+fn read(
+    path: &Path,
+    read: fn(&Path) -> std::io::Result<Vec<u8>>,
+) -> Result<String, TenantFileError> {
+    read(path)
+        .and_then(observability::reload::utf8)
+        .map_err(|source| TenantFileError::Read {
+            path: path.to_path_buf(),
+            source,
+        })
 }
 
 #[cfg(test)]
@@ -211,6 +217,11 @@ mod tests {
         .unwrap();
         let e = callers.reload().unwrap_err();
         assert!(e.to_string().contains("weight must be at least 1"), "{e}");
+        assert_eq!(callers.identify(Some(&bearer("k"))).unwrap().weight, 5);
+        // Truncated by an in-place rewrite: an empty file is no tenants, not the last good ones.
+        std::fs::write(&path, "").unwrap();
+        let e = callers.reload().unwrap_err();
+        assert!(e.to_string().contains("the file is empty"), "{e}");
         assert_eq!(callers.identify(Some(&bearer("k"))).unwrap().weight, 5);
         std::fs::remove_file(&path).unwrap();
         assert!(callers.reload().is_err());

@@ -9,9 +9,11 @@
 //! The wire's types stop here: [`convert`] turns each `AddRequest` into the engine's request and
 //! the engine's outputs, errors and counters into wire messages; [`constraint`] compiles a
 //! request's structured-output constraint off the async runtime before it goes to the engine.
+//! Every stream also carries a liveness [`heartbeat`] from a timer outside the engine loop.
 
 mod constraint;
 mod convert;
+pub mod heartbeat;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -211,14 +213,15 @@ impl Worker for WorkerService {
             Some(lifecycle) => futures::future::Either::Left(lifecycle.stopped()),
             None => futures::future::Either::Right(std::future::pending()),
         };
-        let outbound = until_stopped(out_rx, stopped).map(move |step| {
+        let steps = until_stopped(out_rx, stopped).map(move |step| {
             if let Some(spans) = &spans {
                 spans.on_step(&step);
             }
-            Ok(WorkerMessage {
+            WorkerMessage {
                 kind: Some(worker_message::Kind::Step(step)),
-            })
+            }
         });
+        let outbound = heartbeat::with_heartbeats(steps, heartbeat::HEARTBEAT_INTERVAL).map(Ok);
         Ok(Response::new(Box::pin(outbound)))
     }
 

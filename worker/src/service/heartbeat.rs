@@ -1,0 +1,85 @@
+//! The worker's liveness heartbeat on each router stream ([`with_heartbeats`]).
+//!
+//! A `Heartbeat` message goes out every [`HEARTBEAT_INTERVAL`] from a timer on the async runtime,
+//! not from the engine thread, so a long engine step (a large prefill) never delays it: the router
+//! takes a worker out of rotation when a stream that carried heartbeats falls silent for its
+//! `heartbeat_timeout_ms` (a stopped or frozen process), which a busy engine never causes.
+
+use std::time::Duration;
+
+use futures::Stream;
+use inference_proto::worker::{worker_message, Heartbeat, WorkerMessage};
+
+/// How often the worker sends a `Heartbeat` on each router stream (the first one after one
+/// interval, so that the prefix cache's snapshot stays the stream's first message).
+pub const HEARTBEAT_INTERVAL: Duration = Duration::from_millis(500);
+
+/// The messages of `messages`, with a heartbeat every `every` between them; ends when `messages`
+/// ends.
+pub fn with_heartbeats(
+    messages: impl Stream<Item = WorkerMessage> + Send + 'static,
+    every: Duration,
+) -> impl Stream<Item = WorkerMessage> + Send + 'static {
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let heartbeat = WorkerMessage {
+        kind: Some(worker_message::Kind::Heartbeat(Heartbeat {
+            interval_ms: every.as_millis().try_into().unwrap_or(u32::MAX),
+        })),
+    };
+    let messages = Box::pin(messages);
+    futures::stream::unfold(
+        (messages, tick, heartbeat),
+        |(mut messages, mut tick, heartbeat)| async move {
+            use futures::StreamExt as _;
+            let next = tokio::select! {
+                biased;
+                message = messages.next() => message?,
+                _ = tick.tick() => heartbeat.clone(),
+            };
+            Some((next, (messages, tick, heartbeat)))
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::StreamExt as _;
+    use inference_proto::worker::StepOutput;
+
+    fn is_heartbeat(message: &WorkerMessage) -> bool {
+        matches!(message.kind, Some(worker_message::Kind::Heartbeat(_)))
+    }
+
+    #[tokio::test]
+    async fn heartbeats_flow_while_no_step_comes_and_end_with_the_stream() {
+        let every = Duration::from_millis(50);
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut stream = Box::pin(with_heartbeats(
+            tokio_stream::wrappers::UnboundedReceiverStream::new(rx),
+            every,
+        ));
+        let step = WorkerMessage {
+            kind: Some(worker_message::Kind::Step(StepOutput::default())),
+        };
+        tx.send(step.clone()).unwrap();
+        // The step (the snapshot) comes first, before any heartbeat.
+        let started = std::time::Instant::now();
+        assert_eq!(stream.next().await.unwrap(), step);
+        // No step (the engine is in a long step): heartbeats, one interval apart at least.
+        for n in 1..=4u32 {
+            let message = stream.next().await.unwrap();
+            assert!(is_heartbeat(&message), "{message:?}");
+            assert!(started.elapsed() >= every * n, "heartbeat {n} came early");
+        }
+        tx.send(step.clone()).unwrap();
+        // A waiting step goes before a due heartbeat.
+        tokio::time::sleep(every * 2).await;
+        assert_eq!(stream.next().await.unwrap(), step);
+        drop(tx);
+        // The stream ends with the steps, heartbeats or not.
+        tokio::time::sleep(every * 2).await;
+        assert_eq!(stream.next().await, None);
+    }
+}
