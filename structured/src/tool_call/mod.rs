@@ -11,7 +11,9 @@ mod grammar;
 mod parse;
 mod syntax;
 
-pub use grammar::{tool_call_grammar, CallMode, FunctionSchema, ToolGrammarError};
+pub use grammar::{
+    tool_call_grammar, valid_function_name, CallMode, FunctionSchema, ToolGrammarError,
+};
 pub use parse::{parse_tool_calls, CallDelta, ParsedCall, ParsedOutput, StreamingCalls};
 pub use syntax::{ToolFamily, ToolSyntax};
 
