@@ -158,7 +158,10 @@ class ToolCalls(unittest.TestCase):
         check_calls(self, auto.choices[0].message, SCHEMAS)
 
     def test_streaming_assembles_to_the_same_calls(self):
-        kw = dict(model=MODEL, messages=ASK, tools=[WEATHER, TIME], tool_choice="required",
+        # The SDK's stream helper parses only `strict` tools.
+        strict = [{"type": "function", "function": dict(t["function"], strict=True)}
+                  for t in [WEATHER, TIME]]
+        kw = dict(model=MODEL, messages=ASK, tools=strict, tool_choice="required",
                   temperature=1, seed=7, max_tokens=200)
         whole = client.chat.completions.create(**kw).choices[0]
         with client.chat.completions.stream(**kw) as stream:
@@ -169,6 +172,8 @@ class ToolCalls(unittest.TestCase):
             final = stream.get_final_completion().choices[0]
         self.assertEqual(final.finish_reason, "tool_calls")
         self.assertGreater(pieces, 1, "arguments come in fragments")
+        for call in final.message.tool_calls:
+            self.assertEqual(call.function.parsed_arguments, json.loads(call.function.arguments))
         got = [(c.function.name, c.function.arguments) for c in final.message.tool_calls]
         want = [(c.function.name, c.function.arguments) for c in whole.message.tool_calls]
         self.assertEqual(got, want)
