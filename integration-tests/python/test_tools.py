@@ -186,14 +186,14 @@ class ToolCalls(unittest.TestCase):
         self.assertEqual(firsts[0].function.arguments, "")
 
     def test_many_sampled_calls_validate(self):
-        """36 schemas, 2 seeds each, 2 choices per request: 144 calls at temperature 1."""
+        """12 schemas, 2 choices per request: 24 calls at temperature 1 (CI has 2 cores)."""
         failures, total = [], [0]
         lock = threading.Lock()
 
         def run(i):
             schema = varied_schema(i)
             tools = [tool(f"fn_{i}", schema)]
-            for seed in range(2):
+            for seed in range(1):
                 r = self.create(tools=tools, tool_choice="required", temperature=1,
                                 seed=1000 * i + seed, n=2, parallel_tool_calls=False,
                                 messages=[{"role": "user", "content": f"Call fn_{i}."}])
@@ -207,14 +207,14 @@ class ToolCalls(unittest.TestCase):
                         with lock:
                             failures.append((i, seed, repr(e), choice.message))
 
-        threads = [threading.Thread(target=lambda k=k: [run(i) for i in range(k, 36, 6)])
+        threads = [threading.Thread(target=lambda k=k: [run(i) for i in range(k, 12, 6)])
                    for k in range(6)]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
         self.assertEqual(failures, [])
-        self.assertEqual(total[0], 144)
+        self.assertEqual(total[0], 24)
         print(f"sampled: {total[0]} calls validated", file=sys.stderr)
 
     def test_bad_tools_get_400_naming_the_field(self):
