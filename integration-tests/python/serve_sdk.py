@@ -35,7 +35,8 @@ try:
     answer = client.chat.completions.create(
         model=models[0],
         messages=messages,
-        max_tokens=64,
+        max_tokens=128,
+        parallel_tool_calls=False,
         tools=[{"type": "function", "function": {"name": "get_weather", "parameters": {
             "type": "object", "properties": {}, "additionalProperties": False}}}],
         tool_choice="required",
