@@ -30,15 +30,19 @@ for chunk in stream:
             reasons.append(choice.finish_reason)
     if chunk.usage is not None:
         usage = chunk.usage.completion_tokens
-# Tool calling is not served: the SDK's `tools` gets a 400 naming the field, not a prose answer.
+# Tool calling: `tool_choice: "required"` gets a call to the one function offered.
 try:
-    client.chat.completions.create(
+    answer = client.chat.completions.create(
         model=models[0],
         messages=messages,
-        max_tokens=8,
-        tools=[{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}],
-    )
-    tools = {"status": 200}
+        max_tokens=128,
+        parallel_tool_calls=False,
+        tools=[{"type": "function", "function": {"name": "get_weather", "parameters": {
+            "type": "object", "properties": {}, "additionalProperties": False}}}],
+        tool_choice="required",
+    ).choices[0]
+    tools = {"status": 200, "finish_reason": answer.finish_reason,
+             "calls": [[c.function.name, c.function.arguments] for c in answer.message.tool_calls or []]}
 except openai.BadRequestError as e:
     tools = {"status": e.status_code, "param": e.body.get("param"), "code": e.body.get("code")}
 print(

@@ -111,7 +111,8 @@ async fn serve_answers_the_sdk_and_grpc_then_drains_on_sigterm() {
 
     assert_eq!(
         sdk["tools"],
-        serde_json::json!({"status": 400, "param": "tools", "code": "unsupported_parameter"}),
+        serde_json::json!({"status": 200, "finish_reason": "tool_calls",
+                           "calls": [["get_weather", "{}"]]}),
         "{sdk}"
     );
 

@@ -24,6 +24,7 @@ pub mod stop;
 pub mod telemetry;
 pub mod tenant_metrics;
 pub mod tenants;
+pub mod tool_request;
 pub mod validation;
 
 /// The affinity policy lives in the `routing` crate (shared with the fleet simulator).

@@ -4,6 +4,7 @@
 use std::sync::{Arc, OnceLock};
 
 use inference_proto::worker::InfoResponse;
+use structured_output::tool_call::ToolSyntax;
 use structured_output::{ConstraintCompiler, VocabError};
 use structured_wire::compiler_from_info;
 use tokenizer::TextTokenizer;
@@ -86,6 +87,11 @@ pub struct ModelContext {
     pub chat_template_origin: String,
     /// The compiled chat template, when the model has one.
     pub chat_template: Option<ChatTemplate>,
+    /// The syntax of tool calls: the template's own ([`ToolSyntax::of_template`]), else the
+    /// built-in Hermes format.
+    pub tool_syntax: ToolSyntax,
+    /// Whether the template renders `tools` itself (else the built-in tool prompt is used).
+    pub template_has_tools: bool,
     /// The tokenizer.
     pub tokenizer: Arc<TextTokenizer>,
     /// Structured output over the model's vocabulary (the same token environment the worker
@@ -143,7 +149,10 @@ impl ModelContext {
             )?)
         };
         let constraints = StructuredOutput::build(info.clone());
+        let own_tools = ToolSyntax::of_template(&source);
         Ok(Self {
+            tool_syntax: own_tools.unwrap_or(ToolSyntax::builtin()),
+            template_has_tools: own_tools.is_some(),
             constraints,
             model_name: info.model_name.clone(),
             architecture: info.architecture.clone(),

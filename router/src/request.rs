@@ -6,6 +6,7 @@
 use inference_proto::public::Constraint;
 
 use crate::chat_template::ChatMessage;
+use crate::tool_request::ToolRequest;
 
 /// What the model continues.
 #[derive(Debug, Clone, PartialEq)]
@@ -63,6 +64,8 @@ pub struct GenerationRequest {
     pub request_id: Option<String>,
     /// Structured output.
     pub constraint: Option<Constraint>,
+    /// Tool calling (chat prompts only); validation renders the tools and sets `constraint`.
+    pub tools: Option<ToolRequest>,
     /// Size of the request as received (encoded message or HTTP body), in bytes.
     pub size_bytes: usize,
 }
@@ -90,6 +93,7 @@ impl Default for GenerationRequest {
             include_special_tokens: false,
             request_id: None,
             constraint: None,
+            tools: None,
             size_bytes: 0,
         }
     }

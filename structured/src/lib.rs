@@ -8,6 +8,8 @@
 //!   proto's `Constraint` into it).
 //! - [`ConstraintCompiler`]: one per model; checks and compiles a request's [`ConstraintSpec`]
 //!   (the router to refuse a bad one with `INVALID_ARGUMENT`, the worker to follow it).
+//! - [`tool_call`]: tool calling: each model family's call syntax, the grammar of a request's
+//!   calls (compiled as a `lark` constraint) and reading the calls back out of the text.
 //! - [`ConstraintState`]: one per constrained sequence; the [`TokenMask`] of allowed tokens for the
 //!   next position, and advancing by the chosen token.
 
@@ -15,6 +17,7 @@ mod compiler;
 mod error;
 mod spec;
 mod state;
+pub mod tool_call;
 pub mod vocab;
 
 pub use compiler::{ConstraintCompiler, VocabSource};

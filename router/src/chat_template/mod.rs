@@ -29,6 +29,7 @@ mod helpers;
 mod pieces;
 #[cfg(test)]
 mod tests;
+mod tool_prompt;
 
 pub use builtin::{builtin_template, BuiltinTemplate};
 use helpers::{describe, raise_exception, strftime_now, tojson};
@@ -36,6 +37,7 @@ use pieces::{split_marked, CONTENT_CLOSE, CONTENT_OPEN};
 /// What [`ChatTemplate::render_pieces`] gives: the tokenizer's input type, defined beside
 /// [`TextTokenizer::encode_pieces`](tokenizer::TextTokenizer::encode_pieces).
 pub use tokenizer::TemplatePiece;
+pub use tool_prompt::{builtin_tool_messages, tools_system_text};
 
 const TEMPLATE_NAME: &str = "chat_template";
 
@@ -55,13 +57,45 @@ pub enum ChatTemplateError {
     Content(String),
 }
 
+/// A call an earlier assistant turn made (OpenAI's `tool_calls` entries).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MessageToolCall {
+    /// The call's id, which a later `tool` message answers.
+    pub id: String,
+    /// The function called.
+    pub name: String,
+    /// The arguments, as JSON text.
+    pub arguments: String,
+}
+
+impl MessageToolCall {
+    /// The call as chat templates receive it (Hugging Face's convention:
+    /// `{"id", "type": "function", "function": {"name", "arguments"}}` with the arguments as a
+    /// JSON value, as vLLM passes them; text that is not JSON stays a string).
+    fn template_value(&self) -> serde_json::Value {
+        let arguments = serde_json::from_str(&self.arguments)
+            .unwrap_or_else(|_| serde_json::Value::String(self.arguments.clone()));
+        serde_json::json!({
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": arguments},
+        })
+    }
+}
+
 /// One message of a conversation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChatMessage {
-    /// `"system"`, `"user"`, `"assistant"`, … (passed to the template as is).
+    /// `"system"`, `"user"`, `"assistant"`, `"tool"`, … (passed to the template as is).
     pub role: String,
     /// The message text.
     pub content: String,
+    /// An assistant turn's calls.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<MessageToolCall>,
+    /// A `tool` message: the id of the call it answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
 }
 
 impl ChatMessage {
@@ -70,6 +104,8 @@ impl ChatMessage {
         Self {
             role: role.into(),
             content: content.into(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
         }
     }
 }
@@ -81,6 +117,14 @@ pub trait ChatTurn {
     fn role(&self) -> &str;
     /// The message text.
     fn content(&self) -> &str;
+    /// An assistant turn's calls (none by default).
+    fn tool_calls(&self) -> &[MessageToolCall] {
+        &[]
+    }
+    /// A `tool` message's call id (none by default).
+    fn tool_call_id(&self) -> Option<&str> {
+        None
+    }
 }
 
 impl ChatTurn for ChatMessage {
@@ -89,6 +133,35 @@ impl ChatTurn for ChatMessage {
     }
     fn content(&self) -> &str {
         &self.content
+    }
+    fn tool_calls(&self) -> &[MessageToolCall] {
+        &self.tool_calls
+    }
+    fn tool_call_id(&self) -> Option<&str> {
+        self.tool_call_id.as_deref()
+    }
+}
+
+/// A message with its content marked (see [`ChatTemplate::render_pieces`]).
+struct MarkedTurn<'a> {
+    role: &'a str,
+    content: String,
+    tool_calls: &'a [MessageToolCall],
+    tool_call_id: Option<&'a str>,
+}
+
+impl ChatTurn for MarkedTurn<'_> {
+    fn role(&self) -> &str {
+        self.role
+    }
+    fn content(&self) -> &str {
+        &self.content
+    }
+    fn tool_calls(&self) -> &[MessageToolCall] {
+        self.tool_calls
+    }
+    fn tool_call_id(&self) -> Option<&str> {
+        self.tool_call_id
     }
 }
 
@@ -115,6 +188,10 @@ impl<R: AsRef<str>, C: AsRef<str>> ChatTurn for (R, C) {
 struct TemplateMessage<'a> {
     role: &'a str,
     content: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_calls: Option<Vec<serde_json::Value>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_call_id: Option<&'a str>,
 }
 
 /// A compiled chat template (`Send + Sync`; share it behind an `Arc`).
@@ -170,24 +247,51 @@ impl ChatTemplate {
         messages: &[M],
         add_generation_prompt: bool,
     ) -> Result<String, ChatTemplateError> {
+        self.render_with_tools(messages, add_generation_prompt, None)
+    }
+
+    /// [`render`](Self::render) with the template variable `tools` set to `tools` (OpenAI's
+    /// `tools` list, as Hugging Face passes it) when given; messages carry their `tool_calls` and
+    /// `tool_call_id`.
+    ///
+    /// # Errors
+    /// As [`render`](Self::render).
+    pub fn render_with_tools<M: ChatTurn>(
+        &self,
+        messages: &[M],
+        add_generation_prompt: bool,
+        tools: Option<&serde_json::Value>,
+    ) -> Result<String, ChatTemplateError> {
         let messages: Vec<TemplateMessage<'_>> = messages
             .iter()
             .map(|m| TemplateMessage {
                 role: m.role(),
                 content: m.content(),
+                tool_calls: (!m.tool_calls().is_empty()).then(|| {
+                    m.tool_calls()
+                        .iter()
+                        .map(MessageToolCall::template_value)
+                        .collect()
+                }),
+                tool_call_id: m.tool_call_id(),
             })
             .collect();
         let template = self
             .env
             .get_template(TEMPLATE_NAME)
             .map_err(|e| ChatTemplateError::Render(describe(&e)))?;
+        let context = minijinja::context! {
+            messages => messages,
+            add_generation_prompt => add_generation_prompt,
+            bos_token => self.bos_token,
+            eos_token => self.eos_token,
+        };
+        let context = match tools {
+            Some(tools) => minijinja::context! { tools => tools, ..context },
+            None => context,
+        };
         template
-            .render(minijinja::context! {
-                messages => messages,
-                add_generation_prompt => add_generation_prompt,
-                bos_token => self.bos_token,
-                eos_token => self.eos_token,
-            })
+            .render(context)
             .map_err(|e| ChatTemplateError::Render(describe(&e)))
     }
 }
@@ -206,6 +310,21 @@ impl ChatTemplate {
         messages: &[M],
         add_generation_prompt: bool,
     ) -> Result<Vec<TemplatePiece>, ChatTemplateError> {
+        self.render_pieces_with_tools(messages, add_generation_prompt, None)
+    }
+
+    /// [`render_pieces`](Self::render_pieces) with `tools` as in
+    /// [`render_with_tools`](Self::render_with_tools). Only message content is marked: the tool
+    /// list and earlier calls' arguments are written as the template's own text.
+    ///
+    /// # Errors
+    /// As [`render_pieces`](Self::render_pieces).
+    pub fn render_pieces_with_tools<M: ChatTurn>(
+        &self,
+        messages: &[M],
+        add_generation_prompt: bool,
+        tools: Option<&serde_json::Value>,
+    ) -> Result<Vec<TemplatePiece>, ChatTemplateError> {
         if let Some(i) = messages
             .iter()
             .position(|m| m.content().contains([CONTENT_OPEN, CONTENT_CLOSE]))
@@ -215,16 +334,16 @@ impl ChatTemplate {
                  for internal use)"
             )));
         }
-        let marked: Vec<(&str, String)> = messages
+        let marked: Vec<MarkedTurn<'_>> = messages
             .iter()
-            .map(|m| {
-                (
-                    m.role(),
-                    format!("{CONTENT_OPEN}{}{CONTENT_CLOSE}", m.content()),
-                )
+            .map(|m| MarkedTurn {
+                role: m.role(),
+                content: format!("{CONTENT_OPEN}{}{CONTENT_CLOSE}", m.content()),
+                tool_calls: m.tool_calls(),
+                tool_call_id: m.tool_call_id(),
             })
             .collect();
-        split_marked(&self.render(&marked, add_generation_prompt)?)
+        split_marked(&self.render_with_tools(&marked, add_generation_prompt, tools)?)
             .map_err(|e| ChatTemplateError::Content(e.to_string()))
     }
 }

@@ -12,12 +12,14 @@
 //! - [`schema`]: request bodies and their translation into [`crate::request::GenerationRequest`]s;
 //! - [`reply`]: response documents and chunks;
 //! - [`run`]: gathering or streaming the choices;
+//! - [`tools`]: the tool-calling fields (`tools`, `tool_choice`, the messages' calls);
 //! - [`error`]: OpenAI's error object and the HTTP statuses.
 
 pub mod error;
 pub mod reply;
 pub mod run;
 pub mod schema;
+pub mod tools;
 
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -268,6 +270,10 @@ impl OpenAiFront {
             model,
             logprobs: shape.logprobs,
             include_usage: shape.include_usage,
+            tool_syntax: prepared
+                .first()
+                .filter(|_| shape.tool_calls)
+                .map(|(model, _)| model.tool_syntax),
         };
         if shape.stream {
             let body = run::events(reply, choices, prompt_tokens, call);

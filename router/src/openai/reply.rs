@@ -10,6 +10,7 @@
 
 use inference_proto::public::{FinishReason, GenerateResponse, Token};
 use serde_json::{json, Value};
+use structured_output::tool_call::{parse_tool_calls, CallDelta, ToolSyntax};
 
 use super::error::Endpoint;
 
@@ -28,6 +29,22 @@ pub struct Reply {
     pub logprobs: bool,
     /// Whether streamed chunks carry `usage` (null until the last chunk).
     pub include_usage: bool,
+    /// Chat with tools: the syntax tool calls are read out of the text in.
+    pub tool_syntax: Option<ToolSyntax>,
+}
+
+/// A fresh tool-call id (`call_` and 24 hex digits, as OpenAI's ids look).
+pub fn tool_call_id() -> String {
+    format!("call_{:024x}", rand::random::<u128>() >> 32)
+}
+
+/// The finish reason of a choice that made tool calls: `tool_calls` where it would be `stop`.
+pub fn with_calls(reason: &'static str, made_calls: bool) -> &'static str {
+    if made_calls && reason == "stop" {
+        "tool_calls"
+    } else {
+        reason
+    }
 }
 
 /// OpenAI's finish reason for the router's.
@@ -127,9 +144,31 @@ impl Reply {
     }
 
     /// A choice of the whole response.
-    pub fn choice(&self, index: usize, text: &ChoiceText, reason: &str) -> Value {
+    pub fn choice(&self, index: usize, text: &ChoiceText, reason: &'static str) -> Value {
         let logprobs = self.logprobs(text);
         match self.endpoint {
+            Endpoint::Chat if self.tool_syntax.is_some() => {
+                let syntax = self.tool_syntax.unwrap_or(ToolSyntax::builtin());
+                let parsed = parse_tool_calls(&syntax, &text.text);
+                let mut message =
+                    json!({"role": "assistant", "content": parsed.content, "refusal": null});
+                if !parsed.calls.is_empty() {
+                    message["tool_calls"] = parsed
+                        .calls
+                        .iter()
+                        .map(|c| {
+                            json!({"id": tool_call_id(), "type": "function",
+                                   "function": {"name": c.name, "arguments": c.arguments}})
+                        })
+                        .collect();
+                }
+                json!({
+                    "index": index,
+                    "message": message,
+                    "logprobs": logprobs,
+                    "finish_reason": with_calls(reason, !parsed.calls.is_empty()),
+                })
+            }
             Endpoint::Chat => json!({
                 "index": index,
                 "message": {"role": "assistant", "content": text.text, "refusal": null},
@@ -189,6 +228,22 @@ impl Reply {
                 "finish_reason": null,
             }),
         }
+    }
+
+    /// A streamed step of a chat choice with tools: content, a call's id and name (its arguments
+    /// empty), or a fragment of a call's arguments, as the OpenAI SDK's stream helpers assemble.
+    pub fn tool_delta_choice(&self, index: usize, delta: &CallDelta) -> Value {
+        let delta = match delta {
+            CallDelta::Content(text) => json!({"content": text}),
+            CallDelta::Start { index, name } => json!({"tool_calls": [{
+                "index": index, "id": tool_call_id(), "type": "function",
+                "function": {"name": name, "arguments": ""},
+            }]}),
+            CallDelta::Arguments { index, fragment } => json!({"tool_calls": [{
+                "index": index, "function": {"arguments": fragment},
+            }]}),
+        };
+        json!({"index": index, "delta": delta, "logprobs": null, "finish_reason": null})
     }
 
     /// The last streamed chunk of a choice: its finish reason.
@@ -253,6 +308,7 @@ mod tests {
             model: "m".into(),
             logprobs: true,
             include_usage: false,
+            tool_syntax: None,
         }
     }
 
@@ -312,5 +368,46 @@ mod tests {
         let u = r.chunk(vec![], Some(usage(3, 4)));
         assert_eq!(u["usage"]["total_tokens"], 7);
         assert_eq!(u["object"], "chat.completion.chunk");
+    }
+
+    #[test]
+    fn tool_calls_take_the_message_and_the_finish_reason() {
+        let mut r = reply(Endpoint::Chat);
+        r.logprobs = false;
+        r.tool_syntax = Some(ToolSyntax::builtin());
+        let mut c = ChoiceText::default();
+        c.push(&GenerateResponse {
+            text: "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\":1}}\n</tool_call>".into(),
+            ..Default::default()
+        });
+        let choice = r.choice(0, &c, "stop");
+        assert_eq!(choice["finish_reason"], "tool_calls");
+        assert_eq!(choice["message"]["content"], Value::Null);
+        let call = &choice["message"]["tool_calls"][0];
+        assert_eq!(call["type"], "function");
+        assert_eq!(
+            call["function"],
+            json!({"name": "f", "arguments": "{\"a\":1}"})
+        );
+        assert!(call["id"].as_str().unwrap().starts_with("call_"));
+        assert_eq!(r.choice(0, &c, "length")["finish_reason"], "length");
+        let mut plain = ChoiceText::default();
+        plain.push(&GenerateResponse {
+            text: "No call.".into(),
+            ..Default::default()
+        });
+        let choice = r.choice(0, &plain, "stop");
+        assert_eq!(choice["message"]["content"], "No call.");
+        assert!(choice["message"].get("tool_calls").is_none());
+        assert_eq!(choice["finish_reason"], "stop");
+        let start = r.tool_delta_choice(
+            1,
+            &CallDelta::Start {
+                index: 0,
+                name: "f".into(),
+            },
+        );
+        assert_eq!(start["delta"]["tool_calls"][0]["function"]["arguments"], "");
+        assert_eq!(start["index"], 1);
     }
 }

@@ -16,11 +16,12 @@ use serde_json::Value;
 use tokio_stream::wrappers::ReceiverStream;
 
 use super::error::ApiError;
-use super::reply::{finish_reason, usage, ChoiceText, Reply};
+use super::reply::{finish_reason, usage, with_calls, ChoiceText, Reply};
 use crate::drain::ActiveCall;
 use crate::generate::ResponseReceiver;
 use crate::metrics::RequestObserver;
 use crate::route_error::RouteError;
+use structured_output::tool_call::StreamingCalls;
 
 /// One admitted choice: its index in the response, its messages and its metrics observer.
 pub struct Choice {
@@ -103,6 +104,8 @@ struct EventStream {
     reply: Reply,
     merged: SelectAll<BoxStream<'static, Item>>,
     texts: Vec<ChoiceText>,
+    /// Chat with tools: each choice's call parser.
+    calls: Vec<Option<StreamingCalls>>,
     pending: VecDeque<Bytes>,
     prompt_tokens: u64,
     completion_tokens: u64,
@@ -118,6 +121,9 @@ impl EventStream {
     }
 
     fn on_message(&mut self, index: usize, message: GenerateResponse) {
+        if self.calls[index].is_some() {
+            return self.on_tool_message(index, message);
+        }
         let text = &mut self.texts[index];
         text.push(&message);
         let show = !text.text.is_empty() || (self.reply.logprobs && !text.is_empty());
@@ -136,6 +142,38 @@ impl EventStream {
             let chunk = self
                 .reply
                 .chunk(vec![self.reply.finish_choice(index, reason)], None);
+            self.event(&chunk);
+        }
+    }
+
+    /// [`Self::on_message`] for a chat choice with tools: content and calls as they parse.
+    fn on_tool_message(&mut self, index: usize, message: GenerateResponse) {
+        let Some(parser) = self.calls[index].as_mut() else {
+            return;
+        };
+        let mut deltas = parser.push(&message.text);
+        let reason = finished(&message);
+        if reason.is_some() {
+            deltas.extend(parser.finish());
+        }
+        let made_calls = parser.has_calls();
+        for delta in deltas {
+            let chunk = self
+                .reply
+                .chunk(vec![self.reply.tool_delta_choice(index, &delta)], None);
+            self.event(&chunk);
+        }
+        if let Some(reason) = reason {
+            self.completion_tokens += message
+                .usage
+                .as_ref()
+                .map_or(0, |u| u.generated_tokens.into());
+            let chunk = self.reply.chunk(
+                vec![self
+                    .reply
+                    .finish_choice(index, with_calls(reason, made_calls))],
+                None,
+            );
             self.event(&chunk);
         }
     }
@@ -163,6 +201,7 @@ pub fn events(reply: Reply, choices: Vec<Choice>, prompt_tokens: u64, call: Acti
     let mut state = EventStream {
         merged: merge(choices),
         texts: vec![ChoiceText::default(); count],
+        calls: vec![reply.tool_syntax.map(StreamingCalls::new); count],
         pending: VecDeque::new(),
         prompt_tokens,
         completion_tokens: 0,

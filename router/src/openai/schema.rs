@@ -14,8 +14,10 @@ use inference_proto::public::{constraint::Kind, ChoiceList, Constraint};
 use serde::Deserialize;
 
 use super::error::{ApiError, Endpoint};
+use super::tools::{check_tool_results, message_tool_calls, tool_request};
 use crate::chat_template::ChatMessage;
 use crate::request::{GenerationRequest, Prompt};
+use crate::tool_request::ToolRequest;
 
 /// Most choices (`n`) of one request.
 pub const MAX_CHOICES: u32 = 16;
@@ -92,6 +94,12 @@ pub struct Message {
     /// The message text (`null` reads as empty).
     #[serde(default)]
     pub content: Option<Content>,
+    /// An assistant message's calls (checked by [`super::tools::message_tool_calls`]).
+    #[serde(default)]
+    pub tool_calls: Option<serde_json::Value>,
+    /// A `tool` message: the id of the call it answers.
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
 }
 
 /// `logprobs`: a flag on chat, a count of alternatives on completions.
@@ -201,10 +209,12 @@ pub struct CompletionBody {
     pub guided_grammar: Option<String>,
     /// vLLM: one of these strings.
     pub guided_choice: Option<Vec<String>>,
-    /// Chat: tools the model may call (not served: refused unless `tool_choice` is `"none"`).
+    /// Chat: tools the model may call (see [`super::tools`]).
     pub tools: Option<serde_json::Value>,
     /// Chat: `"none"`, `"auto"`, `"required"` or a named function.
     pub tool_choice: Option<serde_json::Value>,
+    /// Chat: several calls in one turn (default true).
+    pub parallel_tool_calls: Option<serde_json::Value>,
     /// Chat: the deprecated `functions` (not served: refused unless `function_call` is `"none"`).
     pub functions: Option<serde_json::Value>,
     /// Chat: the deprecated `function_call`.
@@ -217,41 +227,37 @@ pub struct CompletionBody {
 /// Parses a request body.
 ///
 /// Errors: 400 `invalid_json` for a body that is not JSON, 400 `invalid_type` naming the field
-/// (`param`) for a known field of the wrong type, 400 `unsupported_parameter` naming `tools` (or
-/// `functions`) for a tool-calling request (see [`refuse_tool_calls`]).
+/// (`param`) for a known field of the wrong type, 400 `unsupported_parameter` naming `functions`
+/// (the deprecated tool calling; see [`refuse_functions`]).
 pub fn parse(body: &[u8]) -> Result<CompletionBody, ApiError> {
     let body = parse_fields(body)?;
-    refuse_tool_calls(&body)?;
+    refuse_functions(&body)?;
     Ok(body)
 }
 
-/// Tool calling is not served: a request that offers tools (`tools`, or the deprecated
-/// `functions`) gets a 400 naming the field instead of a prose answer that ignores them, unless it
-/// forbids calling them (`tool_choice` / `function_call` `"none"`). An empty or null list offers
-/// none. (vLLM answers the same way when started without a tool parser.)
-fn refuse_tool_calls(body: &CompletionBody) -> Result<(), ApiError> {
+/// The deprecated `functions` / `function_call` are not served (`tools` is): a request that offers
+/// functions gets a 400 naming the field instead of a prose answer that ignores them, unless it
+/// forbids calling them (`function_call: "none"`). An empty or null list offers none.
+fn refuse_functions(body: &CompletionBody) -> Result<(), ApiError> {
     let offered = |list: &Option<serde_json::Value>| match list {
         None | Some(serde_json::Value::Null) => false,
         Some(serde_json::Value::Array(items)) => !items.is_empty(),
         Some(_) => true,
     };
     let none = |choice: &Option<serde_json::Value>| matches!(choice, Some(c) if c == "none");
-    for (field, list, choice, choice_field) in [
-        ("tools", &body.tools, &body.tool_choice, "tool_choice"),
-        (
-            "functions",
-            &body.functions,
-            &body.function_call,
-            "function_call",
-        ),
-    ] {
+    for (field, list, choice, choice_field) in [(
+        "functions",
+        &body.functions,
+        &body.function_call,
+        "function_call",
+    )] {
         if offered(list) && !none(choice) {
             return Err(ApiError::bad_request(
                 "unsupported_parameter",
                 Some(field.to_string()),
                 format!(
-                    "`{field}`: tool calling is not served by this server; send the request \
-                     without `{field}`, or with `{choice_field}: \"none\"` for a plain answer"
+                    "`{field}` (deprecated) is not served by this server; offer the functions \
+                     as `tools`, or send `{choice_field}: \"none\"` for a plain answer"
                 ),
             ));
         }
@@ -301,6 +307,8 @@ pub struct Shape {
     pub include_usage: bool,
     /// Report log probabilities (chat: `logprobs: true`; completions: `logprobs` given).
     pub logprobs: bool,
+    /// Read tool calls out of the text (chat with tools and `tool_choice` other than `none`).
+    pub tool_calls: bool,
 }
 
 impl CompletionBody {
@@ -377,6 +385,25 @@ impl CompletionBody {
                 .as_ref()
                 .is_some_and(|o| o.include_usage),
             logprobs,
+            tool_calls: false,
+        };
+        let tools = match endpoint {
+            Endpoint::Chat => tool_request(
+                self.tools.as_ref(),
+                self.tool_choice.as_ref(),
+                self.parallel_tool_calls.as_ref(),
+            )?,
+            Endpoint::Completions if self.tools.is_some() => {
+                return Err(ApiError::invalid(
+                    "tools",
+                    "tools are served on /v1/chat/completions only",
+                ))
+            }
+            Endpoint::Completions => None,
+        };
+        let shape = Shape {
+            tool_calls: tools.as_ref().is_some_and(ToolRequest::parses_calls),
+            ..shape
         };
         let prompts = match endpoint {
             Endpoint::Chat => vec![chat_prompt(self.messages.as_deref())?],
@@ -421,6 +448,7 @@ impl CompletionBody {
             include_special_tokens: false,
             request_id: None,
             constraint: self.constraint()?,
+            tools,
             size_bytes,
         };
         let requests = prompts
@@ -523,8 +551,14 @@ fn chat_prompt(messages: Option<&[Message]>) -> Result<Prompt, ApiError> {
                 text
             }
         };
-        out.push(ChatMessage::new(m.role.clone(), content));
+        let mut message = ChatMessage::new(m.role.clone(), content);
+        if let Some(calls) = m.tool_calls.as_ref().filter(|c| !c.is_null()) {
+            message.tool_calls = message_tool_calls(i, calls)?;
+        }
+        message.tool_call_id = m.tool_call_id.clone();
+        out.push(message);
     }
+    check_tool_results(&out)?;
     Ok(Prompt::Chat(out))
 }
 

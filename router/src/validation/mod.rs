@@ -20,6 +20,7 @@
 mod checks;
 #[cfg(test)]
 mod tests;
+mod tools;
 mod validate;
 
 pub use checks::{check_constraint, check_prompt, check_prompt_ids, check_request, check_vocab};

@@ -11,6 +11,7 @@ use inference_proto::worker::SamplingParams;
 use prost::Message as _;
 
 use super::checks::{check_constraint, check_prompt, check_prompt_ids, check_request, check_vocab};
+use super::tools::{render_tool_chat, with_tool_constraint};
 use super::{RequestLimits, ValidationError};
 use crate::chat_template::ChatMessage;
 use crate::model_context::ModelContext;
@@ -60,6 +61,7 @@ impl TryFrom<GenerateRequest> for GenerationRequest {
             include_special_tokens: req.include_special_tokens,
             request_id: req.request_id.filter(|id| !id.is_empty()),
             constraint: req.constraint,
+            tools: None,
             size_bytes,
         })
     }
@@ -138,6 +140,7 @@ pub fn validate(
         limits,
     )?;
     check_vocab(&sampling, model.vocab_size)?;
+    let req = tracing::info_span!("tools").in_scope(|| with_tool_constraint(req, model))?;
     tracing::info_span!("constraint").in_scope(|| check_constraint(&req, model))?;
     Ok(ValidRequest {
         prompt_ids,
@@ -198,7 +201,7 @@ fn encode_prompt(
             format!("messages[{i}].role holds special-token text"),
         ));
     }
-    let pieces = template.render_pieces(messages, true).map_err(|e| {
+    let pieces = render_tool_chat(template, model, messages, req.tools.as_ref()).map_err(|e| {
         ValidationError::invalid("messages", format!("cannot render the chat template: {e}"))
     })?;
     tokenizer.encode_pieces(&pieces).map_err(|e| {

@@ -34,7 +34,8 @@ fn chat_body_maps_every_field() {
             n: 3,
             stream: true,
             include_usage: true,
-            logprobs: true
+            logprobs: true,
+            tool_calls: false,
         }
     );
     let [r] = &reqs[..] else {
@@ -300,45 +301,39 @@ fn fields_of_several_shapes_name_the_shapes_they_take() {
 }
 
 #[test]
-fn tool_calling_requests_are_refused_naming_the_field() {
+fn tools_are_parsed_and_the_deprecated_functions_refused() {
     let chat = |extra: serde_json::Value| {
         let mut body = json!({"messages": [{"role": "user", "content": "weather?"}]});
         body.as_object_mut()
             .unwrap()
             .extend(extra.as_object().unwrap().clone());
-        parse(body.to_string().as_bytes())
+        requests(Endpoint::Chat, body)
     };
     let tool = json!([{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]);
-    for (extra, field) in [
-        (json!({"tools": tool}), "tools"),
-        (json!({"tools": tool, "tool_choice": "auto"}), "tools"),
-        (json!({"tools": tool, "tool_choice": "required"}), "tools"),
+    for (extra, parses) in [
+        (json!({"tools": tool}), true),
+        (json!({"tools": tool, "tool_choice": "required"}), true),
         (
             json!({"tools": tool, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}),
-            "tools",
+            true,
         ),
-        (
-            json!({"functions": [{"name": "f", "parameters": {}}]}),
-            "functions",
-        ),
+        (json!({"tools": tool, "tool_choice": "none"}), false),
+        (json!({"tools": []}), false),
+        (json!({"tools": null, "tool_choice": "auto"}), false),
     ] {
-        let e = chat(extra.clone()).unwrap_err();
-        assert_eq!(e.status, 400, "{extra}");
-        assert_eq!(e.param.as_deref(), Some(field), "{extra}");
-        assert_eq!(e.code, "unsupported_parameter");
-        assert!(
-            e.message.contains("tool calling is not served"),
-            "{}",
-            e.message
+        let (reqs, shape) = chat(extra.clone()).unwrap();
+        assert_eq!(shape.tool_calls, parses, "{extra}");
+        assert_eq!(
+            reqs[0].tools.is_some(),
+            parses || extra["tool_choice"] == "none",
+            "{extra}"
         );
     }
-    // Tools that must not be called, or none offered: a plain answer.
-    for extra in [
-        json!({"tools": tool, "tool_choice": "none"}),
-        json!({"tools": []}),
-        json!({"tools": null, "tool_choice": "auto"}),
-        json!({"functions": [{"name": "f"}], "function_call": "none"}),
-    ] {
-        assert!(chat(extra.clone()).is_ok(), "{extra}");
-    }
+    let e = chat(json!({"functions": [{"name": "f", "parameters": {}}]})).unwrap_err();
+    assert_eq!(e.status, 400);
+    assert_eq!(e.param.as_deref(), Some("functions"));
+    assert_eq!(e.code, "unsupported_parameter");
+    assert!(chat(json!({"functions": [{"name": "f"}], "function_call": "none"})).is_ok());
+    let e = requests(Endpoint::Completions, json!({"prompt": "x", "tools": tool})).unwrap_err();
+    assert_eq!(e.param.as_deref(), Some("tools"));
 }
