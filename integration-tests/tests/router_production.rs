@@ -7,34 +7,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
-use inference_proto::public::{FinishReason, GenerateRequest, ModelInfoRequest, TokenizeRequest};
+use inference_proto::public::{FinishReason, GenerateRequest, TokenizeRequest};
 use inference_proto::worker::EngineStats;
+use integration_tests::ops::wait_ready_workers;
 use integration_tests::{
     connect_ready, free_port, generate, greedy, real_model, start_router, start_router_with_env,
-    start_worker, start_worker_with, stream_all, tiny_model, worker_stats, Process, PublicClient,
+    start_worker, start_worker_with, stream_all, tiny_model, worker_stats, Process,
 };
 use tonic::Code;
-
-/// Waits until the router reports `n` ready workers.
-async fn wait_ready_workers(client: &mut PublicClient, n: u32) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let info = client
-            .model_info(ModelInfoRequest {})
-            .await
-            .unwrap()
-            .into_inner();
-        if info.ready_workers == n {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{} of {n} workers ready",
-            info.ready_workers
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 /// Starts `n` workers on `model` (with `args`) at once.
 async fn start_workers(model: &std::path::Path, n: usize, args: &[&str]) -> Vec<(Process, String)> {
@@ -57,7 +37,7 @@ async fn three_workers_share_the_load_and_a_shared_prefix_sticks_to_one() {
     let refs: Vec<&str> = addrs.iter().map(String::as_str).collect();
     let (_router, router_addr) = start_router(&refs, &[]).await;
     let mut client = connect_ready(&router_addr, Duration::from_secs(30)).await;
-    wait_ready_workers(&mut client, 3).await;
+    wait_ready_workers(&mut client, 3, Duration::from_secs(30)).await;
 
     // Load spreads: 24 concurrent long requests with different prompts.
     let tasks = (0..24).map(|i| {
@@ -139,7 +119,7 @@ async fn kill_a_worker_mid_stream(
     let refs: Vec<&str> = addrs.iter().map(String::as_str).collect();
     let (router, router_addr) = start_router(&refs, &[]).await;
     let mut client = connect_ready(&router_addr, Duration::from_secs(30)).await;
-    wait_ready_workers(&mut client, 3).await;
+    wait_ready_workers(&mut client, 3, Duration::from_secs(30)).await;
     let requests: Vec<GenerateRequest> = (0..16)
         .map(|i| greedy(&format!("{prompt} {i} of {}", 16 - i), max_new_tokens))
         .collect();
@@ -201,7 +181,7 @@ async fn kill_a_worker_mid_stream(
         router.log_text().contains("failing over"),
         "the router logged the failovers"
     );
-    wait_ready_workers(&mut client, 2).await;
+    wait_ready_workers(&mut client, 2, Duration::from_secs(30)).await;
 }
 
 /// Resident memory of a process, in KiB.
