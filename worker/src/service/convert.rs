@@ -28,6 +28,8 @@ pub fn engine_request(add: AddRequest) -> EngineRequest {
         stop_token_ids: add.stop_token_ids,
         sampling: sampling_config(&sampling),
         seed: sampling.seed,
+        priority: add.priority,
+        prefix_root: engine::kv::salted_seed(&add.cache_salt),
     }
 }
 
