@@ -451,7 +451,11 @@ pub(crate) mod tests {
         }
 
         /// A simulation over a pool of `num_blocks` blocks of 16 tokens.
-        pub(crate) fn with_blocks(max_batch_tokens: usize, threshold: usize, num_blocks: usize) -> Self {
+        pub(crate) fn with_blocks(
+            max_batch_tokens: usize,
+            threshold: usize,
+            num_blocks: usize,
+        ) -> Self {
             Self {
                 scheduler: Scheduler::new(SchedulerConfig {
                     max_batch_tokens,

@@ -46,7 +46,12 @@ async fn a_cache_salt_hits_only_its_own_prefix() {
     let shared = prompt(12, 7);
     let mut c = Client::new(config(64, 64, true));
     let mut hits = Vec::new();
-    for (id, salt) in [("a", "tenant-a"), ("b", "tenant-b"), ("plain", ""), ("a2", "tenant-a")] {
+    for (id, salt) in [
+        ("a", "tenant-a"),
+        ("b", "tenant-b"),
+        ("plain", ""),
+        ("a2", "tenant-a"),
+    ] {
         let mut p = shared.clone();
         p.push(id.len() as u32);
         c.add(with_salt(add(id, p.clone(), 3, vec![]), salt));
