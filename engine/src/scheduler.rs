@@ -86,8 +86,8 @@ pub struct Schedule {
 #[derive(Debug)]
 pub struct Scheduler {
     config: SchedulerConfig,
-    waiting: WaitQueue,
-    running: RunningSet,
+    waiting: WaitQueue<SeqId>,
+    running: RunningSet<SeqId>,
 }
 
 impl Scheduler {

@@ -628,3 +628,4 @@ async fn cache_events_replayed_on_the_snapshot_equal_the_cache() {
 }
 
 mod priority_and_salt;
+mod scheduler_priority;
