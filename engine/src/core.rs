@@ -285,8 +285,9 @@ impl<M: BatchModel> Engine<M> {
         );
         seq.tokens.extend_from_slice(&req.generated_ids);
         seq.constraint = constraint;
+        seq.prefix_root = req.prefix_root;
         self.seqs.insert(id, seq);
-        self.scheduler.enqueue(id);
+        self.scheduler.enqueue(id, req.priority);
         Ok(())
     }
 

@@ -23,6 +23,7 @@ mod error;
 mod masks;
 mod monitor;
 mod output;
+mod priority;
 mod request;
 mod scheduler;
 mod sequence;
@@ -40,6 +41,7 @@ pub use monitor::EngineSnapshot;
 pub use output::{
     CacheReport, EngineLoad, EngineOutput, GeneratedToken, OutputSink, RequestFailure,
 };
+pub use priority::Priority;
 pub use request::{ConnId, EngineRequest};
 pub use scheduler::{Chunk, Schedule, Scheduler, SchedulerConfig, SeqId};
 pub use sequence::{Sequence, StopReason};

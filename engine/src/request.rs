@@ -27,4 +27,11 @@ pub struct EngineRequest {
     pub sampling: SamplingConfig,
     /// Seed of the request's random stream: draw `n` is a pure function of `(seed, n)`.
     pub seed: u64,
+    /// Scheduling priority ([`crate::Priority`]): higher is admitted first and preempted last;
+    /// negative = sheddable (preempted for a higher-priority arrival that finds no KV blocks).
+    pub priority: i32,
+    /// Prefix-cache isolation: the root of the request's block-hash chain
+    /// ([`block_hash::salted_seed`] of its cache salt, [`block_hash::SEED`] without one). Only
+    /// requests with the same root share cached blocks.
+    pub prefix_root: u64,
 }

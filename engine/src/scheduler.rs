@@ -2,11 +2,15 @@
 //!
 //! Policy, in this order, under a token budget (`max_batch_tokens`) and a sequence cap
 //! (`max_num_seqs`):
+//! 0. **Priority** ([`crate::priority`]): running sequences are ordered by (priority descending,
+//!    admission ascending) and waiting ones by (priority descending, arrival ascending); "admission
+//!    order" and "the head of the queue" below mean these orders. With equal priorities (the
+//!    default) they are first come first served.
 //! 1. **Decodes first.** Every running sequence that is generating gets its one token, in admission
 //!    order, so prefills never starve decodes. A decode that needs a new KV block and finds none
-//!    preempts the most recently admitted running sequence (by recompute: its blocks are freed and it
-//!    goes back to the head of the queue with its generated tokens kept), repeatedly, until the block
-//!    is found or the sequence preempts itself.
+//!    preempts the lowest-priority, most recently admitted running sequence (by recompute: its
+//!    blocks are freed and it goes back to the queue, at its place by priority and arrival, with its
+//!    generated tokens kept), repeatedly, until the block is found or the sequence preempts itself.
 //! 2. **Then prefill work shares what is left of the budget**, running prefills and new admissions
 //!    alike (chunked prefill: a long prompt takes several steps):
 //!    - *Shortest remaining prompt first*: prefill candidates are served in increasing order of the
@@ -27,15 +31,21 @@
 //!      gives it tokens in this step (judged on its whole prompt, before prefix-cache hits). Admission
 //!      stops at the first request that does not qualify (no overtaking), so a request waiting at
 //!      the head keeps its place and holds no blocks while it waits.
+//!    - *Shedding*: a head that finds too few blocks preempts running sheddable sequences (negative
+//!      priority, below its own), lowest priority and most recently admitted first, one at a time
+//!      until its blocks are available; it preempts none when even all of them would not free
+//!      enough. A preempted sequence's chunk of this step is dropped and its tokens go back to the
+//!      budget.
 //!
 //!    Every admitted prefill therefore progresses at least every step while it is the oldest, and a
 //!    request of `n` prompt tokens reaches its first token within a bounded number of steps: the
 //!    prefills shorter than it, plus its own `ceil(n / chunk)` steps.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 
 use super::sequence::Sequence;
-use crate::kv::BlockPool;
+use crate::kv::{BlockPool, NoFreeBlocks};
+use crate::priority::{is_sheddable, Priority, RunningSet, WaitQueue};
 
 /// Identifies a sequence inside the engine.
 pub type SeqId = u64;
@@ -76,8 +86,8 @@ pub struct Schedule {
 #[derive(Debug)]
 pub struct Scheduler {
     config: SchedulerConfig,
-    waiting: VecDeque<SeqId>,
-    running: Vec<SeqId>,
+    waiting: WaitQueue<SeqId>,
+    running: RunningSet<SeqId>,
 }
 
 impl Scheduler {
@@ -88,20 +98,21 @@ impl Scheduler {
         config.max_num_seqs = config.max_num_seqs.max(1);
         Self {
             config,
-            waiting: VecDeque::new(),
-            running: Vec::new(),
+            waiting: WaitQueue::default(),
+            running: RunningSet::default(),
         }
     }
 
-    /// Queues a new sequence at the back.
-    pub fn enqueue(&mut self, id: SeqId) {
-        self.waiting.push_back(id);
+    /// Queues a new sequence of `priority` (higher first; negative = sheddable) behind those of
+    /// its priority or higher. `id`s must grow with arrival: they order a priority class.
+    pub fn enqueue(&mut self, id: SeqId, priority: Priority) {
+        self.waiting.push(id, priority);
     }
 
     /// Forgets a sequence (finished, failed or cancelled). The caller releases its blocks.
     pub fn remove(&mut self, id: SeqId) {
-        self.running.retain(|&s| s != id);
-        self.waiting.retain(|&s| s != id);
+        self.running.remove(id);
+        self.waiting.remove(id);
     }
 
     /// Sequences waiting for admission.
@@ -116,7 +127,7 @@ impl Scheduler {
 
     /// The sequence at the head of the queue.
     pub fn first_waiting(&self) -> Option<SeqId> {
-        self.waiting.front().copied()
+        self.waiting.front().map(|(id, _)| id)
     }
 
     /// Builds the next step's batch (see the module docs for the policy). Allocates KV blocks for
@@ -132,7 +143,7 @@ impl Scheduler {
         // 1. Decodes, in admission order.
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
-            let id = self.running[i];
+            let (id, _) = self.running.at(i).expect("index checked");
             let seq = &seqs[&id];
             if seq.in_prefill() {
                 i += 1;
@@ -151,7 +162,7 @@ impl Scheduler {
                     i += 1;
                     break;
                 }
-                let victim = *self.running.last().expect("at least this sequence runs");
+                let (victim, _) = self.running.last().expect("at least this sequence runs");
                 self.preempt(victim, seqs, pool, &mut out);
                 if victim == id {
                     break;
@@ -162,9 +173,9 @@ impl Scheduler {
         // 2. Prefill work: running prefills and admissions share the rest of the budget.
         let prefilling: Vec<Candidate> = self
             .running
-            .iter()
+            .ids()
             .filter(|id| seqs[id].in_prefill())
-            .map(|&id| Candidate {
+            .map(|id| Candidate {
                 seq: id,
                 remaining: seqs[&id].remaining(),
             })
@@ -176,9 +187,9 @@ impl Scheduler {
             _ => usize::MAX,
         };
         let mut candidates = prefilling;
-        // Admissions, first come first served, while the head would get tokens in this step.
+        // Admissions, by priority then arrival, while the head would get tokens in this step.
         while budget > 0 && self.running.len() < self.config.max_num_seqs {
-            let Some(&id) = self.waiting.front() else {
+            let Some((id, priority)) = self.waiting.front() else {
                 break;
             };
             let estimate = Candidate {
@@ -190,15 +201,30 @@ impl Scheduler {
             if share_prefill_budget(&trial, budget, cap)[trial.len() - 1] == 0 {
                 break;
             }
-            let seq = seqs.get_mut(&id).expect("waiting sequence");
-            let Ok((blocks, computed)) = pool.allocate(&seq.tokens, self.config.watermark_blocks)
-            else {
+            let allocated = loop {
+                let seq = &seqs[&id];
+                match pool.allocate(&seq.tokens, seq.prefix_root, self.config.watermark_blocks) {
+                    Ok(allocated) => break Some(allocated),
+                    Err(short) => {
+                        let mut step = StepState {
+                            out: &mut out,
+                            candidates: &mut candidates,
+                            budget: &mut budget,
+                        };
+                        if !self.shed_for(priority, short, seqs, pool, &mut step) {
+                            break None;
+                        }
+                    }
+                }
+            };
+            let Some((blocks, computed)) = allocated else {
                 break;
             };
+            let seq = seqs.get_mut(&id).expect("waiting sequence");
             seq.blocks = Some(blocks);
             seq.computed = computed;
             self.waiting.pop_front();
-            self.running.push(id);
+            self.running.admit(id, priority);
             candidates.push(Candidate {
                 seq: id,
                 remaining: seq.remaining(),
@@ -223,15 +249,61 @@ impl Scheduler {
         pool: &mut BlockPool,
         out: &mut Schedule,
     ) {
-        self.running.retain(|&s| s != id);
+        let priority = self.running.remove(id).expect("a running sequence");
         let seq = seqs.get_mut(&id).expect("preempted sequence");
         if let Some(blocks) = seq.blocks.take() {
             pool.release(blocks);
         }
         seq.computed = 0;
-        self.waiting.push_front(id);
+        self.waiting.push(id, priority);
         out.preempted.push(id);
     }
+
+    /// Preempts the last running sequence for a head of `priority` that lacks blocks (`short`),
+    /// when it is sheddable and below `priority` and when the sheddable sequences below `priority`
+    /// together hold enough blocks to cover the shortfall. Its chunk of this step, if any, is
+    /// dropped and its tokens returned to the budget. Returns whether it preempted.
+    fn shed_for(
+        &mut self,
+        priority: Priority,
+        short: NoFreeBlocks,
+        seqs: &mut HashMap<SeqId, Sequence>,
+        pool: &mut BlockPool,
+        step: &mut StepState<'_>,
+    ) -> bool {
+        let sheds = |p: Priority| is_sheddable(p) && p < priority;
+        let Some((victim, victim_priority)) = self.running.last() else {
+            return false;
+        };
+        if !sheds(victim_priority) {
+            return false;
+        }
+        // Blocks the sheddable tail holds (an upper bound of what preempting it frees: shared
+        // prefix blocks stay held by their other sequences).
+        let sheddable_blocks: usize = (0..self.running.len())
+            .rev()
+            .map_while(|i| {
+                let (id, p) = self.running.at(i)?;
+                sheds(p).then(|| seqs[&id].blocks.as_ref().map_or(0, |b| b.table().len()))
+            })
+            .sum();
+        if short.available + sheddable_blocks < short.needed {
+            return false;
+        }
+        if let Some(at) = step.out.chunks.iter().position(|c| c.seq == victim) {
+            *step.budget += step.out.chunks.remove(at).num_tokens;
+        }
+        step.candidates.retain(|c| c.seq != victim);
+        self.preempt(victim, seqs, pool, step.out);
+        true
+    }
+}
+
+/// The parts of the step being built that shedding changes.
+struct StepState<'a> {
+    out: &'a mut Schedule,
+    candidates: &'a mut Vec<Candidate>,
+    budget: &'a mut usize,
 }
 
 /// A sequence with prompt tokens still to compute, in admission order within a step's candidates.
@@ -270,7 +342,7 @@ fn share_prefill_budget(candidates: &[Candidate], mut budget: usize, cap: usize)
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::sampler::{Sampler, SamplingConfig};
 
@@ -362,19 +434,28 @@ mod tests {
     /// A scheduler, its sequences and a block pool, stepped as the engine would (every chunk
     /// computed; a sequence whose known tokens are all computed samples one more token and
     /// finishes after `max_new` of them).
-    struct Sim {
-        scheduler: Scheduler,
-        seqs: HashMap<SeqId, Sequence>,
-        pool: BlockPool,
+    pub(crate) struct Sim {
+        pub(crate) scheduler: Scheduler,
+        pub(crate) seqs: HashMap<SeqId, Sequence>,
+        pub(crate) pool: BlockPool,
         next: SeqId,
         /// Step at which each sequence produced its first token.
-        first_token: HashMap<SeqId, usize>,
+        pub(crate) first_token: HashMap<SeqId, usize>,
         max_new: HashMap<SeqId, usize>,
         step: usize,
     }
 
     impl Sim {
         fn new(max_batch_tokens: usize, threshold: usize) -> Self {
+            Self::with_blocks(max_batch_tokens, threshold, 4096)
+        }
+
+        /// A simulation over a pool of `num_blocks` blocks of 16 tokens.
+        pub(crate) fn with_blocks(
+            max_batch_tokens: usize,
+            threshold: usize,
+            num_blocks: usize,
+        ) -> Self {
             Self {
                 scheduler: Scheduler::new(SchedulerConfig {
                     max_batch_tokens,
@@ -383,7 +464,7 @@ mod tests {
                     long_prefill_token_threshold: threshold,
                 }),
                 seqs: HashMap::new(),
-                pool: BlockPool::new(4096, 16, false),
+                pool: BlockPool::new(num_blocks, 16, false),
                 next: 1,
                 first_token: HashMap::new(),
                 max_new: HashMap::new(),
@@ -392,6 +473,16 @@ mod tests {
         }
 
         fn add(&mut self, prompt_len: usize, max_new: usize) -> SeqId {
+            self.add_with_priority(prompt_len, max_new, 0)
+        }
+
+        /// Queues a sequence of `priority` with a prompt of `prompt_len` tokens.
+        pub(crate) fn add_with_priority(
+            &mut self,
+            prompt_len: usize,
+            max_new: usize,
+            priority: Priority,
+        ) -> SeqId {
             let id = self.next;
             self.next += 1;
             let prompt = (0..prompt_len).map(|i| (i % 50) as u32).collect();
@@ -399,11 +490,11 @@ mod tests {
             let seq = Sequence::new(0, id.to_string(), prompt, sampler, max_new, [], 1 << 20);
             self.seqs.insert(id, seq);
             self.max_new.insert(id, max_new);
-            self.scheduler.enqueue(id);
+            self.scheduler.enqueue(id, priority);
             id
         }
 
-        fn step(&mut self) -> Schedule {
+        pub(crate) fn step(&mut self) -> Schedule {
             self.step += 1;
             let schedule = self.scheduler.schedule(&mut self.seqs, &mut self.pool);
             let total: usize = schedule.chunks.iter().map(|c| c.num_tokens).sum();

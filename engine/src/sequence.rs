@@ -46,6 +46,9 @@ pub struct Sequence {
     /// The tokens the constraint allows at the next position (or why they could not be computed),
     /// computed for the step that samples it.
     pub mask: Option<Result<TokenMask, MatchError>>,
+    /// The root of its prefix-cache block chain (block 0's parent hash): `block_hash::SEED`, or
+    /// the salted seed of its cache salt (prefix-cache isolation).
+    pub prefix_root: u64,
     sampler: Sampler,
     max_new_tokens: usize,
     stop_token_ids: HashSet<u32>,
@@ -75,6 +78,7 @@ impl Sequence {
             blocks: None,
             constraint: None,
             mask: None,
+            prefix_root: block_hash::SEED,
             sampler,
             max_new_tokens,
             stop_token_ids: stop_token_ids.into_iter().collect(),

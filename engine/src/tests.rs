@@ -116,6 +116,8 @@ struct Client {
     conn: ConnId,
     tx: mpsc::UnboundedSender<EngineOutput>,
     rx: mpsc::UnboundedReceiver<EngineOutput>,
+    /// Request ids in the order [`Client::collect`] saw them finish.
+    finished: Vec<String>,
 }
 
 impl Client {
@@ -128,6 +130,7 @@ impl Client {
             conn,
             tx,
             rx,
+            finished: Vec::new(),
         }
     }
 
@@ -163,6 +166,7 @@ impl Client {
                 if let Some(i) = ids.iter().position(|id| *id == t.request_id) {
                     tokens[i].push(t.token_id);
                     if let Some(reason) = t.stop {
+                        self.finished.push(t.request_id.clone());
                         results[i] = Some(Ok((tokens[i].clone(), reason)));
                     }
                 }
@@ -532,6 +536,7 @@ async fn a_failing_model_fails_the_step_s_requests_as_internal_and_keeps_serving
             engine,
             tx,
             rx,
+            finished: Vec::new(),
         };
         c.add(add("a", vec![1, 2], 4, vec![]));
         c.add(add("b", vec![3], 4, vec![]));
@@ -621,3 +626,6 @@ async fn cache_events_replayed_on_the_snapshot_equal_the_cache() {
     // 24 requests of 13 to 15 tokens through 12 blocks of 4: the cache evicted.
     assert!(evicted > 0);
 }
+
+mod priority_and_salt;
+mod scheduler_priority;

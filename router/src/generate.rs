@@ -157,6 +157,8 @@ pub fn launch(
         generated_ids: Vec::new(),
         trace_context: observability::propagation::current_context(),
         constraint: valid.constraint.clone(),
+        priority: caller.priority,
+        cache_salt: caller.cache_salt.clone(),
     };
     let placement = Placement {
         tenant: tenant.name.clone(),

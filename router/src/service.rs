@@ -127,7 +127,10 @@ impl TextGeneration for TextGenerationService {
             let context = CallContext {
                 arrival: Instant::now(),
                 deadline: grpc_timeout(request.metadata()).map(|t| Instant::now() + t),
-                caller: self.callers.caller(tenant, request.get_ref().priority)?,
+                caller: self
+                    .callers
+                    .caller(tenant, request.get_ref().priority)?
+                    .with_cache_salt(request.get_ref().cache_salt.as_deref())?,
             };
             let rx =
                 generate::start(&self.pool, &self.limits, request.into_inner(), &context).await?;

@@ -33,7 +33,7 @@
 //! chain's) is given `cached_blocks = 0` by the caller: it is routed by load only.
 
 use crate::affinity::{rendezvous_score, AffinityPolicy};
-use block_hash::block_hashes;
+use block_hash::{block_hashes_from, SEED};
 
 /// A prompt's block chain, computed once per request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,7 +51,13 @@ pub struct PromptChain {
 impl PromptChain {
     /// The chain of `prompt_ids` in blocks of `block_size` tokens (no blocks when `block_size` is 0).
     pub fn new(prompt_ids: &[u32], block_size: usize) -> Self {
-        let hashes = block_hashes(prompt_ids, block_size);
+        Self::rooted(SEED, prompt_ids, block_size)
+    }
+
+    /// The chain of `prompt_ids` rooted at `root` (block 0's parent hash: `block_hash::SEED`, or
+    /// `block_hash::salted_seed` of the request's cache salt, as the worker computes it).
+    pub fn rooted(root: u64, prompt_ids: &[u32], block_size: usize) -> Self {
+        let hashes = block_hashes_from(root, prompt_ids, block_size);
         let whole_prompt = AffinityPolicy {
             prefix_tokens: usize::MAX,
             load_factor: 0.0,

@@ -18,7 +18,7 @@ pub mod index;
 pub mod kv_aware;
 pub mod round_robin;
 
-pub use block_hash::{block_hashes, chain_hash};
+pub use block_hash::{block_hashes, block_hashes_from, chain_hash, salted_seed};
 
 use serde::{Deserialize, Serialize};
 

@@ -25,13 +25,13 @@ pub struct NoFreeBlocks {
 }
 
 /// One sequence's block table. Returned to the pool with [`BlockPool::release`].
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct SequenceBlocks {
     table: Vec<u32>,
     /// Leading blocks already hashed (registered in the prefix cache or matched from it).
     hashed: usize,
-    /// Hash of block `hashed - 1`.
-    last_hash: Option<u64>,
+    /// Hash of block `hashed - 1`, or the chain's root (block 0's parent) while `hashed` is 0.
+    parent: u64,
 }
 
 impl SequenceBlocks {
@@ -126,7 +126,9 @@ impl BlockPool {
     }
 
     /// Allocates a table for a sequence whose known tokens are `tokens` (its prompt, or prompt plus
-    /// generated tokens when it resumes after a preemption), reusing cached leading blocks.
+    /// generated tokens when it resumes after a preemption), reusing cached leading blocks of the
+    /// chain rooted at `root` (block 0's parent hash: `block_hash::SEED`, or the salted seed of the
+    /// request's cache salt, so that only requests of the same salt share blocks).
     ///
     /// Returns the table and how many leading tokens are already computed (a multiple of the block
     /// size, always less than `tokens.len()` so that the last token is computed and yields logits).
@@ -136,10 +138,11 @@ impl BlockPool {
     pub fn allocate(
         &mut self,
         tokens: &[u32],
+        root: u64,
         reserve: usize,
     ) -> Result<(SequenceBlocks, usize), NoFreeBlocks> {
         let needed_total = self.blocks_for(tokens.len());
-        let hits = self.cached_prefix(tokens);
+        let hits = self.cached_prefix(tokens, root);
         let evictable_hits = hits
             .iter()
             .filter(|&&(_, b)| self.ref_counts[b as usize] == 0)
@@ -149,11 +152,15 @@ impl BlockPool {
         if needed > available {
             return Err(NoFreeBlocks { needed, available });
         }
-        let mut seq = SequenceBlocks::default();
+        let mut seq = SequenceBlocks {
+            table: Vec::with_capacity(needed_total),
+            hashed: 0,
+            parent: root,
+        };
         for &(hash, block) in &hits {
             self.take_ref(block);
             seq.table.push(block);
-            seq.last_hash = Some(hash);
+            seq.parent = hash;
         }
         seq.hashed = hits.len();
         while seq.table.len() < needed_total {
@@ -205,7 +212,7 @@ impl BlockPool {
         while seq.hashed < full {
             let i = seq.hashed;
             let block_tokens = &tokens[i * self.block_size..(i + 1) * self.block_size];
-            let hash = chain_hash(seq.last_hash, block_tokens);
+            let hash = chain_hash(Some(seq.parent), block_tokens);
             let block = seq.table[i];
             if self.block_hash[block as usize].is_none() && !self.cached.contains_key(&hash) {
                 self.cached.insert(hash, block);
@@ -213,7 +220,7 @@ impl BlockPool {
                 self.journal.stored(hash);
             }
             seq.hashed += 1;
-            seq.last_hash = Some(hash);
+            seq.parent = hash;
         }
     }
 
@@ -261,22 +268,22 @@ impl BlockPool {
         self.cached.keys().copied().collect()
     }
 
-    /// Cached leading full blocks of `tokens`, as (hash, block); at most `(len - 1) / block_size`
-    /// so that at least one token is left to compute.
-    fn cached_prefix(&self, tokens: &[u32]) -> Vec<(u64, u32)> {
+    /// Cached leading full blocks of `tokens` in the chain rooted at `root`, as (hash, block); at
+    /// most `(len - 1) / block_size` so that at least one token is left to compute.
+    fn cached_prefix(&self, tokens: &[u32], root: u64) -> Vec<(u64, u32)> {
         if !self.prefix_caching || tokens.is_empty() {
             return Vec::new();
         }
         let max_blocks = (tokens.len() - 1) / self.block_size;
         let mut hits = Vec::new();
-        let mut parent = None;
+        let mut parent = root;
         for block_tokens in tokens.chunks_exact(self.block_size).take(max_blocks) {
-            let hash = chain_hash(parent, block_tokens);
+            let hash = chain_hash(Some(parent), block_tokens);
             match self.cached.get(&hash) {
                 Some(&block) => hits.push((hash, block)),
                 None => break,
             }
-            parent = Some(hash);
+            parent = hash;
         }
         hits
     }
@@ -311,6 +318,7 @@ impl BlockPool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use block_hash::SEED;
     use rand::{Rng, SeedableRng};
 
     fn toks(n: usize, salt: u32) -> Vec<u32> {
@@ -320,7 +328,7 @@ mod tests {
     #[test]
     fn allocate_grow_release() {
         let mut pool = BlockPool::new(8, 4, false);
-        let (mut seq, computed) = pool.allocate(&toks(5, 0), 0).unwrap();
+        let (mut seq, computed) = pool.allocate(&toks(5, 0), SEED, 0).unwrap();
         assert_eq!((seq.table().len(), computed), (2, 0));
         pool.ensure_capacity(&mut seq, 9).unwrap();
         assert_eq!(seq.table().len(), 3);
@@ -340,7 +348,7 @@ mod tests {
     #[test]
     fn watermark_and_failure_change_nothing() {
         let mut pool = BlockPool::new(4, 4, true);
-        let err = pool.allocate(&toks(13, 0), 1).unwrap_err();
+        let err = pool.allocate(&toks(13, 0), SEED, 1).unwrap_err();
         assert_eq!(
             err,
             NoFreeBlocks {
@@ -349,26 +357,26 @@ mod tests {
             }
         );
         assert_eq!(pool.stats().free, 4);
-        assert!(pool.allocate(&toks(12, 0), 1).is_ok());
+        assert!(pool.allocate(&toks(12, 0), SEED, 1).is_ok());
     }
 
     #[test]
     fn prefix_blocks_are_shared_and_last_token_recomputed() {
         let mut pool = BlockPool::new(16, 4, true);
         let prompt = toks(10, 1);
-        let (mut a, computed) = pool.allocate(&prompt, 0).unwrap();
+        let (mut a, computed) = pool.allocate(&prompt, SEED, 0).unwrap();
         assert_eq!(computed, 0);
         pool.register_full_blocks(&mut a, &prompt, 10);
         assert_eq!(pool.stats().cached, 2);
         // Same first 8 tokens, different tail: shares 2 blocks.
         let mut other = prompt[..8].to_vec();
         other.extend([500, 501, 502]);
-        let (b, computed) = pool.allocate(&other, 0).unwrap();
+        let (b, computed) = pool.allocate(&other, SEED, 0).unwrap();
         assert_eq!(computed, 8);
         assert_eq!(b.table()[..2], a.table()[..2]);
         assert_ne!(b.table()[2], a.table()[2]);
         // A prompt of exactly the 8 cached tokens reuses only the first block.
-        let (c, computed) = pool.allocate(&prompt[..8], 0).unwrap();
+        let (c, computed) = pool.allocate(&prompt[..8], SEED, 0).unwrap();
         assert_eq!(computed, 4);
         assert_eq!(c.table()[0], a.table()[0]);
         assert_ne!(c.table()[1], a.table()[1]);
@@ -385,17 +393,17 @@ mod tests {
     fn evicts_least_recently_released_cached_blocks_tails_first() {
         let mut pool = BlockPool::new(4, 2, true);
         let p = toks(4, 3);
-        let (mut a, _) = pool.allocate(&p, 0).unwrap();
+        let (mut a, _) = pool.allocate(&p, SEED, 0).unwrap();
         pool.register_full_blocks(&mut a, &p, 4);
         let first = a.table()[0];
         pool.release(a);
         assert_eq!(pool.stats().cached, 2);
         // Needs 3 blocks: 2 free ones, then evicts the tail block of `p`, keeping its first block.
-        let (d, _) = pool.allocate(&toks(6, 100), 0).unwrap();
+        let (d, _) = pool.allocate(&toks(6, 100), SEED, 0).unwrap();
         assert_eq!(pool.stats().evictions, 1);
         assert!(!d.table().contains(&first));
         pool.release(d);
-        let (e, computed) = pool.allocate(&p, 0).unwrap();
+        let (e, computed) = pool.allocate(&p, SEED, 0).unwrap();
         assert_eq!(computed, 2, "the root block survived");
         assert_eq!(e.table()[0], first);
         pool.release(e);
@@ -406,9 +414,9 @@ mod tests {
     fn caching_off_never_shares() {
         let mut pool = BlockPool::new(8, 2, false);
         let p = toks(5, 0);
-        let (mut a, _) = pool.allocate(&p, 0).unwrap();
+        let (mut a, _) = pool.allocate(&p, SEED, 0).unwrap();
         pool.register_full_blocks(&mut a, &p, 5);
-        let (b, computed) = pool.allocate(&p, 0).unwrap();
+        let (b, computed) = pool.allocate(&p, SEED, 0).unwrap();
         assert_eq!(computed, 0);
         assert!(a.table().iter().all(|x| !b.table().contains(x)));
         pool.release(a);
@@ -433,7 +441,7 @@ mod tests {
                         let shared = rng.random_range(0..3u32);
                         let mut t = toks(rng.random_range(1..12), shared);
                         t.truncate(rng.random_range(1..=t.len()));
-                        if let Ok((mut s, computed)) = pool.allocate(&t, 1) {
+                        if let Ok((mut s, computed)) = pool.allocate(&t, SEED, 1) {
                             assert!(computed < t.len());
                             pool.register_full_blocks(&mut s, &t, t.len());
                             live.push((s, t));

@@ -12,6 +12,6 @@
 mod block_pool;
 mod cache_events;
 
-pub use block_hash::{block_hashes, chain_hash};
+pub use block_hash::{block_hashes, chain_hash, salted_seed};
 pub use block_pool::{BlockPool, BlockPoolStats, NoFreeBlocks, SequenceBlocks};
 pub use cache_events::CacheEvents;

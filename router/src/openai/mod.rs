@@ -192,10 +192,12 @@ impl OpenAiFront {
         let body = schema::parse(&bytes)?;
         let model = self.resolve_model(body.model.as_deref())?;
         let priority = body.priority()?;
+        let cache_salt = body.cache_salt.clone();
         let (requests, shape) = body.into_requests(endpoint, bytes.len())?;
         let caller = self
             .keys
             .caller(tenant, priority)
+            .and_then(|caller| caller.with_cache_salt(cache_salt.as_deref()))
             .map_err(|e| ApiError::from_validation(e, endpoint))?;
         let call = self
             .drain

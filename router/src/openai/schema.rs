@@ -222,6 +222,9 @@ pub struct CompletionBody {
     /// Scheduling priority, as the gRPC request's `priority`: higher first, 0 the default, below 0
     /// sheddable; absent = the tenant's default. (vLLM's `priority` orders the other way.)
     pub priority: Option<i64>,
+    /// Prefix-cache isolation, as vLLM's `cache_salt` (the gRPC request's `cache_salt`): cached
+    /// prompt blocks are shared only with requests of the same salt; non-empty when given.
+    pub cache_salt: Option<String>,
 }
 
 /// Parses a request body.

@@ -41,12 +41,14 @@ impl RouteKey {
                 tokens,
             },
             Routing::KvAware => {
+                // The worker roots a salted request's chain at its salt's seed.
+                let root = routing::salted_seed(&request.cache_salt);
                 let chain = if request.generated_ids.is_empty() {
-                    PromptChain::new(&request.prompt_ids, block_size)
+                    PromptChain::rooted(root, &request.prompt_ids, block_size)
                 } else {
                     let mut all = request.prompt_ids.clone();
                     all.extend_from_slice(&request.generated_ids);
-                    PromptChain::new(&all, block_size)
+                    PromptChain::rooted(root, &all, block_size)
                 };
                 Self {
                     affinity: None,

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use super::cache_salt::prefix_cache_salt;
 use super::quota::QuotaBook;
 use super::tenant::Tenant;
 use crate::validation::ValidationError;
@@ -17,6 +18,9 @@ pub struct Caller {
     pub priority: i32,
     /// The quotas of every tenant.
     pub quotas: Arc<QuotaBook>,
+    /// The salt of its prefix-cache chain (empty = none), as sent in `AddRequest.cache_salt`:
+    /// see [`prefix_cache_salt`].
+    pub cache_salt: String,
 }
 
 impl Caller {
@@ -29,10 +33,20 @@ impl Caller {
         quotas: Arc<QuotaBook>,
     ) -> Result<Self, ValidationError> {
         let priority = tenant.request_priority(requested)?;
+        let cache_salt = prefix_cache_salt(&tenant, None)?;
         Ok(Self {
             tenant,
             priority,
             quotas,
+            cache_salt,
         })
+    }
+
+    /// The caller with the request's own `cache_salt` (`None`: none) mixed into its salt.
+    ///
+    /// Errors: those of [`prefix_cache_salt`].
+    pub fn with_cache_salt(mut self, requested: Option<&str>) -> Result<Self, ValidationError> {
+        self.cache_salt = prefix_cache_salt(&self.tenant, requested)?;
+        Ok(self)
     }
 }

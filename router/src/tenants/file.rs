@@ -11,6 +11,7 @@
 //! max_queued = 32
 //! requests_per_second = 20
 //! tokens_per_minute = 200000
+//! isolate_prefix_cache = true  # share cached prompt blocks with no other tenant (default false)
 //! ```
 //!
 //! [`parse`] checks everything a typo could break and names the tenant and the field in its
@@ -69,6 +70,7 @@ struct TenantEntry {
     max_queued: Option<i64>,
     requests_per_second: Option<f64>,
     tokens_per_minute: Option<i64>,
+    isolate_prefix_cache: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -252,6 +254,7 @@ fn check_entry(index: usize, e: &TenantEntry) -> Result<Tenant, TenantFileError>
         weight,
         priority: default_priority,
         max_priority,
+        isolate_prefix_cache: e.isolate_prefix_cache.unwrap_or(false),
         limits: TenantLimits {
             max_concurrent: positive(name, "max_concurrent", e.max_concurrent)?,
             max_queued: positive(name, "max_queued", e.max_queued)?,
@@ -281,6 +284,7 @@ name = "batch"
 keys = ["sk-batch-1", "sk-batch-2"]
 priority = -1
 max_queued = 8
+isolate_prefix_cache = true
 "#;
 
     #[test]
@@ -308,6 +312,7 @@ max_queued = 8
             (1, -1, 0)
         );
         assert_eq!(batch.limits.max_queued, Some(8));
+        assert!(batch.isolate_prefix_cache && !search.isolate_prefix_cache);
         assert_eq!(table.keys.len(), 3);
         assert_eq!(table.keys[0], (digest("sk-search-1"), 0));
         assert_eq!(table.keys[2], (digest("sk-batch-2"), 1));

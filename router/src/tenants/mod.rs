@@ -7,7 +7,9 @@
 //! `api_keys_file`, or no keys at all) is the tenant `default`.
 //!
 //! - [`tenant`] ([`Tenant`]): one tenant's settings, and the priority its requests may ask for;
-//! - [`caller`] ([`Caller`]): who one request is (tenant, resolved priority, quota book);
+//! - [`caller`] ([`Caller`]): who one request is (tenant, resolved priority, quota book, cache
+//!   salt);
+//! - [`cache_salt`]: the salt of a request's prefix-cache chain (tenant isolation, `cache_salt`);
 //! - [`file`]: the file's form and its checks;
 //! - [`callers`] ([`Callers`]): who a request is (its key's tenant), reloaded on change;
 //! - [`bucket`]: the token bucket behind the rate and token quotas;
@@ -18,6 +20,7 @@
 //! ([`crate::admission`]).
 
 pub mod bucket;
+pub mod cache_salt;
 pub mod caller;
 pub mod callers;
 pub mod file;

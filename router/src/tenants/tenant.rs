@@ -32,6 +32,9 @@ pub struct Tenant {
     pub priority: i32,
     /// The highest priority a request may ask for.
     pub max_priority: i32,
+    /// Prefix-cache isolation: this tenant's requests share cached prompt blocks only with each
+    /// other (their chains are salted with the tenant's name), never with another tenant's.
+    pub isolate_prefix_cache: bool,
     /// The optional limits.
     pub limits: TenantLimits,
 }
@@ -44,6 +47,7 @@ impl Tenant {
             weight: 1,
             priority: 0,
             max_priority: 0,
+            isolate_prefix_cache: false,
             limits: TenantLimits::default(),
         }
     }

@@ -42,6 +42,17 @@ fn the_chain_is_the_workers_chain_and_the_last_token_is_always_computed() {
 }
 
 #[test]
+fn a_salted_chain_is_the_workers_salted_chain_and_shares_nothing_with_the_plain_one() {
+    let p = prompt(40, 1);
+    let root = block_hash::salted_seed("tenant:a");
+    let salted = PromptChain::rooted(root, &p, 16);
+    assert_eq!(salted.hashes, block_hash::block_hashes_from(root, &p, 16));
+    let plain = PromptChain::new(&p, 16);
+    assert!(salted.hashes.iter().all(|h| !plain.hashes.contains(h)));
+    assert_eq!(PromptChain::rooted(block_hash::SEED, &p, 16), plain);
+}
+
+#[test]
 fn a_hit_wins_over_an_equally_loaded_miss() {
     let chain = PromptChain::new(&prompt(100, 2), 16);
     for holder in 0..3 {

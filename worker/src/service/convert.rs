@@ -28,6 +28,8 @@ pub fn engine_request(add: AddRequest) -> EngineRequest {
         stop_token_ids: add.stop_token_ids,
         sampling: sampling_config(&sampling),
         seed: sampling.seed,
+        priority: add.priority,
+        prefix_root: engine::kv::salted_seed(&add.cache_salt),
     }
 }
 
@@ -258,6 +260,8 @@ mod tests {
             max_new_tokens: 7,
             stop_token_ids: vec![0],
             generated_ids: vec![3],
+            priority: -2,
+            cache_salt: "tenant:a".into(),
             ..Default::default()
         };
         assert_eq!(
@@ -270,11 +274,15 @@ mod tests {
                 stop_token_ids: vec![0],
                 sampling: sampling_config(&ok),
                 seed: 5,
+                priority: -2,
+                prefix_root: engine::kv::salted_seed("tenant:a"),
             }
         );
         // No sampling at all: the wire's default, which the engine refuses for its top_p.
         let bare = engine_request(AddRequest::default());
         assert_eq!(bare.sampling, sampling_config(&SamplingParams::default()));
+        // No salt: the unsalted chain's root.
+        assert_eq!((bare.priority, bare.prefix_root), (0, 0));
         assert_eq!(
             bare.sampling.validate().unwrap_err().to_string(),
             "top_p must be in (0, 1], got 0"

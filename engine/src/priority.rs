@@ -1,0 +1,166 @@
+//! The scheduler's two orders by request priority: which waiting sequence is admitted next
+//! ([`WaitQueue`]) and which running sequence is preempted first ([`RunningSet`]).
+//!
+//! A [`Priority`] has the Kubernetes Gateway API Inference Extension's meaning
+//! (`InferenceObjective.priority`): higher is served first, 0 is the default, and a negative priority
+//! marks the request *sheddable*.
+//!
+//! - **Admission** takes waiting sequences by (priority descending, arrival ascending), arrival being
+//!   the sequence id (ids grow with arrival). A preempted sequence goes back with its own priority
+//!   and arrival, so it is readmitted ahead of everything of its class that arrived after it.
+//! - **Running** sequences are kept ordered by (priority descending, admission ascending); the last
+//!   one, the lowest-priority most recently admitted sequence, is the first to be preempted. With
+//!   every priority equal (the default) both orders are the engine's first come first served.
+
+use std::cmp::Reverse;
+use std::collections::BTreeSet;
+
+/// A request's scheduling priority: higher first; negative = sheddable.
+pub type Priority = i32;
+
+/// True for a sheddable priority (negative): such a running sequence may be preempted by the
+/// arrival of a higher-priority one that finds no KV blocks.
+pub fn is_sheddable(priority: Priority) -> bool {
+    priority < 0
+}
+
+/// Waiting sequences in admission order: priority descending, then arrival ascending (sequence
+/// ids, `Id`, grow with arrival).
+#[derive(Debug)]
+pub struct WaitQueue<Id> {
+    order: BTreeSet<(Reverse<Priority>, Id)>,
+}
+
+impl<Id> Default for WaitQueue<Id> {
+    fn default() -> Self {
+        Self {
+            order: BTreeSet::new(),
+        }
+    }
+}
+
+impl<Id: Ord + Copy> WaitQueue<Id> {
+    /// Queues `id` at its place for `priority`.
+    pub fn push(&mut self, id: Id, priority: Priority) {
+        self.order.insert((Reverse(priority), id));
+    }
+
+    /// The next sequence to admit and its priority.
+    pub fn front(&self) -> Option<(Id, Priority)> {
+        self.order.first().map(|&(Reverse(p), id)| (id, p))
+    }
+
+    /// Removes the next sequence to admit.
+    pub fn pop_front(&mut self) -> Option<(Id, Priority)> {
+        self.order.pop_first().map(|(Reverse(p), id)| (id, p))
+    }
+
+    /// Forgets `id` (no-op when it is not queued).
+    pub fn remove(&mut self, id: Id) {
+        self.order.retain(|&(_, s)| s != id);
+    }
+
+    /// Number of waiting sequences.
+    pub fn len(&self) -> usize {
+        self.order.len()
+    }
+}
+
+/// Running sequences ordered by priority descending, then admission ascending: the last entry is
+/// the first to preempt.
+#[derive(Debug)]
+pub struct RunningSet<Id> {
+    entries: Vec<(Id, Priority)>,
+}
+
+impl<Id> Default for RunningSet<Id> {
+    fn default() -> Self {
+        Self {
+            entries: Vec::new(),
+        }
+    }
+}
+
+impl<Id: Eq + Copy> RunningSet<Id> {
+    /// Adds a just admitted sequence: after every running one of its priority or higher (it is the
+    /// most recently admitted of its class), before every lower one.
+    pub fn admit(&mut self, id: Id, priority: Priority) {
+        let at = self.entries.partition_point(|&(_, p)| p >= priority);
+        self.entries.insert(at, (id, priority));
+    }
+
+    /// Forgets `id`; returns its priority when it was running.
+    pub fn remove(&mut self, id: Id) -> Option<Priority> {
+        let at = self.entries.iter().position(|&(s, _)| s == id)?;
+        Some(self.entries.remove(at).1)
+    }
+
+    /// The sequence to preempt first (lowest priority, most recently admitted) and its priority.
+    pub fn last(&self) -> Option<(Id, Priority)> {
+        self.entries.last().copied()
+    }
+
+    /// The `i`-th running sequence in the set's order and its priority.
+    pub fn at(&self, i: usize) -> Option<(Id, Priority)> {
+        self.entries.get(i).copied()
+    }
+
+    /// Running sequences in the set's order (highest priority, earliest admitted first).
+    pub fn ids(&self) -> impl Iterator<Item = Id> + '_ {
+        self.entries.iter().map(|&(id, _)| id)
+    }
+
+    /// Number of running sequences.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn admission_is_by_priority_then_arrival() {
+        let mut q = WaitQueue::default();
+        q.push(1, 0);
+        q.push(2, -1);
+        q.push(3, 10);
+        q.push(4, 0);
+        q.push(5, 10);
+        let order: Vec<_> = std::iter::from_fn(|| q.pop_front()).collect();
+        assert_eq!(order, [(3, 10), (5, 10), (1, 0), (4, 0), (2, -1)]);
+        assert_eq!(q.len(), 0);
+    }
+
+    #[test]
+    fn a_requeued_sequence_keeps_its_place_by_arrival() {
+        let mut q = WaitQueue::default();
+        q.push(7, 0);
+        q.push(8, 0);
+        q.push(3, 0); // preempted: arrived before 7 and 8
+        assert_eq!(q.front(), Some((3, 0)));
+        q.remove(3);
+        q.remove(42);
+        assert_eq!((q.front(), q.len()), (Some((7, 0)), 2));
+    }
+
+    #[test]
+    fn the_lowest_priority_most_recently_admitted_is_preempted_first() {
+        let mut r = RunningSet::default();
+        r.admit(1, -1);
+        r.admit(2, 0);
+        r.admit(3, -1);
+        r.admit(4, 10);
+        r.admit(5, 0);
+        assert_eq!(r.ids().collect::<Vec<_>>(), [4, 2, 5, 1, 3]);
+        assert_eq!(r.last(), Some((3, -1)));
+        assert_eq!(r.remove(3), Some(-1));
+        assert_eq!(r.last(), Some((1, -1)));
+        assert_eq!(r.remove(1), Some(-1));
+        assert_eq!(r.last(), Some((5, 0)));
+        assert_eq!(r.remove(9), None);
+        assert_eq!((r.len(), r.at(0)), (3, Some((4, 10))));
+        assert!(is_sheddable(-1) && !is_sheddable(0));
+    }
+}
