@@ -23,6 +23,7 @@ mod error;
 mod masks;
 mod monitor;
 mod output;
+mod prompt_logprobs;
 mod request;
 mod scheduler;
 mod sequence;
@@ -38,7 +39,8 @@ pub use error::{EngineError, EngineErrorKind};
 pub use masks::mask_seconds;
 pub use monitor::EngineSnapshot;
 pub use output::{
-    CacheReport, EngineLoad, EngineOutput, GeneratedToken, OutputSink, RequestFailure,
+    CacheReport, EngineLoad, EngineOutput, GeneratedToken, OutputSink, PromptLogprobs,
+    RequestFailure,
 };
 pub use request::{ConnId, EngineRequest};
 pub use scheduler::{Chunk, Schedule, Scheduler, SchedulerConfig, SeqId};

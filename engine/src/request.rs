@@ -27,4 +27,8 @@ pub struct EngineRequest {
     pub sampling: SamplingConfig,
     /// Seed of the request's random stream: draw `n` is a pure function of `(seed, n)`.
     pub seed: u64,
+    /// Score the prompt's tokens ([`PromptLogprobs`](super::PromptLogprobs) outputs) with this many
+    /// most likely alternatives each (at most 20); `None`: no prompt logprobs. Such a request reuses
+    /// the prefix cache only up to its first prompt position to score.
+    pub prompt_logprobs: Option<u32>,
 }

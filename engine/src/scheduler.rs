@@ -34,6 +34,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
+use super::prompt_logprobs;
 use super::sequence::Sequence;
 use crate::kv::BlockPool;
 
@@ -191,7 +192,9 @@ impl Scheduler {
                 break;
             }
             let seq = seqs.get_mut(&id).expect("waiting sequence");
-            let Ok((blocks, computed)) = pool.allocate(&seq.tokens, self.config.watermark_blocks)
+            let reusable = prompt_logprobs::reusable_prefix(seq);
+            let Ok((blocks, computed)) =
+                pool.allocate(&seq.tokens, reusable, self.config.watermark_blocks)
             else {
                 break;
             };

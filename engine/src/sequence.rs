@@ -8,6 +8,7 @@ use structured_output::{ConstraintState, MatchError, Progress, TokenMask};
 use crate::kv::SequenceBlocks;
 use crate::sampler::{SampledToken, Sampler};
 
+use super::prompt_logprobs::PromptScoring;
 use super::ConnId;
 
 /// Why the worker ended a sequence by itself (the router may also end it, by cancelling).
@@ -46,6 +47,9 @@ pub struct Sequence {
     /// The tokens the constraint allows at the next position (or why they could not be computed),
     /// computed for the step that samples it.
     pub mask: Option<Result<TokenMask, MatchError>>,
+    /// Prompt logprobs: what the request asked for and how far the scoring got (`None`: not
+    /// asked for).
+    pub prompt_scoring: Option<PromptScoring>,
     sampler: Sampler,
     max_new_tokens: usize,
     stop_token_ids: HashSet<u32>,
@@ -75,6 +79,7 @@ impl Sequence {
             blocks: None,
             constraint: None,
             mask: None,
+            prompt_scoring: None,
             sampler,
             max_new_tokens,
             stop_token_ids: stop_token_ids.into_iter().collect(),

@@ -621,3 +621,5 @@ async fn cache_events_replayed_on_the_snapshot_equal_the_cache() {
     // 24 requests of 13 to 15 tokens through 12 blocks of 4: the cache evicted.
     assert!(evicted > 0);
 }
+
+mod prompt_logprobs;
