@@ -63,6 +63,8 @@ pub struct GenerationRequest {
     pub request_id: Option<String>,
     /// Structured output.
     pub constraint: Option<Constraint>,
+    /// Prompt logprobs with this many alternatives per prompt token, in [0, 20]; `None`: off.
+    pub prompt_logprobs: Option<u32>,
     /// Size of the request as received (encoded message or HTTP body), in bytes.
     pub size_bytes: usize,
 }
@@ -90,6 +92,7 @@ impl Default for GenerationRequest {
             include_special_tokens: false,
             request_id: None,
             constraint: None,
+            prompt_logprobs: None,
             size_bytes: 0,
         }
     }
