@@ -16,9 +16,9 @@ use tokio::sync::mpsc;
 use super::error::with_sources;
 use super::masks::{self, MaskJobs};
 use super::monitor::{EngineSnapshot, Publisher};
-use super::prompt_logprobs::{self, PromptScoring};
+use super::prompt_logprobs;
 use super::scheduler::{Chunk, Scheduler, SchedulerConfig, SeqId};
-use super::sequence::Sequence;
+use super::sequence::{PromptScoring, Sequence};
 use super::{
     CacheReport, Command, ConnId, EngineError, EngineErrorKind, EngineHandle, EngineLoad,
     EngineOutput, EngineRequest, EngineStats, GeneratedToken, OutputSink, RequestFailure,

@@ -24,16 +24,6 @@ use crate::sampler::{score_token, SampledToken};
 use super::output::PromptLogprobs;
 use super::sequence::Sequence;
 
-/// What a sequence asked for and how far it got.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PromptScoring {
-    /// Most likely alternatives to report per prompt token (0: the logprob alone).
-    pub top_n: usize,
-    /// Prompt positions whose logits have been scored so far: tokens `1 ..= scored` have their
-    /// logprobs sent. Scoring is done at `prompt_len - 1`.
-    pub scored: usize,
-}
-
 /// The first prompt position whose logits `seq` still needs, `None` when it needs none.
 fn next_position(seq: &Sequence) -> Option<usize> {
     let scoring = seq.prompt_scoring?;

@@ -8,7 +8,6 @@ use structured_output::{ConstraintState, MatchError, Progress, TokenMask};
 use crate::kv::SequenceBlocks;
 use crate::sampler::{SampledToken, Sampler};
 
-use super::prompt_logprobs::PromptScoring;
 use super::ConnId;
 
 /// Why the worker ended a sequence by itself (the router may also end it, by cancelling).
@@ -22,6 +21,16 @@ pub enum StopReason {
     ContextFull,
     /// The request's constraint is complete: nothing may follow.
     ConstraintComplete,
+}
+
+/// Prompt logprobs (the `prompt_logprobs` module): what a sequence asked for and how far it got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PromptScoring {
+    /// Most likely alternatives to report per prompt token (0: the logprob alone).
+    pub top_n: usize,
+    /// Prompt positions whose logits have been scored so far: tokens `1 ..= scored` have their
+    /// logprobs sent. Scoring is done at `prompt_len - 1`.
+    pub scored: usize,
 }
 
 /// A request being generated.

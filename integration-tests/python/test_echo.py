@@ -44,7 +44,9 @@ class Echo(unittest.TestCase):
         self.assertEqual(lp.token_logprobs[len(prompt):], EXPECTED["logprobs"])
         self.assertEqual(lp.top_logprobs[len(prompt):], EXPECTED["top"])
         self.assertTrue(all(v is not None and v <= 0 for v in lp.token_logprobs[1:]))
-        self.assertTrue(all(len(t) == 5 for t in lp.top_logprobs[1:]))
+        # OpenAI's alternatives are a map keyed by token text: tokens that spell the same text
+        # (the tiny model's random vocabulary has such) share one entry.
+        self.assertTrue(all(1 <= len(t) <= 5 for t in lp.top_logprobs[1:]))
         self.assertEqual(lp.text_offset[0], 0)
 
     def test_echo_of_a_text_prompt_then_generation(self):
