@@ -16,8 +16,9 @@ use tokio::sync::mpsc;
 use super::error::with_sources;
 use super::masks::{self, MaskJobs};
 use super::monitor::{EngineSnapshot, Publisher};
+use super::prompt_logprobs;
 use super::scheduler::{Chunk, Scheduler, SchedulerConfig, SeqId};
-use super::sequence::Sequence;
+use super::sequence::{PromptScoring, Sequence};
 use super::{
     CacheReport, Command, ConnId, EngineError, EngineErrorKind, EngineHandle, EngineLoad,
     EngineOutput, EngineRequest, EngineStats, GeneratedToken, OutputSink, RequestFailure,
@@ -25,6 +26,7 @@ use super::{
 use crate::backend::{BatchEntry, BatchModel, Logits};
 use crate::kv::BlockPool;
 use crate::sampler::Sampler;
+use sampling_limits::MAX_TOP_LOGPROBS;
 
 /// Engine settings.
 #[derive(Debug, Clone, Copy)]
@@ -269,6 +271,11 @@ impl<M: BatchModel> Engine<M> {
             .validate()
             .and_then(|()| req.sampling.check_vocab(vocab))
             .map_err(|e| EngineError::invalid(e.to_string()))?;
+        if let Some(n) = req.prompt_logprobs.filter(|&n| n > MAX_TOP_LOGPROBS) {
+            return Err(EngineError::invalid(format!(
+                "prompt_logprobs is {n}; the limit is {MAX_TOP_LOGPROBS}"
+            )));
+        }
         let sampler = Sampler::new(req.sampling, req.seed);
         let id = self.next_seq;
         self.next_seq += 1;
@@ -286,6 +293,10 @@ impl<M: BatchModel> Engine<M> {
         seq.tokens.extend_from_slice(&req.generated_ids);
         seq.constraint = constraint;
         seq.prefix_root = req.prefix_root;
+        seq.prompt_scoring = req.prompt_logprobs.map(|n| PromptScoring {
+            top_n: n as usize,
+            scored: 0,
+        });
         self.seqs.insert(id, seq);
         self.scheduler.enqueue(id, req.priority);
         Ok(())
@@ -389,7 +400,7 @@ impl<M: BatchModel> Engine<M> {
                     tokens: &seq.tokens[seq.computed..end],
                     start_pos: seq.computed,
                     block_table: seq.blocks.as_ref().expect("scheduled").table(),
-                    logit_tokens: usize::from(end == seq.tokens.len()),
+                    logit_tokens: prompt_logprobs::logit_tokens(seq, seq.computed, end),
                 }
             })
             .collect();
@@ -420,7 +431,20 @@ impl<M: BatchModel> Engine<M> {
         let mut logits = logits.iter();
         for chunk in chunks {
             let seq = self.seqs.get_mut(&chunk.seq).expect("scheduled sequence");
-            seq.computed += chunk.num_tokens;
+            let end = seq.computed + chunk.num_tokens;
+            let rows: Vec<&[f32]> = logits
+                .by_ref()
+                .take(prompt_logprobs::logit_tokens(seq, seq.computed, end))
+                .collect();
+            let (scored, sampling_row) = prompt_logprobs::consume(seq, end, &rows);
+            if let Some(scored) = scored {
+                per_conn
+                    .entry(seq.conn)
+                    .or_default()
+                    .prompt_logprobs
+                    .push(scored);
+            }
+            seq.computed = end;
             if let Some(blocks) = seq.blocks.as_mut() {
                 self.pool
                     .register_full_blocks(blocks, &seq.tokens, seq.computed);
@@ -428,7 +452,7 @@ impl<M: BatchModel> Engine<M> {
             if seq.computed < seq.tokens.len() {
                 continue; // a prefill chunk that does not reach the end yet
             }
-            let Some(row) = logits.next() else {
+            let Some(row) = sampling_row else {
                 let message = "the model returned too few logits";
                 let error = EngineError::new(EngineErrorKind::ModelFailed, message);
                 self.fail(chunk.seq, error, per_conn);

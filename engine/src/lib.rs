@@ -24,6 +24,7 @@ mod masks;
 mod monitor;
 mod output;
 mod priority;
+mod prompt_logprobs;
 mod request;
 mod scheduler;
 mod sequence;
@@ -39,7 +40,8 @@ pub use error::{EngineError, EngineErrorKind};
 pub use masks::mask_seconds;
 pub use monitor::EngineSnapshot;
 pub use output::{
-    CacheReport, EngineLoad, EngineOutput, GeneratedToken, OutputSink, RequestFailure,
+    CacheReport, EngineLoad, EngineOutput, GeneratedToken, OutputSink, PromptLogprobs,
+    RequestFailure,
 };
 pub use priority::Priority;
 pub use request::{ConnId, EngineRequest};

@@ -5,6 +5,7 @@ use tokio::sync::mpsc;
 
 use super::{EngineError, StopReason};
 use crate::kv::CacheEvents;
+use crate::sampler::SampledToken;
 
 /// Everything one engine step produced for one connection; or, sent between steps, the refusal of
 /// a request the engine could not admit (then `load` is `None` and `step` 0).
@@ -12,6 +13,10 @@ use crate::kv::CacheEvents;
 pub struct EngineOutput {
     /// The tokens generated for the connection's sequences, in batch order.
     pub tokens: Vec<GeneratedToken>,
+    /// Prompt tokens scored in this step for the connection's sequences that asked for prompt
+    /// logprobs, in batch order; a request's come before its first generated token (in this
+    /// output's `tokens` or a later output's).
+    pub prompt_logprobs: Vec<PromptLogprobs>,
     /// The connection's requests refused or failed; each is no longer active.
     pub errors: Vec<RequestFailure>,
     /// The engine's load after the step.
@@ -51,6 +56,22 @@ pub struct GeneratedToken {
     /// same distribution as `logprob`, most likely first (ties: lower id first); empty when it asked
     /// for none.
     pub top_logprobs: Vec<(u32, f32)>,
+}
+
+/// Consecutive prompt tokens of one request, scored (see the `prompt_logprobs` module): each
+/// token's logprob and top alternatives under the model's raw distribution at the position before
+/// it, bitwise what the same token would report if it had been generated there.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PromptLogprobs {
+    /// The request's id.
+    pub request_id: String,
+    /// Index in the prompt of `tokens[0]` (at least 1: the first prompt token has no logprob).
+    pub first_index: u32,
+    /// The prompt's length in tokens (the scoring is complete once index `prompt_len - 1` came).
+    pub prompt_len: u32,
+    /// The scored prompt tokens: `token_id`, `logprob`, and the request's number of most likely
+    /// alternatives (most likely first, ties lower id first).
+    pub tokens: Vec<SampledToken>,
 }
 
 /// A request the engine refused or could not finish.

@@ -34,4 +34,8 @@ pub struct EngineRequest {
     /// ([`block_hash::salted_seed`] of its cache salt, [`block_hash::SEED`] without one). Only
     /// requests with the same root share cached blocks.
     pub prefix_root: u64,
+    /// Score the prompt's tokens ([`PromptLogprobs`](super::PromptLogprobs) outputs) with this many
+    /// most likely alternatives each (at most 20); `None`: no prompt logprobs. Such a request reuses
+    /// the prefix cache only up to its first prompt position to score.
+    pub prompt_logprobs: Option<u32>,
 }

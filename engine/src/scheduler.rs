@@ -43,6 +43,7 @@
 
 use std::collections::HashMap;
 
+use super::prompt_logprobs;
 use super::sequence::Sequence;
 use crate::kv::{BlockPool, NoFreeBlocks};
 use crate::priority::{is_sheddable, Priority, RunningSet, WaitQueue};
@@ -203,7 +204,13 @@ impl Scheduler {
             }
             let allocated = loop {
                 let seq = &seqs[&id];
-                match pool.allocate(&seq.tokens, seq.prefix_root, self.config.watermark_blocks) {
+                let reusable = prompt_logprobs::reusable_prefix(seq);
+                match pool.allocate(
+                    &seq.tokens,
+                    seq.prefix_root,
+                    reusable,
+                    self.config.watermark_blocks,
+                ) {
                     Ok(allocated) => break Some(allocated),
                     Err(short) => {
                         let mut step = StepState {

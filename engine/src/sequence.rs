@@ -23,6 +23,16 @@ pub enum StopReason {
     ConstraintComplete,
 }
 
+/// Prompt logprobs (the `prompt_logprobs` module): what a sequence asked for and how far it got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PromptScoring {
+    /// Most likely alternatives to report per prompt token (0: the logprob alone).
+    pub top_n: usize,
+    /// Prompt positions whose logits have been scored so far: tokens `1 ..= scored` have their
+    /// logprobs sent. Scoring is done at `prompt_len - 1`.
+    pub scored: usize,
+}
+
 /// A request being generated.
 ///
 /// Invariant: the KV cache holds exactly `tokens[..computed]`, in the blocks of `blocks` (`None`
@@ -49,6 +59,9 @@ pub struct Sequence {
     /// The root of its prefix-cache block chain (block 0's parent hash): `block_hash::SEED`, or
     /// the salted seed of its cache salt (prefix-cache isolation).
     pub prefix_root: u64,
+    /// Prompt logprobs: what the request asked for and how far the scoring got (`None`: not
+    /// asked for).
+    pub prompt_scoring: Option<PromptScoring>,
     sampler: Sampler,
     max_new_tokens: usize,
     stop_token_ids: HashSet<u32>,
@@ -79,6 +92,7 @@ impl Sequence {
             constraint: None,
             mask: None,
             prefix_root: block_hash::SEED,
+            prompt_scoring: None,
             sampler,
             max_new_tokens,
             stop_token_ids: stop_token_ids.into_iter().collect(),

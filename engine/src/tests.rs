@@ -628,4 +628,5 @@ async fn cache_events_replayed_on_the_snapshot_equal_the_cache() {
 }
 
 mod priority_and_salt;
+mod prompt_logprobs;
 mod scheduler_priority;

@@ -27,9 +27,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use inference_proto::public::{
-    FinishReason, GenerateRequest, GenerateResponse, Token, TopLogprob, Usage,
+    FinishReason, GenerateRequest, GenerateResponse, PromptToken, Token, TopLogprob, Usage,
 };
-use inference_proto::worker::{AddRequest, StopReason, TokenOutput};
+use inference_proto::worker::{
+    AddRequest, PromptTokenLogprob, StopReason, TokenLogprob, TokenOutput,
+};
 use tokenizer::IncrementalDetokenizer;
 use tokio::sync::mpsc;
 use tracing::Instrument as _;
@@ -159,6 +161,7 @@ pub fn launch(
         constraint: valid.constraint.clone(),
         priority: caller.priority,
         cache_salt: caller.cache_salt.clone(),
+        prompt_logprobs: valid.prompt_logprobs,
     };
     let placement = Placement {
         tenant: tenant.name.clone(),
@@ -196,6 +199,7 @@ pub fn launch(
         dispatched_at: None,
         failovers: 0,
         first_token_at: None,
+        prompt: valid.prompt_logprobs.map(|_| valid.prompt_ids.clone()),
     };
     tokio::spawn(stream.run(session, tx, call.deadline).in_current_span());
     Ok(rx)
@@ -233,6 +237,9 @@ struct TokenStream {
     /// Times the request moved to another worker.
     failovers: u32,
     first_token_at: Option<Instant>,
+    /// The prompt's ids while its scored tokens are still to be sent (requests with prompt
+    /// logprobs, until the first message).
+    prompt: Option<Vec<u32>>,
 }
 
 impl TokenStream {
@@ -265,7 +272,14 @@ impl TokenStream {
             };
             self.dispatched_at = session.first_dispatch();
             self.failovers = session.failovers();
-            let message = event.map(|token| self.on_token(token));
+            let message = event.map(|token| {
+                let mut message = self.on_token(token);
+                if let Some(prompt) = self.prompt.take() {
+                    message.prompt_tokens =
+                        prompt_tokens(&self.model, &prompt, session.take_prompt_scores());
+                }
+                message
+            });
             let last = message.as_ref().map_or(true, |m| {
                 m.finish_reason != FinishReason::Unspecified as i32
             });
@@ -334,15 +348,7 @@ impl TokenStream {
                 text: tokenizer.token_text(id).unwrap_or_default(),
                 logprob: token.logprob,
                 special: tokenizer.is_special(id),
-                top_logprobs: token
-                    .top_logprobs
-                    .iter()
-                    .map(|alt| TopLogprob {
-                        id: alt.token_id,
-                        text: tokenizer.token_text(alt.token_id).unwrap_or_default(),
-                        logprob: alt.logprob,
-                    })
-                    .collect(),
+                top_logprobs: top_logprobs(&self.model, &token.top_logprobs),
             }],
             request_id: self.request_id.clone(),
             ..Default::default()
@@ -379,4 +385,42 @@ impl TokenStream {
             failovers: self.failovers,
         }
     }
+}
+
+/// The public message's prompt tokens for the `prompt` ids and their `scores` by prompt index
+/// (the first token has none; a missing score leaves `logprob` unset).
+fn prompt_tokens(
+    model: &ModelContext,
+    prompt: &[u32],
+    scores: Vec<Option<PromptTokenLogprob>>,
+) -> Vec<PromptToken> {
+    let tokenizer = &model.tokenizer;
+    let mut scores = scores.into_iter();
+    prompt
+        .iter()
+        .map(|&id| {
+            let score = scores.next().flatten();
+            PromptToken {
+                id,
+                text: tokenizer.token_text(id).unwrap_or_default(),
+                logprob: score.as_ref().map(|s| s.logprob),
+                special: tokenizer.is_special(id),
+                top_logprobs: score
+                    .map(|s| top_logprobs(model, &s.top_logprobs))
+                    .unwrap_or_default(),
+            }
+        })
+        .collect()
+}
+
+/// The public alternatives for the worker's.
+fn top_logprobs(model: &ModelContext, alternatives: &[TokenLogprob]) -> Vec<TopLogprob> {
+    alternatives
+        .iter()
+        .map(|alt| TopLogprob {
+            id: alt.token_id,
+            text: model.tokenizer.token_text(alt.token_id).unwrap_or_default(),
+            logprob: alt.logprob,
+        })
+        .collect()
 }

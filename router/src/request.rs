@@ -66,6 +66,8 @@ pub struct GenerationRequest {
     pub constraint: Option<Constraint>,
     /// Tool calling (chat prompts only); validation renders the tools and sets `constraint`.
     pub tools: Option<ToolRequest>,
+    /// Prompt logprobs with this many alternatives per prompt token, in [0, 20]; `None`: off.
+    pub prompt_logprobs: Option<u32>,
     /// Size of the request as received (encoded message or HTTP body), in bytes.
     pub size_bytes: usize,
 }
@@ -94,6 +96,7 @@ impl Default for GenerationRequest {
             request_id: None,
             constraint: None,
             tools: None,
+            prompt_logprobs: None,
             size_bytes: 0,
         }
     }

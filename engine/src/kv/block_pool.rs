@@ -131,18 +131,22 @@ impl BlockPool {
     /// request's cache salt, so that only requests of the same salt share blocks).
     ///
     /// Returns the table and how many leading tokens are already computed (a multiple of the block
-    /// size, always less than `tokens.len()` so that the last token is computed and yields logits).
-    /// `reserve` extra blocks must stay available afterwards (the admission watermark).
+    /// size, always less than `tokens.len()` so that the last token is computed and yields logits,
+    /// and at most `reusable`: the positions from `reusable` on must be computed, e.g. because
+    /// their logits are wanted). `reserve` extra blocks must stay available afterwards (the
+    /// admission watermark).
     ///
     /// Errors: [`NoFreeBlocks`] when the blocks (plus `reserve`) are not available; nothing changes.
     pub fn allocate(
         &mut self,
         tokens: &[u32],
         root: u64,
+        reusable: usize,
         reserve: usize,
     ) -> Result<(SequenceBlocks, usize), NoFreeBlocks> {
         let needed_total = self.blocks_for(tokens.len());
-        let hits = self.cached_prefix(tokens, root);
+        let lookup = &tokens[..reusable.saturating_add(1).min(tokens.len())];
+        let hits = self.cached_prefix(lookup, root);
         let evictable_hits = hits
             .iter()
             .filter(|&&(_, b)| self.ref_counts[b as usize] == 0)
@@ -328,7 +332,7 @@ mod tests {
     #[test]
     fn allocate_grow_release() {
         let mut pool = BlockPool::new(8, 4, false);
-        let (mut seq, computed) = pool.allocate(&toks(5, 0), SEED, 0).unwrap();
+        let (mut seq, computed) = pool.allocate(&toks(5, 0), SEED, usize::MAX, 0).unwrap();
         assert_eq!((seq.table().len(), computed), (2, 0));
         pool.ensure_capacity(&mut seq, 9).unwrap();
         assert_eq!(seq.table().len(), 3);
@@ -348,7 +352,9 @@ mod tests {
     #[test]
     fn watermark_and_failure_change_nothing() {
         let mut pool = BlockPool::new(4, 4, true);
-        let err = pool.allocate(&toks(13, 0), SEED, 1).unwrap_err();
+        let err = pool
+            .allocate(&toks(13, 0), SEED, usize::MAX, 1)
+            .unwrap_err();
         assert_eq!(
             err,
             NoFreeBlocks {
@@ -357,26 +363,26 @@ mod tests {
             }
         );
         assert_eq!(pool.stats().free, 4);
-        assert!(pool.allocate(&toks(12, 0), SEED, 1).is_ok());
+        assert!(pool.allocate(&toks(12, 0), SEED, usize::MAX, 1).is_ok());
     }
 
     #[test]
     fn prefix_blocks_are_shared_and_last_token_recomputed() {
         let mut pool = BlockPool::new(16, 4, true);
         let prompt = toks(10, 1);
-        let (mut a, computed) = pool.allocate(&prompt, SEED, 0).unwrap();
+        let (mut a, computed) = pool.allocate(&prompt, SEED, usize::MAX, 0).unwrap();
         assert_eq!(computed, 0);
         pool.register_full_blocks(&mut a, &prompt, 10);
         assert_eq!(pool.stats().cached, 2);
         // Same first 8 tokens, different tail: shares 2 blocks.
         let mut other = prompt[..8].to_vec();
         other.extend([500, 501, 502]);
-        let (b, computed) = pool.allocate(&other, SEED, 0).unwrap();
+        let (b, computed) = pool.allocate(&other, SEED, usize::MAX, 0).unwrap();
         assert_eq!(computed, 8);
         assert_eq!(b.table()[..2], a.table()[..2]);
         assert_ne!(b.table()[2], a.table()[2]);
         // A prompt of exactly the 8 cached tokens reuses only the first block.
-        let (c, computed) = pool.allocate(&prompt[..8], SEED, 0).unwrap();
+        let (c, computed) = pool.allocate(&prompt[..8], SEED, usize::MAX, 0).unwrap();
         assert_eq!(computed, 4);
         assert_eq!(c.table()[0], a.table()[0]);
         assert_ne!(c.table()[1], a.table()[1]);
@@ -393,17 +399,17 @@ mod tests {
     fn evicts_least_recently_released_cached_blocks_tails_first() {
         let mut pool = BlockPool::new(4, 2, true);
         let p = toks(4, 3);
-        let (mut a, _) = pool.allocate(&p, SEED, 0).unwrap();
+        let (mut a, _) = pool.allocate(&p, SEED, usize::MAX, 0).unwrap();
         pool.register_full_blocks(&mut a, &p, 4);
         let first = a.table()[0];
         pool.release(a);
         assert_eq!(pool.stats().cached, 2);
         // Needs 3 blocks: 2 free ones, then evicts the tail block of `p`, keeping its first block.
-        let (d, _) = pool.allocate(&toks(6, 100), SEED, 0).unwrap();
+        let (d, _) = pool.allocate(&toks(6, 100), SEED, usize::MAX, 0).unwrap();
         assert_eq!(pool.stats().evictions, 1);
         assert!(!d.table().contains(&first));
         pool.release(d);
-        let (e, computed) = pool.allocate(&p, SEED, 0).unwrap();
+        let (e, computed) = pool.allocate(&p, SEED, usize::MAX, 0).unwrap();
         assert_eq!(computed, 2, "the root block survived");
         assert_eq!(e.table()[0], first);
         pool.release(e);
@@ -414,9 +420,9 @@ mod tests {
     fn caching_off_never_shares() {
         let mut pool = BlockPool::new(8, 2, false);
         let p = toks(5, 0);
-        let (mut a, _) = pool.allocate(&p, SEED, 0).unwrap();
+        let (mut a, _) = pool.allocate(&p, SEED, usize::MAX, 0).unwrap();
         pool.register_full_blocks(&mut a, &p, 5);
-        let (b, computed) = pool.allocate(&p, SEED, 0).unwrap();
+        let (b, computed) = pool.allocate(&p, SEED, usize::MAX, 0).unwrap();
         assert_eq!(computed, 0);
         assert!(a.table().iter().all(|x| !b.table().contains(x)));
         pool.release(a);
@@ -441,7 +447,7 @@ mod tests {
                         let shared = rng.random_range(0..3u32);
                         let mut t = toks(rng.random_range(1..12), shared);
                         t.truncate(rng.random_range(1..=t.len()));
-                        if let Ok((mut s, computed)) = pool.allocate(&t, SEED, 1) {
+                        if let Ok((mut s, computed)) = pool.allocate(&t, SEED, usize::MAX, 1) {
                             assert!(computed < t.len());
                             pool.register_full_blocks(&mut s, &t, t.len());
                             live.push((s, t));

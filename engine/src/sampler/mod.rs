@@ -193,12 +193,7 @@ impl Sampler {
                 }
             }
         });
-        let raw = RawDistribution::of(logits);
-        SampledToken {
-            token_id: token_id as u32,
-            logprob: raw.logprob(logits[token_id]),
-            top_logprobs: raw.top(logits, self.config.top_logprobs as usize),
-        }
+        score_token(logits, token_id as u32, self.config.top_logprobs as usize)
     }
 
     /// The distribution [`sample`](Self::sample) would draw from for the same arguments: `(id,
@@ -505,6 +500,20 @@ pub fn argmax(logits: &[f32]) -> usize {
         return 0;
     }
     logits.iter().position(|&v| v == max).unwrap_or(0)
+}
+
+/// `token`'s log-probability under the raw distribution of `logits` (`[vocab]` f32, temperature 1)
+/// and the `top_n` most likely `(id, logprob)` of it, most likely first, ties lower id first: what a
+/// sampled token reports ([`Sampler::sample`] calls it) and what a prompt token reports (its
+/// position's logits scored against the prompt's next token), so both are bitwise the same for the
+/// same logits. Panics if `token` is outside `logits`.
+pub fn score_token(logits: &[f32], token: u32, top_n: usize) -> SampledToken {
+    let raw = RawDistribution::of(logits);
+    SampledToken {
+        token_id: token,
+        logprob: raw.logprob(logits[token as usize]),
+        top_logprobs: raw.top(logits, top_n),
+    }
 }
 
 /// `log_softmax(logits)[i]`: `logits[i] - max - ln(sum(exp(logits - max)))`, NaN logits ignored in the

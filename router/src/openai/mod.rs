@@ -15,6 +15,7 @@
 //! - [`tools`]: the tool-calling fields (`tools`, `tool_choice`, the messages' calls);
 //! - [`error`]: OpenAI's error object and the HTTP statuses.
 
+pub mod echo;
 pub mod error;
 pub mod reply;
 pub mod run;
@@ -40,6 +41,7 @@ use crate::route_error::RouteError;
 use crate::tenants::quota::CallPart;
 use crate::tenants::{Callers, Tenant};
 use crate::validation::RequestLimits;
+use echo::EchoPrompt;
 use error::{ApiError, Endpoint};
 use reply::Reply;
 use run::Choice;
@@ -225,8 +227,14 @@ impl OpenAiFront {
         let id = format!("{prefix}-{}", new_request_id());
         let mut choices = Vec::new();
         let mut prompt_tokens = 0u64;
-        for (model_context, valid) in &prepared {
+        for (prompt_index, (model_context, valid)) in prepared.iter().enumerate() {
             prompt_tokens += valid.prompt_ids.len() as u64;
+            let echo = shape.echo.as_ref().map(|e| EchoPrompt {
+                text: e.prompt_texts[prompt_index]
+                    .clone()
+                    .unwrap_or_else(|| model_context.tokenizer.decode(&valid.prompt_ids, false)),
+                generate: e.generate,
+            });
             for n in 0..shape.n {
                 let index = choices.len();
                 let observer = self
@@ -253,6 +261,7 @@ impl OpenAiFront {
                         index,
                         rx,
                         observer,
+                        echo: echo.clone(),
                     }),
                     Err(e) => {
                         if let Some(observer) = observer {

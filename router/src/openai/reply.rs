@@ -8,7 +8,7 @@
 //! UTF-8 bytes. A completions `text_offset` is the character offset of the text emitted before the
 //! token's step.
 
-use inference_proto::public::{FinishReason, GenerateResponse, Token};
+use inference_proto::public::{FinishReason, GenerateResponse, PromptToken, Token};
 use serde_json::{json, Value};
 use structured_output::tool_call::{parse_tool_calls, CallDelta, ToolSyntax};
 
@@ -73,9 +73,18 @@ pub struct ChoiceText {
     /// Text.
     pub text: String,
     /// Shown tokens with their text offsets (characters into the choice's text).
-    tokens: Vec<(Token, usize)>,
+    tokens: Vec<ShownToken>,
     /// Characters of text so far (the offset of the next step).
     chars: usize,
+}
+
+/// A shown token: its text and alternatives, its log probability (`None`: the first token of an
+/// echoed prompt, which has none) and its text offset.
+#[derive(Debug, Clone)]
+struct ShownToken {
+    token: Token,
+    logprob: Option<f32>,
+    offset: usize,
 }
 
 impl ChoiceText {
@@ -83,9 +92,36 @@ impl ChoiceText {
     pub fn push(&mut self, message: &GenerateResponse) {
         let offset = self.chars;
         self.tokens
-            .extend(shown_tokens(message).iter().map(|t| (t.clone(), offset)));
+            .extend(shown_tokens(message).iter().map(|t| ShownToken {
+                token: t.clone(),
+                logprob: Some(t.logprob),
+                offset,
+            }));
         self.text.push_str(&message.text);
         self.chars += message.text.chars().count();
+    }
+
+    /// Adds an echoed prompt: its `text` and, when the request scored them, its `tokens` (the
+    /// first without a log probability), each at the character offset where its own text starts
+    /// within the prompt's tokens' texts.
+    pub fn push_prompt(&mut self, text: &str, tokens: &[PromptToken]) {
+        let mut offset = self.chars;
+        for t in tokens {
+            self.tokens.push(ShownToken {
+                token: Token {
+                    id: t.id,
+                    text: t.text.clone(),
+                    logprob: t.logprob.unwrap_or(f32::NAN),
+                    special: t.special,
+                    top_logprobs: t.top_logprobs.clone(),
+                },
+                logprob: t.logprob,
+                offset,
+            });
+            offset += t.text.chars().count();
+        }
+        self.text.push_str(text);
+        self.chars += text.chars().count();
     }
 
     /// Whether there is nothing to show.
@@ -114,7 +150,7 @@ impl Reply {
                 let content: Vec<Value> = text
                     .tokens
                     .iter()
-                    .map(|(t, _)| {
+                    .map(|ShownToken { token: t, .. }| {
                         let mut e = entry(&t.text, t.logprob);
                         e["top_logprobs"] = t
                             .top_logprobs
@@ -129,15 +165,16 @@ impl Reply {
             Endpoint::Completions => {
                 let tokens = &text.tokens;
                 json!({
-                    "tokens": tokens.iter().map(|(t, _)| t.text.as_str()).collect::<Vec<_>>(),
-                    "token_logprobs": tokens.iter().map(|(t, _)| t.logprob).collect::<Vec<_>>(),
-                    "top_logprobs": tokens.iter().map(|(t, _)| {
-                        t.top_logprobs
+                    "tokens": tokens.iter().map(|t| t.token.text.as_str()).collect::<Vec<_>>(),
+                    "token_logprobs": tokens.iter().map(|t| t.logprob).collect::<Vec<_>>(),
+                    // OpenAI's first echoed prompt token has `null` here too.
+                    "top_logprobs": tokens.iter().map(|t| {
+                        t.logprob.map(|_| t.token.top_logprobs
                             .iter()
                             .map(|a| (a.text.clone(), json!(a.logprob)))
-                            .collect::<serde_json::Map<_, _>>()
+                            .collect::<serde_json::Map<_, _>>())
                     }).collect::<Vec<_>>(),
-                    "text_offset": tokens.iter().map(|(_, o)| *o).collect::<Vec<_>>(),
+                    "text_offset": tokens.iter().map(|t| t.offset).collect::<Vec<_>>(),
                 })
             }
         }

@@ -15,6 +15,7 @@ use inference_proto::public::{FinishReason, GenerateResponse};
 use serde_json::Value;
 use tokio_stream::wrappers::ReceiverStream;
 
+use super::echo::EchoPrompt;
 use super::error::ApiError;
 use super::reply::{finish_reason, usage, with_calls, ChoiceText, Reply};
 use crate::drain::ActiveCall;
@@ -31,6 +32,8 @@ pub struct Choice {
     pub rx: ResponseReceiver,
     /// Records the sequence in the router's metrics.
     pub observer: Option<RequestObserver>,
+    /// Completions' `echo`: the prompt to show first (not streamed).
+    pub echo: Option<EchoPrompt>,
 }
 
 type Item = (usize, Result<GenerateResponse, RouteError>);
@@ -42,6 +45,7 @@ fn merge(choices: Vec<Choice>) -> SelectAll<BoxStream<'static, Item>> {
             index,
             rx,
             mut observer,
+            echo: _,
         } = choice;
         ReceiverStream::new(rx)
             .map(move |item| {
@@ -67,17 +71,33 @@ pub async fn gather(
     let count = choices.len();
     let mut texts = vec![ChoiceText::default(); count];
     let mut reasons: Vec<Option<&'static str>> = vec![None; count];
+    let mut echoes: Vec<Option<EchoPrompt>> = choices.iter().map(|c| c.echo.clone()).collect();
+    // `max_tokens: 0` with echo: the one token the worker ran is not shown.
+    let hidden: Vec<bool> = echoes
+        .iter()
+        .map(|e| e.as_ref().is_some_and(|e| !e.generate))
+        .collect();
     let mut completion_tokens = 0u64;
     let mut merged = merge(choices);
     while let Some((index, item)) = merged.next().await {
         let message = item.map_err(|e| ApiError::from_route(e, Some(reply.endpoint)))?;
-        texts[index].push(&message);
+        // The first message of an echoing choice carries the prompt's tokens.
+        if let Some(echo) = echoes[index].take() {
+            texts[index].push_prompt(&echo.text, &message.prompt_tokens);
+        }
+        let generate = !hidden[index];
+        if generate {
+            texts[index].push(&message);
+        }
         if let Some(reason) = finished(&message) {
-            reasons[index] = Some(reason);
-            completion_tokens += message
-                .usage
-                .as_ref()
-                .map_or(0, |u| u.generated_tokens.into());
+            // `max_tokens: 0` with echo: the hidden token ran out the budget.
+            reasons[index] = Some(if generate { reason } else { "length" });
+            if generate {
+                completion_tokens += message
+                    .usage
+                    .as_ref()
+                    .map_or(0, |u| u.generated_tokens.into());
+            }
         }
     }
     let mut out = Vec::with_capacity(count);

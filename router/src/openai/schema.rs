@@ -13,6 +13,7 @@ use std::collections::HashMap;
 use inference_proto::public::{constraint::Kind, ChoiceList, Constraint};
 use serde::Deserialize;
 
+use super::echo::{self, Echo};
 use super::error::{ApiError, Endpoint};
 use super::tools::{check_tool_results, message_tool_calls, tool_request};
 use crate::chat_template::ChatMessage;
@@ -189,7 +190,7 @@ pub struct CompletionBody {
     pub response_format: Option<ResponseFormat>,
     /// Accepted, ignored.
     pub user: Option<String>,
-    /// Completions: echo the prompt (only `false` is served).
+    /// Completions: echo the prompt (see [`super::echo`]).
     pub echo: Option<bool>,
     /// Completions: text after the completion (not served).
     pub suffix: Option<String>,
@@ -312,6 +313,8 @@ pub struct Shape {
     pub logprobs: bool,
     /// Read tool calls out of the text (chat with tools and `tool_choice` other than `none`).
     pub tool_calls: bool,
+    /// Completions' `echo: true` (see [`super::echo`]).
+    pub echo: Option<Echo>,
 }
 
 impl CompletionBody {
@@ -334,7 +337,7 @@ impl CompletionBody {
     /// The generation requests (one per prompt) and the response shape, for `endpoint`.
     /// `size_bytes` is the body's length.
     ///
-    /// Errors: 400 naming the field for `echo: true` or a `suffix` (not served), a missing or
+    /// Errors: 400 naming the field for `echo: true` on chat or streamed, a `suffix` (not served), a missing or
     /// malformed prompt, `n` outside [1, 16],
     /// a `logprobs` of the other endpoint's kind, `top_logprobs` without `logprobs`, a logit-bias
     /// key that is not a token id, a content part that is not text, more than one structured-output
@@ -344,8 +347,9 @@ impl CompletionBody {
         endpoint: Endpoint,
         size_bytes: usize,
     ) -> Result<(Vec<GenerationRequest>, Shape), ApiError> {
-        if self.echo == Some(true) {
-            return Err(ApiError::invalid("echo", "echo is not supported"));
+        let echo = self.echo == Some(true);
+        if echo {
+            echo::check(endpoint, self.stream.unwrap_or(false))?;
         }
         if self.suffix.as_ref().is_some_and(|s| !s.is_empty()) {
             return Err(ApiError::invalid("suffix", "suffix is not supported"));
@@ -389,6 +393,7 @@ impl CompletionBody {
                 .is_some_and(|o| o.include_usage),
             logprobs,
             tool_calls: false,
+            echo: None,
         };
         let tools = match endpoint {
             Endpoint::Chat => tool_request(
@@ -404,7 +409,7 @@ impl CompletionBody {
             }
             Endpoint::Completions => None,
         };
-        let shape = Shape {
+        let mut shape = Shape {
             tool_calls: tools.as_ref().is_some_and(ToolRequest::parses_calls),
             ..shape
         };
@@ -415,7 +420,15 @@ impl CompletionBody {
         let max_new_tokens = match endpoint {
             Endpoint::Chat => self.max_completion_tokens.or(self.max_tokens),
             Endpoint::Completions => {
-                Some(self.max_tokens.unwrap_or(COMPLETIONS_DEFAULT_MAX_TOKENS))
+                let asked = self.max_tokens.unwrap_or(COMPLETIONS_DEFAULT_MAX_TOKENS);
+                let (max_new_tokens, generate) = echo::max_new_tokens(asked, echo);
+                if echo {
+                    shape.echo = Some(Echo {
+                        prompt_texts: prompts.iter().map(prompt_text).collect(),
+                        generate,
+                    });
+                }
+                Some(max_new_tokens)
             }
         };
         let mut logit_bias = Vec::new();
@@ -452,6 +465,8 @@ impl CompletionBody {
             request_id: None,
             constraint: self.constraint()?,
             tools,
+            // An echo with `logprobs: N` scores the prompt with N alternatives per token.
+            prompt_logprobs: (echo && logprobs).then_some(top_logprobs),
             size_bytes,
         };
         let requests = prompts
@@ -566,6 +581,14 @@ fn chat_prompt(messages: Option<&[Message]>) -> Result<Prompt, ApiError> {
 }
 
 /// A completions request's prompt(s).
+/// A prompt's text as given (`None` for token ids).
+fn prompt_text(prompt: &Prompt) -> Option<String> {
+    match prompt {
+        Prompt::Text { text, .. } => Some(text.clone()),
+        Prompt::Chat(_) | Prompt::Ids(_) => None,
+    }
+}
+
 fn completion_prompts(prompt: Option<PromptInput>) -> Result<Vec<Prompt>, ApiError> {
     let text = |text| Prompt::Text {
         text,

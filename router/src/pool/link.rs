@@ -13,8 +13,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use inference_proto::worker::{
-    router_message, AddRequest, CancelRequest, HealthResponse, LoadReport, RouterMessage,
-    StepOutput, TokenOutput,
+    router_message, AddRequest, CancelRequest, HealthResponse, LoadReport, PromptLogprobs,
+    RouterMessage, StepOutput, TokenOutput,
 };
 use tokio::sync::mpsc;
 
@@ -29,6 +29,8 @@ use crate::route_error::{WorkerFailure, WorkerFailureKind};
 pub enum WorkerEvent {
     /// One generated token (the last one has `finished` set).
     Token(TokenOutput),
+    /// Scored prompt tokens (a request with prompt logprobs); all come before its first token.
+    Prompt(PromptLogprobs),
     /// The worker rejected or could not finish the request; nothing more follows. (A request the
     /// worker hands back, [`WorkerFailureKind::HandedBack`], is [`WorkerEvent::Lost`] instead.)
     Failed(WorkerFailure),
@@ -327,6 +329,11 @@ impl WorkerLink {
                     WorkerEvent::Failed(failure)
                 };
                 let _ = tx.send(event);
+            }
+        }
+        for scored in step.prompt_logprobs {
+            if let Some(tx) = state.inflight.get(&scored.request_id) {
+                let _ = tx.send(WorkerEvent::Prompt(scored));
             }
         }
         for token in step.tokens {

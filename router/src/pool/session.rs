@@ -17,7 +17,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use inference_proto::worker::{AddRequest, TokenOutput};
+use inference_proto::worker::{AddRequest, PromptTokenLogprob, TokenOutput};
 use tracing::Instrument as _;
 
 use super::{Dispatched, Ticket, WorkerEvent, WorkerPool};
@@ -38,6 +38,9 @@ pub struct Session {
     lost_at: Option<Instant>,
     /// The `generation` span of the current worker attempt (traces); closes when the attempt ends.
     attempt_span: Option<tracing::Span>,
+    /// Prompt logprobs received, by prompt index (index 0 never has one); a worker that takes
+    /// over before the first token scores the prompt again and overwrites them.
+    prompt_scores: Vec<Option<PromptTokenLogprob>>,
 }
 
 impl Session {
@@ -54,6 +57,7 @@ impl Session {
             lost_reason: None,
             lost_at: None,
             attempt_span: None,
+            prompt_scores: Vec::new(),
         }
     }
 
@@ -65,6 +69,13 @@ impl Session {
     /// How many times the request moved to another worker.
     pub fn failovers(&self) -> u32 {
         self.failovers
+    }
+
+    /// The scored prompt tokens received so far, by prompt index (`None` at index 0 and where none
+    /// came), taken once: call it at the first token, when a request with prompt logprobs has
+    /// all of them.
+    pub fn take_prompt_scores(&mut self) -> Vec<Option<PromptTokenLogprob>> {
+        std::mem::take(&mut self.prompt_scores)
     }
 
     /// The worker serving the request now, if any.
@@ -122,6 +133,17 @@ impl Session {
                     }
                     return Ok(token);
                 }
+                Some(WorkerEvent::Prompt(scored)) => {
+                    let first = scored.first_index as usize;
+                    let end = first + scored.tokens.len();
+                    if self.prompt_scores.len() < end {
+                        self.prompt_scores.resize(end, None);
+                    }
+                    for (slot, token) in self.prompt_scores[first..].iter_mut().zip(scored.tokens) {
+                        *slot = Some(token);
+                    }
+                    continue;
+                }
                 Some(WorkerEvent::Failed(failure)) => return Err(failure.into()),
                 Some(WorkerEvent::Lost(reason)) => reason,
                 None => format!("worker {} dropped the request", current.worker_address()),
@@ -153,6 +175,10 @@ impl Session {
         );
         let mut request = self.request.clone();
         request.generated_ids = self.generated.clone();
+        if !self.generated.is_empty() {
+            // The prompt's scores went out with the first token.
+            request.prompt_logprobs = None;
+        }
         self.ticket = Some(self.pool.resume(request));
         self.lost_reason = Some(reason);
         self.lost_at.get_or_insert_with(Instant::now);

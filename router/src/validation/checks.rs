@@ -2,7 +2,7 @@
 //! that gives the numbers (see the module docs of [`super`] for the phases).
 
 use inference_proto::sampling_limits::{
-    SamplingConfig, SamplingError, MAX_ABS_PENALTY, MAX_REPETITION_PENALTY,
+    SamplingConfig, SamplingError, MAX_ABS_PENALTY, MAX_REPETITION_PENALTY, MAX_TOP_LOGPROBS,
 };
 use structured_wire::constraint_spec;
 
@@ -20,7 +20,7 @@ use crate::request::{GenerationRequest, Prompt};
 /// negative or non-finite temperature, `top_p` outside (0, 1], `min_p` outside [0, 1],
 /// `repetition_penalty` outside (0, 10] (0 is accepted and means off), `frequency_penalty` or
 /// `presence_penalty` outside [-2, 2], more than 300 `logit_bias` entries or a bias outside
-/// [-100, 100], `top_logprobs` above 20, too many, empty or too long stop strings.
+/// [-100, 100], `top_logprobs` or `prompt_logprobs` above 20, too many, empty or too long stop strings.
 pub fn check_request(
     req: &GenerationRequest,
     limits: &RequestLimits,
@@ -51,6 +51,12 @@ pub fn check_request(
         if let Some(i) = messages.iter().position(|m| m.role.is_empty()) {
             return invalid("messages", format!("messages[{i}].role is empty"));
         }
+    }
+    if let Some(n) = req.prompt_logprobs.filter(|&n| n > MAX_TOP_LOGPROBS) {
+        return invalid(
+            "prompt_logprobs",
+            format!("prompt_logprobs is {n}; the limit is {MAX_TOP_LOGPROBS}"),
+        );
     }
     if let Some(n) = req.max_new_tokens {
         if n == 0 {

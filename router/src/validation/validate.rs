@@ -62,6 +62,7 @@ impl TryFrom<GenerateRequest> for GenerationRequest {
             request_id: req.request_id.filter(|id| !id.is_empty()),
             constraint: req.constraint,
             tools: None,
+            prompt_logprobs: req.prompt_logprobs,
             size_bytes,
         })
     }
@@ -105,6 +106,8 @@ pub struct ValidRequest {
     pub request_id: Option<String>,
     /// Structured output.
     pub constraint: Option<Constraint>,
+    /// Prompt logprobs with this many alternatives each (at most 20); `None`: off.
+    pub prompt_logprobs: Option<u32>,
 }
 
 impl ValidRequest {
@@ -156,6 +159,7 @@ pub fn validate(
         include_special_tokens: req.include_special_tokens,
         request_id: req.request_id,
         constraint: req.constraint,
+        prompt_logprobs: req.prompt_logprobs,
     })
 }
 

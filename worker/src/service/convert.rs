@@ -3,7 +3,8 @@
 //! mapping of [`EngineErrorKind`]s to gRPC status codes lives here and nowhere else.
 
 use inference_proto::worker::{
-    AddRequest, EngineStats as WireStats, KvCacheEvents, LoadReport, RequestError, SamplingParams,
+    AddRequest, EngineStats as WireStats, KvCacheEvents, LoadReport,
+    PromptLogprobs as WirePromptLogprobs, PromptTokenLogprob, RequestError, SamplingParams,
     StepOutput, StopReason as WireStopReason, TokenLogprob, TokenOutput,
 };
 use tokio::sync::mpsc;
@@ -12,7 +13,7 @@ use tonic::Code;
 use engine::sampler::SamplingConfig;
 use engine::{
     CacheReport, EngineErrorKind, EngineLoad, EngineOutput, EngineRequest, EngineStats,
-    GeneratedToken, OutputSink, RequestFailure, StopReason,
+    GeneratedToken, OutputSink, PromptLogprobs, RequestFailure, StopReason,
 };
 
 /// The engine's request for the wire's `add`. Its `constraint` and `trace_context` are the
@@ -30,6 +31,7 @@ pub fn engine_request(add: AddRequest) -> EngineRequest {
         seed: sampling.seed,
         priority: add.priority,
         prefix_root: engine::kv::salted_seed(&add.cache_salt),
+        prompt_logprobs: add.prompt_logprobs,
     }
 }
 
@@ -80,7 +82,36 @@ pub fn step_output(output: EngineOutput) -> StepOutput {
         load: output.load.map(load_report),
         step: output.step,
         kv_events: output.cache.map(kv_events),
+        prompt_logprobs: output
+            .prompt_logprobs
+            .into_iter()
+            .map(prompt_logprobs)
+            .collect(),
     }
+}
+
+/// The wire's scored prompt tokens for the engine's.
+fn prompt_logprobs(scored: PromptLogprobs) -> WirePromptLogprobs {
+    WirePromptLogprobs {
+        request_id: scored.request_id,
+        first_index: scored.first_index,
+        tokens: scored
+            .tokens
+            .into_iter()
+            .map(|t| PromptTokenLogprob {
+                token_id: t.token_id,
+                logprob: t.logprob,
+                top_logprobs: token_logprobs(t.top_logprobs),
+            })
+            .collect(),
+    }
+}
+
+/// The wire's alternatives for the engine's `(id, logprob)` pairs.
+fn token_logprobs(top: Vec<(u32, f32)>) -> Vec<TokenLogprob> {
+    top.into_iter()
+        .map(|(token_id, logprob)| TokenLogprob { token_id, logprob })
+        .collect()
 }
 
 /// The wire's prefix cache events for the engine's cache report.
@@ -113,11 +144,7 @@ fn token_output(token: GeneratedToken) -> TokenOutput {
         finished: token.stop.is_some(),
         stop_reason: wire_stop_reason(token.stop) as i32,
         index: token.index,
-        top_logprobs: token
-            .top_logprobs
-            .into_iter()
-            .map(|(token_id, logprob)| TokenLogprob { token_id, logprob })
-            .collect(),
+        top_logprobs: token_logprobs(token.top_logprobs),
     }
 }
 
@@ -276,6 +303,7 @@ mod tests {
                 seed: 5,
                 priority: -2,
                 prefix_root: engine::kv::salted_seed("tenant:a"),
+                prompt_logprobs: None,
             }
         );
         // No sampling at all: the wire's default, which the engine refuses for its top_p.
@@ -348,6 +376,7 @@ mod tests {
                     evicted: vec![1],
                 },
             }),
+            prompt_logprobs: vec![],
         };
         let wire = step_output(output);
         assert_eq!(
@@ -399,6 +428,7 @@ mod tests {
                     stored: vec![5, 6],
                     evicted: vec![1],
                 }),
+                prompt_logprobs: vec![],
             }
         );
         for (reason, wire) in [

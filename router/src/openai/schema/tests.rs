@@ -36,6 +36,7 @@ fn chat_body_maps_every_field() {
             include_usage: true,
             logprobs: true,
             tool_calls: false,
+            echo: None,
         }
     );
     let [r] = &reqs[..] else {
@@ -336,4 +337,43 @@ fn tools_are_parsed_and_the_deprecated_functions_refused() {
     assert!(chat(json!({"functions": [{"name": "f"}], "function_call": "none"})).is_ok());
     let e = requests(Endpoint::Completions, json!({"prompt": "x", "tools": tool})).unwrap_err();
     assert_eq!(e.param.as_deref(), Some("tools"));
+}
+
+#[test]
+fn echo_scores_the_prompt_and_max_tokens_zero_hides_the_one_token_run() {
+    let body = |v: serde_json::Value| parse(v.to_string().as_bytes()).unwrap();
+    let (reqs, shape) =
+        body(json!({"prompt": ["a b", "c"], "echo": true, "logprobs": 3, "max_tokens": 0}))
+            .into_requests(Endpoint::Completions, 10)
+            .unwrap();
+    assert_eq!(
+        shape.echo,
+        Some(Echo {
+            prompt_texts: vec![Some("a b".into()), Some("c".into())],
+            generate: false
+        })
+    );
+    assert!(reqs
+        .iter()
+        .all(|r| r.prompt_logprobs == Some(3) && r.max_new_tokens == Some(1)));
+    let (reqs, shape) = body(json!({"prompt": [1, 2], "echo": true, "max_tokens": 4}))
+        .into_requests(Endpoint::Completions, 10)
+        .unwrap();
+    assert_eq!(shape.echo.unwrap().prompt_texts, vec![None]);
+    assert_eq!(
+        (reqs[0].prompt_logprobs, reqs[0].max_new_tokens),
+        (None, Some(4))
+    );
+    for bad in [
+        json!({"messages": [{"role": "user", "content": "x"}], "echo": true}),
+        json!({"prompt": "x", "echo": true, "stream": true}),
+    ] {
+        let endpoint = if bad.get("messages").is_some() {
+            Endpoint::Chat
+        } else {
+            Endpoint::Completions
+        };
+        let err = body(bad).into_requests(endpoint, 10).unwrap_err();
+        assert_eq!(err.param.as_deref(), Some("echo"), "{}", err.message);
+    }
 }
