@@ -38,7 +38,7 @@ async fn wait_ready_workers(client: &mut PublicClient, n: u32, timeout: Duration
     let started = Instant::now();
     loop {
         let info = client
-            .model_info(ModelInfoRequest {})
+            .model_info(ModelInfoRequest::default())
             .await
             .unwrap()
             .into_inner();

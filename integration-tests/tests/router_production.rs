@@ -20,7 +20,7 @@ async fn wait_ready_workers(client: &mut PublicClient, n: u32) {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let info = client
-            .model_info(ModelInfoRequest {})
+            .model_info(ModelInfoRequest::default())
             .await
             .unwrap()
             .into_inner();

@@ -41,35 +41,25 @@ use error::{ApiError, Endpoint};
 use reply::Reply;
 use run::Choice;
 
-/// The names the HTTP front answers to.
-#[derive(Debug, Clone, Default)]
-pub struct ModelNames {
-    /// The name responses report and `/v1/models` lists; empty: the worker's model name.
-    pub served: String,
-    /// Other names requests may use.
-    pub aliases: Vec<String>,
-}
-
 /// What the HTTP front serves over.
 pub struct OpenAiFront {
     pool: Arc<WorkerPool>,
     limits: RequestLimits,
     drain: Arc<Drain>,
     metrics: Option<Arc<RouterMetrics>>,
-    names: ModelNames,
     keys: Arc<Callers>,
 }
 
 impl OpenAiFront {
-    /// A front over `pool`, validating against `limits`, refusing new requests once `drain` has
-    /// started, recording requests in `metrics`, answering to `names`, to callers with one of
-    /// `keys` (`GET /health` is open to all).
+    /// A front over `pool` (whose models answer to the names of its
+    /// [`crate::model_choice::ModelNaming`]), validating against `limits`, refusing new requests
+    /// once `drain` has started, recording requests in `metrics`, to callers with one of `keys`
+    /// (`GET /health` is open to all).
     pub fn new(
         pool: Arc<WorkerPool>,
         limits: RequestLimits,
         drain: Arc<Drain>,
         metrics: Option<Arc<RouterMetrics>>,
-        names: ModelNames,
         keys: Arc<Callers>,
     ) -> Arc<Self> {
         Arc::new(Self {
@@ -77,7 +67,6 @@ impl OpenAiFront {
             limits,
             drain,
             metrics,
-            names,
             keys,
         })
     }
@@ -117,31 +106,27 @@ impl OpenAiFront {
             .with_state(self.clone())
     }
 
-    /// The served names, the reported one first; `None` while no worker has told the model's name
-    /// and `served_model_name` is empty.
-    fn served_names(&self) -> Option<Vec<String>> {
-        let served = if self.names.served.is_empty() {
-            self.pool.model()?.model_name.clone()
-        } else {
-            self.names.served.clone()
-        };
-        let mut names = vec![served];
-        names.extend(self.names.aliases.iter().cloned());
-        Some(names)
-    }
-
-    /// The name a response reports for a request naming `requested`.
+    /// The name a response reports for a request naming `requested`: that name, or the default
+    /// model's public name when it names none (empty while no worker has described a model).
     ///
-    /// Errors: 404 `model_not_found` for a name that is not served.
-    fn resolve_model(&self, requested: Option<&str>) -> Result<String, ApiError> {
-        let Some(names) = self.served_names() else {
-            return Ok(requested.unwrap_or_default().to_string());
+    /// Errors: 404 `model_not_found` for a name that is not served, 400 `model_required` for none
+    /// where several models are served without a default (checked again when the request is
+    /// prepared; here so that they come before the body's other checks).
+    fn reported_model(&self, requested: Option<&str>) -> Result<String, ApiError> {
+        let model = match self.pool.resolve_model(requested) {
+            Ok(model) => model,
+            Err(e @ RouteError::Model(_)) => return Err(ApiError::from_route(e, None)),
+            Err(_) => return Ok(requested.unwrap_or_default().to_string()),
         };
-        match requested {
-            None | Some("") => Ok(names[0].clone()),
-            Some(name) if names.iter().any(|n| n == name) => Ok(name.to_string()),
-            Some(name) => Err(ApiError::model_not_found(name, &names)),
+        if let Some(name) = requested.filter(|name| !name.is_empty()) {
+            return Ok(name.to_string());
         }
+        Ok(self
+            .pool
+            .served_models()
+            .into_iter()
+            .find(|(m, _)| m.id == model.id)
+            .map_or_else(|| model.id.to_string(), |(_, names)| names[0].clone()))
     }
 
     /// One generation request from its body to the response.
@@ -158,7 +143,8 @@ impl OpenAiFront {
             .await
             .map_err(|_| ApiError::too_large(limit))?;
         let body = schema::parse(&bytes)?;
-        let model = self.resolve_model(body.model.as_deref())?;
+        let requested = body.model.clone();
+        let model = self.reported_model(requested.as_deref())?;
         let priority = body.priority()?;
         let (requests, shape) = body.into_requests(endpoint, bytes.len())?;
         let caller = self
@@ -179,7 +165,7 @@ impl OpenAiFront {
         };
         let mut prepared = Vec::with_capacity(requests.len());
         for request in requests {
-            let result = generate::prepare(&self.pool, &self.limits, request)
+            let result = generate::prepare(&self.pool, &self.limits, requested.as_deref(), request)
                 .instrument(span.clone())
                 .await;
             prepared.push(result.map_err(|e| ApiError::from_route(e, Some(endpoint)))?);
@@ -289,15 +275,24 @@ async fn completions(
         .unwrap_or_else(IntoResponse::into_response)
 }
 
-/// `GET /v1/models`: the served name and the aliases (503 while the name is not known yet).
+/// `GET /v1/models`: every served model's public name, the default model's aliases after it, each
+/// with `max_model_len` (its context length) and `ready_workers` (503 while no worker has described
+/// a model).
 async fn models(State(front): State<Arc<OpenAiFront>>) -> Response {
-    let Some(names) = front.served_names() else {
+    let served = front.pool.served_models();
+    if served.is_empty() {
         let e = RouteError::no_worker(front.pool.configured_workers());
         return ApiError::from_route(e, None).into_response();
-    };
-    let data: Vec<_> = names
+    }
+    let data: Vec<_> = served
         .iter()
-        .map(|name| json!({"id": name, "object": "model", "created": 0, "owned_by": "inference"}))
+        .flat_map(|(model, names)| {
+            let ready = front.pool.ready_workers_of(&model.id);
+            names.iter().map(move |name| {
+                json!({"id": name, "object": "model", "created": 0, "owned_by": "inference",
+                       "max_model_len": model.context.context_length, "ready_workers": ready})
+            })
+        })
         .collect();
     json_response(StatusCode::OK, &json!({"object": "list", "data": data}))
 }
@@ -329,9 +324,14 @@ async fn tokenize(State(front): State<Arc<OpenAiFront>>, body: Body) -> Response
             .or_else(|| body.get("add_special"))
             .map_or(Some(true), |v| v.as_bool())
             .ok_or_else(|| ApiError::invalid("add_special", "add_special must be a boolean"))?;
-        let model = front.pool.model().ok_or_else(|| {
-            ApiError::from_route(RouteError::no_worker(front.pool.configured_workers()), None)
-        })?;
+        // The body may name a model (`model`); without one, the default model's tokenizer.
+        let requested = body.get("model").and_then(|v| v.as_str());
+        let model = front
+            .pool
+            .resolve_model(requested)
+            .map_err(|e| ApiError::from_route(e, None))?
+            .context
+            .clone();
         let ids = tokio::task::spawn_blocking(move || model.tokenizer.encode(&text, add_special))
             .await
             .map_err(|e| ApiError::from_route(RouteError::Internal(e.to_string()), None))?
