@@ -56,13 +56,33 @@ async fn wait_model_ready(client: &mut PublicClient, model: &str, n: u32) {
     }
 }
 
+/// A client of the router at `address` (which is starting).
+async fn connect(address: &str) -> PublicClient {
+    let started = Instant::now();
+    loop {
+        match inference_proto::public::text_generation_client::TextGenerationClient::connect(
+            format!("http://{address}"),
+        )
+        .await
+        {
+            Ok(client) => return client,
+            Err(e) => assert!(started.elapsed() < Duration::from_secs(30), "{e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Token ids of each request through `client`, in order.
 async fn token_ids(client: &PublicClient, requests: &[GenerateRequest]) -> Vec<Vec<u32>> {
     let received = Arc::new(AtomicUsize::new(0));
     stream_all(client, requests, received)
         .await
         .into_iter()
-        .map(|r| r.expect("stream").generation.token_ids)
+        .map(|r| {
+            r.unwrap_or_else(|e| panic!("stream: {e:?}"))
+                .generation
+                .token_ids
+        })
         .collect()
 }
 
@@ -109,7 +129,8 @@ async fn two_models_behind_one_router() {
     let http_port = free_port();
     let http_listen = format!("127.0.0.1:{http_port}");
     let (_router, router) = start_router(&[&a1, &a2, &b], &["--http-listen", &http_listen]).await;
-    let mut client = connect_ready(&router, Duration::from_secs(60)).await;
+    // Without a default model, `ModelInfo` needs `model`: wait per model.
+    let mut client = connect(&router).await;
     wait_model_ready(&mut client, LLAMA, 2).await;
     wait_model_ready(&mut client, &qwen, 1).await;
 
