@@ -316,7 +316,7 @@ pub async fn connect_ready(router: &str, timeout: Duration) -> PublicClient {
     let deadline = Instant::now() + timeout;
     loop {
         if let Ok(mut client) = TextGenerationClient::connect(format!("http://{router}")).await {
-            if let Ok(info) = client.model_info(ModelInfoRequest {}).await {
+            if let Ok(info) = client.model_info(ModelInfoRequest::default()).await {
                 if info.get_ref().ready_workers > 0 {
                     return client;
                 }

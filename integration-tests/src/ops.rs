@@ -160,7 +160,7 @@ pub async fn wait_ready_workers(
     let started = Instant::now();
     loop {
         let info = client
-            .model_info(ModelInfoRequest {})
+            .model_info(ModelInfoRequest::default())
             .await
             .unwrap()
             .into_inner();

@@ -26,7 +26,7 @@ async fn grpc_model_info(
     client: &mut TextGenerationClient<Channel>,
     key: Option<&str>,
 ) -> Result<(), tonic::Status> {
-    let mut request = tonic::Request::new(ModelInfoRequest {});
+    let mut request = tonic::Request::new(ModelInfoRequest::default());
     if let Some(key) = key {
         request
             .metadata_mut()

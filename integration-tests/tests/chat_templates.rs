@@ -22,7 +22,7 @@ async fn the_chat_template_setting_overrides_the_model_files_template() {
     let (_plain_router, plain_addr) = start_router(&[&worker_addr], &[]).await;
     let mut plain = connect_ready(&plain_addr, Duration::from_secs(30)).await;
     let info = plain
-        .model_info(ModelInfoRequest {})
+        .model_info(ModelInfoRequest::default())
         .await
         .unwrap()
         .into_inner();
@@ -37,7 +37,7 @@ async fn the_chat_template_setting_overrides_the_model_files_template() {
         start_router(&[&worker_addr], &["--chat-template", &template]).await;
     let mut client = connect_ready(&router_addr, Duration::from_secs(30)).await;
     let info = client
-        .model_info(ModelInfoRequest {})
+        .model_info(ModelInfoRequest::default())
         .await
         .unwrap()
         .into_inner();

@@ -33,7 +33,7 @@ async fn probe(
     while Instant::now() < end {
         calls += 1;
         if let Err(status) = client
-            .model_info(authorized(ModelInfoRequest {}, key))
+            .model_info(authorized(ModelInfoRequest::default(), key))
             .await
         {
             refused.push(format!("{:?}: {}", status.code(), status.message()));
@@ -48,7 +48,7 @@ async fn wait_ready(client: &TextGenerationClient<Channel>, key: &str) {
     let mut client = client.clone();
     let deadline = Instant::now() + Duration::from_secs(30);
     while client
-        .model_info(authorized(ModelInfoRequest {}, key))
+        .model_info(authorized(ModelInfoRequest::default(), key))
         .await
         .map_or(true, |info| info.into_inner().ready_workers == 0)
     {
@@ -126,7 +126,7 @@ async fn a_key_file_rewritten_in_place_or_emptied_never_locks_a_steady_key_out()
     let deadline = Instant::now() + Duration::from_secs(5);
     let mut c = client.clone();
     while c
-        .model_info(authorized(ModelInfoRequest {}, NEW_KEY))
+        .model_info(authorized(ModelInfoRequest::default(), NEW_KEY))
         .await
         .is_err()
     {
@@ -134,7 +134,7 @@ async fn a_key_file_rewritten_in_place_or_emptied_never_locks_a_steady_key_out()
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let old = c
-        .model_info(authorized(ModelInfoRequest {}, KEY))
+        .model_info(authorized(ModelInfoRequest::default(), KEY))
         .await
         .unwrap_err();
     assert_eq!(old.code(), Code::Unauthenticated);
@@ -168,7 +168,7 @@ async fn an_oversized_authorization_header_fails_its_request_alone() {
     let huge = "k".repeat(100 << 10);
     let status = client
         .clone()
-        .model_info(authorized(ModelInfoRequest {}, &huge))
+        .model_info(authorized(ModelInfoRequest::default(), &huge))
         .await
         .unwrap_err();
     assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
@@ -189,7 +189,7 @@ async fn an_oversized_authorization_header_fails_its_request_alone() {
     }
     assert_eq!(tokens, 64);
     client
-        .model_info(authorized(ModelInfoRequest {}, KEY))
+        .model_info(authorized(ModelInfoRequest::default(), KEY))
         .await
         .expect("the connection takes new calls");
 }

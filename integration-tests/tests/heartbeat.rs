@@ -169,7 +169,10 @@ async fn a_worker_in_a_prefill_step_longer_than_the_heartbeat_timeout_stays_in_r
         async move {
             let mut samples = Vec::new();
             while !done.load(Ordering::SeqCst) {
-                let info = client.model_info(ModelInfoRequest {}).await.unwrap();
+                let info = client
+                    .model_info(ModelInfoRequest::default())
+                    .await
+                    .unwrap();
                 samples.push(info.into_inner().ready_workers);
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }

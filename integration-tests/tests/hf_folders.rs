@@ -156,7 +156,7 @@ async fn a_folders_tokenizer_json_chat_template_and_eos_list_reach_the_router() 
     let cluster = Cluster::start(&dir).await;
     let mut client = cluster.client().await;
     let info = client
-        .model_info(ModelInfoRequest {})
+        .model_info(ModelInfoRequest::default())
         .await
         .unwrap()
         .into_inner();

@@ -87,7 +87,7 @@ impl Setup {
         loop {
             if let Ok(mut client) = PublicClient::connect(format!("http://{}", self.addr)).await {
                 let info = client
-                    .model_info(authorized(ModelInfoRequest {}, "sk-live"))
+                    .model_info(authorized(ModelInfoRequest::default(), "sk-live"))
                     .await;
                 if info.is_ok_and(|i| i.get_ref().ready_workers > 0) {
                     return client;

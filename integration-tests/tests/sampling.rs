@@ -51,7 +51,7 @@ async fn sampling_parameters_end_to_end() {
     let cluster = Cluster::start(&model).await;
     let mut client = cluster.client().await;
     let vocab = client
-        .model_info(ModelInfoRequest {})
+        .model_info(ModelInfoRequest::default())
         .await
         .unwrap()
         .into_inner()

@@ -19,7 +19,7 @@ async fn invalid_requests_get_invalid_argument_and_serving_goes_on() {
     let cluster = Cluster::start(&model).await;
     let mut client = cluster.client().await;
     let info = client
-        .model_info(ModelInfoRequest {})
+        .model_info(ModelInfoRequest::default())
         .await
         .unwrap()
         .into_inner();

@@ -119,7 +119,7 @@ async fn client(addr: &str) -> PublicClient {
     loop {
         if let Ok(mut client) = PublicClient::connect(format!("http://{addr}")).await {
             let info = client
-                .model_info(authorized(ModelInfoRequest {}, PLAIN_KEY))
+                .model_info(authorized(ModelInfoRequest::default(), PLAIN_KEY))
                 .await;
             if info.is_ok_and(|i| i.get_ref().ready_workers > 0) {
                 return client;

@@ -51,7 +51,7 @@ async fn refused_with(addr: &str, ca: &Path) -> String {
 
 /// `ModelInfo` with `authorization: Bearer key` (none when `None`): the ready workers.
 async fn model_info(channel: Channel, key: Option<&str>) -> Result<u32, tonic::Status> {
-    let mut request = tonic::Request::new(ModelInfoRequest {});
+    let mut request = tonic::Request::new(ModelInfoRequest::default());
     if let Some(key) = key {
         request
             .metadata_mut()

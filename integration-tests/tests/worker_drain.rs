@@ -142,7 +142,7 @@ async fn a_draining_worker_finishes_its_request_while_new_ones_go_elsewhere() {
     // Both workers ready.
     let deadline = Instant::now() + Duration::from_secs(30);
     while client
-        .model_info(inference_proto::public::ModelInfoRequest {})
+        .model_info(inference_proto::public::ModelInfoRequest::default())
         .await
         .unwrap()
         .into_inner()

@@ -12,8 +12,8 @@ use serde::{Deserialize, Deserializer, Serialize};
 use crate::admission::AdmissionLimits;
 use crate::affinity::AffinityPolicy;
 use crate::auth::ApiKeys;
+use crate::model_choice::ModelNaming;
 use crate::model_context::ChatTemplateFile;
-use crate::openai::ModelNames;
 use crate::pool::PoolSettings;
 use crate::tenants::Callers;
 use crate::validation::RequestLimits;
@@ -57,10 +57,14 @@ pub struct Cli {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub http_listen: Option<String>,
-    /// The model name the HTTP API reports and accepts; empty = the worker's model name.
+    /// The default model's public name (listed, reported, accepted in `model`); empty = its id.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub served_model_name: Option<String>,
+    /// The id of the model requests without `model` get; empty = the only model served.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub default_model: Option<String>,
     /// Other model names the HTTP API accepts, comma separated.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -219,10 +223,13 @@ pub struct RouterSettings {
     pub otlp_endpoint: String,
     /// Address (`IP:PORT`) of the OpenAI-compatible HTTP API ([`crate::openai`]); empty = off.
     pub http_listen: String,
-    /// The model name the HTTP API reports (responses, `/v1/models`) and accepts in `model`;
-    /// empty = the model name the workers report.
+    /// The default model's public name: what responses and `/v1/models` report for it, accepted
+    /// in `model` on both APIs; empty = its id (the workers' `served_model_name`).
     pub served_model_name: String,
-    /// Other names the HTTP API accepts in `model` (listed by `/v1/models` too). A
+    /// The id of the model a request without `model` gets; empty = the only model served (with
+    /// several, such a request is refused). See [`crate::model_choice`].
+    pub default_model: String,
+    /// Other names of the default model, accepted in `model` (listed by `/v1/models` too). A
     /// comma-separated string is accepted too.
     #[serde(deserialize_with = "string_or_list")]
     pub model_aliases: Vec<String>,
@@ -288,6 +295,7 @@ impl Default for RouterSettings {
             otlp_endpoint: String::new(),
             http_listen: String::new(),
             served_model_name: String::new(),
+            default_model: String::new(),
             model_aliases: Vec::new(),
             chat_template: String::new(),
             api_keys: Vec::new(),
@@ -352,6 +360,7 @@ impl RouterSettings {
             max_failovers: self.max_failovers,
             chat_template: None,
             worker_tls: None,
+            naming: self.model_naming(),
         }
     }
 
@@ -385,10 +394,11 @@ impl RouterSettings {
         (!value.is_empty()).then(|| value.parse().expect("checked by validate"))
     }
 
-    /// The names the HTTP API answers to.
-    pub fn model_names(&self) -> ModelNames {
-        ModelNames {
-            served: self.served_model_name.trim().to_string(),
+    /// The default model and its names ([`crate::model_choice`]), on both APIs.
+    pub fn model_naming(&self) -> ModelNaming {
+        ModelNaming {
+            default_model: self.default_model.trim().to_string(),
+            served_model_name: self.served_model_name.trim().to_string(),
             aliases: self.model_aliases.clone(),
         }
     }

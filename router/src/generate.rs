@@ -38,7 +38,7 @@ use tracing::Instrument as _;
 
 use crate::admission::Placement;
 use crate::model_context::ModelContext;
-use crate::pool::{Session, WorkerPool};
+use crate::pool::{ServedModel, Session, WorkerPool};
 use crate::request::GenerationRequest;
 use crate::route_error::RouteError;
 use crate::stop::StopMatcher;
@@ -78,8 +78,9 @@ pub async fn start(
     req: GenerateRequest,
     call: &CallContext,
 ) -> Result<ResponseReceiver, RouteError> {
+    let requested = req.model.clone();
     let req = GenerationRequest::try_from(req)?;
-    let (model, valid) = prepare(pool, limits, req).await?;
+    let (model, valid) = prepare(pool, limits, requested.as_deref(), req).await?;
     let request_id = valid.request_id.clone().unwrap_or_else(new_request_id);
     launch(
         pool,
@@ -97,23 +98,28 @@ pub fn new_request_id() -> String {
     format!("{:016x}", rand::random::<u64>())
 }
 
-/// Runs [`validate`] for the served model on a blocking thread (tokenization and chat-template
-/// rendering stay off the async runtime's threads).
+/// Runs [`validate`] for the model the request names (`requested`, the request's `model`; `None`:
+/// the default model, see [`crate::model_choice`]) on a blocking thread (tokenization and
+/// chat-template rendering stay off the async runtime's threads).
 ///
-/// Errors: [`RouteError::Invalid`]; [`RouteError::NoWorkersKnown`] / [`RouteError::NoWorkerReady`]
-/// while no worker has described the model (after the checks that need no model, so bad input is
-/// reported as such either way).
+/// Errors: [`RouteError::Invalid`]; [`RouteError::Model`] for a model that is not served;
+/// [`RouteError::NoWorkersKnown`] / [`RouteError::NoWorkerReady`] while no worker has described a
+/// model (after the checks that need no model, so bad input is reported as such either way).
 pub async fn prepare(
     pool: &Arc<WorkerPool>,
     limits: &RequestLimits,
+    requested: Option<&str>,
     req: GenerationRequest,
-) -> Result<(Arc<ModelContext>, ValidRequest), RouteError> {
-    let Some(model) = pool.model() else {
-        check_request(&req, limits)?;
-        return Err(RouteError::no_worker(pool.configured_workers()));
+) -> Result<(Arc<ServedModel>, ValidRequest), RouteError> {
+    let model = match pool.resolve_model(requested) {
+        Ok(model) => model,
+        Err(e) => {
+            check_request(&req, limits)?;
+            return Err(e);
+        }
     };
     let limits = limits.clone();
-    let context = model.clone();
+    let context = model.context.clone();
     let span = tracing::Span::current();
     let valid =
         tokio::task::spawn_blocking(move || span.in_scope(|| validate(req, &context, &limits)))
@@ -133,7 +139,7 @@ pub async fn prepare(
 /// ready, admission queue or the tenant's share of it full).
 pub fn launch(
     pool: &Arc<WorkerPool>,
-    model: Arc<ModelContext>,
+    served: Arc<ServedModel>,
     valid: &ValidRequest,
     seed: u64,
     request_id: String,
@@ -169,7 +175,7 @@ pub fn launch(
         priority: caller.priority,
         max_queued: tenant.limits.max_queued,
     };
-    let ticket = match pool.admit(request.clone(), placement) {
+    let ticket = match pool.admit(&served, request.clone(), placement) {
         Ok(ticket) => ticket,
         Err(e) => {
             lease.refund();
@@ -177,6 +183,7 @@ pub fn launch(
         }
     };
     let session = Session::new(pool.clone(), request, ticket);
+    let model = served.context.clone();
     tracing::debug!(%request_id, prompt_tokens, tenant = &*tenant.name, priority = caller.priority, "admitted");
     let (tx, rx) = mpsc::channel(RESPONSE_BUFFER);
     let stream = TokenStream {

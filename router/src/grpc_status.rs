@@ -18,6 +18,7 @@
 
 use tonic::{Code, Status};
 
+use crate::model_choice::ModelChoiceError;
 use crate::route_error::{RouteError, WorkerFailureKind};
 use crate::validation::ValidationError;
 
@@ -36,6 +37,8 @@ impl RouteError {
     pub fn grpc_code(&self) -> Code {
         match self {
             RouteError::Invalid(e) => e.grpc_code(),
+            RouteError::Model(ModelChoiceError::Unknown { .. }) => Code::NotFound,
+            RouteError::Model(ModelChoiceError::Unnamed { .. }) => Code::InvalidArgument,
             RouteError::Draining
             | RouteError::NoWorkersKnown
             | RouteError::NoWorkerReady { .. }
@@ -106,6 +109,24 @@ mod tests {
                 .into(),
                 Code::Unimplemented,
                 "no structured output here",
+            ),
+            (
+                ModelChoiceError::Unknown {
+                    requested: "gpt-4o".into(),
+                    served: vec!["a".into(), "b".into()],
+                }
+                .into(),
+                Code::NotFound,
+                "the model `gpt-4o` does not exist; this router serves `a`, `b`",
+            ),
+            (
+                ModelChoiceError::Unnamed {
+                    served: vec!["a".into(), "b".into()],
+                }
+                .into(),
+                Code::InvalidArgument,
+                "the request names no model and this router serves several (`a`, `b`); set \
+                 `model` to one of them",
             ),
             (
                 RouteError::Draining,

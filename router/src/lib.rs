@@ -13,6 +13,7 @@ pub mod grpc_status;
 pub mod health;
 pub mod kv_metrics;
 pub mod metrics;
+pub mod model_choice;
 pub mod model_context;
 pub mod openai;
 pub mod pool;

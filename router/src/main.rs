@@ -125,7 +125,6 @@ async fn run(settings: RouterSettings) -> anyhow::Result<()> {
                 settings.limits.clone(),
                 drain.clone(),
                 Some(metrics.clone()),
-                settings.model_names(),
                 keys.clone(),
             );
             let mut stop = http_stop_rx;

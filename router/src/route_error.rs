@@ -13,6 +13,7 @@ use std::time::Duration;
 use inference_proto::worker::RequestError;
 
 use crate::admission::QueueFull;
+use crate::model_choice::ModelChoiceError;
 use crate::tenants::quota::AdmissionRefusal;
 use crate::tenants::QuotaExceeded;
 use crate::validation::ValidationError;
@@ -23,6 +24,9 @@ pub enum RouteError {
     /// The request is invalid, or asks for a feature this build lacks.
     #[error(transparent)]
     Invalid(#[from] ValidationError),
+    /// The request's `model` names no served model, or names none where several are served.
+    #[error(transparent)]
+    Model(#[from] ModelChoiceError),
     /// The router is draining (shutting down) and takes no new requests.
     #[error("the router is shutting down and takes no new requests; retry on another router")]
     Draining,

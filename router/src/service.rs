@@ -31,8 +31,7 @@ use crate::deadline::grpc_timeout;
 use crate::drain::{ActiveCall, Drain};
 use crate::generate::{self, CallContext};
 use crate::metrics::{RequestObserver, RouterMetrics};
-use crate::model_context::ModelContext;
-use crate::pool::WorkerPool;
+use crate::pool::{ServedModel, WorkerPool};
 use crate::request_guard::HandlerReached;
 use crate::route_error::RouteError;
 use crate::tenants::{Callers, Tenant};
@@ -73,10 +72,9 @@ impl TextGenerationService {
         self
     }
 
-    fn model(&self) -> Result<Arc<ModelContext>, Status> {
-        self.pool
-            .model()
-            .ok_or_else(|| RouteError::no_worker(self.pool.configured_workers()).into())
+    /// The served model named `requested` (`None`: the default model).
+    fn model(&self, requested: Option<&str>) -> Result<Arc<ServedModel>, Status> {
+        Ok(self.pool.resolve_model(requested)?)
     }
 }
 
@@ -160,7 +158,8 @@ impl TextGeneration for TextGenerationService {
         request: Request<TokenizeRequest>,
     ) -> Result<Response<TokenizeResponse>, Status> {
         HandlerReached::mark(&request);
-        let model = self.model()?;
+        // `TokenizeRequest` names no model: the default model's tokenizer.
+        let model = self.model(None)?.context.clone();
         let req = request.into_inner();
         if req.text.len() > self.limits.max_request_bytes as usize {
             return Err(Status::invalid_argument(format!(
@@ -186,7 +185,14 @@ impl TextGeneration for TextGenerationService {
         request: Request<ModelInfoRequest>,
     ) -> Result<Response<ModelInfoResponse>, Status> {
         HandlerReached::mark(&request);
-        let model = self.model()?;
+        let served = self.model(request.get_ref().model.as_deref())?;
+        let model = &served.context;
+        let listed = self.pool.served_models();
+        let served_model_name = listed
+            .iter()
+            .find(|(m, _)| m.id == served.id)
+            .map_or_else(|| served.id.to_string(), |(_, names)| names[0].clone());
+        let served_models = listed.iter().map(|(_, names)| names[0].clone()).collect();
         let l = &self.limits;
         let max_input_tokens = if l.max_input_tokens == 0 {
             model.context_length.saturating_sub(1)
@@ -211,7 +217,9 @@ impl TextGeneration for TextGenerationService {
             chat_template: model.chat_template_source.clone(),
             chat_template_origin: model.chat_template_origin.clone(),
             architecture: model.architecture.clone(),
-            ready_workers: self.pool.ready_workers() as u32,
+            ready_workers: self.pool.ready_workers_of(&served.id) as u32,
+            served_model_name,
+            served_models,
         }))
     }
 }

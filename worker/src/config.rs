@@ -28,6 +28,11 @@ pub struct Cli {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model: Option<PathBuf>,
+    /// The name routers serve the model under (requests' `model`); empty = the model's name made
+    /// an id (e.g. `smollm2-135m-instruct`).
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub served_model_name: Option<String>,
     /// Address to serve gRPC on, e.g. 127.0.0.1:50061.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -148,6 +153,9 @@ pub enum WorkerCommand {
 pub struct WorkerSettings {
     /// The model: a GGUF file or a Hugging Face model folder. Required.
     pub model: Option<PathBuf>,
+    /// The name routers serve the model under (`Info.served_model_name`, requests' `model`); empty
+    /// = the model's name made an id ([`crate::model_info::model_id`]).
+    pub served_model_name: String,
     /// gRPC listen address.
     pub listen: SocketAddr,
     /// Compute threads; 0 means one per available core.
@@ -226,6 +234,7 @@ impl Default for WorkerSettings {
     fn default() -> Self {
         Self {
             model: None,
+            served_model_name: String::new(),
             listen: "127.0.0.1:50061".parse().expect("valid default address"),
             threads: 0,
             log: "info".into(),

@@ -226,6 +226,7 @@ where
     } = p;
     let started = std::time::Instant::now();
     let path = model_path.clone();
+    let served_model_name = settings.served_model_name.trim().to_string();
     let load = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
         // A file that cannot be served is bad input (exit code 2), named in the message.
         let bad = |e: anyhow::Error| {
@@ -240,8 +241,11 @@ where
         // converted only once).
         let file = model_files::open(&path).map_err(|e| bad(e.into()))?;
         let model = load(&file).map_err(|e| bad(e.into()))?;
-        let description =
+        let mut description =
             model_info(&path, &file, model.context_length(), model.vocab_size()).map_err(bad)?;
+        if !served_model_name.is_empty() {
+            description.served_model_name = served_model_name;
+        }
         Ok((model, description))
     });
     let (model, description) = tokio::select! {

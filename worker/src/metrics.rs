@@ -9,7 +9,9 @@
 //! `worker_steps_total`, `worker_prompt_tokens_total`, `worker_generated_tokens_total`,
 //! `worker_preemptions_total`, `worker_prefix_cache_query_tokens_total`,
 //! `worker_prefix_cache_hit_tokens_total`, `worker_finished_requests_total`,
-//! `worker_cancelled_requests_total`, `worker_failed_requests_total`.
+//! `worker_cancelled_requests_total`, `worker_failed_requests_total`; and the Gateway API Inference
+//! Extension's gauges `worker_kv_cache_usage_ratio` and `worker_cache_config_info`
+//! ([`crate::gie_metrics`]).
 //!
 //! Unprefixed: the standard `process_*` metrics and `build_info{component="worker",version,commit}`
 //! (`observability::process_metrics`).
@@ -231,6 +233,7 @@ impl Collector for StatsCollector {
         for (name, help, v) in gauges {
             gauge(&mut e, name, help, v as i64)?;
         }
+        crate::gie_metrics::encode(&mut e, &s)?;
         let counters: [(&str, &str, u64); 9] = [
             ("steps", "Engine steps run", s.steps),
             (

@@ -6,7 +6,23 @@ use std::path::Path;
 use gguf::{GgufFile, TokenizerMetadata};
 use inference_proto::worker::{InfoResponse, TokenizerSpec};
 
-/// Builds the static part of `Info` from the model file.
+/// `name` as a model id for requests' `model` field: lower case, each run of characters other than
+/// ASCII letters, digits, `.`, `_` and `-` replaced by one `-`, no `-` at either end
+/// (`"SmolLM2 135M Instruct"` -> `"smollm2-135m-instruct"`).
+pub fn model_id(name: &str) -> String {
+    let mut id = String::with_capacity(name.len());
+    for c in name.chars() {
+        if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+            id.push(c.to_ascii_lowercase());
+        } else if !id.ends_with('-') {
+            id.push('-');
+        }
+    }
+    id.trim_matches('-').to_string()
+}
+
+/// Builds the static part of `Info` from the model file (`served_model_name` is the model's name
+/// made an id, [`model_id`]; the worker's `served_model_name` setting replaces it).
 ///
 /// `eos_token_ids` holds every end-of-sequence id the model declares (`eos`, `eot`) plus
 /// the end-of-turn tokens of the known chat formats when the vocabulary has them (`<|im_end|>`,
@@ -61,6 +77,7 @@ pub fn model_info(
                 .unwrap_or_default()
         });
     Ok(InfoResponse {
+        served_model_name: model_id(&model_name),
         model_name,
         architecture: file.get_str("general.architecture")?.to_string(),
         context_length: context_length as u32,
@@ -84,4 +101,17 @@ pub fn model_info(
             add_space_prefix: tok.add_space_prefix,
         }),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::model_id;
+
+    #[test]
+    fn model_ids_are_lower_case_without_spaces() {
+        assert_eq!(model_id("SmolLM2 135M Instruct"), "smollm2-135m-instruct");
+        assert_eq!(model_id("  Qwen2.5 (0.5B) / chat "), "qwen2.5-0.5b-chat");
+        assert_eq!(model_id("tiny_llama-v1"), "tiny_llama-v1");
+        assert_eq!(model_id("***"), "");
+    }
 }

@@ -61,8 +61,8 @@ fn precedence_file_env_flags() {
         ]);
         let s = RouterSettings::load(&cli).map_err(|e| e.to_string())?;
         assert_eq!(s.http_listen().unwrap().port(), 8000);
-        let names = s.model_names();
-        assert_eq!(names.served, "smollm2");
+        let names = s.model_naming();
+        assert_eq!(names.served_model_name, "smollm2");
         assert_eq!(names.aliases, vec!["gpt-x", "smol"]);
         let bad = RouterSettings {
             http_listen: "nope".into(),

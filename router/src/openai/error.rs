@@ -5,7 +5,8 @@
 //! | router error | HTTP | `type` | `code` |
 //! |---|---|---|---|
 //! | body not JSON, wrong type or value, [`ValidationError::Invalid`], worker [`WorkerFailureKind::Rejected`] | 400 | `invalid_request_error` | `invalid_type` / `invalid_value` / `invalid_json` |
-//! | unknown model | 404 | `invalid_request_error` | `model_not_found` |
+//! | unknown model ([`RouteError::Model`]) | 404 | `invalid_request_error` | `model_not_found` |
+//! | no model named while several are served | 400 | `invalid_request_error` | `model_required` |
 //! | unknown path / served path with another method | 404 / 405 | `invalid_request_error` | `unknown_url` / `method_not_allowed` |
 //! | body above `max_request_bytes` | 413 | `invalid_request_error` | `request_too_large` |
 //! | admission queue full ([`RouteError::Overloaded`]), displaced sheddable request, worker [`WorkerFailureKind::DoesNotFit`] | 429 | `rate_limit_error` | `overloaded` |
@@ -23,6 +24,7 @@ use std::time::Duration;
 
 use crate::admission::QueueFull;
 use crate::auth::Refusal;
+use crate::model_choice::ModelChoiceError;
 use crate::route_error::{RouteError, WorkerFailureKind};
 use crate::validation::ValidationError;
 use axum::http::{header, HeaderValue, StatusCode};
@@ -122,25 +124,6 @@ impl ApiError {
         }
     }
 
-    /// 404 `model_not_found` for the model `name`; `served` lists the names that are served.
-    pub fn model_not_found(name: &str, served: &[String]) -> Self {
-        Self {
-            status: StatusCode::NOT_FOUND,
-            message: format!(
-                "the model `{name}` does not exist; this server serves {}",
-                served
-                    .iter()
-                    .map(|n| format!("`{n}`"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-            kind: "invalid_request_error",
-            param: Some("model".into()),
-            code: "model_not_found",
-            retry_after: None,
-        }
-    }
-
     /// 413 for a body above `limit` bytes.
     pub fn too_large(limit: usize) -> Self {
         Self {
@@ -205,6 +188,16 @@ impl ApiError {
                 "invalid_request_error",
                 "not_implemented",
             ),
+            RouteError::Model(ModelChoiceError::Unknown { .. }) => (
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                "model_not_found",
+            ),
+            RouteError::Model(ModelChoiceError::Unnamed { .. }) => (
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                "model_required",
+            ),
             RouteError::Overloaded(QueueFull::TenantQueue { .. }) => rate_limited("max_queued"),
             RouteError::Overloaded(_) => OVERLOADED,
             RouteError::Quota(q) => rate_limited(q.limit_name()),
@@ -236,6 +229,7 @@ impl ApiError {
                     .map_or(v.field(), |endpoint| endpoint.param(v.field()))
                     .to_string(),
             ),
+            RouteError::Model(_) => Some("model".into()),
             _ => None,
         };
         Self {
@@ -450,9 +444,25 @@ mod tests {
             (e.status.as_u16(), e.param.as_deref()),
             (501, Some("response_format"))
         );
-        let e = ApiError::model_not_found("gpt-4", &["smol".into(), "alias".into()]);
+        let e = ApiError::from_route(
+            crate::model_choice::ModelChoiceError::Unknown {
+                requested: "gpt-4".into(),
+                served: vec!["smol".into(), "alias".into()],
+            }
+            .into(),
+            None,
+        );
         assert_eq!(e.status, StatusCode::NOT_FOUND);
         assert_eq!(e.code, "model_not_found");
         assert!(e.message.contains("`smol`, `alias`"), "{}", e.message);
+        assert_eq!(e.param.as_deref(), Some("model"));
+        let e = ApiError::from_route(
+            crate::model_choice::ModelChoiceError::Unnamed {
+                served: vec!["a".into(), "b".into()],
+            }
+            .into(),
+            None,
+        );
+        assert_eq!((e.status.as_u16(), e.code), (400, "model_required"));
     }
 }

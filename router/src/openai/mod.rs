@@ -46,35 +46,25 @@ use error::{ApiError, Endpoint};
 use reply::Reply;
 use run::Choice;
 
-/// The names the HTTP front answers to.
-#[derive(Debug, Clone, Default)]
-pub struct ModelNames {
-    /// The name responses report and `/v1/models` lists; empty: the worker's model name.
-    pub served: String,
-    /// Other names requests may use.
-    pub aliases: Vec<String>,
-}
-
 /// What the HTTP front serves over.
 pub struct OpenAiFront {
     pool: Arc<WorkerPool>,
     limits: RequestLimits,
     drain: Arc<Drain>,
     metrics: Option<Arc<RouterMetrics>>,
-    names: ModelNames,
     keys: Arc<Callers>,
 }
 
 impl OpenAiFront {
-    /// A front over `pool`, validating against `limits`, refusing new requests once `drain` has
-    /// started, recording requests in `metrics`, answering to `names`, to callers with one of
-    /// `keys` (`GET /health` is open to all).
+    /// A front over `pool` (whose models answer to the names of its
+    /// [`crate::model_choice::ModelNaming`]), validating against `limits`, refusing new requests
+    /// once `drain` has started, recording requests in `metrics`, to callers with one of `keys`
+    /// (`GET /health` is open to all).
     pub fn new(
         pool: Arc<WorkerPool>,
         limits: RequestLimits,
         drain: Arc<Drain>,
         metrics: Option<Arc<RouterMetrics>>,
-        names: ModelNames,
         keys: Arc<Callers>,
     ) -> Arc<Self> {
         Arc::new(Self {
@@ -82,7 +72,6 @@ impl OpenAiFront {
             limits,
             drain,
             metrics,
-            names,
             keys,
         })
     }
@@ -151,31 +140,27 @@ impl OpenAiFront {
             .with_state(self.clone())
     }
 
-    /// The served names, the reported one first; `None` while no worker has told the model's name
-    /// and `served_model_name` is empty.
-    fn served_names(&self) -> Option<Vec<String>> {
-        let served = if self.names.served.is_empty() {
-            self.pool.model()?.model_name.clone()
-        } else {
-            self.names.served.clone()
-        };
-        let mut names = vec![served];
-        names.extend(self.names.aliases.iter().cloned());
-        Some(names)
-    }
-
-    /// The name a response reports for a request naming `requested`.
+    /// The name a response reports for a request naming `requested`: that name, or the default
+    /// model's public name when it names none (empty while no worker has described a model).
     ///
-    /// Errors: 404 `model_not_found` for a name that is not served.
-    fn resolve_model(&self, requested: Option<&str>) -> Result<String, ApiError> {
-        let Some(names) = self.served_names() else {
-            return Ok(requested.unwrap_or_default().to_string());
+    /// Errors: 404 `model_not_found` for a name that is not served, 400 `model_required` for none
+    /// where several models are served without a default (checked again when the request is
+    /// prepared; here so that they come before the body's other checks).
+    fn reported_model(&self, requested: Option<&str>) -> Result<String, ApiError> {
+        let model = match self.pool.resolve_model(requested) {
+            Ok(model) => model,
+            Err(e @ RouteError::Model(_)) => return Err(ApiError::from_route(e, None)),
+            Err(_) => return Ok(requested.unwrap_or_default().to_string()),
         };
-        match requested {
-            None | Some("") => Ok(names[0].clone()),
-            Some(name) if names.iter().any(|n| n == name) => Ok(name.to_string()),
-            Some(name) => Err(ApiError::model_not_found(name, &names)),
+        if let Some(name) = requested.filter(|name| !name.is_empty()) {
+            return Ok(name.to_string());
         }
+        Ok(self
+            .pool
+            .served_models()
+            .into_iter()
+            .find(|(m, _)| m.id == model.id)
+            .map_or_else(|| model.id.to_string(), |(_, names)| names[0].clone()))
     }
 
     /// One generation request from its body to the response.
@@ -192,7 +177,8 @@ impl OpenAiFront {
             .await
             .map_err(|_| ApiError::too_large(limit))?;
         let body = schema::parse(&bytes)?;
-        let model = self.resolve_model(body.model.as_deref())?;
+        let requested = body.model.clone();
+        let model = self.reported_model(requested.as_deref())?;
         let priority = body.priority()?;
         let cache_salt = body.cache_salt.clone();
         let (requests, shape) = body.into_requests(endpoint, bytes.len())?;
@@ -215,7 +201,7 @@ impl OpenAiFront {
         };
         let mut prepared = Vec::with_capacity(requests.len());
         for request in requests {
-            let result = generate::prepare(&self.pool, &self.limits, request)
+            let result = generate::prepare(&self.pool, &self.limits, requested.as_deref(), request)
                 .instrument(span.clone())
                 .await;
             prepared.push(result.map_err(|e| ApiError::from_route(e, Some(endpoint)))?);
@@ -230,9 +216,12 @@ impl OpenAiFront {
         for (prompt_index, (model_context, valid)) in prepared.iter().enumerate() {
             prompt_tokens += valid.prompt_ids.len() as u64;
             let echo = shape.echo.as_ref().map(|e| EchoPrompt {
-                text: e.prompt_texts[prompt_index]
-                    .clone()
-                    .unwrap_or_else(|| model_context.tokenizer.decode(&valid.prompt_ids, false)),
+                text: e.prompt_texts[prompt_index].clone().unwrap_or_else(|| {
+                    model_context
+                        .context
+                        .tokenizer
+                        .decode(&valid.prompt_ids, false)
+                }),
                 generate: e.generate,
             });
             for n in 0..shape.n {
@@ -284,7 +273,7 @@ impl OpenAiFront {
             tool_syntax: prepared
                 .first()
                 .filter(|_| shape.tool_calls)
-                .map(|(model, _)| model.tool_syntax),
+                .map(|(model, _)| model.context.tool_syntax),
         };
         if shape.stream {
             let body = run::events(reply, choices, prompt_tokens, call);
@@ -336,27 +325,26 @@ async fn completions(
         .unwrap_or_else(IntoResponse::into_response)
 }
 
-/// `GET /v1/models`: the served name and the aliases (503 while the name is not known yet).
+/// `GET /v1/models`: every served model's public name, the default model's aliases after it, each
+/// with `max_model_len` (its context length), `chat_template_origin` and `ready_workers` (503
+/// while no worker has described a model).
 async fn models(State(front): State<Arc<OpenAiFront>>) -> Response {
-    let Some(names) = front.served_names() else {
+    let served = front.pool.served_models();
+    if served.is_empty() {
         let e = RouteError::no_worker(front.pool.configured_workers());
         return ApiError::from_route(e, None).into_response();
-    };
+    }
     // vLLM's `max_model_len`, and where chat requests' template comes from (a built-in one for a
     // model without its own, which may not suit it).
-    let model = front.pool.model();
-    let max_model_len = model.as_ref().map(|m| m.context_length);
-    let origin = model.as_ref().map(|m| m.chat_template_origin.clone());
-    let data: Vec<_> = names
+    let data: Vec<_> = served
         .iter()
-        .map(|name| {
-            json!({
-                "id": name,
-                "object": "model",
-                "created": 0,
-                "owned_by": "inference",
-                "max_model_len": max_model_len,
-                "chat_template_origin": origin,
+        .flat_map(|(model, names)| {
+            let ready = front.pool.ready_workers_of(&model.id);
+            names.iter().map(move |name| {
+                json!({"id": name, "object": "model", "created": 0, "owned_by": "inference",
+                       "max_model_len": model.context.context_length,
+                       "chat_template_origin": model.context.chat_template_origin,
+                       "ready_workers": ready})
             })
         })
         .collect();
@@ -390,9 +378,14 @@ async fn tokenize(State(front): State<Arc<OpenAiFront>>, body: Body) -> Response
             .or_else(|| body.get("add_special"))
             .map_or(Some(true), |v| v.as_bool())
             .ok_or_else(|| ApiError::invalid("add_special", "add_special must be a boolean"))?;
-        let model = front.pool.model().ok_or_else(|| {
-            ApiError::from_route(RouteError::no_worker(front.pool.configured_workers()), None)
-        })?;
+        // The body may name a model (`model`); without one, the default model's tokenizer.
+        let requested = body.get("model").and_then(|v| v.as_str());
+        let model = front
+            .pool
+            .resolve_model(requested)
+            .map_err(|e| ApiError::from_route(e, None))?
+            .context
+            .clone();
         let ids = tokio::task::spawn_blocking(move || model.tokenizer.encode(&text, add_special))
             .await
             .map_err(|e| ApiError::from_route(RouteError::Internal(e.to_string()), None))?

@@ -6,9 +6,13 @@
 //! - `unreachable`: the rate limit of the "worker unreachable" log.
 //! - `progress`: the stall rule (a worker with work and no progress for `stall_timeout_ms` leaves
 //!   rotation; a busy one whose probes time out does not).
-//! - this module: the set of workers (static ones and DNS-discovered ones that come and go), the
-//!   served model, the admission queue ([`crate::admission`]) and dispatch by the picking policy
-//!   (`choice`: the `routing` setting's policy from the `routing` crate).
+//! - this module: the set of workers (static ones and DNS-discovered ones that come and go), one
+//!   admission queue per served model ([`crate::admission`]) and dispatch by the picking policy
+//!   (`choice`: the `routing` setting's policy from the `routing` crate) among the workers of the
+//!   request's model.
+//! - `models` ([`ModelTable`]): the served models (one per id the workers announce), each with its
+//!   tokenizer and chat template, and which worker serves which. A request is routed, queued and
+//!   failed over only among its own model's workers.
 //! - `kv_view` ([`KvView`]): what this router knows of each worker's KV cache (its block index,
 //!   fed by the worker's cache events) and its load in tokens, for `routing = kv_aware`.
 //!   An admitted request holds a [`Ticket`] (its place: sent at once, or waiting in the queue until
@@ -17,7 +21,7 @@
 //!   elsewhere with the tokens already generated (failover).
 //! - `settings` ([`PoolSettings`], [`PoolCounters`]): how the pool works, and what it counts.
 //!
-//! Locks are taken in the order queue -> links -> one link's state, and never held across an
+//! Locks are taken in the order queues -> links -> models -> one link's state, and never held across an
 //! `await`; the link tasks release a link's state before they pump the queue.
 
 mod choice;
@@ -25,13 +29,14 @@ mod kv_fit;
 mod kv_view;
 mod link;
 mod link_task;
+mod models;
 mod progress;
 mod session;
 mod settings;
 mod unreachable;
 
-use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
@@ -42,6 +47,7 @@ use tokio::task::AbortHandle;
 pub use kv_fit::KvCapacity;
 pub use kv_view::{KvIndexState, KvView};
 pub use link::{Origin, WorkerEvent, WorkerLink, WorkerSnapshot};
+pub use models::{announced_id, ModelTable, ServedModel};
 pub use progress::{Change, Progress};
 pub use session::Session;
 pub use settings::{PoolCounters, PoolSettings};
@@ -66,19 +72,23 @@ struct LinkEntry {
     task: AbortHandle,
 }
 
+/// The admission queue of each served model, by model id.
+type ModelQueues = BTreeMap<Arc<str>, AdmissionQueue<Waiter>>;
+
 /// All workers of this router.
 pub struct WorkerPool {
     settings: PoolSettings,
     links: RwLock<Vec<LinkEntry>>,
-    model: RwLock<Option<Arc<ModelContext>>>,
-    queue: Mutex<AdmissionQueue<Waiter>>,
+    models: RwLock<ModelTable>,
+    queues: Mutex<ModelQueues>,
     ready: watch::Sender<usize>,
+    /// Bumped whenever any worker's readiness may have changed (a model's ready count can change
+    /// while the total stays the same).
+    readiness: watch::Sender<u64>,
     next_id: AtomicU64,
     counters: PoolCounters,
     /// Turns of `routing = round_robin`.
     round_robin: routing::round_robin::RoundRobin,
-    /// Tokens per KV block of the workers' hash chains (the first worker's `Info`; 0 before).
-    block_size: AtomicUsize,
 }
 
 impl WorkerPool {
@@ -87,15 +97,15 @@ impl WorkerPool {
     /// ready worker until one connects.
     pub fn start(settings: PoolSettings, addresses: &[String]) -> Arc<Self> {
         let pool = Arc::new(Self {
-            queue: Mutex::new(AdmissionQueue::new(settings.admission)),
+            queues: Mutex::new(BTreeMap::new()),
             settings,
             links: RwLock::new(Vec::new()),
-            model: RwLock::new(None),
+            models: RwLock::new(ModelTable::default()),
             ready: watch::Sender::new(0),
+            readiness: watch::Sender::new(0),
             next_id: AtomicU64::new(1),
             counters: PoolCounters::default(),
             round_robin: routing::round_robin::RoundRobin::default(),
-            block_size: AtomicUsize::new(0),
         });
         for address in addresses {
             pool.add_worker(address, Origin::Static);
@@ -113,9 +123,53 @@ impl WorkerPool {
         &self.counters
     }
 
-    /// The served model, once a worker has described it.
-    pub fn model(&self) -> Option<Arc<ModelContext>> {
-        self.model.read().expect("model lock").clone()
+    /// The model a request naming `requested` gets (`None`: the default model; see
+    /// [`crate::model_choice`]).
+    ///
+    /// Errors: [`RouteError::Model`] for a name no worker serves (or none where several models
+    /// are served without a default); [`RouteError::NoWorkersKnown`] /
+    /// [`RouteError::NoWorkerReady`] while no worker has described any model.
+    pub fn resolve_model(&self, requested: Option<&str>) -> Result<Arc<ServedModel>, RouteError> {
+        let resolved = self
+            .models
+            .read()
+            .expect("models lock")
+            .resolve(requested, &self.settings.naming)?;
+        // Outside the models lock (locks are taken links -> models).
+        resolved.ok_or_else(|| RouteError::no_worker(self.configured_workers()))
+    }
+
+    /// Every served model with the name it is listed under, by id; each model's public name
+    /// first, then the default model's aliases ([`crate::model_choice::ModelNaming::listed`]).
+    pub fn served_models(&self) -> Vec<(Arc<ServedModel>, Vec<String>)> {
+        let models = self.models.read().expect("models lock");
+        let ids = models.ids();
+        let naming = &self.settings.naming;
+        let default = naming.default_of(&ids);
+        models
+            .all()
+            .map(|m| {
+                let mut names = vec![naming.public_name(&m.id, &ids)];
+                if default == Some(&*m.id) {
+                    names.extend(naming.aliases.iter().cloned());
+                }
+                (m.clone(), names)
+            })
+            .collect()
+    }
+
+    /// Workers ready now that serve the model `id`.
+    pub fn ready_workers_of(&self, id: &str) -> usize {
+        let links: Vec<Arc<WorkerLink>> = {
+            let links = self.links.read().expect("links lock");
+            links.iter().map(|e| e.link.clone()).collect()
+        };
+        let models = self.models.read().expect("models lock");
+        links
+            .iter()
+            .filter(|l| models.model_of(&l.address).is_some_and(|m| &**m == id))
+            .filter(|l| l.snapshot().ready())
+            .count()
     }
 
     /// Number of known workers (static and discovered).
@@ -139,23 +193,42 @@ impl WorkerPool {
         links.iter().map(|e| e.link.snapshot()).collect()
     }
 
-    /// Requests and tokens waiting in the admission queue.
+    /// Requests and tokens waiting in the admission queues (every model's).
     pub fn queue_depth(&self) -> (usize, u64) {
-        let queue = self.queue.lock().expect("queue lock");
-        (queue.len(), queue.tokens())
+        let queues = self.queues.lock().expect("queue lock");
+        queues
+            .values()
+            .fold((0, 0), |(n, t), q| (n + q.len(), t + q.tokens()))
     }
 
-    /// New requests waiting per tenant, and every tenant's fair-share counter.
+    /// New requests waiting per tenant, and every tenant's fair-share counter (summed over the
+    /// models' queues).
     pub fn tenant_queues(&self) -> TenantQueues {
-        self.queue.lock().expect("queue lock").tenant_queues()
+        let queues = self.queues.lock().expect("queue lock");
+        let mut waiting: BTreeMap<Arc<str>, usize> = BTreeMap::new();
+        let mut counters: BTreeMap<Arc<str>, f64> = BTreeMap::new();
+        for queue in queues.values() {
+            let q = queue.tenant_queues();
+            for (tenant, n) in q.waiting {
+                *waiting.entry(tenant).or_default() += n;
+            }
+            for (tenant, c) in q.counters {
+                *counters.entry(tenant).or_default() += c;
+            }
+        }
+        TenantQueues {
+            waiting: waiting.into_iter().collect(),
+            counters: counters.into_iter().collect(),
+        }
     }
 
-    /// Charges `tokens` generated for `tenant` to its fair-share counter (as they stream).
+    /// Charges `tokens` generated for `tenant` to its fair-share counter (as they stream), in
+    /// every model's queue: a tenant's service on any model counts against its share on all.
     pub fn charge(&self, tenant: &str, tokens: u64) {
-        self.queue
-            .lock()
-            .expect("queue lock")
-            .charge(tenant, tokens);
+        let mut queues = self.queues.lock().expect("queue lock");
+        for queue in queues.values_mut() {
+            queue.charge(tenant, tokens);
+        }
     }
 
     /// Adds a worker and starts its link; `false` when the address is already known.
@@ -181,6 +254,7 @@ impl WorkerPool {
             links.remove(at)
         };
         entry.task.abort();
+        self.models.write().expect("models lock").forget(address);
         let lost = entry.link.remove(&format!(
             "worker {address} was removed from the pool while the request was running"
         ));
@@ -218,32 +292,39 @@ impl WorkerPool {
         let n = self.workers().iter().filter(|w| w.ready()).count();
         self.ready
             .send_if_modified(|old| std::mem::replace(old, n) != n);
+        self.readiness.send_modify(|generation| *generation += 1);
     }
 
-    /// Admits a new request of `placement` (tenant and priority class): sends it to a worker at
-    /// once when the queue is empty and one has room, queues it otherwise (see
-    /// [`crate::admission`]). `request.request_id` is replaced with a router-unique id.
+    /// Admits a new request of `placement` (tenant and priority class) for `model`: sends it to
+    /// one of the model's workers at once when the model's queue is empty and one has room, queues
+    /// it otherwise (see [`crate::admission`]). `request.request_id` is replaced with a
+    /// router-unique id.
     ///
-    /// Errors: [`RouteError::NoWorkersKnown`] / [`RouteError::NoWorkerReady`] when no worker is
-    /// ready, [`RouteError::Overloaded`] when the queue (or the tenant's share of it) is full.
+    /// Errors: [`RouteError::NoWorkersKnown`] / [`RouteError::NoWorkerReady`] when no worker of
+    /// the model is ready, [`RouteError::Overloaded`] when the model's queue (or the tenant's share
+    /// of it) is full.
     pub fn admit(
         self: &Arc<Self>,
+        model: &ServedModel,
         request: AddRequest,
         placement: Placement,
     ) -> Result<Ticket, RouteError> {
-        if self.ready_workers() == 0 {
+        if self.ready_workers_of(&model.id) == 0 {
             return Err(RouteError::no_worker(self.configured_workers()));
         }
-        if let Some(refusal) = self.never_fits(&request) {
+        if let Some(refusal) = self.never_fits(model, &request) {
             return Err(refusal.into());
         }
-        let key = self.route_key(&request);
-        let mut queue = self.queue.lock().expect("queue lock");
+        let key = RouteKey::new(&self.settings, model.block_size, &request);
+        let mut queues = self.queues.lock().expect("queue lock");
+        let queue = queues
+            .entry(model.id.clone())
+            .or_insert_with(|| AdmissionQueue::new(self.settings.admission));
         let tokens = waiting_tokens(&request);
         if queue.is_empty() {
-            if let Some(dispatched) = self.dispatch_now(&request, &key) {
+            if let Some(dispatched) = self.dispatch_now(&model.id, &request, &key) {
                 queue.dispatched_directly(&placement, tokens);
-                return Ok(Ticket::dispatched(self.clone(), dispatched));
+                return Ok(Ticket::dispatched(self.clone(), &model.id, dispatched));
             }
         }
         let (tx, rx) = oneshot::channel();
@@ -253,7 +334,7 @@ impl WorkerPool {
             .inspect_err(|_| {
                 self.counters.rejected.fetch_add(1, Ordering::Relaxed);
             })?;
-        drop(queue);
+        drop(queues);
         if let Some(displaced) = pushed.displaced {
             self.counters.rejected.fetch_add(1, Ordering::Relaxed);
             let priority = displaced.placement.as_ref().map_or(0, |p| p.priority);
@@ -262,75 +343,96 @@ impl WorkerPool {
                 .tx
                 .send(Err(QueueFull::Displaced { priority, by }));
         }
-        Ok(Ticket::queued(self.clone(), pushed.id, rx))
+        Ok(Ticket::queued(self.clone(), &model.id, pushed.id, rx))
     }
 
-    /// The refusal of a request that no ready worker's KV cache could ever hold
+    /// The refusal of a request that no ready worker of `model` could ever hold in its KV cache
     /// ([`kv_fit::never_fits`]); `None` when one can, or when a ready worker reports no capacity.
-    fn never_fits(&self, request: &AddRequest) -> Option<ValidationError> {
-        let model = self.model()?;
-        let capacities: Option<Vec<KvCapacity>> = self
-            .workers()
-            .iter()
-            .filter(|s| s.ready())
-            .map(|s| s.kv)
-            .collect();
-        kv_fit::never_fits(request, model.context_length, &capacities?)
+    fn never_fits(&self, model: &ServedModel, request: &AddRequest) -> Option<ValidationError> {
+        let workers = self.workers();
+        let capacities: Option<Vec<KvCapacity>> = {
+            let models = self.models.read().expect("models lock");
+            workers
+                .iter()
+                .filter(|s| s.ready())
+                .filter(|s| models.model_of(&s.address) == Some(&model.id))
+                .map(|s| s.kv)
+                .collect()
+        };
+        kv_fit::never_fits(request, model.context.context_length, &capacities?)
     }
 
-    /// What the routing policy needs of `request`, computed once.
-    fn route_key(&self, request: &AddRequest) -> RouteKey {
-        RouteKey::new(
-            &self.settings,
-            self.block_size.load(Ordering::Relaxed),
-            request,
-        )
-    }
-
-    /// Queues a request that resumes after its worker was lost, ahead of new requests.
-    pub fn resume(self: &Arc<Self>, request: AddRequest) -> Ticket {
-        let key = self.route_key(&request);
+    /// Queues a request of the model `model` that resumes after its worker was lost, ahead of the
+    /// model's new requests.
+    pub fn resume(self: &Arc<Self>, model: &Arc<str>, request: AddRequest) -> Ticket {
+        let block_size = self
+            .models
+            .read()
+            .expect("models lock")
+            .get(model)
+            .map_or(0, |m| m.block_size);
+        let key = RouteKey::new(&self.settings, block_size, &request);
         let (tx, rx) = oneshot::channel();
         let tokens = waiting_tokens(&request);
         let id = self
-            .queue
+            .queues
             .lock()
             .expect("queue lock")
+            .entry(model.clone())
+            .or_insert_with(|| AdmissionQueue::new(self.settings.admission))
             .push_resumed(tokens, Waiter { request, key, tx });
         self.pump();
-        Ticket::queued(self.clone(), id, rx)
+        Ticket::queued(self.clone(), model, id, rx)
     }
 
-    /// Sends waiting requests, oldest first, while a worker has room.
+    /// Sends waiting requests of each model, oldest first, while one of its workers has room.
     fn pump(self: &Arc<Self>) {
         let mut undelivered = Vec::new();
-        let mut queue = self.queue.lock().expect("queue lock");
-        while let Some(front) = queue.front() {
-            if front.item.tx.is_closed() {
-                queue.pop_front();
-                continue;
-            }
-            let Some(dispatched) = self.dispatch_now(&front.item.request, &front.item.key) else {
-                break;
-            };
-            let entry = queue.pop_front().expect("front exists");
-            if let Err(Ok(dispatched)) = entry.item.tx.send(Ok(dispatched)) {
-                undelivered.push(dispatched);
+        let mut queues = self.queues.lock().expect("queue lock");
+        for (model, queue) in queues.iter_mut() {
+            while let Some(front) = queue.front() {
+                if front.item.tx.is_closed() {
+                    queue.pop_front();
+                    continue;
+                }
+                let Some(dispatched) =
+                    self.dispatch_now(model, &front.item.request, &front.item.key)
+                else {
+                    break;
+                };
+                let entry = queue.pop_front().expect("front exists");
+                if let Err(Ok(dispatched)) = entry.item.tx.send(Ok(dispatched)) {
+                    undelivered.push(dispatched);
+                }
             }
         }
-        drop(queue);
+        drop(queues);
         // Cancels them on their workers, which pumps again: outside the queue lock.
         drop(undelivered);
     }
 
-    /// Picks a worker for `request` and sends it there, if one has room.
-    fn dispatch_now(self: &Arc<Self>, request: &AddRequest, key: &RouteKey) -> Option<Dispatched> {
+    /// Picks a worker of the model `model` for `request` and sends it there, if one has room.
+    fn dispatch_now(
+        self: &Arc<Self>,
+        model: &str,
+        request: &AddRequest,
+        key: &RouteKey,
+    ) -> Option<Dispatched> {
         let cap = self.settings.max_inflight_per_worker.max(1);
         let mut request = request.clone();
         request.request_id = format!("r{}", self.next_id.fetch_add(1, Ordering::Relaxed));
         let links: Vec<Arc<WorkerLink>> = {
             let links = self.links.read().expect("links lock");
-            links.iter().map(|e| e.link.clone()).collect()
+            let models = self.models.read().expect("models lock");
+            links
+                .iter()
+                .filter(|e| {
+                    models
+                        .model_of(&e.link.address)
+                        .is_some_and(|m| &**m == model)
+                })
+                .map(|e| e.link.clone())
+                .collect()
         };
         let mut snapshots: Vec<(Arc<WorkerLink>, WorkerSnapshot)> = links
             .into_iter()
@@ -370,24 +472,22 @@ impl LinkOwner for WorkerPool {
     }
 
     fn adopt_model(&self, address: &str, info: &InfoResponse) -> anyhow::Result<()> {
-        let mut model = self.model.write().expect("model lock");
-        match model.as_ref() {
-            Some(existing) if !existing.same_model(info) => {
-                anyhow::bail!(
-                    "worker {} serves {:?}, but this router serves {:?}",
-                    address,
-                    info.model_name,
-                    existing.model_name
-                );
-            }
-            Some(_) => {}
-            None => {
-                let block_size = info.stats.as_ref().map_or(0, |s| s.kv_block_size as usize);
-                self.block_size.store(block_size, Ordering::Relaxed);
-                let template_file = self.settings.chat_template.as_deref();
-                *model = Some(Arc::new(ModelContext::from_info(info, template_file)?));
-            }
-        }
+        let template_file = self.settings.chat_template.as_deref();
+        // A new model's tokenizer is built outside the lock that dispatch reads.
+        let known = self
+            .models
+            .read()
+            .expect("models lock")
+            .get(announced_id(info))
+            .is_some();
+        let built = match known {
+            true => None,
+            false => Some(Arc::new(ModelContext::from_info(info, template_file)?)),
+        };
+        self.models
+            .write()
+            .expect("models lock")
+            .adopt(address, info, built, template_file)?;
         Ok(())
     }
 
@@ -430,14 +530,17 @@ impl Drop for Dispatched {
 /// gives up the place.
 pub struct Ticket {
     pool: Arc<WorkerPool>,
+    /// The id of the request's model.
+    model: Arc<str>,
     dispatched: Option<Dispatched>,
     queued: Option<(u64, oneshot::Receiver<Result<Dispatched, QueueFull>>)>,
 }
 
 impl Ticket {
-    fn dispatched(pool: Arc<WorkerPool>, dispatched: Dispatched) -> Self {
+    fn dispatched(pool: Arc<WorkerPool>, model: &Arc<str>, dispatched: Dispatched) -> Self {
         Self {
             pool,
+            model: model.clone(),
             dispatched: Some(dispatched),
             queued: None,
         }
@@ -445,20 +548,27 @@ impl Ticket {
 
     fn queued(
         pool: Arc<WorkerPool>,
+        model: &Arc<str>,
         id: u64,
         rx: oneshot::Receiver<Result<Dispatched, QueueFull>>,
     ) -> Self {
         Self {
             pool,
+            model: model.clone(),
             dispatched: None,
             queued: Some((id, rx)),
         }
     }
 
+    /// The id of the request's model.
+    pub fn model(&self) -> &Arc<str> {
+        &self.model
+    }
+
     /// Waits until the request is sent to a worker.
     ///
-    /// Errors: [`RouteError::NoWorkerInTime`] when no worker was ready for the pool's failover
-    /// timeout; [`RouteError::Overloaded`] when a request of a higher class displaced it.
+    /// Errors: [`RouteError::NoWorkerInTime`] when no worker of its model was ready for the pool's
+    /// failover timeout; [`RouteError::Overloaded`] when a request of a higher class displaced it.
     pub async fn wait(&mut self) -> Result<Dispatched, RouteError> {
         if let Some(dispatched) = self.dispatched.take() {
             return Ok(dispatched);
@@ -467,10 +577,11 @@ impl Ticket {
             return Err(RouteError::Internal("the ticket was already used".into()));
         };
         let timeout = self.pool.settings.failover_timeout;
-        let mut ready = self.pool.ready_watch();
+        let mut readiness = self.pool.readiness.subscribe();
         let mut no_worker_since: Option<Instant> = None;
         let outcome = loop {
-            let none_ready = *ready.borrow_and_update() == 0;
+            readiness.borrow_and_update();
+            let none_ready = self.pool.ready_workers_of(&self.model) == 0;
             let give_up_at = if none_ready {
                 Some(*no_worker_since.get_or_insert_with(Instant::now) + timeout)
             } else {
@@ -485,7 +596,7 @@ impl Ticket {
             };
             tokio::select! {
                 result = &mut *rx => break result.ok(),
-                changed = ready.changed() => if changed.is_err() { break None },
+                changed = readiness.changed() => if changed.is_err() { break None },
                 () = give_up => break None,
             }
         };
@@ -495,7 +606,7 @@ impl Ticket {
         }
         self.leave_queue();
         Err(RouteError::NoWorkerInTime {
-            ready: self.pool.ready_workers(),
+            ready: self.pool.ready_workers_of(&self.model),
             configured: self.pool.configured_workers(),
             waited_ms: timeout.as_millis(),
         })
@@ -504,7 +615,13 @@ impl Ticket {
     /// Gives up the place in the queue, if any.
     fn leave_queue(&mut self) {
         if let Some((id, rx)) = self.queued.take() {
-            let removed = self.pool.queue.lock().expect("queue lock").remove(id);
+            let removed = self
+                .pool
+                .queues
+                .lock()
+                .expect("queue lock")
+                .get_mut(&self.model)
+                .and_then(|queue| queue.remove(id));
             drop(removed);
             // A request sent meanwhile is cancelled when its `Dispatched` drops with `rx`.
             drop(rx);

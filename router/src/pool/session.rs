@@ -26,6 +26,8 @@ use crate::route_error::RouteError;
 /// A request's life across workers.
 pub struct Session {
     pool: Arc<WorkerPool>,
+    /// The id of the request's model: a failover goes only to its workers.
+    model: Arc<str>,
     request: AddRequest,
     generated: Vec<u32>,
     ticket: Option<Ticket>,
@@ -48,6 +50,7 @@ impl Session {
     pub fn new(pool: Arc<WorkerPool>, request: AddRequest, ticket: Ticket) -> Self {
         Self {
             pool,
+            model: ticket.model().clone(),
             request,
             generated: Vec::new(),
             ticket: Some(ticket),
@@ -179,7 +182,7 @@ impl Session {
             // The prompt's scores went out with the first token.
             request.prompt_logprobs = None;
         }
-        self.ticket = Some(self.pool.resume(request));
+        self.ticket = Some(self.pool.resume(&self.model, request));
         self.lost_reason = Some(reason);
         self.lost_at.get_or_insert_with(Instant::now);
         Ok(())

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use crate::admission::AdmissionLimits;
 use crate::affinity::AffinityPolicy;
+use crate::model_choice::ModelNaming;
 use crate::model_context::ChatTemplateFile;
 use routing::kv_aware::KvAwarePolicy;
 use routing::Routing;
@@ -48,6 +49,9 @@ pub struct PoolSettings {
     pub chat_template: Option<Arc<ChatTemplateFile>>,
     /// TLS of the links to workers (the CA their certificates must chain to); `None` = plain.
     pub worker_tls: Option<tls_certs::ClientTls>,
+    /// The default model and its public names (settings `default_model`, `served_model_name`,
+    /// `model_aliases`; see [`crate::model_choice`]).
+    pub naming: ModelNaming,
 }
 
 impl Default for PoolSettings {
@@ -73,6 +77,7 @@ impl Default for PoolSettings {
             max_failovers: 3,
             chat_template: None,
             worker_tls: None,
+            naming: ModelNaming::default(),
         }
     }
 }

@@ -283,7 +283,12 @@ async fn run(session: &mut Session) -> Result<Vec<u32>, RouteError> {
 }
 
 fn start_session(pool: &Arc<WorkerPool>, req: AddRequest) -> Result<Session, RouteError> {
-    let ticket = pool.admit(req.clone(), crate::admission::Placement::default_tenant())?;
+    let model = pool.resolve_model(None)?;
+    let ticket = pool.admit(
+        &model,
+        req.clone(),
+        crate::admission::Placement::default_tenant(),
+    )?;
     Ok(Session::new(pool.clone(), req, ticket))
 }
 

@@ -253,7 +253,7 @@ async fn wait_ready(client: &RouterClient, budget: Duration) -> anyhow::Result<M
     let deadline = Instant::now() + budget;
     loop {
         let mut grpc = client.client.clone();
-        let call = grpc.model_info(client.request(ModelInfoRequest {}));
+        let call = grpc.model_info(client.request(ModelInfoRequest::default()));
         let answer = tokio::time::timeout(SETUP_RPC_TIMEOUT, call).await;
         let why = match answer {
             Ok(Ok(info)) if info.get_ref().ready_workers > 0 => return Ok(info.into_inner()),

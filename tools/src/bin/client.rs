@@ -246,7 +246,7 @@ async fn run(mut args: Args) -> anyhow::Result<()> {
 async fn wait_ready(client: &mut Client, budget: Duration) -> anyhow::Result<()> {
     let deadline = Instant::now() + budget;
     loop {
-        let status = match client.model_info(ModelInfoRequest {}).await {
+        let status = match client.model_info(ModelInfoRequest::default()).await {
             Ok(info) if info.get_ref().ready_workers > 0 => return Ok(()),
             // Reachable: without a wait budget, let Generate report why it cannot serve.
             Ok(_) if budget.is_zero() => return Ok(()),
