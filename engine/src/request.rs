@@ -27,4 +27,7 @@ pub struct EngineRequest {
     pub sampling: SamplingConfig,
     /// Seed of the request's random stream: draw `n` is a pure function of `(seed, n)`.
     pub seed: u64,
+    /// The request opted out of speculative decoding (its tokens are the same either way; only
+    /// the speed differs).
+    pub speculation_opt_out: bool,
 }

@@ -7,6 +7,7 @@ use structured_output::{ConstraintState, MatchError, Progress, TokenMask};
 
 use crate::kv::SequenceBlocks;
 use crate::sampler::{SampledToken, Sampler};
+use crate::speculation::SequenceSpeculation;
 
 use super::ConnId;
 
@@ -46,6 +47,8 @@ pub struct Sequence {
     /// The tokens the constraint allows at the next position (or why they could not be computed),
     /// computed for the step that samples it.
     pub mask: Option<Result<TokenMask, MatchError>>,
+    /// Speculative decoding: whether the request allows it, this step's draft, its counters.
+    pub speculation: SequenceSpeculation,
     sampler: Sampler,
     max_new_tokens: usize,
     stop_token_ids: HashSet<u32>,
@@ -75,6 +78,7 @@ impl Sequence {
             blocks: None,
             constraint: None,
             mask: None,
+            speculation: SequenceSpeculation::new(true),
             sampler,
             max_new_tokens,
             stop_token_ids: stop_token_ids.into_iter().collect(),
@@ -90,6 +94,12 @@ impl Sequence {
     /// Known tokens not yet in the KV cache.
     pub fn remaining(&self) -> usize {
         self.tokens.len() - self.computed
+    }
+
+    /// Tokens this sequence may still generate before `max_new_tokens` or the context ends it.
+    pub fn tokens_left(&self) -> usize {
+        let by_length = self.max_new_tokens.saturating_sub(self.generated().len());
+        by_length.min(self.context_length.saturating_sub(self.tokens.len()))
     }
 
     /// True while more than one known token is uncomputed (a prompt, or a recompute after
