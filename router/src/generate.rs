@@ -145,6 +145,7 @@ pub fn launch(
         generated_ids: Vec::new(),
         trace_context: observability::propagation::current_context(),
         constraint: valid.constraint.clone(),
+        speculation: valid.speculation,
     };
     let placement = Placement {
         tenant: tenant.name.clone(),
@@ -182,6 +183,8 @@ pub fn launch(
         dispatched_at: None,
         failovers: 0,
         first_token_at: None,
+        drafts: (0, 0),
+        earlier_drafts: (0, 0),
     };
     tokio::spawn(stream.run(session, tx, call.deadline).in_current_span());
     Ok(rx)
@@ -219,6 +222,10 @@ struct TokenStream {
     /// Times the request moved to another worker.
     failovers: u32,
     first_token_at: Option<Instant>,
+    /// Speculative decoding: (draft, accepted) tokens reported by the current worker so far, and
+    /// by the workers before it (a failover restarts the worker's counts).
+    drafts: (u32, u32),
+    earlier_drafts: (u32, u32),
 }
 
 impl TokenStream {
@@ -267,6 +274,13 @@ impl TokenStream {
         self.first_token_at.get_or_insert(now);
         self.generated += 1;
         self.service.on_token();
+        let drafts = (token.draft_tokens, token.accepted_draft_tokens);
+        if drafts.0 < self.drafts.0 {
+            // Another worker's counts: keep the earlier workers' sums.
+            self.earlier_drafts.0 += self.drafts.0;
+            self.earlier_drafts.1 += self.drafts.1;
+        }
+        self.drafts = drafts;
         let tokenizer = &self.model.tokenizer;
         let id = token.token_id;
         let ended_by_eos = token.finished && token.stop_reason() == StopReason::StopToken;
@@ -343,6 +357,8 @@ impl TokenStream {
             time_to_first_token_ms: ms(self.arrival, self.first_token_at.unwrap_or(now)),
             total_ms: ms(self.arrival, now),
             failovers: self.failovers,
+            draft_tokens: self.earlier_drafts.0 + self.drafts.0,
+            accepted_draft_tokens: self.earlier_drafts.1 + self.drafts.1,
         }
     }
 }

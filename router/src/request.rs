@@ -63,6 +63,8 @@ pub struct GenerationRequest {
     pub request_id: Option<String>,
     /// Structured output.
     pub constraint: Option<Constraint>,
+    /// Speculative decoding: `Some(false)` opts out; `None`/`Some(true)` = as the worker is set up.
+    pub speculation: Option<bool>,
     /// Size of the request as received (encoded message or HTTP body), in bytes.
     pub size_bytes: usize,
 }
@@ -90,6 +92,7 @@ impl Default for GenerationRequest {
             include_special_tokens: false,
             request_id: None,
             constraint: None,
+            speculation: None,
             size_bytes: 0,
         }
     }

@@ -212,6 +212,9 @@ pub struct CompletionBody {
     /// Scheduling priority, as the gRPC request's `priority`: higher first, 0 the default, below 0
     /// sheddable; absent = the tenant's default. (vLLM's `priority` orders the other way.)
     pub priority: Option<i64>,
+    /// Extension: `false` opts this request out of speculative decoding (outputs are the same
+    /// either way; only the speed differs).
+    pub speculation: Option<bool>,
 }
 
 /// Parses a request body.
@@ -421,6 +424,7 @@ impl CompletionBody {
             include_special_tokens: false,
             request_id: None,
             constraint: self.constraint()?,
+            speculation: self.speculation,
             size_bytes,
         };
         let requests = prompts

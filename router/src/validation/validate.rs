@@ -60,6 +60,7 @@ impl TryFrom<GenerateRequest> for GenerationRequest {
             include_special_tokens: req.include_special_tokens,
             request_id: req.request_id.filter(|id| !id.is_empty()),
             constraint: req.constraint,
+            speculation: req.speculation,
             size_bytes,
         })
     }
@@ -103,6 +104,8 @@ pub struct ValidRequest {
     pub request_id: Option<String>,
     /// Structured output.
     pub constraint: Option<Constraint>,
+    /// Speculative decoding: `Some(false)` opts out (the worker's `AddRequest.speculation`).
+    pub speculation: Option<bool>,
 }
 
 impl ValidRequest {
@@ -153,6 +156,7 @@ pub fn validate(
         include_special_tokens: req.include_special_tokens,
         request_id: req.request_id,
         constraint: req.constraint,
+        speculation: req.speculation,
     })
 }
 

@@ -28,6 +28,7 @@ pub fn engine_request(add: AddRequest) -> EngineRequest {
         stop_token_ids: add.stop_token_ids,
         sampling: sampling_config(&sampling),
         seed: sampling.seed,
+        speculation_opt_out: add.speculation == Some(false),
     }
 }
 
@@ -116,6 +117,8 @@ fn token_output(token: GeneratedToken) -> TokenOutput {
             .into_iter()
             .map(|(token_id, logprob)| TokenLogprob { token_id, logprob })
             .collect(),
+        draft_tokens: token.draft_tokens,
+        accepted_draft_tokens: token.accepted_draft_tokens,
     }
 }
 
@@ -171,6 +174,9 @@ pub fn wire_stats(stats: EngineStats) -> WireStats {
         failed_requests,
         last_batch_tokens,
         last_batch_sequences,
+        speculative_draft_tokens,
+        speculative_accepted_tokens,
+        speculative_verifications,
     } = stats;
     WireStats {
         running_sequences,
@@ -194,6 +200,9 @@ pub fn wire_stats(stats: EngineStats) -> WireStats {
         failed_requests,
         last_batch_tokens,
         last_batch_sequences,
+        speculative_draft_tokens,
+        speculative_accepted_tokens,
+        speculative_verifications,
     }
 }
 
@@ -270,6 +279,7 @@ mod tests {
                 stop_token_ids: vec![0],
                 sampling: sampling_config(&ok),
                 seed: 5,
+                speculation_opt_out: false,
             }
         );
         // No sampling at all: the wire's default, which the engine refuses for its top_p.
@@ -312,6 +322,8 @@ mod tests {
                     stop: None,
                     index: 0,
                     top_logprobs: vec![(7, -0.5), (3, -1.5)],
+                    draft_tokens: 3,
+                    accepted_draft_tokens: 2,
                 },
                 GeneratedToken {
                     request_id: "b".into(),
@@ -320,6 +332,8 @@ mod tests {
                     stop: Some(StopReason::ConstraintComplete),
                     index: 4,
                     top_logprobs: vec![],
+                    draft_tokens: 0,
+                    accepted_draft_tokens: 0,
                 },
             ],
             errors: vec![RequestFailure {
@@ -363,6 +377,8 @@ mod tests {
                                 logprob: -1.5
                             },
                         ],
+                        draft_tokens: 3,
+                        accepted_draft_tokens: 2,
                     },
                     TokenOutput {
                         request_id: "b".into(),
@@ -372,6 +388,8 @@ mod tests {
                         stop_reason: WireStopReason::ConstraintComplete as i32,
                         index: 4,
                         top_logprobs: vec![],
+                        draft_tokens: 0,
+                        accepted_draft_tokens: 0,
                     },
                 ],
                 errors: vec![RequestError {
@@ -426,6 +444,9 @@ mod tests {
             failed_requests: 19,
             last_batch_tokens: 20,
             last_batch_sequences: 21,
+            speculative_draft_tokens: 22,
+            speculative_accepted_tokens: 23,
+            speculative_verifications: 24,
         };
         assert_eq!(
             wire_stats(stats),
@@ -451,6 +472,9 @@ mod tests {
                 failed_requests: 19,
                 last_batch_tokens: 20,
                 last_batch_sequences: 21,
+                speculative_draft_tokens: 22,
+                speculative_accepted_tokens: 23,
+                speculative_verifications: 24,
             }
         );
     }
