@@ -45,8 +45,9 @@ pub(crate) fn plan_drafts(
     if !all_decodes {
         return;
     }
-    let mut budget =
-        max_batch_tokens.min(MAX_SPECULATIVE_STEP_TOKENS) - chunks.len().min(max_batch_tokens);
+    let mut budget = max_batch_tokens
+        .min(MAX_SPECULATIVE_STEP_TOKENS)
+        .saturating_sub(chunks.len());
     for chunk in chunks {
         let Some(seq) = seqs.get_mut(&chunk.seq) else {
             continue;
