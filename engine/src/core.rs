@@ -26,6 +26,7 @@ use super::{
 use crate::backend::{BatchEntry, BatchModel, Logits};
 use crate::kv::BlockPool;
 use crate::sampler::Sampler;
+use crate::speculation::{self, SpeculationConfig};
 use sampling_limits::MAX_TOP_LOGPROBS;
 
 /// Engine settings.
@@ -39,6 +40,8 @@ pub struct EngineConfig {
     pub prefix_caching: bool,
     /// Batch limits.
     pub scheduler: SchedulerConfig,
+    /// Speculative decoding (validated by the caller, [`SpeculationConfig::validate`]).
+    pub speculation: SpeculationConfig,
 }
 
 /// Starts the engine on its own thread and returns a handle to it.
@@ -72,6 +75,8 @@ struct Engine<M: BatchModel> {
     logits: Logits,
     pool: BlockPool,
     scheduler: Scheduler,
+    speculation: SpeculationConfig,
+    max_batch_tokens: usize,
     seqs: HashMap<SeqId, Sequence>,
     /// (connection, request id) -> sequence.
     ids: HashMap<(ConnId, String), SeqId>,
@@ -91,6 +96,8 @@ impl<M: BatchModel> Engine<M> {
             logits: Logits::new(),
             pool: BlockPool::new(config.num_blocks, config.block_size, config.prefix_caching),
             scheduler: Scheduler::new(config.scheduler),
+            speculation: config.speculation,
+            max_batch_tokens: config.scheduler.max_batch_tokens,
             seqs: HashMap::new(),
             ids: HashMap::new(),
             next_seq: 1,
@@ -297,6 +304,7 @@ impl<M: BatchModel> Engine<M> {
             top_n: n as usize,
             scored: 0,
         });
+        seq.speculation.enabled = !req.speculation_opt_out;
         self.seqs.insert(id, seq);
         self.scheduler.enqueue(id, req.priority);
         Ok(())
@@ -317,6 +325,7 @@ impl<M: BatchModel> Engine<M> {
     /// One step: schedule, execute, update.
     fn step(&mut self) {
         let schedule = self.scheduler.schedule(&mut self.seqs, &mut self.pool);
+        let drafted_before = self.stats.speculative_draft_tokens;
         self.stats.preemptions += schedule.preempted.len() as u64;
         if schedule.chunks.is_empty() {
             // Nothing fits although nothing else runs: the head of the queue cannot be served.
@@ -324,6 +333,14 @@ impl<M: BatchModel> Engine<M> {
             self.publish(false);
             return;
         }
+        // Speculative decoding: drafts for the decodes (empty when the step should not speculate).
+        speculation::plan_drafts(
+            &self.speculation,
+            &schedule.chunks,
+            &mut self.seqs,
+            &mut self.pool,
+            self.max_batch_tokens,
+        );
         // Structured output: the constrained sequences' masks are computed during the forward pass.
         let jobs = MaskJobs::take(&schedule.chunks, &mut self.seqs);
         let lent = jobs.ids();
@@ -344,7 +361,15 @@ impl<M: BatchModel> Engine<M> {
         }
         self.stats.steps += 1;
         self.stats.last_batch_sequences = schedule.chunks.len() as u32;
-        self.stats.last_batch_tokens = schedule.chunks.iter().map(|c| c.num_tokens as u32).sum();
+        self.stats.last_batch_tokens = schedule
+            .chunks
+            .iter()
+            .map(|c| c.num_tokens as u32)
+            .sum::<u32>()
+            + self
+                .stats
+                .speculative_draft_tokens
+                .saturating_sub(drafted_before) as u32;
         let load = self.load();
         let cache = self.cache_changes();
         // Before the outputs: whoever sees a request finish reads counters that include it.
@@ -391,16 +416,40 @@ impl<M: BatchModel> Engine<M> {
     /// Errors: [`EngineErrorKind::ModelFailed`] when the model fails (the message has its error and
     /// their sources) or panics.
     fn execute(&mut self, chunks: &[Chunk]) -> Result<(), EngineError> {
-        let entries: Vec<BatchEntry<'_>> = chunks
+        // A decode with a draft runs its last token and the draft, all positions returning logits.
+        let verify_inputs: Vec<Option<Vec<u32>>> = chunks
             .iter()
             .map(|c| {
                 let seq = &self.seqs[&c.seq];
+                let draft = &seq.speculation.draft;
+                (!draft.is_empty()).then(|| {
+                    let mut input = Vec::with_capacity(1 + draft.len());
+                    input.push(seq.tokens[seq.computed]);
+                    input.extend_from_slice(draft);
+                    input
+                })
+            })
+            .collect();
+        let entries: Vec<BatchEntry<'_>> = chunks
+            .iter()
+            .zip(&verify_inputs)
+            .map(|(c, verify)| {
+                let seq = &self.seqs[&c.seq];
                 let end = seq.computed + c.num_tokens;
-                BatchEntry {
-                    tokens: &seq.tokens[seq.computed..end],
-                    start_pos: seq.computed,
-                    block_table: seq.blocks.as_ref().expect("scheduled").table(),
-                    logit_tokens: prompt_logprobs::logit_tokens(seq, seq.computed, end),
+                let block_table = seq.blocks.as_ref().expect("scheduled").table();
+                match verify {
+                    Some(input) => BatchEntry {
+                        tokens: input,
+                        start_pos: seq.computed,
+                        block_table,
+                        logit_tokens: input.len(),
+                    },
+                    None => BatchEntry {
+                        tokens: &seq.tokens[seq.computed..end],
+                        start_pos: seq.computed,
+                        block_table,
+                        logit_tokens: prompt_logprobs::logit_tokens(seq, seq.computed, end),
+                    },
                 }
             })
             .collect();
@@ -431,56 +480,87 @@ impl<M: BatchModel> Engine<M> {
         let mut logits = logits.iter();
         for chunk in chunks {
             let seq = self.seqs.get_mut(&chunk.seq).expect("scheduled sequence");
+            // A decode with a draft gets its last token's row and one per draft token; any other
+            // chunk the rows `prompt_logprobs::logit_tokens` asked for (prompt positions to score,
+            // then the sampling row when the chunk ends the known tokens).
+            let draft = std::mem::take(&mut seq.speculation.draft);
             let end = seq.computed + chunk.num_tokens;
-            let rows: Vec<&[f32]> = logits
-                .by_ref()
-                .take(prompt_logprobs::logit_tokens(seq, seq.computed, end))
-                .collect();
-            let (scored, sampling_row) = prompt_logprobs::consume(seq, end, &rows);
-            if let Some(scored) = scored {
-                per_conn
-                    .entry(seq.conn)
-                    .or_default()
-                    .prompt_logprobs
-                    .push(scored);
-            }
+            let rows: Vec<&[f32]> = if draft.is_empty() {
+                let rows: Vec<&[f32]> = logits
+                    .by_ref()
+                    .take(prompt_logprobs::logit_tokens(seq, seq.computed, end))
+                    .collect();
+                let (scored, sampling_row) = prompt_logprobs::consume(seq, end, &rows);
+                if let Some(scored) = scored {
+                    per_conn
+                        .entry(seq.conn)
+                        .or_default()
+                        .prompt_logprobs
+                        .push(scored);
+                }
+                sampling_row.into_iter().collect()
+            } else {
+                logits.by_ref().take(draft.len() + 1).collect()
+            };
             seq.computed = end;
-            if let Some(blocks) = seq.blocks.as_mut() {
-                self.pool
-                    .register_full_blocks(blocks, &seq.tokens, seq.computed);
-            }
             if seq.computed < seq.tokens.len() {
-                continue; // a prefill chunk that does not reach the end yet
+                // A prefill chunk that does not reach the end yet.
+                if let Some(blocks) = seq.blocks.as_mut() {
+                    self.pool
+                        .register_full_blocks(blocks, &seq.tokens, seq.computed);
+                }
+                continue;
             }
-            let Some(row) = sampling_row else {
+            if rows.len() <= draft.len() {
                 let message = "the model returned too few logits";
                 let error = EngineError::new(EngineErrorKind::ModelFailed, message);
                 self.fail(chunk.seq, error, per_conn);
                 continue;
-            };
-            let (sampled, stop) = match seq.accept_logits(row) {
-                Ok(accepted) => accepted,
-                Err(e) => {
-                    // llguidance failed for this sequence: it fails, the engine goes on.
-                    let error = EngineError::new(EngineErrorKind::ConstraintFailed, e.to_string());
-                    self.fail(chunk.seq, error, per_conn);
-                    continue;
-                }
-            };
-            self.stats.generated_tokens += 1;
-            per_conn
-                .entry(seq.conn)
-                .or_default()
-                .tokens
-                .push(GeneratedToken {
-                    request_id: seq.request_id.clone(),
-                    token_id: sampled.token_id,
-                    logprob: sampled.logprob,
-                    stop,
-                    index: (seq.generated().len() - 1) as u32,
-                    top_logprobs: sampled.top_logprobs,
-                });
-            if stop.is_some() {
+            }
+            let verified = speculation::verify(seq, &draft, &rows);
+            // Only committed, computed tokens are hashed; blocks that held only rejected
+            // positions go back to the pool.
+            if let Some(blocks) = seq.blocks.as_mut() {
+                self.pool
+                    .register_full_blocks(blocks, &seq.tokens, seq.computed);
+                self.pool.truncate(blocks, seq.computed);
+            }
+            if !draft.is_empty() {
+                seq.speculation.record(draft.len(), verified.accepted);
+                speculation::metrics::observe(
+                    self.speculation.proposer,
+                    draft.len(),
+                    verified.accepted,
+                );
+                self.stats.speculative_draft_tokens += draft.len() as u64;
+                self.stats.speculative_accepted_tokens += verified.accepted as u64;
+                self.stats.speculative_verifications += 1;
+            }
+            let first_index = seq.generated().len() - verified.tokens.len();
+            let mut stopped = false;
+            for (i, (sampled, stop)) in verified.tokens.into_iter().enumerate() {
+                self.stats.generated_tokens += 1;
+                stopped |= stop.is_some();
+                per_conn
+                    .entry(seq.conn)
+                    .or_default()
+                    .tokens
+                    .push(GeneratedToken {
+                        request_id: seq.request_id.clone(),
+                        token_id: sampled.token_id,
+                        logprob: sampled.logprob,
+                        stop,
+                        index: (first_index + i) as u32,
+                        top_logprobs: sampled.top_logprobs,
+                        draft_tokens: seq.speculation.draft_tokens as u32,
+                        accepted_draft_tokens: seq.speculation.accepted_draft_tokens as u32,
+                    });
+            }
+            if let Some(e) = verified.error {
+                // llguidance failed for this sequence: it fails, the engine goes on.
+                let error = EngineError::new(EngineErrorKind::ConstraintFailed, e.to_string());
+                self.fail(chunk.seq, error, per_conn);
+            } else if stopped {
                 self.stats.finished_requests += 1;
                 self.finish(chunk.seq);
             }

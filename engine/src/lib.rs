@@ -17,6 +17,7 @@
 pub mod backend;
 pub mod kv;
 pub mod sampler;
+pub mod speculation;
 
 mod core;
 mod error;

@@ -56,6 +56,11 @@ pub struct GeneratedToken {
     /// same distribution as `logprob`, most likely first (ties: lower id first); empty when it asked
     /// for none.
     pub top_logprobs: Vec<(u32, f32)>,
+    /// Speculative decoding: the request's draft tokens proposed so far, up to this token's step
+    /// (its final stats on the last token).
+    pub draft_tokens: u32,
+    /// Of those, the tokens accepted.
+    pub accepted_draft_tokens: u32,
 }
 
 /// Consecutive prompt tokens of one request, scored (see the `prompt_logprobs` module): each

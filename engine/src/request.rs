@@ -38,4 +38,7 @@ pub struct EngineRequest {
     /// most likely alternatives each (at most 20); `None`: no prompt logprobs. Such a request reuses
     /// the prefix cache only up to its first prompt position to score.
     pub prompt_logprobs: Option<u32>,
+    /// The request opted out of speculative decoding (its tokens are the same either way; only
+    /// the speed differs).
+    pub speculation_opt_out: bool,
 }

@@ -7,6 +7,7 @@ use structured_output::{ConstraintState, MatchError, Progress, TokenMask};
 
 use crate::kv::SequenceBlocks;
 use crate::sampler::{SampledToken, Sampler};
+use crate::speculation::SequenceSpeculation;
 
 use super::ConnId;
 
@@ -62,6 +63,8 @@ pub struct Sequence {
     /// Prompt logprobs: what the request asked for and how far the scoring got (`None`: not
     /// asked for).
     pub prompt_scoring: Option<PromptScoring>,
+    /// Speculative decoding: whether the request allows it, this step's draft, its counters.
+    pub speculation: SequenceSpeculation,
     sampler: Sampler,
     max_new_tokens: usize,
     stop_token_ids: HashSet<u32>,
@@ -93,6 +96,7 @@ impl Sequence {
             mask: None,
             prefix_root: block_hash::SEED,
             prompt_scoring: None,
+            speculation: SequenceSpeculation::new(true),
             sampler,
             max_new_tokens,
             stop_token_ids: stop_token_ids.into_iter().collect(),
@@ -108,6 +112,12 @@ impl Sequence {
     /// Known tokens not yet in the KV cache.
     pub fn remaining(&self) -> usize {
         self.tokens.len() - self.computed
+    }
+
+    /// Tokens this sequence may still generate before `max_new_tokens` or the context ends it.
+    pub fn tokens_left(&self) -> usize {
+        let by_length = self.max_new_tokens.saturating_sub(self.generated().len());
+        by_length.min(self.context_length.saturating_sub(self.tokens.len()))
     }
 
     /// True while more than one known token is uncomputed (a prompt, or a recompute after

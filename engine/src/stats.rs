@@ -47,4 +47,10 @@ pub struct EngineStats {
     pub last_batch_tokens: u32,
     /// Sequences in the last step's batch.
     pub last_batch_sequences: u32,
+    /// Speculative decoding: draft tokens proposed (all sequences, all proposers).
+    pub speculative_draft_tokens: u64,
+    /// Draft tokens accepted (committed without a step of their own).
+    pub speculative_accepted_tokens: u64,
+    /// Verifications: one sequence's draft checked in one step.
+    pub speculative_verifications: u64,
 }

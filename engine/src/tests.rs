@@ -93,6 +93,7 @@ fn config(num_blocks: usize, max_batch_tokens: usize, prefix_caching: bool) -> E
             watermark_blocks: 0,
             long_prefill_token_threshold: 0,
         },
+        speculation: Default::default(),
     }
 }
 
@@ -406,7 +407,7 @@ async fn the_published_snapshot_is_current_when_outputs_arrive_and_marks_a_dead_
 
 /// [`SumModel`]'s vocabulary as text: id 0 is the control token `<eos>`, ids 1.. are the letters
 /// `a`, `b`, ... (so id `i` is the byte `b'a' + i - 1`).
-fn letters_compiler() -> ConstraintCompiler {
+pub(crate) fn letters_compiler() -> ConstraintCompiler {
     let mut tokens = vec!["<eos>".to_string()];
     tokens.extend((1..VOCAB).map(|i| char::from(b'a' + (i - 1) as u8).to_string()));
     let mut types = vec![1; tokens.len()];

@@ -168,6 +168,7 @@ pub fn launch(
         priority: caller.priority,
         cache_salt: caller.cache_salt.clone(),
         prompt_logprobs: valid.prompt_logprobs,
+        speculation: valid.speculation,
     };
     let placement = Placement {
         tenant: tenant.name.clone(),
@@ -207,6 +208,8 @@ pub fn launch(
         failovers: 0,
         first_token_at: None,
         prompt: valid.prompt_logprobs.map(|_| valid.prompt_ids.clone()),
+        drafts: (0, 0),
+        earlier_drafts: (0, 0),
     };
     tokio::spawn(stream.run(session, tx, call.deadline).in_current_span());
     Ok(rx)
@@ -247,6 +250,10 @@ struct TokenStream {
     /// The prompt's ids while its scored tokens are still to be sent (requests with prompt
     /// logprobs, until the first message).
     prompt: Option<Vec<u32>>,
+    /// Speculative decoding: (draft, accepted) tokens reported by the current worker so far, and
+    /// by the workers before it (a failover restarts the worker's counts).
+    drafts: (u32, u32),
+    earlier_drafts: (u32, u32),
 }
 
 impl TokenStream {
@@ -322,6 +329,13 @@ impl TokenStream {
         self.first_token_at.get_or_insert(now);
         self.generated += 1;
         self.service.on_token();
+        let drafts = (token.draft_tokens, token.accepted_draft_tokens);
+        if drafts.0 < self.drafts.0 {
+            // Another worker's counts: keep the earlier workers' sums.
+            self.earlier_drafts.0 += self.drafts.0;
+            self.earlier_drafts.1 += self.drafts.1;
+        }
+        self.drafts = drafts;
         let tokenizer = &self.model.tokenizer;
         let id = token.token_id;
         let ended_by_eos = token.finished && token.stop_reason() == StopReason::StopToken;
@@ -390,6 +404,8 @@ impl TokenStream {
             time_to_first_token_ms: ms(self.arrival, self.first_token_at.unwrap_or(now)),
             total_ms: ms(self.arrival, now),
             failovers: self.failovers,
+            draft_tokens: self.earlier_drafts.0 + self.drafts.0,
+            accepted_draft_tokens: self.earlier_drafts.1 + self.drafts.1,
         }
     }
 }

@@ -68,6 +68,8 @@ pub struct GenerationRequest {
     pub tools: Option<ToolRequest>,
     /// Prompt logprobs with this many alternatives per prompt token, in [0, 20]; `None`: off.
     pub prompt_logprobs: Option<u32>,
+    /// Speculative decoding: `Some(false)` opts out; `None`/`Some(true)` = as the worker is set up.
+    pub speculation: Option<bool>,
     /// Size of the request as received (encoded message or HTTP body), in bytes.
     pub size_bytes: usize,
 }
@@ -97,6 +99,7 @@ impl Default for GenerationRequest {
             constraint: None,
             tools: None,
             prompt_logprobs: None,
+            speculation: None,
             size_bytes: 0,
         }
     }

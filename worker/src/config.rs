@@ -7,6 +7,7 @@ use clap::Parser;
 use figment::providers::Env;
 use serde::{Deserialize, Serialize};
 
+use crate::speculation_setting::{speculation_config, SpeculationSetting, SpeculationSettingError};
 use backend_cpu::{KvDtype, Numerics as CpuNumerics};
 use backend_cuda::{DeviceKind, Numerics};
 use engine::{EngineConfig, SchedulerConfig};
@@ -65,6 +66,22 @@ pub struct Cli {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub long_prefill_token_threshold: Option<usize>,
+    /// Speculative decoding: off or ngram (prompt lookup); outputs are identical either way.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub speculation: Option<String>,
+    /// Most tokens proposed per sequence and step (1..=16).
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub num_speculative_tokens: Option<usize>,
+    /// Shortest suffix the n-gram proposer matches, in tokens.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ngram_min: Option<usize>,
+    /// Longest suffix the n-gram proposer matches, in tokens.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ngram_max: Option<usize>,
     /// Reuse cached prompt-prefix KV blocks (true/false).
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -183,6 +200,15 @@ pub struct WorkerSettings {
     pub long_prefill_token_threshold: usize,
     /// Reuse cached prompt-prefix KV blocks.
     pub prefix_caching: bool,
+    /// Speculative decoding (issue 28): `off` (default) or `ngram` (prompt lookup, verified so
+    /// that every output is bitwise the same as with `off`); `draft` is refused (not built yet).
+    pub speculation: SpeculationSetting,
+    /// Most tokens proposed per sequence and step, 1..=16 (the engine picks 0 up to this).
+    pub num_speculative_tokens: usize,
+    /// Shortest suffix the n-gram proposer matches, in tokens (1 <= ngram_min <= ngram_max).
+    pub ngram_min: usize,
+    /// Longest suffix the n-gram proposer matches, in tokens (tried first; at most 64).
+    pub ngram_max: usize,
     /// Fraction of the KV blocks kept free at admission (headroom for running decodes).
     pub kv_watermark: f64,
     /// Address (`IP:PORT`) of the Prometheus text endpoint (`GET /metrics`); empty = off.
@@ -246,6 +272,10 @@ impl Default for WorkerSettings {
             max_num_seqs: 128,
             long_prefill_token_threshold: 256,
             prefix_caching: true,
+            speculation: SpeculationSetting::Off,
+            num_speculative_tokens: 5,
+            ngram_min: 1,
+            ngram_max: 3,
             kv_watermark: 0.01,
             metrics_listen: String::new(),
             otlp_endpoint: String::new(),
@@ -322,6 +352,7 @@ impl WorkerSettings {
         if self.device == DeviceKind::Cuda {
             self.check_numerics_on("cuda")?;
         }
+        self.speculation_config()?;
         Ok(())
     }
 
@@ -348,6 +379,20 @@ impl WorkerSettings {
             ("tls_key", &self.tls_key),
         )
         .and_then(|files| files.map(tls_certs::ReloadingCert::load).transpose())
+    }
+
+    /// The engine's speculation settings.
+    ///
+    /// Errors: [`SettingsError::Speculation`] naming the setting.
+    pub fn speculation_config(
+        &self,
+    ) -> Result<engine::speculation::SpeculationConfig, SettingsError> {
+        Ok(speculation_config(
+            self.speculation,
+            self.num_speculative_tokens,
+            self.ngram_min,
+            self.ngram_max,
+        )?)
     }
 
     /// The plain health port's address, when it is on.
@@ -386,6 +431,7 @@ impl WorkerSettings {
                 long_prefill_token_threshold: self.long_prefill_token_threshold,
                 watermark_blocks: (num_blocks as f64 * self.kv_watermark.clamp(0.0, 0.5)) as usize,
             },
+            speculation: self.speculation_config()?,
         })
     }
 }
@@ -432,6 +478,9 @@ pub enum SettingsError {
          cpu`); the CUDA backend's fast mode is `cuda_numerics = fast`"
     )]
     FastNumericsOnCuda,
+    /// A speculation setting that cannot run.
+    #[error(transparent)]
+    Speculation(#[from] SpeculationSettingError),
     /// `engine_stall_timeout_ms` is 0.
     #[error("engine_stall_timeout_ms must be at least 1")]
     ZeroStallTimeout,

@@ -8,4 +8,5 @@ pub mod inspect;
 pub mod metrics;
 pub mod model_info;
 pub mod service;
+pub mod speculation_setting;
 pub mod telemetry;

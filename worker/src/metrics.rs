@@ -16,6 +16,9 @@
 //! Unprefixed: the standard `process_*` metrics and `build_info{component="worker",version,commit}`
 //! (`observability::process_metrics`).
 //!
+//! Speculative decoding, labelled `proposer`: counters `worker_speculative_draft_tokens_total` and
+//! `worker_speculative_accepted_tokens_total`, histogram `worker_speculative_accepted_per_step`.
+//!
 //! Structured output: histogram `worker_constraint_mask_seconds`, the time to compute one constrained
 //! sequence's allowed-token mask (observed by the engine for every mask, see `engine::masks`).
 //!
@@ -88,6 +91,21 @@ impl WorkerMetrics {
             "constraint_mask_seconds",
             "Time to compute one constrained sequence's allowed-token mask (structured output)",
             engine::mask_seconds(),
+        );
+        registry.register(
+            "speculative_draft_tokens",
+            "Draft tokens proposed for speculative decoding, by proposer",
+            engine::speculation::metrics::draft_tokens(),
+        );
+        registry.register(
+            "speculative_accepted_tokens",
+            "Draft tokens accepted by verification (committed without a step of their own), by proposer",
+            engine::speculation::metrics::accepted_tokens(),
+        );
+        registry.register(
+            "speculative_accepted_per_step",
+            "Draft tokens accepted per verification of one sequence, by proposer",
+            engine::speculation::metrics::accepted_per_step(),
         );
         let snapshot = Arc::new(Mutex::new(None));
         registry.register_collector(Box::new(StatsCollector {

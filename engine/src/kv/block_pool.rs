@@ -201,6 +201,37 @@ impl BlockPool {
         Ok(())
     }
 
+    /// Grows `seq`'s table towards `num_tokens` tokens with truly free blocks only (never evicting a
+    /// cached block, so speculative room never changes the prefix cache) and returns the tokens the
+    /// table holds afterwards (at least its old capacity, at most what `num_tokens` needs).
+    pub fn grow_from_free(&mut self, seq: &mut SequenceBlocks, num_tokens: usize) -> usize {
+        while seq.table.len() < self.blocks_for(num_tokens) {
+            let Some(block) = self.free.pop() else {
+                break;
+            };
+            self.ref_counts[block as usize] = 1;
+            seq.table.push(block);
+        }
+        seq.table.len() * self.block_size
+    }
+
+    /// Shrinks `seq`'s table to the blocks that `num_tokens` tokens need, returning the tail blocks
+    /// to the free list last-allocated first (undoing [`BlockPool::grow_from_free`]). The tail must
+    /// hold no hashed block: only blocks past the computed tokens are cut (rejected speculative
+    /// positions), and those are never full of computed tokens.
+    pub fn truncate(&mut self, seq: &mut SequenceBlocks, num_tokens: usize) {
+        let keep = self.blocks_for(num_tokens);
+        debug_assert!(seq.hashed <= keep, "truncating a hashed block");
+        while seq.table.len() > keep {
+            let block = seq.table.pop().expect("len > keep");
+            let b = block as usize;
+            self.ref_counts[b] -= 1;
+            if self.ref_counts[b] == 0 {
+                self.free.push(block);
+            }
+        }
+    }
+
     /// Registers in the prefix cache every full block of `seq` whose tokens are all computed.
     /// `tokens` are the sequence's known tokens; `computed` how many have K/V in the cache.
     pub fn register_full_blocks(

@@ -226,6 +226,9 @@ pub struct CompletionBody {
     /// Prefix-cache isolation, as vLLM's `cache_salt` (the gRPC request's `cache_salt`): cached
     /// prompt blocks are shared only with requests of the same salt; non-empty when given.
     pub cache_salt: Option<String>,
+    /// Extension: `false` opts this request out of speculative decoding (outputs are the same
+    /// either way; only the speed differs).
+    pub speculation: Option<bool>,
 }
 
 /// Parses a request body.
@@ -467,6 +470,7 @@ impl CompletionBody {
             tools,
             // An echo with `logprobs: N` scores the prompt with N alternatives per token.
             prompt_logprobs: (echo && logprobs).then_some(top_logprobs),
+            speculation: self.speculation,
             size_bytes,
         };
         let requests = prompts

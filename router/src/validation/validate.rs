@@ -63,6 +63,7 @@ impl TryFrom<GenerateRequest> for GenerationRequest {
             constraint: req.constraint,
             tools: None,
             prompt_logprobs: req.prompt_logprobs,
+            speculation: req.speculation,
             size_bytes,
         })
     }
@@ -108,6 +109,8 @@ pub struct ValidRequest {
     pub constraint: Option<Constraint>,
     /// Prompt logprobs with this many alternatives each (at most 20); `None`: off.
     pub prompt_logprobs: Option<u32>,
+    /// Speculative decoding: `Some(false)` opts out (the worker's `AddRequest.speculation`).
+    pub speculation: Option<bool>,
 }
 
 impl ValidRequest {
@@ -160,6 +163,7 @@ pub fn validate(
         request_id: req.request_id,
         constraint: req.constraint,
         prompt_logprobs: req.prompt_logprobs,
+        speculation: req.speculation,
     })
 }
 

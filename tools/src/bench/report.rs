@@ -90,6 +90,8 @@ pub struct RequestRecord {
     pub server_ttft_ms: Option<f64>,
     /// The server's `usage.total_ms` (router arrival -> last message).
     pub server_total_ms: Option<f64>,
+    /// The server's `usage.draft_tokens` and `usage.accepted_draft_tokens` (speculative decoding).
+    pub server_draft_tokens: Option<(u32, u32)>,
     /// Why it failed; `None` on success.
     pub error: Option<RequestError>,
     /// This request's inter-token gaps (ms), see [`inter_token_gaps`]; not written to the JSON.
@@ -150,6 +152,10 @@ pub struct Summary {
     pub tpot_ms: Distribution,
     /// End-to-end latency over successful requests (ms).
     pub e2e_ms: Distribution,
+    /// Speculative decoding over the successful requests: draft tokens proposed and accepted.
+    pub draft_tokens: u64,
+    /// Of `draft_tokens`, those accepted.
+    pub accepted_draft_tokens: u64,
     /// Successful requests by finish reason.
     pub finish_reasons: BTreeMap<String, usize>,
     /// Failed requests by gRPC status code name.
@@ -193,7 +199,15 @@ impl Summary {
                 })
                 .count += 1;
         }
+        let drafts = |pick: fn((u32, u32)) -> u32| -> u64 {
+            ok.iter()
+                .filter_map(|r| r.server_draft_tokens)
+                .map(|d| pick(d) as u64)
+                .sum()
+        };
         Summary {
+            draft_tokens: drafts(|d| d.0),
+            accepted_draft_tokens: drafts(|d| d.1),
             requests: records.len(),
             succeeded: ok.len(),
             failed: records.len() - ok.len(),
@@ -270,6 +284,15 @@ impl Summary {
             reasons.join(" ")
         };
         let _ = writeln!(s, "finish reasons:      {reasons}");
+        if self.draft_tokens > 0 {
+            let _ = writeln!(
+                s,
+                "speculation:         {} drafted, {} accepted (acceptance rate {:.1}%)",
+                self.draft_tokens,
+                self.accepted_draft_tokens,
+                100.0 * self.accepted_draft_tokens as f64 / self.draft_tokens as f64
+            );
+        }
         if self.errors.is_empty() {
             let _ = writeln!(s, "errors:              none");
         } else {
@@ -408,6 +431,7 @@ mod tests {
             server_queue_ms: Some(0.0),
             server_ttft_ms: Some(ttft),
             server_total_ms: Some(e2e),
+            server_draft_tokens: Some((4, 3)),
             error: None,
             itl_ms: vec![(e2e - ttft) / (tokens - 1) as f64; tokens as usize - 1],
         }
@@ -480,6 +504,12 @@ mod tests {
         let text = s.render("run A");
         assert!(text.contains("2 ok, 3 failed"), "{text}");
         assert!(text.contains("UNAVAILABLE x2: worker went away"), "{text}");
+        // Only the successful requests' draft counts: 2 x (4 drafted, 3 accepted).
+        assert_eq!((s.draft_tokens, s.accepted_draft_tokens), (8, 6));
+        assert!(
+            text.contains("8 drafted, 6 accepted (acceptance rate 75.0%)"),
+            "{text}"
+        );
         let json = serde_json::to_value(&s).unwrap();
         assert_eq!(json["errors"]["UNAVAILABLE"]["count"], 2);
         assert_eq!(

@@ -351,6 +351,7 @@ fn record(
         server_queue_ms: usage.map(|u| u.queue_ms),
         server_ttft_ms: usage.map(|u| u.time_to_first_token_ms),
         server_total_ms: usage.map(|u| u.total_ms),
+        server_draft_tokens: usage.map(|u| (u.draft_tokens, u.accepted_draft_tokens)),
         error,
         itl_ms: inter_token_gaps(&got.arrivals),
     }

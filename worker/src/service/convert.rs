@@ -32,6 +32,7 @@ pub fn engine_request(add: AddRequest) -> EngineRequest {
         priority: add.priority,
         prefix_root: engine::kv::salted_seed(&add.cache_salt),
         prompt_logprobs: add.prompt_logprobs,
+        speculation_opt_out: add.speculation == Some(false),
     }
 }
 
@@ -145,6 +146,8 @@ fn token_output(token: GeneratedToken) -> TokenOutput {
         stop_reason: wire_stop_reason(token.stop) as i32,
         index: token.index,
         top_logprobs: token_logprobs(token.top_logprobs),
+        draft_tokens: token.draft_tokens,
+        accepted_draft_tokens: token.accepted_draft_tokens,
     }
 }
 
@@ -200,6 +203,9 @@ pub fn wire_stats(stats: EngineStats) -> WireStats {
         failed_requests,
         last_batch_tokens,
         last_batch_sequences,
+        speculative_draft_tokens,
+        speculative_accepted_tokens,
+        speculative_verifications,
     } = stats;
     WireStats {
         running_sequences,
@@ -223,6 +229,9 @@ pub fn wire_stats(stats: EngineStats) -> WireStats {
         failed_requests,
         last_batch_tokens,
         last_batch_sequences,
+        speculative_draft_tokens,
+        speculative_accepted_tokens,
+        speculative_verifications,
     }
 }
 
@@ -304,6 +313,7 @@ mod tests {
                 priority: -2,
                 prefix_root: engine::kv::salted_seed("tenant:a"),
                 prompt_logprobs: None,
+                speculation_opt_out: false,
             }
         );
         // No sampling at all: the wire's default, which the engine refuses for its top_p.
@@ -348,6 +358,8 @@ mod tests {
                     stop: None,
                     index: 0,
                     top_logprobs: vec![(7, -0.5), (3, -1.5)],
+                    draft_tokens: 3,
+                    accepted_draft_tokens: 2,
                 },
                 GeneratedToken {
                     request_id: "b".into(),
@@ -356,6 +368,8 @@ mod tests {
                     stop: Some(StopReason::ConstraintComplete),
                     index: 4,
                     top_logprobs: vec![],
+                    draft_tokens: 0,
+                    accepted_draft_tokens: 0,
                 },
             ],
             errors: vec![RequestFailure {
@@ -400,6 +414,8 @@ mod tests {
                                 logprob: -1.5
                             },
                         ],
+                        draft_tokens: 3,
+                        accepted_draft_tokens: 2,
                     },
                     TokenOutput {
                         request_id: "b".into(),
@@ -409,6 +425,8 @@ mod tests {
                         stop_reason: WireStopReason::ConstraintComplete as i32,
                         index: 4,
                         top_logprobs: vec![],
+                        draft_tokens: 0,
+                        accepted_draft_tokens: 0,
                     },
                 ],
                 errors: vec![RequestError {
@@ -464,6 +482,9 @@ mod tests {
             failed_requests: 19,
             last_batch_tokens: 20,
             last_batch_sequences: 21,
+            speculative_draft_tokens: 22,
+            speculative_accepted_tokens: 23,
+            speculative_verifications: 24,
         };
         assert_eq!(
             wire_stats(stats),
@@ -489,6 +510,9 @@ mod tests {
                 failed_requests: 19,
                 last_batch_tokens: 20,
                 last_batch_sequences: 21,
+                speculative_draft_tokens: 22,
+                speculative_accepted_tokens: 23,
+                speculative_verifications: 24,
             }
         );
     }

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Speculative decoding side by side (issue 28): one worker + router with `--speculation off`, then one
+# with `--speculation ngram`, same model and threads, in one sitting; for each task (quote, story) and
+# each concurrency (1, and $streams) runs bench/speculation.py and prints a table of tokens/s per
+# stream, the acceptance rate and whether every output equals speculation off's.
+#
+# Usage: bench/speculation.sh [MODEL.gguf] (default: the fetched SmolLM2). Env: THREADS (default 2),
+# STREAMS (default 32), REQUESTS (default 8 per cell at 1 stream, STREAMS at STREAMS), MAX_NEW (96).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+model=${1:-$root/.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf}
+threads=${THREADS:-2}; streams=${STREAMS:-32}; requests=${REQUESTS:-8}; max_new=${MAX_NEW:-96}
+bin=${BIN_DIR:-${CARGO_TARGET_DIR:-$root/target}/release}
+out=$(mktemp -d); echo "speculation: logs and outputs in $out" >&2
+bench_name=speculation
+# shellcheck source=bench/lib.sh
+source "$root/bench/lib.sh"
+for mode in off ngram; do
+  wport=$(free_port); rport=$(free_port); hport=$(free_port); mport=$(free_port)
+  "$bin/worker" --threads "$threads" --model "$model" --listen "127.0.0.1:$wport" \
+    --speculation "$mode" --metrics-listen "127.0.0.1:$mport" >"$out/worker-$mode.log" 2>&1 &
+  pids+=($!); wpid=$!
+  wait_for "$out/worker-$mode.log" "worker ready" "$wpid"
+  "$bin/router" --workers "127.0.0.1:$wport" --listen "127.0.0.1:$rport" \
+    --http-listen "127.0.0.1:$hport" >"$out/router-$mode.log" 2>&1 &
+  pids+=($!); rpid=$!
+  wait_for "$out/router-$mode.log" "router ready" "$rpid"
+  for task in quote story; do
+    for c in 1 "$streams"; do
+      n=$requests; [ "$c" -gt 1 ] && n=$c
+      python3 "$root/bench/speculation.py" --url "127.0.0.1:$hport" \
+        --task "$task" --requests "$n" --concurrency "$c" --max-new-tokens "$max_new" \
+        --metrics "127.0.0.1:$mport" --outputs "$out/$task-$c-$mode.json" >"$out/$task-$c-$mode.result"
+    done
+  done
+  kill "$rpid" "$wpid"; wait "$rpid" "$wpid" 2>/dev/null || true
+done
+python3 - "$out" "$streams" <<'PY'
+import json, pathlib, sys
+out, streams = pathlib.Path(sys.argv[1]), sys.argv[2]
+print("| task | streams | tok/s/stream off | tok/s/stream ngram | speed-up | acceptance | outputs identical |")
+print("|---|---|---|---|---|---|---|")
+for task in ("quote", "story"):
+    for c in ("1", streams):
+        r = {m: json.loads((out / f"{task}-{c}-{m}.result").read_text()) for m in ("off", "ngram")}
+        same = json.loads((out / f"{task}-{c}-off.json").read_text()) == json.loads((out / f"{task}-{c}-ngram.json").read_text())
+        off, ngram = r["off"]["tokens_per_s_per_stream"], r["ngram"]["tokens_per_s_per_stream"]
+        acc = r["ngram"]["acceptance_rate"]
+        acc = "-" if acc is None else "%.0f%% of %d" % (100 * acc, r["ngram"]["draft_tokens"])
+        print("| %s | %s | %.1f | %.1f | %.2fx | %s | %s |" % (task, c, off, ngram, ngram / off, acc, "yes" if same else "NO"))
+PY

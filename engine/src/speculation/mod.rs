@@ -1,0 +1,158 @@
+//! Speculative decoding whose output is bitwise plain decoding's (issue 28).
+//!
+//! A decoding sequence gets up to k proposed tokens (the *draft*, from a [`Proposer`]); the step runs
+//! its last committed token plus the draft as one batch entry that returns the logits of all k + 1
+//! positions ([`crate::backend::BatchEntry::logit_tokens`]). The backends' kernels are batch and
+//! chunk invariant, so each row is bitwise the row plain decoding computes at that position.
+//! [`verify`] then commits, position by position, exactly the token plain decoding would emit
+//! there (same sampler, same draw index, penalties over the committed tokens before it, the
+//! constraint's mask in the state after them), while it equals the proposal; the first mismatch
+//! commits the model's own token, so every step commits at least one token and the committed tokens
+//! are plain decoding's. Rejected positions never touch the sequence's tokens, penalties or
+//! constraint state (those only ever see committed tokens); their K/V lies past `computed` and the
+//! blocks that held only them go back to the free list ([`crate::kv::BlockPool::truncate`]), and
+//! only blocks full of computed committed tokens are ever hashed into the prefix cache.
+//!
+//! - [`ngram`]: the prompt-lookup proposer.
+//! - [`plan`]: which sequences speculate in a step, and how far (the "never slower" policy).
+//! - [`verify`]: the acceptance rule.
+//! - [`metrics`]: the process-wide counters and histogram the worker exports.
+
+pub mod metrics;
+pub mod ngram;
+mod plan;
+mod verify;
+
+pub(crate) use plan::plan_drafts;
+pub(crate) use verify::verify;
+
+/// Most speculative tokens per sequence and step that `num_speculative_tokens` may ask for.
+pub const MAX_SPECULATIVE_TOKENS: usize = 16;
+
+/// Which proposer drafts tokens (the worker's `speculation` setting).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Proposer {
+    /// No speculation: every step scores one token per decoding sequence.
+    #[default]
+    Off,
+    /// Prompt lookup: the tokens that followed the most recent earlier occurrence of the last n
+    /// tokens of the prompt and generated text ([`ngram::propose`]).
+    Ngram,
+}
+
+impl Proposer {
+    /// The setting's value for this proposer (`off`, `ngram`), also the metrics' `proposer` label.
+    pub fn name(self) -> &'static str {
+        match self {
+            Proposer::Off => "off",
+            Proposer::Ngram => "ngram",
+        }
+    }
+}
+
+/// A speculation setting the engine cannot run; the message names the setting.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SpeculationConfigError {
+    /// `num_speculative_tokens` outside `1..=MAX_SPECULATIVE_TOKENS`.
+    #[error(
+        "num_speculative_tokens must be in 1..={MAX_SPECULATIVE_TOKENS} (tokens proposed per \
+         sequence and step), got {0}"
+    )]
+    NumSpeculativeTokens(usize),
+    /// `ngram_min` / `ngram_max` not `1 <= ngram_min <= ngram_max <= 64`.
+    #[error("ngram_min and ngram_max must satisfy 1 <= ngram_min <= ngram_max <= 64, got ngram_min = {min}, ngram_max = {max}")]
+    NgramRange {
+        /// The `ngram_min` given.
+        min: usize,
+        /// The `ngram_max` given.
+        max: usize,
+    },
+}
+
+/// The engine's speculation settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpeculationConfig {
+    /// Which proposer runs.
+    pub proposer: Proposer,
+    /// Most tokens proposed per sequence and step (the scheduler picks 0 up to this).
+    pub num_speculative_tokens: usize,
+    /// Shortest suffix the n-gram proposer matches, in tokens.
+    pub ngram_min: usize,
+    /// Longest suffix the n-gram proposer matches (tried first), in tokens.
+    pub ngram_max: usize,
+}
+
+impl Default for SpeculationConfig {
+    /// Off, with the issue's defaults for the rest (5 tokens, n-grams of 3 down to 1).
+    fn default() -> Self {
+        Self {
+            proposer: Proposer::Off,
+            num_speculative_tokens: 5,
+            ngram_min: 1,
+            ngram_max: 3,
+        }
+    }
+}
+
+impl SpeculationConfig {
+    /// Checks the numbers (also when the proposer is off, so a bad file fails at once).
+    ///
+    /// Errors: [`SpeculationConfigError`] naming the setting.
+    pub fn validate(&self) -> Result<(), SpeculationConfigError> {
+        if !(1..=MAX_SPECULATIVE_TOKENS).contains(&self.num_speculative_tokens) {
+            return Err(SpeculationConfigError::NumSpeculativeTokens(
+                self.num_speculative_tokens,
+            ));
+        }
+        if !(1 <= self.ngram_min && self.ngram_min <= self.ngram_max && self.ngram_max <= 64) {
+            return Err(SpeculationConfigError::NgramRange {
+                min: self.ngram_min,
+                max: self.ngram_max,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// One sequence's speculation state.
+#[derive(Debug, Clone)]
+pub struct SequenceSpeculation {
+    /// The request allows speculation (its per-request opt-out clears it).
+    pub enabled: bool,
+    /// This step's proposals (empty: a plain decode step).
+    pub draft: Vec<u32>,
+    /// Tokens proposed for this request so far.
+    pub draft_tokens: u64,
+    /// Of those, tokens accepted.
+    pub accepted_draft_tokens: u64,
+    /// Recent acceptance rate (exponential moving average of accepted / proposed per step), which
+    /// sets how many tokens the next step proposes.
+    pub acceptance: f64,
+}
+
+impl SequenceSpeculation {
+    /// A request's state before its first step; `enabled` = it allows speculation.
+    pub fn new(enabled: bool) -> Self {
+        Self {
+            enabled,
+            draft: Vec::new(),
+            draft_tokens: 0,
+            accepted_draft_tokens: 0,
+            acceptance: 1.0,
+        }
+    }
+
+    /// Records a verification of `proposed` tokens of which `accepted` were accepted.
+    pub fn record(&mut self, proposed: usize, accepted: usize) {
+        if proposed == 0 {
+            return;
+        }
+        self.draft_tokens += proposed as u64;
+        self.accepted_draft_tokens += accepted as u64;
+        let rate = accepted as f64 / proposed as f64;
+        self.acceptance = 0.5 * self.acceptance + 0.5 * rate;
+    }
+}
+
+#[cfg(test)]
+mod tests;
