@@ -367,7 +367,7 @@ fn grow_then_truncate_restores_the_pool() {
         let mut pool = BlockPool::new(16, 4, true);
         let len = 1 + next(30) as usize;
         let tokens: Vec<u32> = (0..len as u32).collect();
-        let Ok((mut blocks, _)) = pool.allocate(&tokens, 0) else {
+        let Ok((mut blocks, _)) = pool.allocate(&tokens, block_hash::SEED, usize::MAX, 0) else {
             continue;
         };
         pool.register_full_blocks(&mut blocks, &tokens, len);
