@@ -141,6 +141,53 @@ pub fn metric(samples: &HashMap<String, f64>, series: &str) -> f64 {
         .unwrap_or_else(|| panic!("no series {series} in {samples:#?}"))
 }
 
+/// The sum of the series of metric `name` (as printed, e.g. `router_requests_total`) whose labels
+/// include every pair of `labels`, whatever their other labels (e.g. every `model_name`); 0 when
+/// there is none.
+pub fn metric_sum(samples: &HashMap<String, f64>, name: &str, labels: &[(&str, &str)]) -> f64 {
+    samples
+        .iter()
+        .filter(|(series, _)| {
+            let Some(rest) = series.strip_prefix(name) else {
+                return false;
+            };
+            let pairs = series_labels(rest);
+            (rest.is_empty() || rest.starts_with('{'))
+                && labels
+                    .iter()
+                    .all(|&(k, v)| pairs.iter().any(|(pk, pv)| pk == k && pv == v))
+        })
+        .map(|(_, value)| value)
+        .sum()
+}
+
+/// The `(label, value)` pairs of a series' `{a="x",b="y"}` (empty for none); values unescaped.
+fn series_labels(braces: &str) -> Vec<(String, String)> {
+    let inner = braces
+        .strip_prefix('{')
+        .and_then(|b| b.strip_suffix('}'))
+        .unwrap_or("");
+    let mut pairs = Vec::new();
+    let mut chars = inner.chars().peekable();
+    while chars.peek().is_some() {
+        let key: String = chars.by_ref().take_while(|&c| c != '=').collect();
+        assert_eq!(chars.next(), Some('"'), "bad labels {braces}");
+        let mut value = String::new();
+        while let Some(c) = chars.next() {
+            match c {
+                '\\' => value.extend(chars.next()),
+                '"' => break,
+                c => value.push(c),
+            }
+        }
+        if chars.peek() == Some(&',') {
+            chars.next();
+        }
+        pairs.push((key.trim().to_string(), value));
+    }
+    pairs
+}
+
 /// Sends `signal` (e.g. "STOP", "CONT") to `process`.
 pub fn signal(process: &crate::Process, signal: &str) {
     let pid = process.pid().expect("the process is running");

@@ -5,7 +5,9 @@
 
 use std::time::{Duration, Instant};
 
-use integration_tests::ops::{channel, health, metric, parse_metrics, scrape, wait_health};
+use integration_tests::ops::{
+    channel, health, metric, metric_sum, parse_metrics, scrape, wait_health,
+};
 use integration_tests::{free_port, generate, greedy, start_router, tiny_model, Cluster, Process};
 use prost_reflect::{DescriptorPool, DynamicMessage, MessageDescriptor, Value};
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
@@ -267,29 +269,57 @@ async fn metrics_endpoints_parse_and_count_what_was_sent() {
     assert_eq!(invalid.code(), tonic::Code::InvalidArgument);
 
     let r = parse_metrics(&scrape(&router_metrics).await);
-    assert_eq!(metric(&r, "router_requests_total{code=\"OK\"}"), 3.0);
     assert_eq!(
-        metric(&r, "router_requests_total{code=\"INVALID_ARGUMENT\"}"),
+        metric_sum(&r, "router_requests_total", &[("code", "OK")]),
+        3.0
+    );
+    // Labelled by the model the requests got (its public name: not empty).
+    assert!(
+        r.keys().any(
+            |k| k.starts_with("router_requests_total{code=\"OK\",model_name=\"")
+                && !k.contains("model_name=\"\"")
+        ),
+        "{r:#?}"
+    );
+    assert_eq!(
+        metric_sum(&r, "router_requests_total", &[("code", "INVALID_ARGUMENT")]),
         1.0
     );
     assert_eq!(
-        metric(
+        metric_sum(
             &r,
-            "router_finished_requests_total{finish_reason=\"max_new_tokens\"}"
+            "router_finished_requests_total",
+            &[("finish_reason", "max_new_tokens")]
         ),
         3.0
     );
-    assert_eq!(metric(&r, "router_generated_tokens_total"), generated);
-    assert_eq!(metric(&r, "router_prompt_tokens_total"), prompt_tokens);
-    assert_eq!(metric(&r, "router_time_to_first_token_seconds_count"), 3.0);
-    assert_eq!(metric(&r, "router_request_duration_seconds_count"), 3.0);
     assert_eq!(
-        metric(&r, "router_inter_token_latency_seconds_count"),
+        metric_sum(&r, "router_generated_tokens_total", &[]),
+        generated
+    );
+    assert_eq!(
+        metric_sum(&r, "router_prompt_tokens_total", &[]),
+        prompt_tokens
+    );
+    assert_eq!(
+        metric_sum(&r, "router_time_to_first_token_seconds_count", &[]),
+        3.0
+    );
+    assert_eq!(
+        metric_sum(&r, "router_request_duration_seconds_count", &[]),
+        3.0
+    );
+    assert_eq!(
+        metric_sum(&r, "router_inter_token_latency_seconds_count", &[]),
         generated - 3.0
     );
-    assert!(metric(&r, "router_request_duration_seconds_sum") > 0.0);
+    assert!(metric_sum(&r, "router_request_duration_seconds_sum", &[]) > 0.0);
     assert_eq!(
-        metric(&r, "router_request_duration_seconds_bucket{le=\"+Inf\"}"),
+        metric_sum(
+            &r,
+            "router_request_duration_seconds_bucket",
+            &[("le", "+Inf")]
+        ),
         3.0
     );
     assert_eq!(metric(&r, "router_queue_waiting_requests"), 0.0);

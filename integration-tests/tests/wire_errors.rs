@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use bytes::{Buf as _, BufMut as _};
-use integration_tests::ops::{channel, metric, parse_metrics, scrape};
+use integration_tests::ops::{channel, metric_sum, parse_metrics, scrape};
 use integration_tests::{
     connect_ready, free_port, generate, greedy, start_router, start_worker, tiny_model,
 };
@@ -158,14 +158,21 @@ async fn malformed_requests_get_precise_codes_are_counted_and_logged() {
 
     let r = parse_metrics(&scrape(&metrics_addr).await);
     assert_eq!(
-        metric(&r, "router_requests_total{code=\"INVALID_ARGUMENT\"}"),
+        metric_sum(&r, "router_requests_total", &[("code", "INVALID_ARGUMENT")]),
         cases.len() as f64
     );
     assert_eq!(
-        metric(&r, "router_requests_total{code=\"RESOURCE_EXHAUSTED\"}"),
+        metric_sum(
+            &r,
+            "router_requests_total",
+            &[("code", "RESOURCE_EXHAUSTED")]
+        ),
         1.0
     );
-    assert_eq!(metric(&r, "router_requests_total{code=\"OK\"}"), 2.0);
+    assert_eq!(
+        metric_sum(&r, "router_requests_total", &[("code", "OK")]),
+        2.0
+    );
     let log = router.log_text();
     let rejected: Vec<&str> = log
         .lines()

@@ -57,6 +57,11 @@ pub struct Cli {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub http_listen: Option<String>,
+    /// Origins browser clients may call the HTTP API from (CORS), comma separated: each
+    /// scheme://host[:port], or * for any; empty = CORS off.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allowed_origins: Option<String>,
     /// The default model's public name (listed, reported, accepted in `model`); empty = its id.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -223,6 +228,11 @@ pub struct RouterSettings {
     pub otlp_endpoint: String,
     /// Address (`IP:PORT`) of the OpenAI-compatible HTTP API ([`crate::openai`]); empty = off.
     pub http_listen: String,
+    /// Origins whose browser pages may call the HTTP API (CORS, [`crate::openai::cors`]): each
+    /// `scheme://host[:port]`, or `*` for any; a comma-separated string is accepted too. Empty =
+    /// CORS off (browsers refuse cross-origin calls).
+    #[serde(deserialize_with = "string_or_list")]
+    pub allowed_origins: Vec<String>,
     /// The default model's public name: what responses and `/v1/models` report for it, accepted
     /// in `model` on both APIs; empty = its id (the workers' `served_model_name`).
     pub served_model_name: String,
@@ -294,6 +304,7 @@ impl Default for RouterSettings {
             metrics_listen: String::new(),
             otlp_endpoint: String::new(),
             http_listen: String::new(),
+            allowed_origins: Vec::new(),
             served_model_name: String::new(),
             default_model: String::new(),
             model_aliases: Vec::new(),
@@ -392,6 +403,13 @@ impl RouterSettings {
     pub fn http_listen(&self) -> Option<SocketAddr> {
         let value = self.http_listen.trim();
         (!value.is_empty()).then(|| value.parse().expect("checked by validate"))
+    }
+
+    /// The HTTP API's CORS layer ([`crate::openai::cors::layer`]); `None` = off.
+    ///
+    /// Errors: [`SettingsError::AllowedOrigins`] for an entry that is not an origin.
+    pub fn cors(&self) -> Result<Option<tower_http::cors::CorsLayer>, SettingsError> {
+        crate::openai::cors::layer(&self.allowed_origins).map_err(SettingsError::AllowedOrigins)
     }
 
     /// The default model and its names ([`crate::model_choice`]), on both APIs.
@@ -513,6 +531,7 @@ impl RouterSettings {
             });
         }
         self.chat_template_file()?;
+        self.cors()?;
         self.callers()?;
         self.tls_cert()?;
         self.worker_tls()?;

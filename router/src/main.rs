@@ -127,6 +127,7 @@ async fn run(settings: RouterSettings) -> anyhow::Result<()> {
                 Some(metrics.clone()),
                 keys.clone(),
             );
+            let cors = settings.cors()?;
             let mut stop = http_stop_rx;
             let shutdown = async move {
                 let _ = stop.wait_for(|stopped| *stopped).await;
@@ -136,11 +137,12 @@ async fn run(settings: RouterSettings) -> anyhow::Result<()> {
                 Some(cert) => {
                     let config = tls_certs::server::server_config(cert.clone(), Alpn::Http11);
                     let incoming = tls_certs::TlsIncoming::new(listener, config)?;
-                    tokio::spawn(router::openai::serve(incoming, front, shutdown))
+                    tokio::spawn(router::openai::serve(incoming, front, cors, shutdown))
                 }
                 None => tokio::spawn(router::openai::serve(
                     router::openai::plain_listener(listener),
                     front,
+                    cors,
                     shutdown,
                 )),
             })

@@ -116,10 +116,10 @@ impl TextGeneration for TextGenerationService {
             .cloned()
             .unwrap_or_else(|| self.callers.table().default.clone());
         span.record("tenant", &*tenant.name);
-        let observer = self
-            .metrics
-            .as_ref()
-            .map(|m| m.request_for(span.clone(), &tenant.name));
+        let observer = self.metrics.as_ref().map(|m| {
+            let model = crate::metrics::model_label(&self.pool, request.get_ref().model.as_deref());
+            m.request_for(span.clone(), &tenant.name, &model)
+        });
         let started = async {
             let call = self.drain.admit()?;
             let context = CallContext {

@@ -112,6 +112,13 @@ pub fn inspect(path: &Path) -> Inspection {
         ),
         Err(e) => line(&mut report, "tokenizer", format!("unreadable ({e})")),
     }
+    let has_template = TokenizerMetadata::from_gguf(&file).is_ok_and(|t| t.chat_template.is_some());
+    let tuning = instruction_tuning(
+        file.get_opt_str("general.finetune").ok().flatten(),
+        file.get_opt_str("general.name").ok().flatten(),
+        has_template,
+    );
+    line(&mut report, "instruct", tuning.to_string());
     // What the model's authors recommend (`scripts/demo` samples with it).
     let sampling = match model_files::sampling::recommended_sampling(path, &file) {
         Ok(Some(found)) => found.to_string(),
@@ -147,6 +154,60 @@ pub fn inspect(path: &Path) -> Inspection {
     Inspection { report, unservable }
 }
 
+/// Whether a model is instruction-tuned (made to follow chat turns) or a base (pretrained) model,
+/// as far as its file says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tuning {
+    /// Its name or `general.finetune` says instruct / chat / it.
+    Instruct,
+    /// No such name, but the file carries its own chat template.
+    LikelyInstruct,
+    /// Its name says base / pretrained, or it has neither such a name nor a chat template.
+    Base,
+}
+
+impl std::fmt::Display for Tuning {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Tuning::Instruct => "yes (its name says it is instruction-tuned)",
+            Tuning::LikelyInstruct => {
+                "likely (it carries its own chat template; its name does not say)"
+            }
+            Tuning::Base => {
+                "no: a base (pretrained) model; chat requests get a built-in template and poor \
+                 answers: use /v1/completions, or an instruction-tuned file"
+            }
+        })
+    }
+}
+
+/// [`Tuning`] from the GGUF keys `general.finetune` and `general.name` (the words `instruct`,
+/// `chat`, `it`, or `base`, `pt`, `pretrained`, in any case, as separate words of the name) and
+/// whether the file has a chat template (`tokenizer.chat_template`).
+pub fn instruction_tuning(
+    finetune: Option<&str>,
+    name: Option<&str>,
+    has_template: bool,
+) -> Tuning {
+    let words: Vec<String> = [finetune, name]
+        .into_iter()
+        .flatten()
+        .flat_map(|text| {
+            text.split(|c: char| !c.is_ascii_alphanumeric())
+                .map(str::to_ascii_lowercase)
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let says = |list: &[&str]| words.iter().any(|w| list.contains(&w.as_str()));
+    if says(&["instruct", "chat", "it"]) {
+        Tuning::Instruct
+    } else if says(&["base", "pt", "pretrained"]) || !has_template {
+        Tuning::Base
+    } else {
+        Tuning::LikelyInstruct
+    }
+}
+
 /// A special token's id as `inspect` prints it: the number, or `none`.
 fn token_id(id: Option<u32>) -> String {
     id.map_or_else(|| "none".to_string(), |id| id.to_string())
@@ -166,6 +227,11 @@ mod tests {
         assert!(i.report.contains("architecture   llama"), "{}", i.report);
         assert!(i.report.contains("servable       yes"), "{}", i.report);
         assert!(i.report.contains("tokenizer      gpt2"), "{}", i.report);
+        assert!(
+            i.report.contains("instruct       no: a base"),
+            "{}",
+            i.report
+        );
         assert!(i.report.contains(", bos 1, eos 2, "), "{}", i.report);
         assert!(
             i.report.contains("sampling       none recommended"),
@@ -173,6 +239,35 @@ mod tests {
             i.report
         );
         assert_eq!(token_id(None), "none");
+    }
+
+    #[test]
+    fn instruction_tuning_is_read_from_the_name_and_the_template() {
+        use Tuning::*;
+        let cases = [
+            (
+                Some("Instruct"),
+                Some("SmolLM2 135M Instruct"),
+                true,
+                Instruct,
+            ),
+            (None, Some("gemma-3-270m-it"), false, Instruct),
+            (None, Some("Qwen2.5 Chat"), true, Instruct),
+            (None, Some("Gemma 3 270m"), false, Base),
+            (Some("pt"), Some("gemma-3-270m"), true, Base),
+            (None, Some("Llama 3.2 1B"), true, LikelyInstruct),
+            (None, None, false, Base),
+            // Words, not substrings: "Edit" holds "it", "Basement" holds "base".
+            (None, Some("Edit Basement"), true, LikelyInstruct),
+        ];
+        for (finetune, name, template, expected) in cases {
+            assert_eq!(
+                instruction_tuning(finetune, name, template),
+                expected,
+                "{finetune:?} {name:?} {template}"
+            );
+        }
+        assert!(Base.to_string().starts_with("no: a base"));
     }
 
     #[test]

@@ -44,6 +44,9 @@ pub enum SettingsError {
         /// The `health_interval_ms` setting.
         health_interval_ms: u64,
     },
+    /// An `allowed_origins` entry is not an origin.
+    #[error(transparent)]
+    AllowedOrigins(crate::openai::cors::NotAnOrigin),
     /// `limits.max_new_tokens` or `limits.default_max_new_tokens` is 0.
     #[error("limits.max_new_tokens and limits.default_max_new_tokens must be at least 1")]
     NoNewTokens,

@@ -57,7 +57,7 @@ impl Endpoint {
 
 /// The endpoints this front serves, as the 404 and 405 answers list them.
 const SERVED: &str = "POST /v1/chat/completions, POST /v1/completions, POST /tokenize, \
-                      GET /v1/models and GET /health";
+                      POST /detokenize, GET /v1/models and GET /health";
 
 /// HTTP status, OpenAI `type` and `code` of a class of router errors.
 type Class = (StatusCode, &'static str, &'static str);
@@ -232,9 +232,16 @@ impl ApiError {
             RouteError::Model(_) => Some("model".into()),
             _ => None,
         };
+        // The public body names `max_new_tokens` `max_tokens`: so does the message.
+        let message = match (&e, endpoint) {
+            (RouteError::Invalid(v), Some(_)) if v.field() == "max_new_tokens" => {
+                e.to_string().replace("max_new_tokens", "max_tokens")
+            }
+            _ => e.to_string(),
+        };
         Self {
             status,
-            message: e.to_string(),
+            message,
             kind,
             param,
             code,
@@ -425,7 +432,7 @@ mod tests {
         assert_eq!(
             e.body(),
             serde_json::json!({"error": {
-                "message": "max_new_tokens is 9; the limit is 8",
+                "message": "max_tokens is 9; the limit is 8",
                 "type": "invalid_request_error",
                 "param": "max_tokens",
                 "code": "invalid_value",

@@ -1,6 +1,7 @@
 //! The OpenAI-compatible HTTP front (axum, on `http_listen`): `POST /v1/chat/completions`,
-//! `POST /v1/completions`, `GET /v1/models` and `GET /health`, plus `POST /tokenize` as vLLM and
-//! llama.cpp's server have it (what `bench --openai` fits its prompts with), and `GET /metrics`
+//! `POST /v1/completions`, `GET /v1/models` and `GET /health`, plus `POST /tokenize` and
+//! `POST /detokenize` as vLLM and llama.cpp's server have them ([`tokenize`]; what `bench
+//! --openai` fits its prompts with), and `GET /metrics`
 //! (the router's Prometheus metrics, also on `metrics_listen`; open like `/health`, as vLLM's).
 //!
 //! It shares everything behind the gRPC front: the drain, one validation pass
@@ -12,14 +13,18 @@
 //! - [`schema`]: request bodies and their translation into [`crate::request::GenerationRequest`]s;
 //! - [`reply`]: response documents and chunks;
 //! - [`run`]: gathering or streaming the choices;
+//! - [`tokenize`]: `/tokenize` and `/detokenize`;
+//! - [`cors`]: CORS for browser clients (`allowed_origins`);
 //! - [`tools`]: the tool-calling fields (`tools`, `tool_choice`, the messages' calls);
 //! - [`error`]: OpenAI's error object and the HTTP statuses.
 
+pub mod cors;
 pub mod echo;
 pub mod error;
 pub mod reply;
 pub mod run;
 pub mod schema;
+pub mod tokenize;
 pub mod tools;
 
 use std::sync::Arc;
@@ -83,7 +88,8 @@ impl OpenAiFront {
             .route("/v1/chat/completions", post(chat))
             .route("/v1/completions", post(completions))
             .route("/v1/models", get(models))
-            .route("/tokenize", post(tokenize))
+            .route("/tokenize", post(tokenize::tokenize))
+            .route("/detokenize", post(tokenize::detokenize))
             .route_layer(axum::middleware::from_fn(
                 move |mut request: axum::extract::Request, next: axum::middleware::Next| {
                     let checked = keys.identify(
@@ -213,6 +219,7 @@ impl OpenAiFront {
         let id = format!("{prefix}-{}", new_request_id());
         let mut choices = Vec::new();
         let mut prompt_tokens = 0u64;
+        let label = crate::metrics::model_label(&self.pool, requested.as_deref());
         for (prompt_index, (model_context, valid)) in prepared.iter().enumerate() {
             prompt_tokens += valid.prompt_ids.len() as u64;
             let echo = shape.echo.as_ref().map(|e| EchoPrompt {
@@ -229,7 +236,7 @@ impl OpenAiFront {
                 let observer = self
                     .metrics
                     .as_ref()
-                    .map(|m| m.request_for(span.clone(), &context.caller.tenant.name));
+                    .map(|m| m.request_for(span.clone(), &context.caller.tenant.name, &label));
                 let launched = span.in_scope(|| {
                     generate::launch(
                         &self.pool,
@@ -351,54 +358,6 @@ async fn models(State(front): State<Arc<OpenAiFront>>) -> Response {
     json_response(StatusCode::OK, &json!({"object": "list", "data": data}))
 }
 
-/// `POST /tokenize`: `{"content" | "prompt": TEXT, "add_special" | "add_special_tokens": BOOL}`
-/// (llama.cpp's and vLLM's names; special tokens are added by default, as a completions prompt
-/// gets them) -> `{"tokens": [ids], "count": N}`. Tokenizes on a blocking thread.
-async fn tokenize(State(front): State<Arc<OpenAiFront>>, body: Body) -> Response {
-    let result = async {
-        let limit = front.limits.max_request_bytes as usize;
-        let bytes = axum::body::to_bytes(body, limit)
-            .await
-            .map_err(|_| ApiError::too_large(limit))?;
-        let body: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| {
-            ApiError::bad_request(
-                "invalid_json",
-                None,
-                format!("the body is not valid JSON: {e}"),
-            )
-        })?;
-        let text = body
-            .get("content")
-            .or_else(|| body.get("prompt"))
-            .and_then(|v| v.as_str())
-            .ok_or_else(|| ApiError::invalid("content", "content (or prompt) must be a string"))?
-            .to_string();
-        let add_special = body
-            .get("add_special_tokens")
-            .or_else(|| body.get("add_special"))
-            .map_or(Some(true), |v| v.as_bool())
-            .ok_or_else(|| ApiError::invalid("add_special", "add_special must be a boolean"))?;
-        // The body may name a model (`model`); without one, the default model's tokenizer.
-        let requested = body.get("model").and_then(|v| v.as_str());
-        let model = front
-            .pool
-            .resolve_model(requested)
-            .map_err(|e| ApiError::from_route(e, None))?
-            .context
-            .clone();
-        let ids = tokio::task::spawn_blocking(move || model.tokenizer.encode(&text, add_special))
-            .await
-            .map_err(|e| ApiError::from_route(RouteError::Internal(e.to_string()), None))?
-            .map_err(|e| ApiError::invalid("content", format!("cannot tokenize: {e}")))?;
-        Ok::<_, ApiError>(json!({"count": ids.len(), "tokens": ids}))
-    }
-    .await;
-    match result {
-        Ok(value) => json_response(StatusCode::OK, &value),
-        Err(e) => e.into_response(),
-    }
-}
-
 /// `GET /health`: 200 while a worker is ready and the router is not draining, 503 otherwise; the
 /// body lists each worker with whether it is ready and its last connection error.
 async fn health(State(front): State<Arc<OpenAiFront>>) -> Response {
@@ -437,17 +396,24 @@ pub fn plain_listener(
     })
 }
 
-/// Serves `front` on `listener` (a [`plain_listener`], or a [`tls_certs::TlsIncoming`]) until `shutdown` resolves (then finishes the open responses).
+/// Serves `front` on `listener` (a [`plain_listener`], or a [`tls_certs::TlsIncoming`]) until
+/// `shutdown` resolves (then finishes the open responses), answering CORS with `cors` (see
+/// [`cors::layer`]; `None` = off).
 pub async fn serve<L>(
     listener: L,
     front: Arc<OpenAiFront>,
+    cors: Option<tower_http::cors::CorsLayer>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()>
 where
     L: axum::serve::Listener,
     L::Addr: std::fmt::Debug,
 {
-    axum::serve(listener, front.router())
+    let app = match cors {
+        Some(cors) => front.router().layer(cors),
+        None => front.router(),
+    };
+    axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await
 }

@@ -542,7 +542,7 @@ impl CompletionBody {
 }
 
 /// A chat request's messages as the router's chat prompt.
-fn chat_prompt(messages: Option<&[Message]>) -> Result<Prompt, ApiError> {
+pub(super) fn chat_prompt(messages: Option<&[Message]>) -> Result<Prompt, ApiError> {
     let messages = messages.ok_or_else(|| ApiError::invalid("messages", "messages is required"))?;
     let mut out = Vec::with_capacity(messages.len());
     for (i, m) in messages.iter().enumerate() {

@@ -24,7 +24,7 @@ mod tools;
 mod validate;
 
 pub use checks::{check_constraint, check_prompt, check_prompt_ids, check_request, check_vocab};
-pub use validate::{sampling_params, validate, ValidRequest};
+pub use validate::{encode_prompt, sampling_params, validate, ValidRequest};
 
 /// Why a request was refused before any work. `field` is the request field at fault, as the gRPC
 /// API names it (`max_new_tokens`, `stop`, `logit_bias`, `prompt`, `messages`, `constraint`, ...).

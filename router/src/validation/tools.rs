@@ -18,28 +18,33 @@ use crate::tool_request::ToolRequest;
 /// built-in format ([`builtin_tool_messages`]) when the request offers tools or the conversation
 /// holds calls or tool results.
 ///
+/// With `add_generation_prompt` the template appends the opening of the assistant's turn (what a
+/// chat request generates after).
+///
 /// Errors: the template's.
 pub fn render_tool_chat(
     template: &ChatTemplate,
     model: &ModelContext,
     messages: &[ChatMessage],
     tools: Option<&ToolRequest>,
+    add_generation_prompt: bool,
 ) -> Result<Vec<TemplatePiece>, ChatTemplateError> {
+    let open = add_generation_prompt;
     if model.template_has_tools {
         let list = tools.map(ToolRequest::template_tools);
-        return template.render_pieces_with_tools(messages, true, list.as_ref());
+        return template.render_pieces_with_tools(messages, open, list.as_ref());
     }
     let has_tool_turns = messages
         .iter()
         .any(|m| m.role == "tool" || !m.tool_calls.is_empty());
     match tools {
         Some(tools) => {
-            template.render_pieces(&builtin_tool_messages(messages, &tools.functions), true)
+            template.render_pieces(&builtin_tool_messages(messages, &tools.functions), open)
         }
         None if has_tool_turns => {
-            template.render_pieces(&builtin_tool_messages(messages, &[]), true)
+            template.render_pieces(&builtin_tool_messages(messages, &[]), open)
         }
-        None => template.render_pieces(messages, true),
+        None => template.render_pieces(messages, open),
     }
 }
 

@@ -137,7 +137,8 @@ pub fn validate(
     limits: &RequestLimits,
 ) -> Result<ValidRequest, ValidationError> {
     let sampling = check_request(&req, limits)?;
-    let prompt_ids = tracing::info_span!("tokenize").in_scope(|| encode_prompt(model, &req))?;
+    let prompt_ids =
+        tracing::info_span!("tokenize").in_scope(|| encode_prompt(model, &req, true))?;
     check_prompt_ids(&req.prompt, model.vocab_size)?;
     let max_new_tokens = check_prompt(
         prompt_ids.len(),
@@ -172,10 +173,15 @@ pub fn validate(
 /// A text prompt parses special-token text (`<|im_start|>` becomes the control token) unless
 /// `plain_text` is set. Chat messages are rendered as pieces: special tokens count only where the
 /// template writes them, and each message's content is plain text; a role holding special-token
-/// text is refused (the template writes roles as its own text).
-fn encode_prompt(
+/// text is refused (the template writes roles as its own text). With `add_generation_prompt` (what
+/// a chat request uses) the template appends the opening of the assistant's turn.
+///
+/// Errors: [`ValidationError::Invalid`] naming `prompt` or `messages` for text the tokenizer or
+/// the template refuses, a model without a chat template, or a role holding special-token text.
+pub fn encode_prompt(
     model: &ModelContext,
     req: &GenerationRequest,
+    add_generation_prompt: bool,
 ) -> Result<Vec<u32>, ValidationError> {
     let tokenizer = &model.tokenizer;
     let messages = match &req.prompt {
@@ -209,7 +215,14 @@ fn encode_prompt(
             format!("messages[{i}].role holds special-token text"),
         ));
     }
-    let pieces = render_tool_chat(template, model, messages, req.tools.as_ref()).map_err(|e| {
+    let pieces = render_tool_chat(
+        template,
+        model,
+        messages,
+        req.tools.as_ref(),
+        add_generation_prompt,
+    )
+    .map_err(|e| {
         ValidationError::invalid("messages", format!("cannot render the chat template: {e}"))
     })?;
     tokenizer.encode_pieces(&pieces).map_err(|e| {
