@@ -113,11 +113,16 @@ pub fn inspect(path: &Path) -> Inspection {
         Err(e) => line(&mut report, "tokenizer", format!("unreadable ({e})")),
     }
     let has_template = TokenizerMetadata::from_gguf(&file).is_ok_and(|t| t.chat_template.is_some());
-    let tuning = instruction_tuning(
+    let file_name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+    let names: Vec<&str> = [
         file.get_opt_str("general.finetune").ok().flatten(),
         file.get_opt_str("general.name").ok().flatten(),
-        has_template,
-    );
+        file_name.as_deref(),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    let tuning = instruction_tuning(&names, has_template);
     line(&mut report, "instruct", tuning.to_string());
     // What the model's authors recommend (`scripts/demo` samples with it).
     let sampling = match model_files::sampling::recommended_sampling(path, &file) {
@@ -181,17 +186,12 @@ impl std::fmt::Display for Tuning {
     }
 }
 
-/// [`Tuning`] from the GGUF keys `general.finetune` and `general.name` (the words `instruct`,
-/// `chat`, `it`, or `base`, `pt`, `pretrained`, in any case, as separate words of the name) and
-/// whether the file has a chat template (`tokenizer.chat_template`).
-pub fn instruction_tuning(
-    finetune: Option<&str>,
-    name: Option<&str>,
-    has_template: bool,
-) -> Tuning {
-    let words: Vec<String> = [finetune, name]
-        .into_iter()
-        .flatten()
+/// [`Tuning`] from a model's `names` (the GGUF keys `general.finetune` and `general.name`, and the
+/// file or folder name: the words `instruct`, `chat`, `it`, or `base`, `pt`, `pretrained`, in any
+/// case, as separate words) and whether the file has a chat template (`tokenizer.chat_template`).
+pub fn instruction_tuning(names: &[&str], has_template: bool) -> Tuning {
+    let words: Vec<String> = names
+        .iter()
         .flat_map(|text| {
             text.split(|c: char| !c.is_ascii_alphanumeric())
                 .map(str::to_ascii_lowercase)
@@ -227,11 +227,7 @@ mod tests {
         assert!(i.report.contains("architecture   llama"), "{}", i.report);
         assert!(i.report.contains("servable       yes"), "{}", i.report);
         assert!(i.report.contains("tokenizer      gpt2"), "{}", i.report);
-        assert!(
-            i.report.contains("instruct       no: a base"),
-            "{}",
-            i.report
-        );
+        assert!(i.report.contains("instruct       likely"), "{}", i.report);
         assert!(i.report.contains(", bos 1, eos 2, "), "{}", i.report);
         assert!(
             i.report.contains("sampling       none recommended"),
@@ -244,27 +240,28 @@ mod tests {
     #[test]
     fn instruction_tuning_is_read_from_the_name_and_the_template() {
         use Tuning::*;
-        let cases = [
+        let cases: [(&[&str], bool, Tuning); 9] = [
+            (&["Instruct", "SmolLM2 135M Instruct"], true, Instruct),
+            (&["gemma-3-270m-it"], false, Instruct),
+            (&["Qwen2.5 Chat"], true, Instruct),
+            // The file name says it where the metadata does not.
             (
-                Some("Instruct"),
-                Some("SmolLM2 135M Instruct"),
+                &["Smollm2 135M 8k", "SmolLM2-135M-Instruct.Q4_1.gguf"],
                 true,
                 Instruct,
             ),
-            (None, Some("gemma-3-270m-it"), false, Instruct),
-            (None, Some("Qwen2.5 Chat"), true, Instruct),
-            (None, Some("Gemma 3 270m"), false, Base),
-            (Some("pt"), Some("gemma-3-270m"), true, Base),
-            (None, Some("Llama 3.2 1B"), true, LikelyInstruct),
-            (None, None, false, Base),
+            (&["Gemma 3 270m", "gemma-3-270m-q4_k_m.gguf"], false, Base),
+            (&["pt", "gemma-3-270m"], true, Base),
+            (&["Llama 3.2 1B"], true, LikelyInstruct),
+            (&[], false, Base),
             // Words, not substrings: "Edit" holds "it", "Basement" holds "base".
-            (None, Some("Edit Basement"), true, LikelyInstruct),
+            (&["Edit Basement"], true, LikelyInstruct),
         ];
-        for (finetune, name, template, expected) in cases {
+        for (names, template, expected) in cases {
             assert_eq!(
-                instruction_tuning(finetune, name, template),
+                instruction_tuning(names, template),
                 expected,
-                "{finetune:?} {name:?} {template}"
+                "{names:?} {template}"
             );
         }
         assert!(Base.to_string().starts_with("no: a base"));

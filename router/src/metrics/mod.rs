@@ -272,7 +272,8 @@ pub fn finish_reason_name(reason: FinishReason) -> &'static str {
 mod tests {
     use super::*;
     use crate::pool::PoolSettings;
-    use inference_proto::public::{Token, Usage};
+    use crate::route_error::RouteError;
+    use inference_proto::public::{GenerateResponse, Token, Usage};
 
     fn metrics() -> Arc<RouterMetrics> {
         RouterMetrics::new(

@@ -415,7 +415,7 @@ mod tests {
         assert_eq!(
             e.message,
             "no endpoint at /v1/embeddings; this server serves POST /v1/chat/completions, \
-             POST /v1/completions, POST /tokenize, GET /v1/models and GET /health"
+             POST /v1/completions, POST /tokenize, POST /detokenize, GET /v1/models and GET /health"
         );
         let e = ApiError::wrong_method(&axum::http::Method::GET, "/tokenize");
         assert_eq!((e.status.as_u16(), e.code), (405, "method_not_allowed"));

@@ -30,7 +30,7 @@ use super::schema::{chat_prompt, Message};
 use super::tools::tool_request;
 use super::{json_response, OpenAiFront};
 use crate::model_context::ModelContext;
-use crate::request::{GenerationRequest, Prompt};
+use crate::request::GenerationRequest;
 use crate::route_error::RouteError;
 use crate::validation::encode_prompt;
 
