@@ -35,12 +35,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use inference_proto::public::FinishReason;
-use inference_proto::status::code_name;
 use observability::process_metrics::{self, BuildInfo, ProcessMetrics};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use tonic::Code;
 
@@ -51,31 +48,12 @@ use crate::tenants::{Callers, DEFAULT_TENANT};
 
 mod observer;
 mod pool_collector;
+mod series;
 
 pub use observer::RequestObserver;
 use pool_collector::PoolCollector;
-
-/// Labels of a per-model series: `model_name`.
-type ModelLabel = [(&'static str, String); 1];
-
-/// Labels of a per-model series of an outcome: `code` or `finish_reason`, and `model_name`.
-type OutcomeLabel = [(&'static str, String); 2];
-
-/// A per-model histogram family (each series with the family's buckets).
-type Histograms = Family<ModelLabel, Histogram, fn() -> Histogram>;
-
-/// Buckets (seconds) of the time to first token and the queue time.
-const LATENCY_BUCKETS: [f64; 15] = [
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
-];
-/// Buckets (seconds) of the inter-token latency.
-const ITL_BUCKETS: [f64; 12] = [
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
-];
-/// Buckets (seconds) of a request's duration.
-const DURATION_BUCKETS: [f64; 14] = [
-    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
-];
+pub use series::finish_reason_name;
+use series::RequestSeries;
 
 /// Labels of `router_http_requests_total`: the matched route (bounded by the front's routes) and
 /// the status code.
@@ -85,14 +63,7 @@ type HttpLabel = [(&'static str, String); 2];
 #[derive(Debug)]
 pub struct RouterMetrics {
     registry: Registry,
-    requests: Family<OutcomeLabel, Counter>,
-    finished: Family<OutcomeLabel, Counter>,
-    prompt_tokens: Family<ModelLabel, Counter>,
-    generated_tokens: Family<ModelLabel, Counter>,
-    ttft: Histograms,
-    itl: Histograms,
-    duration: Histograms,
-    queue: Histograms,
+    series: Arc<RequestSeries>,
     tenants: Arc<TenantMetrics>,
     http: Family<HttpLabel, Counter>,
     process: ProcessMetrics,
@@ -111,55 +82,7 @@ impl RouterMetrics {
         callers: Arc<Callers>,
     ) -> Arc<Self> {
         let mut registry = Registry::with_prefix("router");
-        let requests = Family::<OutcomeLabel, Counter>::default();
-        let finished = Family::<OutcomeLabel, Counter>::default();
-        let prompt_tokens = Family::<ModelLabel, Counter>::default();
-        let generated_tokens = Family::<ModelLabel, Counter>::default();
-        let ttft: Histograms = Family::new_with_constructor(|| Histogram::new(LATENCY_BUCKETS));
-        let itl: Histograms = Family::new_with_constructor(|| Histogram::new(ITL_BUCKETS));
-        let duration: Histograms =
-            Family::new_with_constructor(|| Histogram::new(DURATION_BUCKETS));
-        let queue: Histograms = Family::new_with_constructor(|| Histogram::new(LATENCY_BUCKETS));
-        registry.register(
-            "requests",
-            "Generate calls by final gRPC status code",
-            requests.clone(),
-        );
-        registry.register(
-            "finished_requests",
-            "Generate calls that finished, by finish reason",
-            finished.clone(),
-        );
-        registry.register(
-            "prompt_tokens",
-            "Prompt tokens of finished requests",
-            prompt_tokens.clone(),
-        );
-        registry.register(
-            "generated_tokens",
-            "Tokens generated, counted as they stream (topped up to usage at the finish)",
-            generated_tokens.clone(),
-        );
-        registry.register(
-            "time_to_first_token_seconds",
-            "From the call's arrival to its first token",
-            ttft.clone(),
-        );
-        registry.register(
-            "inter_token_latency_seconds",
-            "Between consecutive tokens of a request",
-            itl.clone(),
-        );
-        registry.register(
-            "request_duration_seconds",
-            "From the call's arrival to its last message (finished requests)",
-            duration.clone(),
-        );
-        registry.register(
-            "queue_duration_seconds",
-            "From the call's arrival until a worker admitted it (finished requests)",
-            queue.clone(),
-        );
+        let series = Arc::new(RequestSeries::register(&mut registry));
         let http = Family::<HttpLabel, Counter>::default();
         registry.register(
             "http_requests",
@@ -171,14 +94,7 @@ impl RouterMetrics {
         registry.register_collector(Box::new(PoolCollector { pool, drain }));
         Arc::new(Self {
             registry,
-            requests,
-            finished,
-            prompt_tokens,
-            generated_tokens,
-            ttft,
-            itl,
-            duration,
-            queue,
+            series,
             tenants,
             http,
             process: ProcessMetrics::new(BuildInfo {
@@ -209,7 +125,7 @@ impl RouterMetrics {
         model_name: &str,
     ) -> RequestObserver {
         RequestObserver::new(
-            self.clone(),
+            self.series.clone(),
             self.tenants.observe(tenant),
             span,
             Instant::now(),
@@ -221,7 +137,7 @@ impl RouterMetrics {
     /// or is above `max_request_bytes`; see [`crate::request_guard`]) in
     /// `router_requests_total{code}`.
     pub fn count_rejection(&self, code: Code) {
-        self.count_status(code, "");
+        self.series.count_status(code, "");
     }
 
     /// Counts one response of the HTTP front's route `route` (e.g. `/v1/completions`) with
@@ -229,15 +145,6 @@ impl RouterMetrics {
     pub fn count_http(&self, route: &str, status: u16) {
         self.http
             .get_or_create(&[("route", route.to_string()), ("status", status.to_string())])
-            .inc();
-    }
-
-    fn count_status(&self, code: Code, model_name: &str) {
-        self.requests
-            .get_or_create(&[
-                ("code", code_name(code).to_string()),
-                ("model_name", model_name.to_string()),
-            ])
             .inc();
     }
 }
@@ -256,24 +163,12 @@ pub fn model_label(pool: &WorkerPool, requested: Option<&str>) -> String {
         .unwrap_or_else(|| model.id.to_string())
 }
 
-/// The metric label of a finish reason.
-pub fn finish_reason_name(reason: FinishReason) -> &'static str {
-    match reason {
-        FinishReason::Unspecified => "unspecified",
-        FinishReason::EosToken => "eos_token",
-        FinishReason::MaxNewTokens => "max_new_tokens",
-        FinishReason::StopSequence => "stop_sequence",
-        FinishReason::ContextLength => "context_length",
-        FinishReason::ConstraintComplete => "constraint_complete",
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::pool::PoolSettings;
     use crate::route_error::RouteError;
-    use inference_proto::public::{GenerateResponse, Token, Usage};
+    use inference_proto::public::{FinishReason, GenerateResponse, Token, Usage};
 
     fn metrics() -> Arc<RouterMetrics> {
         RouterMetrics::new(

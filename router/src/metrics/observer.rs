@@ -6,7 +6,7 @@ use std::time::Instant;
 use inference_proto::public::GenerateResponse;
 use tonic::Code;
 
-use super::{finish_reason_name, RouterMetrics};
+use super::series::{finish_reason_name, RequestSeries};
 use crate::route_error::RouteError;
 use crate::telemetry;
 use crate::tenant_metrics::TenantObserver;
@@ -15,7 +15,7 @@ use crate::tenant_metrics::TenantObserver;
 /// an error status, or `CANCELLED` when it is dropped before either (the client went away).
 #[derive(Debug)]
 pub struct RequestObserver {
-    metrics: Arc<RouterMetrics>,
+    metrics: Arc<RequestSeries>,
     span: tracing::Span,
     arrival: Instant,
     last_token_at: Option<Instant>,
@@ -31,7 +31,7 @@ pub struct RequestObserver {
 impl RequestObserver {
     /// Observes a call of `tenant` for the model named `model_name` that arrived at `arrival`.
     pub(super) fn new(
-        metrics: Arc<RouterMetrics>,
+        metrics: Arc<RequestSeries>,
         tenant: TenantObserver,
         span: tracing::Span,
         arrival: Instant,

@@ -88,8 +88,8 @@ impl OpenAiFront {
             .route("/v1/chat/completions", post(chat))
             .route("/v1/completions", post(completions))
             .route("/v1/models", get(models))
-            .route("/tokenize", post(tokenize::tokenize))
-            .route("/detokenize", post(tokenize::detokenize))
+            .route("/tokenize", post(tokenize))
+            .route("/detokenize", post(detokenize))
             .route_layer(axum::middleware::from_fn(
                 move |mut request: axum::extract::Request, next: axum::middleware::Next| {
                     let checked = keys.identify(
@@ -306,6 +306,24 @@ fn json_response(status: StatusCode, value: &serde_json::Value) -> Response {
         value.to_string(),
     )
         .into_response()
+}
+
+/// `POST /tokenize` ([`tokenize::tokenize`]).
+async fn tokenize(State(front): State<Arc<OpenAiFront>>, body: Body) -> Response {
+    let limit = front.limits.max_request_bytes as usize;
+    match tokenize::tokenize(&front.pool, limit, body).await {
+        Ok(value) => json_response(StatusCode::OK, &value),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `POST /detokenize` ([`tokenize::detokenize`]).
+async fn detokenize(State(front): State<Arc<OpenAiFront>>, body: Body) -> Response {
+    let limit = front.limits.max_request_bytes as usize;
+    match tokenize::detokenize(&front.pool, limit, body).await {
+        Ok(value) => json_response(StatusCode::OK, &value),
+        Err(e) => e.into_response(),
+    }
 }
 
 async fn chat(

@@ -19,17 +19,14 @@
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::State;
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::error::ApiError;
 use super::schema::{chat_prompt, Message};
 use super::tools::tool_request;
-use super::{json_response, OpenAiFront};
 use crate::model_context::ModelContext;
+use crate::pool::WorkerPool;
 use crate::request::GenerationRequest;
 use crate::route_error::RouteError;
 use crate::validation::encode_prompt;
@@ -120,14 +117,13 @@ impl TokenizeBody {
     }
 }
 
-/// Reads a JSON body of at most `max_request_bytes` into `T`.
+/// Reads a JSON body of at most `limit` bytes into `T`.
 ///
 /// Errors: 413 above the limit, 400 `invalid_json` for a body that is not JSON of `T`'s shape.
 async fn read_body<T: serde::de::DeserializeOwned>(
-    front: &OpenAiFront,
+    limit: usize,
     body: Body,
 ) -> Result<T, ApiError> {
-    let limit = front.limits.max_request_bytes as usize;
     let bytes = axum::body::to_bytes(body, limit)
         .await
         .map_err(|_| ApiError::too_large(limit))?;
@@ -144,12 +140,10 @@ async fn read_body<T: serde::de::DeserializeOwned>(
 ///
 /// Errors: the generation routes' model errors (404, 400), 503 while no worker described it.
 fn model_context(
-    front: &OpenAiFront,
+    pool: &WorkerPool,
     requested: Option<&str>,
 ) -> Result<Arc<ModelContext>, ApiError> {
-    front
-        .pool
-        .resolve_model(requested)
+    pool.resolve_model(requested)
         .map(|model| model.context.clone())
         .map_err(|e| ApiError::from_route(e, None))
 }
@@ -163,77 +157,68 @@ async fn blocking<T: Send + 'static>(
         .map_err(|e| ApiError::from_route(RouteError::Internal(e.to_string()), None))?
 }
 
-/// `POST /tokenize` (see the module docs).
-pub async fn tokenize(State(front): State<Arc<OpenAiFront>>, body: Body) -> Response {
-    let result = async {
-        let body: TokenizeBody = read_body(&front, body).await?;
-        let model = model_context(&front, body.model.as_deref())?;
-        let token_strs = body.return_token_strs.unwrap_or(false);
-        let input = body.input()?;
-        blocking(move || {
-            let ids = match input {
-                Input::Text { text, add_special } => model
-                    .tokenizer
-                    .encode(&text, add_special)
-                    .map_err(|e| ApiError::invalid("prompt", format!("cannot tokenize: {e}")))?,
-                Input::Chat(request, open) => encode_prompt(&model, &request, open)
-                    .map_err(|e| ApiError::from_route(e.into(), None))?,
-            };
-            let mut answer = json!({
-                "count": ids.len(),
-                "max_model_len": model.context_length,
-                "tokens": ids,
-            });
-            if token_strs {
-                let strs: Vec<String> = ids
-                    .iter()
-                    .map(|&id| model.tokenizer.id_to_piece(id).unwrap_or_default())
-                    .collect();
-                answer["token_strs"] = json!(strs);
-            }
-            Ok(answer)
-        })
-        .await
-    }
-    .await;
-    match result {
-        Ok(value) => json_response(StatusCode::OK, &value),
-        Err(e) => e.into_response(),
-    }
+/// `POST /tokenize` (see the module docs) with a body of at most `limit` bytes: the answer's JSON.
+///
+/// Errors: as the module docs say.
+pub async fn tokenize(pool: &WorkerPool, limit: usize, body: Body) -> Result<Value, ApiError> {
+    let body: TokenizeBody = read_body(limit, body).await?;
+    let model = model_context(pool, body.model.as_deref())?;
+    let token_strs = body.return_token_strs.unwrap_or(false);
+    let input = body.input()?;
+    blocking(move || {
+        let ids = match input {
+            Input::Text { text, add_special } => model
+                .tokenizer
+                .encode(&text, add_special)
+                .map_err(|e| ApiError::invalid("prompt", format!("cannot tokenize: {e}")))?,
+            Input::Chat(request, open) => encode_prompt(&model, &request, open)
+                .map_err(|e| ApiError::from_route(e.into(), None))?,
+        };
+        let mut answer = json!({
+            "count": ids.len(),
+            "max_model_len": model.context_length,
+            "tokens": ids,
+        });
+        if token_strs {
+            let strs: Vec<String> = ids
+                .iter()
+                .map(|&id| model.tokenizer.id_to_piece(id).unwrap_or_default())
+                .collect();
+            answer["token_strs"] = json!(strs);
+        }
+        Ok(answer)
+    })
+    .await
 }
 
-/// `POST /detokenize` (see the module docs).
-pub async fn detokenize(State(front): State<Arc<OpenAiFront>>, body: Body) -> Response {
-    let result =
-        async {
-            let body: DetokenizeBody = read_body(&front, body).await?;
-            let model = model_context(&front, body.model.as_deref())?;
-            let vocab = model.vocab_size;
-            let ids =
-                body.tokens
-                    .iter()
-                    .enumerate()
-                    .map(|(i, &id)| {
-                        u32::try_from(id)
-                            .ok()
-                            .filter(|&id| id < vocab)
-                            .ok_or_else(|| {
-                                ApiError::invalid(
-                        "tokens",
-                        format!("tokens[{i}] is {id}, outside the vocabulary of {vocab} tokens"),
-                    )
-                            })
-                    })
-                    .collect::<Result<Vec<u32>, ApiError>>()?;
-            blocking(move || {
-                let text = model.tokenizer.decode(&ids, false);
-                Ok(json!({"prompt": text, "content": text}))
-            })
-            .await
-        }
-        .await;
-    match result {
-        Ok(value) => json_response(StatusCode::OK, &value),
-        Err(e) => e.into_response(),
-    }
+/// `POST /detokenize` (see the module docs) with a body of at most `limit` bytes: the answer's
+/// JSON.
+///
+/// Errors: as the module docs say.
+pub async fn detokenize(pool: &WorkerPool, limit: usize, body: Body) -> Result<Value, ApiError> {
+    let body: DetokenizeBody = read_body(limit, body).await?;
+    let model = model_context(pool, body.model.as_deref())?;
+    let vocab = model.vocab_size;
+    let outside = |i: usize, id: i64| {
+        ApiError::invalid(
+            "tokens",
+            format!("tokens[{i}] is {id}, outside the vocabulary of {vocab} tokens"),
+        )
+    };
+    let ids = body
+        .tokens
+        .iter()
+        .enumerate()
+        .map(|(i, &id)| {
+            u32::try_from(id)
+                .ok()
+                .filter(|&id| id < vocab)
+                .ok_or_else(|| outside(i, id))
+        })
+        .collect::<Result<Vec<u32>, ApiError>>()?;
+    blocking(move || {
+        let text = model.tokenizer.decode(&ids, false);
+        Ok(json!({"prompt": text, "content": text}))
+    })
+    .await
 }
