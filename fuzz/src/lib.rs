@@ -8,10 +8,10 @@
 //! `fuzz/corpus/NAME/` and `fuzz/artifacts/NAME/` (the regression test `tests/corpus.rs`).
 //!
 //! The corpus: `seed-*` files made from the project's fixtures by `examples/write_seeds.rs` (and,
-//! for `openai-json`, the JSON bodies of the router's and the integration tests), plus the inputs of the first runs
-//! that added coverage (libFuzzer's `-merge=1`, named by their SHA-1; not for `gguf` and
-//! `model-files`, whose inputs are large). The artifacts: every input that once failed a target,
-//! kept after its fix.
+//! for `openai-json`, the JSON bodies of the router's and the integration tests), plus the inputs
+//! of the first runs that added coverage (libFuzzer's `-merge=1`, named by their SHA-1; not for
+//! `gguf` and `model-files`, whose inputs are large). The artifacts: every input that once failed
+//! a target, kept after its fix.
 //!
 //! | target | input | module |
 //! |---|---|---|
