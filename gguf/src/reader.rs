@@ -43,9 +43,14 @@ pub struct TensorInfo {
 }
 
 impl TensorInfo {
-    /// Total number of elements (product of `dims`; 1 for a scalar).
+    /// Total number of elements (product of `dims`; 1 for a scalar). Saturates at `u64::MAX` for
+    /// dims whose product does not fit (never for a tensor read by [`GgufFile::open`], which refuses
+    /// them), so such a tensor has no [`byte_size`](Self::byte_size).
     pub fn n_elements(&self) -> u64 {
-        self.dims.iter().product()
+        self.dims
+            .iter()
+            .try_fold(1u64, |n, &d| n.checked_mul(d))
+            .unwrap_or(u64::MAX)
     }
 
     /// Bytes occupied by the data, or `None` for unsupported types or
@@ -105,8 +110,8 @@ impl GgufFile {
     /// Errors: [`GgufError::Io`] if the file cannot be opened or mapped,
     /// [`GgufError::BadMagic`], [`GgufError::UnsupportedVersion`] (only v2 and
     /// v3 are read), [`GgufError::Malformed`] for truncation, unknown value
-    /// types, duplicate names, misaligned tensor offsets or tensor data past the
-    /// end of the file. Every error names `path`.
+    /// types, duplicate names, dimensions whose product passes 2^64, misaligned tensor offsets or
+    /// tensor data past the end of the file. Every error names `path`.
     pub fn open(path: &Path) -> Result<GgufFile> {
         let io_err = |source| GgufError::Io {
             path: path.to_path_buf(),
@@ -174,6 +179,15 @@ impl GgufFile {
             let dims = (0..n_dims)
                 .map(|_| c.u64(&name))
                 .collect::<Result<Vec<_>>>()?;
+            if dims
+                .iter()
+                .try_fold(1u64, |n, &d| n.checked_mul(d))
+                .is_none()
+            {
+                return Err(c.err(format!(
+                    "tensor `{name}` has dimensions {dims:?}, more than 2^64 elements"
+                )));
+            }
             let dtype = GgmlType::from_id(c.u32(&name)?);
             let offset = c.u64(&name)?;
             if tensor_index.insert(name.clone(), tensors.len()).is_some() {

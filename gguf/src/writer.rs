@@ -412,6 +412,44 @@ mod tests {
         std::fs::remove_dir_all(dir).unwrap();
     }
 
+    /// Found by the `gguf` fuzz target (fuzz/artifacts/gguf/): dimensions whose product passes
+    /// 2^64 panicked (an overflow in `TensorInfo::n_elements`) instead of refusing the file.
+    #[test]
+    fn refuses_dimensions_past_two_to_the_64_elements() {
+        let dir = tempdir();
+        let path = dir.join("huge.gguf");
+        let mut bytes = Vec::new();
+        bytes.extend_from_slice(b"GGUF");
+        bytes.extend_from_slice(&3u32.to_le_bytes());
+        bytes.extend_from_slice(&1u64.to_le_bytes()); // one tensor
+        bytes.extend_from_slice(&0u64.to_le_bytes()); // no metadata
+        bytes.extend_from_slice(&1u64.to_le_bytes());
+        bytes.extend_from_slice(b"t");
+        bytes.extend_from_slice(&2u32.to_le_bytes());
+        bytes.extend_from_slice(&(1u64 << 32).to_le_bytes());
+        bytes.extend_from_slice(&(1u64 << 32).to_le_bytes());
+        bytes.extend_from_slice(&0u32.to_le_bytes()); // F32
+        bytes.extend_from_slice(&0u64.to_le_bytes());
+        std::fs::write(&path, &bytes).unwrap();
+        let err = GgufFile::open(&path).unwrap_err();
+        assert!(matches!(err, GgufError::Malformed { .. }), "{err}");
+        assert!(
+            err.to_string().ends_with(
+                "tensor `t` has dimensions [4294967296, 4294967296], more than 2^64 elements"
+            ),
+            "{err}"
+        );
+        let info = crate::TensorInfo {
+            name: "t".into(),
+            dims: vec![1 << 32, 1 << 32],
+            dtype: GgmlType::F32,
+            offset: 0,
+        };
+        assert_eq!(info.n_elements(), u64::MAX);
+        assert_eq!(info.byte_size(), None);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
     fn tempdir() -> std::path::PathBuf {
         use std::sync::atomic::{AtomicU32, Ordering};
         static N: AtomicU32 = AtomicU32::new(0);

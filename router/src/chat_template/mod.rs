@@ -26,6 +26,7 @@ use serde::{Deserialize, Serialize};
 
 mod builtin;
 mod helpers;
+mod limits;
 mod pieces;
 #[cfg(test)]
 mod tests;
@@ -33,6 +34,7 @@ mod tool_prompt;
 
 pub use builtin::{builtin_template, BuiltinTemplate};
 use helpers::{describe, raise_exception, strftime_now, tojson};
+pub use limits::{MAX_RENDERED_BYTES, RENDER_FUEL};
 use pieces::{split_marked, CONTENT_CLOSE, CONTENT_OPEN};
 /// What [`ChatTemplate::render_pieces`] gives: the tokenizer's input type, defined beside
 /// [`TextTokenizer::encode_pieces`](tokenizer::TextTokenizer::encode_pieces).
@@ -224,6 +226,7 @@ impl ChatTemplate {
         let mut env = Environment::new();
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
+        env.set_fuel(Some(RENDER_FUEL));
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
@@ -241,7 +244,8 @@ impl ChatTemplate {
     /// template appends the opening of the assistant's turn.
     ///
     /// # Errors
-    /// [`ChatTemplateError::Render`] when the template raises or fails.
+    /// [`ChatTemplateError::Render`] when the template raises or fails, or passes
+    /// [`RENDER_FUEL`] steps or [`MAX_RENDERED_BYTES`] of output.
     pub fn render<M: ChatTurn>(
         &self,
         messages: &[M],
@@ -290,9 +294,8 @@ impl ChatTemplate {
             Some(tools) => minijinja::context! { tools => tools, ..context },
             None => context,
         };
-        template
-            .render(context)
-            .map_err(|e| ChatTemplateError::Render(describe(&e)))
+        limits::render_bounded(&template, context, MAX_RENDERED_BYTES)
+            .map_err(|e| ChatTemplateError::Render(e.to_string()))
     }
 }
 

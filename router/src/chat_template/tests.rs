@@ -230,3 +230,91 @@ fn strftime_now_formats_the_date_and_refuses_a_bad_format() {
         "{err}"
     );
 }
+
+/// Found by the `chat-template` fuzz target (fuzz/artifacts/chat-template/): a conversation of a
+/// system message alone rendered as `<bos><start_of_turn>model\n` with Gemma's template, the
+/// system text silently dropped. It now reaches the model as the prefix of an empty user turn
+/// (what the template gives for the system message and an empty user message).
+#[test]
+fn the_gemma_template_keeps_a_system_message_alone() {
+    let t = builtin("gemma");
+    let alone = t.render(&[("system", "Be brief.")], true).unwrap();
+    assert_eq!(
+        alone,
+        "<bos><start_of_turn>user\nBe brief.\n\n<end_of_turn>\n<start_of_turn>model\n"
+    );
+    assert_eq!(
+        alone,
+        t.render(&[("system", "Be brief."), ("user", "")], true)
+            .unwrap()
+    );
+    let pieces = t.render_pieces(&[("system", "Be brief.")], false).unwrap();
+    assert!(
+        pieces.contains(&TemplatePiece::Content("Be brief.".into())),
+        "{pieces:?}"
+    );
+}
+
+// The rendering limits (`limits`).
+
+fn limited(source: &str) -> ChatTemplate {
+    ChatTemplate::new(source, None, None).unwrap()
+}
+
+#[test]
+fn a_template_that_loops_for_long_stops_at_the_step_limit() {
+    let t =
+        limited("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}");
+    let started = std::time::Instant::now();
+    let e = t
+        .render(&[ChatMessage::new("user", "hi")], true)
+        .unwrap_err();
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        e,
+        ChatTemplateError::Render(format!(
+            "the template took more than {RENDER_FUEL} steps (the chat template's step limit)"
+        ))
+    );
+}
+
+#[test]
+fn a_template_that_writes_too_much_stops_at_the_output_limit() {
+    let t = limited("{% for i in range(100) %}{{ 'x' * 1000000 }}{% endfor %}");
+    let e = t
+        .render(&[ChatMessage::new("user", "hi")], true)
+        .unwrap_err();
+    assert_eq!(
+        e,
+        ChatTemplateError::Render(format!(
+            "the rendered prompt passes {MAX_RENDERED_BYTES} bytes (the chat template's output \
+             limit)"
+        ))
+    );
+    // Up to the limit is fine: 16 writes of 1 MiB minus a byte.
+    let t = limited("{% for i in range(16) %}{{ 'x' * 1048575 }}{% endfor %}");
+    let out = t.render(&[ChatMessage::new("user", "hi")], true).unwrap();
+    assert_eq!(out.len(), 16 * 1048575);
+}
+
+#[test]
+fn a_long_conversation_renders_within_the_limits() {
+    // 20,000 turns of 50 bytes (1 MB of content, the default max_request_bytes) with every
+    // built-in template.
+    let messages: Vec<ChatMessage> = (0..20_000)
+        .map(|i| {
+            let role = if i % 2 == 0 { "user" } else { "assistant" };
+            ChatMessage::new(role, "x".repeat(50))
+        })
+        .collect();
+    for arch in ["gemma3", "qwen2", "llama", "phi3"] {
+        let builtin = builtin_template(arch, |_| true).unwrap();
+        let t = limited(builtin.source);
+        let out = t.render(&messages, true).unwrap();
+        assert!(out.len() > 1_000_000, "{}: {}", builtin.name, out.len());
+    }
+}
