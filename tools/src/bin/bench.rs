@@ -42,7 +42,7 @@ async fn main() -> ExitCode {
     if std::env::args().nth(1).as_deref() == Some("quality") {
         let args = QualityArgs::parse_from(std::env::args().skip(1));
         return match quality::cli::run(&args) {
-            Ok(_) => ExitCode::SUCCESS,
+            Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("bench quality: {e:#}");
                 ExitCode::from(2)

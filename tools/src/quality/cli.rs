@@ -1,5 +1,6 @@
 //! The `bench quality` command line: `bench quality [--model PATH] [--text PATH] [--baseline exact]
-//! [--candidate fast] [--window 512] [--threads N] [--json PATH]`.
+//! [--candidate fast] [--window 512] [--threads N] [--json PATH]`, or with `--prompts FILE` the
+//! greedy agreement on a reference file's prompts instead of the text ([`super::prompts`]).
 //!
 //! Prints the report's table on stdout and each window's progress on stderr; `--json PATH` also
 //! writes the report as JSON.
@@ -7,11 +8,13 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use backend_cpu::Numerics;
+use backend_cpu::{CpuModel, IntPath, Numerics, SimdPath};
 use clap::Parser;
 
 use super::evaluate::{evaluate, Progress, QualityRun};
-use super::report::QualityReport;
+use super::prompts::{greedy_agreement, read_reference, render};
+use super::report::cpu_model_name;
+use super::QualityError;
 
 /// `bench quality`: perplexity, KL divergence and top-1 agreement of two numerics settings of the
 /// CPU backend over a text.
@@ -43,6 +46,10 @@ pub struct QualityArgs {
     /// Compute threads, the caller included (0: one per core).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
+    /// Instead of the text: greedy decoding of this reference file's prompts in both settings
+    /// (e.g. `fixtures/reference.json` for SmolLM2, `fixtures/gemma3-270m.json` for Gemma 3).
+    #[arg(long)]
+    pub prompts: Option<PathBuf>,
     /// Also write the report as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -60,11 +67,25 @@ fn parse_numerics(s: &str) -> Result<Numerics, clap::Error> {
 }
 
 /// Runs `bench quality` with `args`: prints the table on stdout (progress on stderr) and writes
-/// the JSON when asked. Returns the report.
+/// the JSON when asked.
 ///
-/// Errors: those of [`evaluate`], and writing the JSON.
-pub fn run(args: &QualityArgs) -> anyhow::Result<QualityReport> {
+/// Errors: those of [`evaluate`] or of the prompts' run, and writing the JSON.
+pub fn run(args: &QualityArgs) -> anyhow::Result<()> {
     backend_cpu::pool::set_threads(args.threads);
+    let json = match &args.prompts {
+        Some(reference) => run_prompts(args, reference)?,
+        None => run_text(args)?,
+    };
+    if let Some(path) = &args.json {
+        let bytes = serde_json::to_vec_pretty(&json).context("encoding the report")?;
+        std::fs::write(path, bytes).with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("bench quality: wrote {}", path.display());
+    }
+    Ok(())
+}
+
+/// The text's run; returns its JSON.
+fn run_text(args: &QualityArgs) -> anyhow::Result<serde_json::Value> {
     let quality = QualityRun {
         model: &args.model,
         text: &args.text,
@@ -91,10 +112,41 @@ pub fn run(args: &QualityArgs) -> anyhow::Result<QualityReport> {
         )
     })?;
     println!("{}", report.render());
-    if let Some(path) = &args.json {
-        let bytes = serde_json::to_vec_pretty(&report).context("encoding the report")?;
-        std::fs::write(path, bytes).with_context(|| format!("writing {}", path.display()))?;
-        eprintln!("bench quality: wrote {}", path.display());
-    }
-    Ok(report)
+    Ok(serde_json::to_value(&report)?)
+}
+
+/// The reference prompts' run; returns its JSON.
+fn run_prompts(
+    args: &QualityArgs,
+    reference: &std::path::Path,
+) -> anyhow::Result<serde_json::Value> {
+    let prompts = read_reference(reference)?;
+    let load = |numerics| -> Result<CpuModel, QualityError> {
+        Ok(CpuModel::load(&args.model)?.with_numerics(numerics))
+    };
+    let (baseline, candidate) = (load(args.baseline)?, load(args.candidate)?);
+    let rows = greedy_agreement(&baseline, &candidate, &prompts)
+        .with_context(|| format!("decoding the prompts of {}", reference.display()))?;
+    let (b, c) = (args.baseline.as_str(), args.candidate.as_str());
+    println!(
+        "bench quality: greedy ids of {} on {}\ncpu: {}; f32 path {}, integer path {}; {} thread(s)\n",
+        args.model.display(),
+        reference.display(),
+        cpu_model_name(),
+        SimdPath::detect().as_str(),
+        IntPath::detect().as_str(),
+        backend_cpu::pool::global().threads(),
+    );
+    println!("{}", render(&rows, b, c));
+    Ok(serde_json::json!({
+        "model": args.model.display().to_string(),
+        "reference": reference.display().to_string(),
+        "cpu": cpu_model_name(),
+        "f32_path": SimdPath::detect().as_str(),
+        "int_path": IntPath::detect().as_str(),
+        "threads": backend_cpu::pool::global().threads(),
+        "baseline": b,
+        "candidate": c,
+        "prompts": rows,
+    }))
 }

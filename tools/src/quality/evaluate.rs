@@ -46,7 +46,7 @@ pub struct Progress {
 /// CPU backend's global compute pool ([`backend_cpu::pool`]) and summarises the scored positions.
 /// `progress` hears about each window done.
 ///
-/// Errors: [`QualityError::Text`] (reading the text), [`QualityError::Model`] (opening or loading
+/// Errors: [`QualityError::Read`] (reading the text), [`QualityError::Model`] (opening or loading
 /// the model, a refused step), [`QualityError::Tokenizer`], [`QualityError::WindowTooSmall`],
 /// [`QualityError::TextTooShort`], [`QualityError::WindowPastContext`],
 /// [`QualityError::TokenOutOfVocab`].
@@ -54,7 +54,7 @@ pub fn evaluate(
     run: &QualityRun<'_>,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<QualityReport, QualityError> {
-    let text = std::fs::read_to_string(run.text).map_err(|source| QualityError::Text {
+    let text = std::fs::read_to_string(run.text).map_err(|source| QualityError::Read {
         path: run.text.to_path_buf(),
         source,
     })?;

@@ -8,7 +8,8 @@
 //! ([`score`]); every position that predicts a text token is scored ([`metrics`]): the perplexity
 //! of each setting, the mean and p99 KL divergence of the candidate's next-token distributions
 //! against the baseline's, and top-1 agreement. [`evaluate`] does it all; [`cli`] is the command
-//! line; [`report`] the table and the JSON.
+//! line; [`report`] the table and the JSON. [`prompts`] compares greedy decoding of the project's
+//! reference prompts in both settings.
 //!
 //! What is scored: within a window, each token given the window's tokens before it; a window's
 //! first token is not scored (a window that starts with the model's BOS token scores all its text
@@ -18,6 +19,7 @@
 pub mod cli;
 pub mod evaluate;
 pub mod metrics;
+pub mod prompts;
 pub mod report;
 pub mod score;
 #[cfg(test)]
@@ -34,13 +36,21 @@ pub enum QualityError {
     /// Opening or loading the model failed, or the backend refused a step.
     #[error(transparent)]
     Model(#[from] ModelError),
-    /// Reading the text file failed.
-    #[error("reading the text {path}: {source}")]
-    Text {
-        /// The text file.
+    /// Reading the text or the reference file failed.
+    #[error("reading {path}: {source}")]
+    Read {
+        /// The file.
         path: std::path::PathBuf,
         /// The I/O error.
         source: std::io::Error,
+    },
+    /// The reference file is not a reference's JSON.
+    #[error("{path} is not a reference file ({{\"prompts\": [{{\"name\", \"prompt_ids\", \"greedy_ids\"}}]}}): {source}")]
+    Reference {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The JSON error.
+        source: serde_json::Error,
     },
     /// The model's tokenizer could not be built or failed on the text.
     #[error("tokenizer: {0}")]

@@ -7,6 +7,7 @@ use backend_cpu::{CpuModel, Numerics};
 use engine::backend::BatchEntry;
 
 use super::metrics::nll;
+use super::prompts::{greedy_agreement, read_reference};
 use super::text::{windows, ModelTokenizer};
 use super::{evaluate, QualityError, QualityRun};
 
@@ -160,4 +161,85 @@ fn max_windows_limits_the_run() {
     assert_eq!(report.windows, 2);
     assert_eq!(report.summary.scored, 2 * 63);
     assert_eq!(seen, [(1, 2), (2, 2)]);
+}
+
+/// Checks that `ids` is the greedy continuation of `prompt` under `model` with ONE pass over
+/// `prompt + ids` (the logits of every position at once): each id is its position's argmax.
+fn assert_greedy(model: &CpuModel, prompt: &[u32], ids: &[u32]) {
+    let all: Vec<u32> = prompt.iter().chain(ids).copied().collect();
+    let input = &all[..all.len() - 1];
+    let table: Vec<u32> = (0..all.len().div_ceil(16) as u32).collect();
+    let mut kv = model.new_kv(table.len(), 16);
+    let entry = BatchEntry {
+        tokens: input,
+        start_pos: 0,
+        block_table: &table,
+        logit_tokens: ids.len(),
+    };
+    let rows = model.forward_batch(&[entry], &mut kv).unwrap();
+    let argmaxes: Vec<u32> = rows
+        .iter()
+        .map(|r| engine::sampler::argmax(r) as u32)
+        .collect();
+    assert_eq!(argmaxes, ids);
+}
+
+#[test]
+fn greedy_agreement_on_reference_prompts() {
+    let (dir, model, _text) = fixture();
+    let reference = dir.path().join("reference.json");
+    std::fs::write(
+        &reference,
+        r#"{"model": "tiny", "prompts": [
+            {"name": "one", "prompt_ids": [40, 41, 42, 43, 44], "greedy_ids": [0, 0, 0, 0, 0, 0, 0, 0]},
+            {"name": "two", "prompt_ids": [100, 7, 250, 3], "greedy_ids": [0, 0, 0, 0, 0, 0]}
+        ]}"#,
+    )
+    .unwrap();
+    let mut prompts = read_reference(&reference).unwrap();
+    let exact = CpuModel::load(&model).unwrap();
+    let rows = greedy_agreement(&exact, &exact, &prompts).unwrap();
+    assert_eq!(rows.len(), 2);
+    for (r, p) in rows.iter().zip(&prompts) {
+        assert_eq!(r.steps, p.greedy_ids.len());
+        assert_eq!(r.agreeing_prefix, r.steps);
+        assert_eq!(r.baseline_ids, r.candidate_ids);
+        assert_eq!(r.baseline_margin_at_difference, None);
+        assert_eq!(r.baseline_matches_reference, r.baseline_ids == p.greedy_ids);
+        assert_greedy(&exact, &p.prompt_ids, &r.baseline_ids);
+    }
+    // With the baseline's own ids as the reference, the baseline matches it.
+    for (p, r) in prompts.iter_mut().zip(&rows) {
+        p.greedy_ids = r.baseline_ids.clone();
+    }
+    let fast = CpuModel::load(&model)
+        .unwrap()
+        .with_numerics(Numerics::Fast);
+    let rows = greedy_agreement(&exact, &fast, &prompts).unwrap();
+    for (r, p) in rows.iter().zip(&prompts) {
+        assert!(r.baseline_matches_reference, "{}", r.name);
+        assert_greedy(&fast, &p.prompt_ids, &r.candidate_ids);
+        let shared = r
+            .baseline_ids
+            .iter()
+            .zip(&r.candidate_ids)
+            .take_while(|(a, b)| a == b)
+            .count();
+        assert_eq!(r.agreeing_prefix, shared);
+        assert_eq!(
+            r.baseline_margin_at_difference.is_some(),
+            shared < r.steps,
+            "{}",
+            r.name
+        );
+    }
+}
+
+#[test]
+fn refuses_a_file_that_is_not_a_reference() {
+    let (dir, _model, text) = fixture();
+    let err = read_reference(&text).unwrap_err();
+    assert!(matches!(err, QualityError::Reference { .. }), "{err}");
+    let err = read_reference(&dir.path().join("missing.json")).unwrap_err();
+    assert!(matches!(err, QualityError::Read { .. }), "{err}");
 }
