@@ -46,12 +46,27 @@ pub fn nll(row: &[f32], target: u32) -> f64 {
 ///
 /// Panics if the rows differ in length.
 pub fn kl_divergence(baseline: &[f32], candidate: &[f32]) -> f64 {
+    compare(baseline, candidate).kl
+}
+
+/// One position's two rows compared: each setting's `lse` and the KL divergence.
+struct Compared {
+    lse_baseline: f64,
+    lse_candidate: f64,
+    kl: f64,
+}
+
+/// [`log_sum_exp`] of both rows and [`kl_divergence`], with one `exp` per element and row: the
+/// baseline's `exp(x_i - max)` serve both its sum and the KL's weights.
+fn compare(baseline: &[f32], candidate: &[f32]) -> Compared {
     assert_eq!(
         baseline.len(),
         candidate.len(),
         "kl_divergence: row lengths"
     );
-    let (lse_p, max_p) = log_sum_exp(baseline);
+    let max_p = baseline
+        .iter()
+        .fold(f64::NEG_INFINITY, |m, &v| m.max(f64::from(v)));
     let (lse_q, _) = log_sum_exp(candidate);
     let (mut weighted_diff, mut mass) = (0.0f64, 0.0f64);
     for (&x, &y) in baseline.iter().zip(candidate) {
@@ -59,9 +74,14 @@ pub fn kl_divergence(baseline: &[f32], candidate: &[f32]) -> f64 {
         weighted_diff += p * (f64::from(x) - f64::from(y));
         mass += p;
     }
+    let lse_p = max_p + mass.ln();
     // The `p` above are `exp(x_i - max)`: divide by their sum to normalise.
     let kl = weighted_diff / mass + (lse_q - lse_p);
-    kl.max(0.0)
+    Compared {
+        lse_baseline: lse_p,
+        lse_candidate: lse_q,
+        kl: kl.max(0.0),
+    }
 }
 
 /// The per-position measurements of a text, added position by position ([`QualityTally::add`]).
@@ -84,9 +104,11 @@ impl QualityTally {
     ///
     /// Panics if the rows differ in length or `target` is outside them.
     pub fn add(&mut self, baseline: &[f32], candidate: &[f32], target: u32) {
-        self.nll_baseline += nll(baseline, target);
-        self.nll_candidate += nll(candidate, target);
-        self.kl.push(kl_divergence(baseline, candidate));
+        let c = compare(baseline, candidate);
+        let t = target as usize;
+        self.nll_baseline += c.lse_baseline - f64::from(baseline[t]);
+        self.nll_candidate += c.lse_candidate - f64::from(candidate[t]);
+        self.kl.push(c.kl);
         if argmax(baseline) == argmax(candidate) {
             self.top1_agree += 1;
         }
