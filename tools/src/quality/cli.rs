@@ -9,6 +9,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use backend_cpu::{CpuModel, IntPath, Numerics, SimdPath};
+use clap::builder::TypedValueParser;
 use clap::Parser;
 
 use super::evaluate::{evaluate, Progress, QualityRun};
@@ -19,7 +20,7 @@ use super::QualityError;
 /// `bench quality`: perplexity, KL divergence and top-1 agreement of two numerics settings of the
 /// CPU backend over a text.
 #[derive(Debug, Clone, Parser)]
-#[command(name = "bench quality")]
+#[command(name = "bench quality", bin_name = "bench quality")]
 pub struct QualityArgs {
     /// The model: a GGUF file or a Hugging Face folder.
     #[arg(long, default_value = ".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf")]
@@ -28,10 +29,10 @@ pub struct QualityArgs {
     #[arg(long, default_value = "fixtures/pride-and-prejudice-ch1-12.txt")]
     pub text: PathBuf,
     /// The setting measured against: `exact` or `fast`.
-    #[arg(long, default_value = "exact", value_parser = parse_numerics)]
+    #[arg(long, default_value = "exact", value_parser = numerics_parser())]
     pub baseline: Numerics,
     /// The setting measured: `exact` or `fast`.
-    #[arg(long, default_value = "fast", value_parser = parse_numerics)]
+    #[arg(long, default_value = "fast", value_parser = numerics_parser())]
     pub candidate: Numerics,
     /// Tokens of model input per window (at most the model's context).
     #[arg(long, default_value_t = 512)]
@@ -55,15 +56,12 @@ pub struct QualityArgs {
     pub json: Option<PathBuf>,
 }
 
-fn parse_numerics(s: &str) -> Result<Numerics, clap::Error> {
-    match s {
-        "exact" => Ok(Numerics::Exact),
-        "fast" => Ok(Numerics::Fast),
-        _ => Err(clap::Error::raw(
-            clap::error::ErrorKind::InvalidValue,
-            format!("unknown numerics '{s}' (exact or fast)\n"),
-        )),
-    }
+/// `exact` or `fast` (clap lists both on a wrong value).
+fn numerics_parser() -> impl TypedValueParser<Value = Numerics> {
+    clap::builder::PossibleValuesParser::new(["exact", "fast"]).map(|s| match s.as_str() {
+        "fast" => Numerics::Fast,
+        _ => Numerics::Exact,
+    })
 }
 
 /// Runs `bench quality` with `args`: prints the table on stdout (progress on stderr) and writes

@@ -37,7 +37,7 @@ pub enum QualityError {
     #[error(transparent)]
     Model(#[from] ModelError),
     /// Reading the text or the reference file failed.
-    #[error("reading {path}: {source}")]
+    #[error("reading {path}")]
     Read {
         /// The file.
         path: std::path::PathBuf,
@@ -45,7 +45,7 @@ pub enum QualityError {
         source: std::io::Error,
     },
     /// The reference file is not a reference's JSON.
-    #[error("{path} is not a reference file ({{\"prompts\": [{{\"name\", \"prompt_ids\", \"greedy_ids\"}}]}}): {source}")]
+    #[error("{path} is not a reference file ({{\"prompts\": [{{\"name\", \"prompt_ids\", \"greedy_ids\"}}]}})")]
     Reference {
         /// The file.
         path: std::path::PathBuf,
