@@ -41,6 +41,10 @@ pub struct QualityArgs {
     /// `vocab` f32 per setting).
     #[arg(long, default_value_t = 64)]
     pub chunk: usize,
+    /// Score each window from this token on (0: every token but the first; half the window, e.g.
+    /// 256, scores as `llama-perplexity` does).
+    #[arg(long, default_value_t = 0)]
+    pub score_from: usize,
     /// Only the first N windows (a quick look; the report says how many ran).
     #[arg(long)]
     pub max_windows: Option<usize>,
@@ -91,6 +95,7 @@ fn run_text(args: &QualityArgs) -> anyhow::Result<serde_json::Value> {
         candidate: args.candidate,
         window: args.window,
         chunk: args.chunk,
+        score_from: args.score_from,
         max_windows: args.max_windows,
     };
     let mut show = |p: Progress| {

@@ -27,6 +27,9 @@ pub struct QualityRun<'a> {
     pub window: usize,
     /// Tokens per forward pass within a window (bounds the logits held at once).
     pub chunk: usize,
+    /// The first token of each window that is scored (0 or 1: every token but the first;
+    /// `window / 2`: as `llama-perplexity`).
+    pub score_from: usize,
     /// Only the first this many windows (`None`: all).
     pub max_windows: Option<usize>,
 }
@@ -49,6 +52,7 @@ pub struct Progress {
 /// Errors: [`QualityError::Read`] (reading the text), [`QualityError::Model`] (opening or loading
 /// the model, a refused step), [`QualityError::Tokenizer`], [`QualityError::WindowTooSmall`],
 /// [`QualityError::TextTooShort`], [`QualityError::WindowPastContext`],
+/// [`QualityError::ScoreFromPastWindow`],
 /// [`QualityError::TokenOutOfVocab`].
 pub fn evaluate(
     run: &QualityRun<'_>,
@@ -62,7 +66,7 @@ pub fn evaluate(
     let tokenizer = ModelTokenizer::from_model(run.model, &file)?;
     let baseline = CpuModel::from_source(&file)?.with_numerics(run.baseline);
     let candidate = CpuModel::from_source(&file)?.with_numerics(run.candidate);
-    let mut pair = SideBySide::new(&baseline, &candidate, run.window, run.chunk)?;
+    let mut pair = SideBySide::new(&baseline, &candidate, run.window, run.chunk, run.score_from)?;
     let ids = tokenizer.encode(&text)?;
     let mut all = windows(&ids, run.window, tokenizer.bos())?;
     if let Some(max) = run.max_windows {
@@ -93,6 +97,7 @@ pub fn evaluate(
         baseline: run.baseline.as_str(),
         candidate: run.candidate.as_str(),
         window: run.window,
+        score_from: run.score_from.max(1),
         bos,
         text_tokens: ids.len(),
         windows: all.len(),

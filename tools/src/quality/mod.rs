@@ -14,7 +14,8 @@
 //! What is scored: within a window, each token given the window's tokens before it; a window's
 //! first token is not scored (a window that starts with the model's BOS token scores all its text
 //! tokens, see [`text`]). This is not `llama-perplexity`'s figure: it scores only the second half
-//! of each window, so its perplexity is lower for the same model and text.
+//! of each window, so its perplexity is lower for the same model and text; `--score-from 256`
+//! scores as it does.
 
 pub mod cli;
 pub mod evaluate;
@@ -62,6 +63,14 @@ pub enum QualityError {
         window: usize,
         /// The model's context length.
         context: usize,
+    },
+    /// Scoring from this token on leaves nothing of a window to score.
+    #[error("--score-from {score_from} leaves nothing of a {window}-token window to score")]
+    ScoreFromPastWindow {
+        /// The first token scored.
+        score_from: usize,
+        /// Tokens per window.
+        window: usize,
     },
     /// A window of fewer than 2 tokens scores nothing.
     #[error("a window must hold at least 2 tokens, not {window}")]

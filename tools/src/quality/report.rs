@@ -26,6 +26,8 @@ pub struct QualityReport {
     pub candidate: &'static str,
     /// Tokens of model input per window.
     pub window: usize,
+    /// The first token of each window that is scored (at least 1).
+    pub score_from: usize,
     /// The token each window starts with, when the model asks for one.
     pub bos: Option<u32>,
     /// Tokens of the whole text.
@@ -45,9 +47,15 @@ impl QualityReport {
     /// The human-readable table (several lines, no trailing newline).
     pub fn render(&self) -> String {
         let s = &self.summary;
-        let first = match self.bos {
-            Some(id) => format!("each window starts with BOS id {id}; every text token scored"),
-            None => "each window's first token not scored".to_string(),
+        let first = match (self.bos, self.score_from) {
+            (Some(id), 1) => {
+                format!("each window starts with BOS id {id}; every text token scored")
+            }
+            (None, 1) => "each window's first token not scored".to_string(),
+            (Some(id), from) => {
+                format!("each window starts with BOS id {id}; tokens {from}.. scored")
+            }
+            (None, from) => format!("each window's tokens {from}.. scored"),
         };
         let out = [
             format!("bench quality: {} on {}", self.model, self.text),

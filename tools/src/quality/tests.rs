@@ -35,6 +35,7 @@ fn quality_run<'a>(model: &'a Path, text: &'a Path, candidate: Numerics) -> Qual
         candidate,
         window: 64,
         chunk: 16,
+        score_from: 0,
         max_windows: None,
     }
 }
@@ -242,4 +243,51 @@ fn refuses_a_file_that_is_not_a_reference() {
     assert!(matches!(err, QualityError::Reference { .. }), "{err}");
     let err = read_reference(&dir.path().join("missing.json")).unwrap_err();
     assert!(matches!(err, QualityError::Read { .. }), "{err}");
+}
+
+#[test]
+fn scores_from_a_given_token_as_llama_perplexity_does() {
+    let (_dir, model, text) = fixture();
+    let mut run = quality_run(&model, &text, Numerics::Exact);
+    // Half the window, not a multiple of the chunk: rows start mid-chunk.
+    run.score_from = 37;
+    let report = evaluate(&run, &mut |_| {}).unwrap();
+    assert_eq!(report.score_from, 37);
+    assert_eq!(report.summary.scored, report.windows * (64 - 37));
+    // The same positions from one pass per window with every row.
+    let cpu = CpuModel::load(&model).unwrap();
+    let file = model_files::open(&model).unwrap();
+    let ids = ModelTokenizer::from_model(&model, &file)
+        .unwrap()
+        .encode(TEXT)
+        .unwrap();
+    let (mut sum, mut n) = (0.0f64, 0usize);
+    for w in windows(&ids, 64, None).unwrap() {
+        let table: Vec<u32> = (0..4).collect();
+        let mut kv = cpu.new_kv(4, 16);
+        let entry = BatchEntry {
+            tokens: &w[..63],
+            start_pos: 0,
+            block_table: &table,
+            logit_tokens: 63,
+        };
+        let rows = cpu.forward_batch(&[entry], &mut kv).unwrap();
+        for j in 37..64 {
+            sum += nll(&rows[j - 1], w[j]);
+            n += 1;
+        }
+    }
+    assert_eq!(report.summary.mean_nll_baseline, sum / n as f64);
+    run.score_from = 64;
+    let err = evaluate(&run, &mut |_| {}).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            QualityError::ScoreFromPastWindow {
+                score_from: 64,
+                window: 64
+            }
+        ),
+        "{err}"
+    );
 }
