@@ -1,5 +1,7 @@
 //! Command-line tools over the service's public APIs: the `bench` load tool ([`bench`],
-//! `src/bin/bench.rs`) and the `client` caller (`src/bin/client.rs`).
+//! `src/bin/bench.rs`; `bench fleet`: [`fleet`]; `bench quality`: [`quality`]) and the `client`
+//! caller (`src/bin/client.rs`).
 
 pub mod bench;
 pub mod fleet;
+pub mod quality;

@@ -13,6 +13,9 @@
 //! `bench fleet ...`: the fleet benchmark of the routing policies on real worker and router
 //! processes, and its simulator (`tools::fleet`; `bench fleet --help`).
 //!
+//! `bench quality ...`: perplexity, KL divergence and top-1 agreement of the CPU backend's `fast`
+//! numerics against `exact` over a text, in-process (`tools::quality`; `bench quality --help`).
+//!
 //! Exit status: 0 when every measured request succeeded, 1 when any failed (the summary is still
 //! printed and written), 2 when the run could not start or the JSON could not be written.
 
@@ -22,6 +25,7 @@ use anyhow::Context;
 use clap::Parser;
 use tools::bench::{run::run, BenchArgs};
 use tools::fleet::{self, cli::FleetArgs};
+use tools::quality::{self, cli::QualityArgs};
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
@@ -31,6 +35,16 @@ async fn main() -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("bench fleet: {e:#}");
+                ExitCode::from(2)
+            }
+        };
+    }
+    if std::env::args().nth(1).as_deref() == Some("quality") {
+        let args = QualityArgs::parse_from(std::env::args().skip(1));
+        return match quality::cli::run(&args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("bench quality: {e:#}");
                 ExitCode::from(2)
             }
         };

@@ -1,0 +1,112 @@
+//! A quality run's report: the human table ([`QualityReport::render`]) and the JSON (`Serialize`,
+//! the summary's fields flattened beside the run's).
+
+use serde::Serialize;
+
+use super::metrics::QualitySummary;
+
+/// What [`super::evaluate`] measured, and on what.
+#[derive(Debug, Clone, Serialize)]
+pub struct QualityReport {
+    /// The model path as given.
+    pub model: String,
+    /// The text path as given.
+    pub text: String,
+    /// The CPU's model name (`/proc/cpuinfo`'s `model name`, as `lscpu` shows it).
+    pub cpu: String,
+    /// The f32 kernels' SIMD path that ran (`portable`, `avx2`, `avx512`).
+    pub f32_path: &'static str,
+    /// The integer kernels' path that `fast` ran (`portable`, `avx2`, `avx512-vnni`).
+    pub int_path: &'static str,
+    /// Compute threads (the caller included).
+    pub threads: usize,
+    /// The baseline's numerics (`exact` or `fast`).
+    pub baseline: &'static str,
+    /// The candidate's numerics.
+    pub candidate: &'static str,
+    /// Tokens of model input per window.
+    pub window: usize,
+    /// The first token of each window that is scored (at least 1).
+    pub score_from: usize,
+    /// The token each window starts with, when the model asks for one.
+    pub bos: Option<u32>,
+    /// Tokens of the whole text.
+    pub text_tokens: usize,
+    /// Windows run.
+    pub windows: usize,
+    /// Text tokens in the windows run.
+    pub text_tokens_used: usize,
+    /// Wall time of the windows, both settings and the scoring together, seconds.
+    pub elapsed_s: f64,
+    /// The measurements.
+    #[serde(flatten)]
+    pub summary: QualitySummary,
+}
+
+impl QualityReport {
+    /// The human-readable table (several lines, no trailing newline).
+    pub fn render(&self) -> String {
+        let s = &self.summary;
+        let first = match (self.bos, self.score_from) {
+            (Some(id), 1) => {
+                format!("each window starts with BOS id {id}; every text token scored")
+            }
+            (None, 1) => "each window's first token not scored".to_string(),
+            (Some(id), from) => {
+                format!("each window starts with BOS id {id}; tokens {from}.. scored")
+            }
+            (None, from) => format!("each window's tokens {from}.. scored"),
+        };
+        let out = [
+            format!("bench quality: {} on {}", self.model, self.text),
+            format!(
+                "cpu: {}; f32 path {}, integer path {}; {} thread(s)",
+                self.cpu, self.f32_path, self.int_path, self.threads
+            ),
+            format!(
+                "text: {} tokens; {} windows of {} ({} text tokens); {} positions scored ({first}); {:.0} s",
+                self.text_tokens, self.windows, self.window, self.text_tokens_used, s.scored, self.elapsed_s
+            ),
+            String::new(),
+            format!(
+                "{:<10} {:>12} {:>16} {:>14}",
+                "numerics", "perplexity", "mean NLL (nats)", "vs baseline"
+            ),
+            format!(
+                "{:<10} {:>12.4} {:>16.5} {:>14}",
+                self.baseline, s.perplexity_baseline, s.mean_nll_baseline, ""
+            ),
+            format!(
+                "{:<10} {:>12.4} {:>16.5} {:>13.3}%",
+                self.candidate, s.perplexity_candidate, s.mean_nll_candidate, s.perplexity_change_pct
+            ),
+            String::new(),
+            format!(
+                "{} against {}: KL mean {:.6} nats, p99 {:.6}, max {:.6}; top-1 agreement {:.3} % ({} of {})",
+                self.candidate,
+                self.baseline,
+                s.kl_mean,
+                s.kl_p99,
+                s.kl_max,
+                s.top1_agreement * 100.0,
+                s.top1_agree,
+                s.scored
+            ),
+        ];
+        out.join("\n")
+    }
+}
+
+/// The CPU's model name from `/proc/cpuinfo` (`lscpu`'s "Model name"); `"unknown"` where it cannot
+/// be read.
+pub fn cpu_model_name() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .and_then(|rest| rest.split_once(':'))
+                .map(|(_, name)| name.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".to_string())
+}
