@@ -392,7 +392,7 @@ async fn a_request_no_kv_cache_can_hold_is_400_before_any_stream() {
     let message = answer["error"]["message"].as_str().unwrap();
     assert_eq!(
         message,
-        "prompt (100 tokens) + max_new_tokens (100) needs 13 KV blocks; the largest KV cache of \
+        "prompt (100 tokens) + max_tokens (100) needs 13 KV blocks; the largest KV cache of \
          the ready workers has 8 blocks of 16 tokens"
     );
     let mut grpc = h.cluster.client().await;
