@@ -59,6 +59,35 @@ pub fn sdk_python() -> std::path::PathBuf {
     path
 }
 
+/// Runs the SDK test script `integration-tests/python/{script}` (a `unittest` file) with the SDK's
+/// Python ([`sdk_python`]), `OPENAI_BASE` = `base` and the extra environment `env`, and returns its
+/// report (stderr: unittest writes there). Panics with the report and `router_log()` (the router's
+/// log, read only then) when the script fails.
+pub async fn run_sdk_test(
+    script: &str,
+    base: &str,
+    env: &[(&str, &std::ffi::OsStr)],
+    router_log: impl FnOnce() -> String,
+) -> String {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("python")
+        .join(script);
+    let output = tokio::process::Command::new(sdk_python())
+        .arg(&path)
+        .env("OPENAI_BASE", base)
+        .envs(env.iter().copied())
+        .output()
+        .await
+        .expect("running the Python test");
+    let report = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(
+        output.status.success(),
+        "{script} failed:\n{report}\nrouter log:\n{}",
+        router_log()
+    );
+    report
+}
+
 /// Waits until `GET {base}/health` answers 200.
 pub async fn wait_healthy(base: &str, timeout: Duration) {
     let deadline = Instant::now() + timeout;

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use inference_proto::public::{ChatMessage, GenerateRequest};
-use integration_tests::openai::{sdk_python, start, wait_healthy};
+use integration_tests::openai::{run_sdk_test, sdk_python, start, wait_healthy};
 use integration_tests::{free_port, generate, real_model, start_router, start_router_with_env};
 use serde_json::json;
 
@@ -34,7 +34,8 @@ fn summary(g: &integration_tests::Generation) -> serde_json::Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_official_sdk_and_curl_against_the_real_model() {
-    let python = sdk_python();
+    // Fails fast, before the servers start, when the SDK is missing.
+    sdk_python();
     let h = start(&real_model(), &[], &["--served-model-name", MODEL], &[]).await;
     let mut grpc = h.cluster.client().await;
     let chat = |max: u32, temperature: f32, seed: Option<u64>| GenerateRequest {
@@ -136,26 +137,27 @@ async fn the_official_sdk_and_curl_against_the_real_model() {
     )
     .await;
 
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/test_openai.py");
-    let output = tokio::process::Command::new(&python)
-        .arg(script)
-        .env("OPENAI_BASE", format!("{}/v1", h.base))
-        .env("OVERLOAD_BASE", format!("http://{overload_http}/v1"))
-        .env("DEAD_BASE", format!("http://{dead_http}/v1"))
-        .env("KEYED_BASE", format!("https://localhost:{keyed_port}/v1"))
-        .env("TLS_CA", &ca_file)
-        .env("KEYED_KEY", KEYED_KEY)
-        .env("MODEL", MODEL)
-        .env("EXPECTED", &expected_path)
-        .output()
-        .await
-        .expect("running the Python test");
-    let report = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "the openai SDK test failed:\n{report}\nrouter log:\n{}",
-        h.cluster.router.log_text()
-    );
+    let report = run_sdk_test(
+        "test_openai.py",
+        &format!("{}/v1", h.base),
+        &[
+            (
+                "OVERLOAD_BASE",
+                format!("http://{overload_http}/v1").as_ref(),
+            ),
+            ("DEAD_BASE", format!("http://{dead_http}/v1").as_ref()),
+            (
+                "KEYED_BASE",
+                format!("https://localhost:{keyed_port}/v1").as_ref(),
+            ),
+            ("TLS_CA", ca_file.as_ref()),
+            ("KEYED_KEY", KEYED_KEY.as_ref()),
+            ("MODEL", MODEL.as_ref()),
+            ("EXPECTED", expected_path.as_ref()),
+        ],
+        || h.cluster.router.log_text(),
+    )
+    .await;
     assert!(report.contains("Ran 13 tests"), "{report}");
 
     // The raw event stream, as `curl -N` shows it.

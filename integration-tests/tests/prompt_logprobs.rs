@@ -7,7 +7,7 @@
 use std::path::Path;
 
 use inference_proto::public::{GenerateRequest, GenerateResponse};
-use integration_tests::openai::{sdk_python, start};
+use integration_tests::openai::{run_sdk_test, start};
 use integration_tests::{real_model, tiny_model_with_context};
 use serde_json::json;
 
@@ -103,21 +103,16 @@ async fn check(model: &Path, long_prompt: usize) {
     let dir = tempfile::tempdir().unwrap();
     let expected_path = dir.path().join("expected.json");
     std::fs::write(&expected_path, expected.to_string()).unwrap();
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/test_echo.py");
-    let output = tokio::process::Command::new(sdk_python())
-        .arg(script)
-        .env("OPENAI_BASE", format!("{}/v1", h.base))
-        .env("MODEL", "m")
-        .env("EXPECTED", &expected_path)
-        .output()
-        .await
-        .expect("running the Python test");
-    let report = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "the echo SDK test failed:\n{report}\nrouter log:\n{}",
-        h.cluster.router.log_text()
-    );
+    let report = run_sdk_test(
+        "test_echo.py",
+        &format!("{}/v1", h.base),
+        &[
+            ("MODEL", "m".as_ref()),
+            ("EXPECTED", expected_path.as_os_str()),
+        ],
+        || h.cluster.router.log_text(),
+    )
+    .await;
     assert!(report.contains("Ran 4 tests"), "{report}");
 }
 

@@ -4,29 +4,21 @@
 //! calls over 12 schemas validated with `jsonschema`, the refusals, and a tool request in a batch of
 //! plain ones. Runs integration-tests/python/test_tools.py (scripts/install-openai-sdk installs
 //! the SDK and `jsonschema`).
-use integration_tests::openai::{sdk_python, start};
+use integration_tests::openai::{run_sdk_test, start};
 use integration_tests::real_model;
 
 const MODEL: &str = "smollm2";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tool_calls_with_the_official_sdk_on_the_real_model() {
-    let python = sdk_python();
     let h = start(&real_model(), &[], &["--served-model-name", MODEL], &[]).await;
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/test_tools.py");
-    let output = tokio::process::Command::new(&python)
-        .arg(script)
-        .env("OPENAI_BASE", format!("{}/v1", h.base))
-        .env("MODEL", MODEL)
-        .output()
-        .await
-        .expect("running the Python test");
-    let report = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "the tool-calling SDK test failed:\n{report}\nrouter log:\n{}",
-        h.cluster.router.log_text()
-    );
+    let report = run_sdk_test(
+        "test_tools.py",
+        &format!("{}/v1", h.base),
+        &[("MODEL", MODEL.as_ref())],
+        || h.cluster.router.log_text(),
+    )
+    .await;
     assert!(report.contains("Ran 10 tests"), "{report}");
     assert!(report.contains("sampled: 24 calls validated"), "{report}");
 }
