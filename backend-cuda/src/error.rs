@@ -19,7 +19,6 @@ use cudarc::nvrtc::sys::nvrtcResult;
 
 use super::numerics::Numerics;
 use engine::backend::{ModelError, StepError};
-use model_desc::Arch;
 
 /// An error of the CUDA backend.
 #[derive(Debug, thiserror::Error)]
@@ -127,17 +126,6 @@ pub enum CudaError {
         need: usize,
         /// Bytes free on the GPU.
         free: usize,
-    },
-    /// With `device = auto`, an architecture whose CUDA path has not run on a GPU yet (see
-    /// [`super::unverified_architecture`]).
-    #[error(
-        "the CUDA path of this `{arch}` model has not been verified on a GPU yet (only plain Llama \
-         has); with device = auto the worker refuses it: use --device cpu, or --device cuda \
-         to run it anyway"
-    )]
-    UnverifiedArchitecture {
-        /// The model's architecture.
-        arch: Arch,
     },
     /// Capturing a decode graph ended without a graph.
     #[error("graph capture produced no graph")]
@@ -333,12 +321,6 @@ mod tests {
             .to_string(),
             "the KV cache needs 3072 MiB but the GPU has 1024 MiB free (512 MiB are kept for step \
              buffers); lower kv_cache_mib or kv_cache_blocks"
-        );
-        assert_eq!(
-            CudaError::UnverifiedArchitecture { arch: Arch::Gemma3 }.to_string(),
-            "the CUDA path of this `gemma3` model has not been verified on a GPU yet (only plain \
-             Llama has); with device = auto the worker refuses it: use --device cpu, or --device \
-             cuda to run it anyway"
         );
         let model = CudaError::from(ModelError::EmptyInput { entry: 2 });
         assert_eq!(model.to_string(), "batch entry 2 has no tokens");

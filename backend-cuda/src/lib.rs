@@ -36,5 +36,5 @@ pub mod weights;
 pub use device::{choose_backend, probe, Backend, DeviceKind, GpuInfo};
 pub use error::CudaError;
 pub use kv_store::GpuKv;
-pub use model::{unverified_architecture, CudaModel, CudaOptions};
+pub use model::{CudaModel, CudaOptions};
 pub use numerics::Numerics;

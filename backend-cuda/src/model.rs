@@ -41,8 +41,6 @@ use engine::backend::{BatchEntry, BatchModel, EntryLimits, Logits, ModelError, S
 use model_desc::{ModelDesc, ModelPlan, ModelSource};
 
 mod record;
-#[cfg(test)]
-mod tests;
 
 /// Options of the CUDA backend (from the worker settings).
 #[derive(Debug, Clone)]
@@ -55,18 +53,6 @@ pub struct CudaOptions {
     pub cache_dir: PathBuf,
     /// Largest decode batch a graph is captured for (normally `max_num_seqs`).
     pub max_decode_batch: usize,
-    /// Refuse architectures whose CUDA path has not run on a GPU yet (anything but plain Llama:
-    /// see [`unverified_architecture`]); the worker sets it for `device = auto`, so only an
-    /// explicit `device = cuda` runs them.
-    pub verified_only: bool,
-}
-
-/// Why `desc` cannot run on CUDA when only verified paths are allowed
-/// ([`CudaError::UnverifiedArchitecture`]): the kernels of every architecture but plain Llama
-/// (biases, q/k norms, post-norms, GeGLU, soft-caps, sliding windows, RoPE factors) are
-/// compile-checked and host-emulated but have not run on a GPU. `None` when it can.
-pub fn unverified_architecture(desc: &ModelDesc) -> Option<CudaError> {
-    (!desc.is_plain_llama()).then_some(CudaError::UnverifiedArchitecture { arch: desc.arch })
 }
 
 /// A model of any supported architecture on a GPU.
@@ -88,8 +74,7 @@ impl CudaModel {
     /// CPU model, compiles (or takes from the cache) every kernel file for the GPU's architecture,
     /// and uploads the weights.
     ///
-    /// Errors: the CPU model's load errors ([`CudaError::Model`]), an architecture refused by
-    /// `verified_only` ([`CudaError::UnverifiedArchitecture`]), a kernel that cannot be compiled
+    /// Errors: the CPU model's load errors ([`CudaError::Model`]), a kernel that cannot be compiled
     /// (NVRTC missing on a cache miss, or a compile error: [`CudaError::NvrtcUnavailable`],
     /// [`CudaError::Compile`]), a head size or context the attention kernel does not support
     /// ([`CudaError::ModelUnsupported`]), or a driver error, e.g. out of memory
@@ -108,11 +93,6 @@ impl CudaModel {
         options: CudaOptions,
     ) -> Result<CudaModel, CudaError> {
         let config = ModelDesc::from_source(src).map_err(ModelError::from)?;
-        if options.verified_only {
-            if let Some(why) = unverified_architecture(&config) {
-                return Err(why);
-            }
-        }
         let host = HostWeights::load(src, &config)?;
         let ctx = gpu.ctx.clone();
         driver("binding the CUDA context", ctx.bind_to_thread())?;

@@ -166,7 +166,6 @@ async fn run(settings: WorkerSettings, backend: Backend) -> anyhow::Result<()> {
                 );
             }
             let options = CudaOptions {
-                verified_only: s.device == backend_cuda::DeviceKind::Auto,
                 numerics: s.cuda_numerics,
                 graphs: s.cuda_graphs,
                 cache_dir: backend_cuda::cache::cache_dir(&s.cuda_cache_dir),

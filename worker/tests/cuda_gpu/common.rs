@@ -25,7 +25,6 @@ pub fn gpu() -> GpuInfo {
 
 pub fn options(numerics: Numerics, graphs: bool) -> CudaOptions {
     CudaOptions {
-        verified_only: false,
         numerics,
         graphs,
         cache_dir: cache_dir(&std::env::var("WORKER_CUDA_CACHE_DIR").unwrap_or_default()),
