@@ -22,6 +22,7 @@ use super::sequence::{PromptScoring, Sequence};
 use super::{
     CacheReport, Command, ConnId, EngineError, EngineErrorKind, EngineHandle, EngineLoad,
     EngineOutput, EngineRequest, EngineStats, GeneratedToken, OutputSink, RequestFailure,
+    DECODE_HORIZON_TOKENS,
 };
 use crate::backend::{BatchEntry, BatchModel, Logits};
 use crate::kv::BlockPool;
@@ -627,6 +628,12 @@ impl<M: BatchModel> Engine<M> {
             waiting_sequences: self.scheduler.num_waiting() as u32,
             free_kv_tokens: (self.pool.num_available() * self.pool.block_size()) as u64,
             kv_demand_tokens: self.seqs.values().map(|s| s.tokens.len() as u64).sum(),
+            prefill_backlog_tokens: self.seqs.values().map(|s| s.remaining() as u64).sum(),
+            decode_horizon_tokens: self
+                .seqs
+                .values()
+                .map(|s| s.tokens_left().min(DECODE_HORIZON_TOKENS) as u64)
+                .sum(),
         }
     }
 

@@ -42,7 +42,7 @@ pub use masks::mask_seconds;
 pub use monitor::EngineSnapshot;
 pub use output::{
     CacheReport, EngineLoad, EngineOutput, GeneratedToken, OutputSink, PromptLogprobs,
-    RequestFailure,
+    RequestFailure, DECODE_HORIZON_TOKENS,
 };
 pub use priority::Priority;
 pub use request::{ConnId, EngineRequest};

@@ -100,7 +100,19 @@ pub struct EngineLoad {
     /// KV demand of the running and waiting sequences: their known tokens (prompt plus generated
     /// so far), summed.
     pub kv_demand_tokens: u64,
+    /// Known tokens of the running and waiting sequences not yet in the KV cache (prompts to
+    /// prefill, preempted sequences' recompute, each decoding sequence's next token), summed.
+    pub prefill_backlog_tokens: u64,
+    /// Tokens the running and waiting sequences may still generate, each capped at
+    /// [`DECODE_HORIZON_TOKENS`], summed.
+    pub decode_horizon_tokens: u64,
 }
+
+/// The cap on one sequence's remaining generation in [`EngineLoad::decode_horizon_tokens`]: a
+/// router weighs a sequence that may still generate thousands of tokens like one with 128 left,
+/// since most requests end well before their `max_new_tokens` (the wire contract's value,
+/// `LoadReport.decode_horizon_tokens`).
+pub const DECODE_HORIZON_TOKENS: usize = 128;
 
 /// Where the engine sends one connection's outputs (a channel, or the gRPC service's stream in its
 /// wire format).

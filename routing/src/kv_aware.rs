@@ -11,11 +11,19 @@
 //! cost(w)    = prefill(w) + L(w)            tokens of work ahead of the request's first token
 //! ```
 //!
-//! `L` is the KV demand (prompt plus generated tokens) of the worker's running and waiting
-//! sequences from its last load report, which counts every router's requests, plus the prompt tokens
-//! this router sent it since that report. Both terms are tokens the worker must hold and (for the
-//! prefill) compute before the request's first token, so the sum is a first-order estimate of its
-//! time to first token.
+//! `L` is the work ahead of the worker in tokens, from its last load report (which counts every
+//! router's requests): the tokens of its running and waiting sequences not yet computed
+//! (`prefill_backlog_tokens`: prompts to prefill, recomputes, each decode's next token) plus the
+//! tokens they may still generate, each sequence's capped at [`DECODE_HORIZON_TOKENS`]
+//! (`decode_horizon_tokens`); plus [`request_work_tokens`] of each request this router sent it
+//! since that report. A prefill token and a decode token cost the worker about the same compute
+//! (one row of every matrix product), and both delay the request's first token and share its
+//! steps, so `prefill + L` is a first-order estimate of its time to first token in tokens of work.
+//!
+//! An earlier form took `L` as the KV demand (prompt plus generated tokens of every sequence): a
+//! worker holding the prompt's prefix while it ran one similar request then cost more than an idle
+//! worker, and hits spilled under load (measured in `bench fleet`, see BENCHMARKS.md). KV held is
+//! not work to do; a prompt already prefilled costs nothing more.
 //!
 //! # Choice
 //!
@@ -34,6 +42,18 @@
 
 use crate::affinity::{rendezvous_score, AffinityPolicy};
 use block_hash::{block_hashes_from, SEED};
+
+/// The cap on one sequence's remaining generation in a worker's load (the worker's
+/// `LoadReport.decode_horizon_tokens` uses the same): most requests end well before their
+/// `max_new_tokens`, so a sequence allowed thousands more tokens weighs like one with 128 left.
+pub const DECODE_HORIZON_TOKENS: usize = 128;
+
+/// Work in tokens a request brings to a worker, as its load report will count it: `known_tokens`
+/// (prompt plus any already generated, to prefill) plus `tokens_left` (what it may still generate)
+/// capped at [`DECODE_HORIZON_TOKENS`].
+pub fn request_work_tokens(known_tokens: usize, tokens_left: usize) -> u64 {
+    (known_tokens + tokens_left.min(DECODE_HORIZON_TOKENS)) as u64
+}
 
 /// A prompt's block chain, computed once per request.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -20,25 +20,30 @@ pub(super) struct RouteKey {
     /// The block chain of the prompt plus already generated tokens (`routing = kv_aware`): what
     /// the worker looks up in its prefix cache.
     chain: Option<PromptChain>,
-    /// Tokens the request brings to its worker (prompt plus already generated).
-    pub(super) tokens: u64,
+    /// Work in tokens the request brings to its worker, as the worker's load report will count it
+    /// ([`routing::kv_aware::request_work_tokens`]): the load this router adds to the worker's
+    /// last report until the next one.
+    pub(super) work_tokens: u64,
 }
 
 impl RouteKey {
     /// The key of `request` under `settings`, with chains in blocks of `block_size` tokens (the
     /// workers' block size; 0 before any worker described it).
     pub(super) fn new(settings: &PoolSettings, block_size: usize, request: &AddRequest) -> Self {
-        let tokens = (request.prompt_ids.len() + request.generated_ids.len()) as u64;
+        let work_tokens = routing::kv_aware::request_work_tokens(
+            request.prompt_ids.len() + request.generated_ids.len(),
+            (request.max_new_tokens as usize).saturating_sub(request.generated_ids.len()),
+        );
         match settings.routing {
             Routing::Affinity => Self {
                 affinity: settings.affinity.key(&request.prompt_ids),
                 chain: None,
-                tokens,
+                work_tokens,
             },
             Routing::RoundRobin => Self {
                 affinity: None,
                 chain: None,
-                tokens,
+                work_tokens,
             },
             Routing::KvAware => {
                 // The worker roots a salted request's chain at its salt's seed.
@@ -53,7 +58,7 @@ impl RouteKey {
                 Self {
                     affinity: None,
                     chain: Some(chain),
-                    tokens,
+                    work_tokens,
                 }
             }
         }

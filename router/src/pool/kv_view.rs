@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use inference_proto::worker::KvCacheEvents;
+use inference_proto::worker::{KvCacheEvents, LoadReport};
 use routing::index::{Anomalies, BlockIndex};
 
 /// How often one worker's anomalies are logged at most.
@@ -63,8 +63,8 @@ pub struct KvView {
     stream_step: AtomicU64,
     /// The worker's step counter at the previous health probe.
     probe_step: Mutex<Option<u64>>,
-    /// Load in tokens: the last report's `kv_demand_tokens`, and the prompt tokens this router sent
-    /// since that report.
+    /// Load in tokens: the last report's work ahead ([`reported_work_tokens`]), and the work this
+    /// router sent since that report.
     load: Mutex<(u64, u64)>,
     /// When this worker's anomalies were last logged.
     logged_at: Mutex<Option<Instant>>,
@@ -120,9 +120,9 @@ impl KvView {
         true
     }
 
-    /// A step message arrived: its step number (0 for messages sent between steps) and load report's
-    /// KV demand in tokens.
-    pub(super) fn on_step(&self, step: u64, kv_demand_tokens: Option<u64>) {
+    /// A step message arrived: its step number (0 for messages sent between steps) and its load
+    /// report's work ahead in tokens ([`reported_work_tokens`]).
+    pub(super) fn on_step(&self, step: u64, work_tokens: Option<u64>) {
         if step > 0 {
             self.stream_step.fetch_max(step, Ordering::Relaxed);
             let caught_up = self
@@ -134,8 +134,8 @@ impl KvView {
                 self.lagging.store(false, Ordering::Relaxed);
             }
         }
-        if let Some(demand) = kv_demand_tokens {
-            *self.load.lock().expect("kv load lock") = (demand, 0);
+        if let Some(work) = work_tokens {
+            *self.load.lock().expect("kv load lock") = (work, 0);
         }
     }
 
@@ -149,7 +149,8 @@ impl KvView {
         behind
     }
 
-    /// This router sent the worker a request of `tokens` tokens.
+    /// This router sent the worker a request of `tokens` tokens of work
+    /// ([`routing::kv_aware::request_work_tokens`]).
     pub(super) fn on_dispatch(&self, tokens: u64) {
         self.load.lock().expect("kv load lock").1 += tokens;
     }
@@ -171,7 +172,7 @@ impl KvView {
             .prefix_blocks(chain)
     }
 
-    /// The worker's load in tokens: its last report's KV demand plus what this router sent since.
+    /// The worker's load in tokens: its last report's work ahead plus what this router sent since.
     pub fn load_tokens(&self) -> u64 {
         let (reported, sent) = *self.load.lock().expect("kv load lock");
         reported + sent
@@ -186,6 +187,15 @@ impl KvView {
             fresh: self.fresh(),
             load_tokens: self.load_tokens(),
         }
+    }
+}
+
+/// The work ahead of a worker in tokens from its load report: `prefill_backlog_tokens +
+/// decode_horizon_tokens`, or `kv_demand_tokens` from a worker that predates those fields.
+pub(super) fn reported_work_tokens(report: &LoadReport) -> u64 {
+    match (report.prefill_backlog_tokens, report.decode_horizon_tokens) {
+        (Some(backlog), Some(horizon)) => backlog + horizon,
+        _ => report.kv_demand_tokens,
     }
 }
 
@@ -269,5 +279,17 @@ mod tests {
         assert!(view.should_log_anomalies(t));
         assert!(!view.should_log_anomalies(t + Duration::from_secs(59)));
         assert!(view.should_log_anomalies(t + Duration::from_secs(61)));
+    }
+
+    #[test]
+    fn the_reported_work_is_backlog_plus_horizon_or_an_old_workers_kv_demand() {
+        let mut report = LoadReport {
+            kv_demand_tokens: 500,
+            ..Default::default()
+        };
+        assert_eq!(reported_work_tokens(&report), 500);
+        report.prefill_backlog_tokens = Some(40);
+        report.decode_horizon_tokens = Some(70);
+        assert_eq!(reported_work_tokens(&report), 110);
     }
 }

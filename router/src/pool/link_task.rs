@@ -236,8 +236,10 @@ async fn run<P: LinkOwner>(
         if let Some(events) = step.kv_events.take() {
             apply_kv_events(pool.as_ref(), link, &events);
         }
-        link.kv
-            .on_step(step.step, step.load.map(|l| l.kv_demand_tokens));
+        link.kv.on_step(
+            step.step,
+            step.load.as_ref().map(super::kv_view::reported_work_tokens),
+        );
         let had_errors = !step.errors.is_empty();
         let (freed, moving) = link.on_step(step);
         if moving {

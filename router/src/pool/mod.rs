@@ -447,7 +447,7 @@ impl WorkerPool {
             let chosen = choose(&self.settings, &self.round_robin, key, &snapshots, cap)?;
             let link = snapshots[chosen].0.clone();
             if let Some(events) = link.try_send(&request, cap) {
-                link.kv.on_dispatch(key.tokens);
+                link.kv.on_dispatch(key.work_tokens);
                 self.counters.dispatched.fetch_add(1, Ordering::Relaxed);
                 return Some(Dispatched {
                     events,

@@ -184,3 +184,23 @@ fn the_choice_is_a_lowest_cost_worker_with_room() {
         }
     }
 }
+
+#[test]
+fn a_request_brings_its_tokens_and_a_capped_generation() {
+    assert_eq!(request_work_tokens(100, 8), 108);
+    assert_eq!(
+        request_work_tokens(100, 50_000),
+        100 + DECODE_HORIZON_TOKENS as u64
+    );
+}
+
+#[test]
+fn a_holder_running_a_similar_request_keeps_the_hit() {
+    // 9 blocks of 16; worker 0 holds 8 and decodes one request (1 pending + 8 left), worker 1 idle.
+    let p = prompt(144, 9);
+    let chain = PromptChain::new(&p, 16);
+    let mut c = idle();
+    c[0].cached_blocks = 8;
+    c[0].load_tokens = request_work_tokens(1, 8);
+    assert_eq!(POLICY.pick(&chain, &c[..2]), Some(0));
+}

@@ -175,6 +175,8 @@ fn load_report(load: EngineLoad) -> LoadReport {
         waiting_sequences: load.waiting_sequences,
         free_kv_tokens: load.free_kv_tokens,
         kv_demand_tokens: load.kv_demand_tokens,
+        prefill_backlog_tokens: Some(load.prefill_backlog_tokens),
+        decode_horizon_tokens: Some(load.decode_horizon_tokens),
     }
 }
 
@@ -381,6 +383,8 @@ mod tests {
                 waiting_sequences: 1,
                 free_kv_tokens: 640,
                 kv_demand_tokens: 300,
+                prefill_backlog_tokens: 40,
+                decode_horizon_tokens: 70,
             }),
             step: 9,
             cache: Some(CacheReport {
@@ -439,6 +443,8 @@ mod tests {
                     waiting_sequences: 1,
                     free_kv_tokens: 640,
                     kv_demand_tokens: 300,
+                    prefill_backlog_tokens: Some(40),
+                    decode_horizon_tokens: Some(70),
                 }),
                 step: 9,
                 kv_events: Some(KvCacheEvents {

@@ -225,7 +225,8 @@ impl<'a> Simulation<'a> {
             let req = &self.requests[i];
             let r = &mut self.routers[router];
             r.inflight[w] += 1;
-            r.sent_since_report[w] += req.prompt.len() as u64;
+            r.sent_since_report[w] +=
+                routing::kv_aware::request_work_tokens(req.prompt.len(), req.max_new_tokens);
             self.placed[i] = Some((router, w));
             let job = Job {
                 request: i,

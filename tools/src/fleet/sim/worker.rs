@@ -17,6 +17,7 @@
 //! admission order (not shortest remaining first, no long-chunk cap), a generated token's hash is a
 //! fresh random number (no later prompt resends generated tokens in these workloads).
 
+use routing::kv_aware::{request_work_tokens, DECODE_HORIZON_TOKENS};
 use std::collections::{BTreeSet, HashMap, VecDeque};
 
 /// Step time as a linear function of the batch (fitted from real workers, see `fleet::calibrate`).
@@ -148,15 +149,24 @@ impl SimWorker {
         !self.running.is_empty() || !self.waiting.is_empty()
     }
 
-    /// `(running + waiting sequences, KV demand in tokens)`: the load report of its stream.
+    /// `(running + waiting sequences, work ahead in tokens)`: the load report of its stream, with
+    /// the work counted as the real worker counts it (`prefill_backlog_tokens +
+    /// decode_horizon_tokens`: uncomputed prompt tokens, or the next token of a decoding sequence,
+    /// plus the tokens left to generate capped at [`DECODE_HORIZON_TOKENS`]).
     pub fn load(&self) -> (usize, u64) {
-        let demand: u64 = self
-            .running
+        let running = self.running.iter().map(|r| {
+            let backlog = r.job.prompt_tokens.saturating_sub(r.computed).max(1);
+            let left = r.job.max_new_tokens.saturating_sub(r.generated);
+            (backlog + left.min(DECODE_HORIZON_TOKENS)) as u64
+        });
+        let waiting = self
+            .waiting
             .iter()
-            .map(|r| (r.job.prompt_tokens + r.generated) as u64)
-            .chain(self.waiting.iter().map(|j| j.prompt_tokens as u64))
-            .sum();
-        (self.running.len() + self.waiting.len(), demand)
+            .map(|j| request_work_tokens(j.prompt_tokens, j.max_new_tokens));
+        (
+            self.running.len() + self.waiting.len(),
+            running.chain(waiting).sum(),
+        )
     }
 
     /// Blocks the cache holds (used or evictable).
