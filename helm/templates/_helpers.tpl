@@ -196,7 +196,9 @@ Without `workers` there is one group, values `worker` and `model` as they are: e
 that group's "w" and "m" to the values maps themselves (not a JSON copy), so it renders as before:
   {{- $groups := include "smollm.worker.groups" . | fromJsonArray }}
   {{- range $groups }}{{ if not .name }}{{ $_ := set . "w" $.Values.worker }}{{ $_ := set . "m" $.Values.model }}{{ end }}{{ end }} With `workers`, each
-entry is laid over values `worker` (its `model` over values `model`; `device` is `config.device`).
+entry is laid over values `worker` (its `model` over values `model`; `device` is `config.device`):
+maps merge key by key, except `resources`, `nodeSelector`, `affinity` and `model.volume`, which
+replace the release's whole (a CPU group must not inherit a GPU node selector).
 */}}
 {{- define "smollm.worker.groups" -}}
 {{- $groups := list -}}
@@ -210,14 +212,19 @@ entry is laid over values `worker` (its `model` over values `model`; `device` is
 {{- fail (printf "workers: the group name %q is used twice" $name) -}}
 {{- end -}}
 {{- $_ := set $seen $name true -}}
-{{- $w := include "smollm.overlay" (dict "base" $.Values.worker "over" (omit $grp "name" "model" "device")) | fromJson -}}
+{{- $w := include "smollm.overlay" (dict "base" $.Values.worker "over" (omit $grp "name" "model" "device" "resources" "nodeSelector" "affinity")) | fromJson -}}
+{{- range $k := list "resources" "nodeSelector" "affinity" -}}
+{{- if hasKey $grp $k -}}{{- $_ := set $w $k (get $grp $k) -}}{{- end -}}
+{{- end -}}
 {{- if hasKey $grp "device" -}}
 {{- if and (hasKey (default dict $grp.config) "device") (ne (toString $grp.config.device) (toString $grp.device)) -}}
 {{- fail (printf "workers[%d] (%s): device %q and config.device %q disagree; set one" $i $name $grp.device $grp.config.device) -}}
 {{- end -}}
 {{- $_ := set $w.config "device" $grp.device -}}
 {{- end -}}
-{{- $m := include "smollm.overlay" (dict "base" $.Values.model "over" (default dict $grp.model)) | fromJson -}}
+{{- $mo := default dict $grp.model -}}
+{{- $m := include "smollm.overlay" (dict "base" $.Values.model "over" (omit $mo "volume")) | fromJson -}}
+{{- if hasKey $mo "volume" -}}{{- $_ := set $m "volume" $mo.volume -}}{{- end -}}
 {{- $sts := printf "%s-%s" (include "smollm.worker.name" $) $name -}}
 {{- if gt (len $sts) 52 -}}
 {{- fail (printf "workers[%d]: the StatefulSet name %q is longer than 52 characters (its pods' revision labels would not be valid); shorten the group name or fullnameOverride" $i $sts) -}}
