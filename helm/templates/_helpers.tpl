@@ -50,17 +50,25 @@ app.kubernetes.io/part-of: smollm-serve
 {{- end }}
 {{- end -}}
 
-{{/* Selector labels of one component: (dict "ctx" $ "component" "router"). */}}
+{{/* Selector labels of one component: (dict "ctx" $ "component" "router"), with "group" (a worker
+group's name) for one worker group's pods. */}}
 {{- define "smollm.selectorLabels" -}}
 app.kubernetes.io/name: {{ include "smollm.name" .ctx }}
 app.kubernetes.io/instance: {{ .ctx.Release.Name }}
 app.kubernetes.io/component: {{ .component }}
+{{- with .group }}
+smollm-serve/worker-group: {{ . }}
+{{- end }}
 {{- end -}}
 
-{{/* Labels of one component's objects: (dict "ctx" $ "component" "router"). */}}
+{{/* Labels of one component's objects: (dict "ctx" $ "component" "router"), with "group" for a
+worker group's objects. */}}
 {{- define "smollm.componentLabels" -}}
 {{ include "smollm.labels" .ctx }}
 app.kubernetes.io/component: {{ .component }}
+{{- with .group }}
+smollm-serve/worker-group: {{ . }}
+{{- end }}
 {{- end -}}
 
 {{/* An image reference from {registry, repository, tag, digest}: (dict "image" ... "ctx" $). */}}
@@ -151,16 +159,80 @@ written as integers (the binaries' integer settings reject 100.0).
 {{- include "smollm.toml" (merge $owned (deepCopy .Values.router.config)) -}}
 {{- end -}}
 
-{{/* The worker's settings file. */}}
+{{/* The settings file of one worker group: (dict "ctx" $ "g" group), a group of
+"smollm.worker.groups". The ports are the release's (worker.port, worker.metricsPort). */}}
 {{- define "smollm.worker.toml" -}}
-{{- $owned := dict "listen" (include "smollm.bind" (dict "ctx" . "port" .Values.worker.port)) -}}
-{{- $_ := set $owned "metrics_listen" (ternary (include "smollm.bind" (dict "ctx" . "port" .Values.worker.metricsPort)) "" .Values.metrics.enabled) -}}
-{{- $_ := set $owned "model" (include "smollm.model.path" .) -}}
-{{- include "smollm.toml" (merge $owned (deepCopy .Values.worker.config)) -}}
+{{- $ctx := .ctx -}}
+{{- $owned := dict "listen" (include "smollm.bind" (dict "ctx" $ctx "port" $ctx.Values.worker.port)) -}}
+{{- $_ := set $owned "metrics_listen" (ternary (include "smollm.bind" (dict "ctx" $ctx "port" $ctx.Values.worker.metricsPort)) "" $ctx.Values.metrics.enabled) -}}
+{{- $_ := set $owned "model" (include "smollm.model.path" .g.m) -}}
+{{- include "smollm.toml" (merge $owned (deepCopy .g.w.config)) -}}
 {{- end -}}
 
+{{/* The model file's path in the pod, from a model values map (values `model`, or a group's). */}}
 {{- define "smollm.model.path" -}}
-{{- printf "%s/%s" (.Values.model.mountPath | trimSuffix "/") (.Values.model.file | trimPrefix "/") -}}
+{{- printf "%s/%s" (.mountPath | trimSuffix "/") (.file | trimPrefix "/") -}}
+{{- end -}}
+
+{{/* `base` with `over` laid on it, as JSON: maps merge key by key (recursively), anything else in
+`over` replaces, zeros, false and empty lists included (unlike Helm's merge). (dict "base" .. "over" ..) */}}
+{{- define "smollm.overlay" -}}
+{{- $out := deepCopy .base -}}
+{{- range $k, $v := .over -}}
+{{- if and (kindIs "map" $v) (kindIs "map" (get $out $k)) -}}
+{{- $_ := set $out $k (include "smollm.overlay" (dict "base" (get $out $k) "over" $v) | fromJson) -}}
+{{- else -}}
+{{- $_ := set $out $k $v -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $out -}}
+{{- end -}}
+
+{{/*
+The worker groups as a JSON list; each group: name ("" for the single group of values `worker`),
+sts (StatefulSet, PDB, NetworkPolicy and InferencePool name), headless (its headless Service),
+configKey (its settings file in the ConfigMap), w (worker values) and m (model values).
+Without `workers` there is one group, values `worker` and `model` as they are: each template sets
+that group's "w" and "m" to the values maps themselves (not a JSON copy), so it renders as before:
+  {{- $groups := include "smollm.worker.groups" . | fromJsonArray }}
+  {{- range $groups }}{{ if not .name }}{{ $_ := set . "w" $.Values.worker }}{{ $_ := set . "m" $.Values.model }}{{ end }}{{ end }} With `workers`, each
+entry is laid over values `worker` (its `model` over values `model`; `device` is `config.device`):
+maps merge key by key, except `resources`, `nodeSelector`, `affinity` and `model.volume`, which
+replace the release's whole (a CPU group must not inherit a GPU node selector).
+*/}}
+{{- define "smollm.worker.groups" -}}
+{{- $groups := list -}}
+{{- if not .Values.workers -}}
+{{- $groups = append $groups (dict "name" "" "sts" (include "smollm.worker.name" .) "headless" (include "smollm.worker.headless" .) "configKey" "worker.toml") -}}
+{{- else -}}
+{{- $seen := dict -}}
+{{- range $i, $grp := .Values.workers -}}
+{{- $name := required (printf "workers[%d].name is required" $i) $grp.name -}}
+{{- if hasKey $seen $name -}}
+{{- fail (printf "workers: the group name %q is used twice" $name) -}}
+{{- end -}}
+{{- $_ := set $seen $name true -}}
+{{- $w := include "smollm.overlay" (dict "base" $.Values.worker "over" (omit $grp "name" "model" "device" "resources" "nodeSelector" "affinity")) | fromJson -}}
+{{- range $k := list "resources" "nodeSelector" "affinity" -}}
+{{- if hasKey $grp $k -}}{{- $_ := set $w $k (get $grp $k) -}}{{- end -}}
+{{- end -}}
+{{- if hasKey $grp "device" -}}
+{{- if and (hasKey (default dict $grp.config) "device") (ne (toString $grp.config.device) (toString $grp.device)) -}}
+{{- fail (printf "workers[%d] (%s): device %q and config.device %q disagree; set one" $i $name $grp.device $grp.config.device) -}}
+{{- end -}}
+{{- $_ := set $w.config "device" $grp.device -}}
+{{- end -}}
+{{- $mo := default dict $grp.model -}}
+{{- $m := include "smollm.overlay" (dict "base" $.Values.model "over" (omit $mo "volume")) | fromJson -}}
+{{- if hasKey $mo "volume" -}}{{- $_ := set $m "volume" $mo.volume -}}{{- end -}}
+{{- $sts := printf "%s-%s" (include "smollm.worker.name" $) $name -}}
+{{- if gt (len $sts) 52 -}}
+{{- fail (printf "workers[%d]: the StatefulSet name %q is longer than 52 characters (its pods' revision labels would not be valid); shorten the group name or fullnameOverride" $i $sts) -}}
+{{- end -}}
+{{- $groups = append $groups (dict "name" $name "sts" $sts "headless" (printf "%s-headless" $sts) "configKey" (printf "worker-%s.toml" $name) "w" $w "m" $m) -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $groups -}}
 {{- end -}}
 
 {{/* Pod-level settings shared by both components: (dict "ctx" $ "values" .Values.router "component" "router"). */}}
@@ -188,7 +260,7 @@ topologySpreadConstraints:
     whenUnsatisfiable: ScheduleAnyway
     labelSelector:
       matchLabels:
-        {{- include "smollm.selectorLabels" (dict "ctx" .ctx "component" .component) | nindent 8 }}
+        {{- include "smollm.selectorLabels" (dict "ctx" .ctx "component" .component "group" .group) | nindent 8 }}
 {{- else if $v.topologySpreadConstraints }}
 topologySpreadConstraints:
   {{- toYaml $v.topologySpreadConstraints | nindent 2 }}

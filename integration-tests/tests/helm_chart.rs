@@ -10,6 +10,11 @@
 //!   health port;
 //! - the grace periods exceed the drain timeouts;
 //! - every container has resources and a restrictive security context;
+//! - worker groups (helm/values-multi-group.yaml): a StatefulSet, headless Service, settings file,
+//!   PDB and NetworkPolicy per group, all discovered by the router through one headless Service;
+//! - the GIE profile (helm/values-gie.yaml): each InferencePool validates against the GIE v1 CRD's
+//!   published schema (fixtures/gie), selects one group's pods on their metrics port, and its
+//!   endpoint picker reads the workers' GIE gauges;
 //!
 //! and, on real processes started from the rendered settings, that the health services the probes
 //! ask for answer as the probes expect.
@@ -28,6 +33,8 @@ use tonic_health::pb::health_check_response::ServingStatus;
 
 #[path = "helm_chart/checks.rs"]
 mod checks;
+#[path = "helm_chart/groups.rs"]
+mod groups;
 #[path = "helm_chart/render.rs"]
 mod render;
 #[path = "helm_chart/secrets.rs"]
@@ -36,6 +43,7 @@ mod secrets;
 mod settings;
 
 use checks::{check_profile, pod_labels_match};
+use groups::{check_gie, check_groups};
 use render::{helm_bin, helm_template, items, port_of, profiles, repo_root, str_of, Manifests};
 use settings::without_host_settings;
 
@@ -279,6 +287,99 @@ fn wrong_values_fail_at_install_with_a_clear_message() {
             ),
         }
     }
+}
+
+#[test]
+fn worker_groups_render_apart_and_are_all_discovered() {
+    let file = |name: &str| repo_root().join("helm").join(name).display().to_string();
+    let args = vec!["-f".to_string(), file("values-multi-group.yaml")];
+    let m = Manifests::render("multi-group", &args);
+    let files = check_groups(&m, &["smollm2", "gemma3"]);
+    let model = |i: usize| str_of(&files[i].1["model"], "model").to_string();
+    assert_eq!(model(0), "/models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert_eq!(model(1), "/models/gemma-3-270m-q4_k_m.gguf");
+    assert_eq!(files[0].1["device"], "cuda");
+    assert_eq!(files[1].1["device"], "cpu");
+    assert_eq!(files[0].1["served_model_name"], "smollm2-135m-instruct");
+    assert_eq!(files[1].1["served_model_name"], "gemma-3-270m");
+    // Group values replace (not merge) the node selector and resources: the CPU group keeps no GPU.
+    let gemma = m.named("StatefulSet", "smollm-serve-worker-gemma3");
+    let (pod, _, container) = groups::worker_pod(gemma);
+    assert!(
+        pod["nodeSelector"].is_null() && pod["tolerations"].is_null(),
+        "{pod}"
+    );
+    assert!(container["resources"]["limits"]
+        .get("nvidia.com/gpu")
+        .is_none());
+    let smollm = m.named("StatefulSet", "smollm-serve-worker-smollm2");
+    assert_eq!(
+        groups::worker_pod(smollm).2["resources"]["limits"]["nvidia.com/gpu"],
+        1
+    );
+    // The rest of the profile checks hold for the groups' render too (one router, settings load).
+    let router = m.one("Deployment", "router");
+    let router_pod = &router["spec"]["template"]["spec"];
+    let rs = settings::load_settings(&m, router_pod, &router_pod["containers"][0], "router", &[]);
+    assert_eq!(
+        rs.effective["discovery_dns"],
+        "smollm-serve-worker-headless.inference.svc.cluster.local:50061"
+    );
+    assert_eq!(rs.file["default_model"], "smollm2-135m-instruct");
+    settings::assert_known_keys("multi-group", "router", &rs.file, &rs.effective, &[]);
+    // Wrong groups fail at install, naming the value.
+    for (args, expected) in [
+        (["--set", "workers[0].name=Bad"], "workers.0.name"),
+        (["--set", "workers[0].name=a,workers[0].port=1"], "port"),
+        (["--set", "workers[0].replicas=1"], "name is required"),
+        (
+            ["--set", "workers[0].name=a,workers[1].name=a"],
+            "used twice",
+        ),
+        (
+            ["--set", "workers[0].name=a,workers[0].device=tpu"],
+            "workers.0.device",
+        ),
+    ] {
+        match helm_template(&args) {
+            Ok(_) => panic!("helm template {args:?} accepted a wrong group"),
+            Err(message) => assert!(message.contains(expected), "{args:?}: {message}"),
+        }
+    }
+}
+
+#[test]
+fn the_gie_profile_renders_inference_pools_the_crd_accepts() {
+    let file = |name: &str| repo_root().join("helm").join(name).display().to_string();
+    let gie = vec!["-f".to_string(), file("values-gie.yaml")];
+    let m = Manifests::render("gie", &gie);
+    assert_eq!(check_gie(&m), ["smollm-serve-worker"]);
+    let both = vec![
+        "-f".to_string(),
+        file("values-multi-group.yaml"),
+        "-f".to_string(),
+        file("values-gie.yaml"),
+    ];
+    let m = Manifests::render("gie-groups", &both);
+    let mut pools = check_gie(&m);
+    pools.sort();
+    assert_eq!(
+        pools,
+        ["smollm-serve-worker-gemma3", "smollm-serve-worker-smollm2"]
+    );
+    let mut one = both.clone();
+    one.extend(["--set".to_string(), "gie.groups={gemma3}".to_string()]);
+    assert_eq!(
+        check_gie(&Manifests::render("gie-one-group", &one)),
+        ["smollm-serve-worker-gemma3"]
+    );
+    // Off by default.
+    assert_eq!(
+        Manifests::render("default", &[])
+            .of_kind("InferencePool")
+            .count(),
+        0
+    );
 }
 
 /// Starts `bin` from its rendered settings file with `overrides` (flags beat the file: free local
