@@ -58,7 +58,7 @@ pub(crate) fn pool_errors(validator: &jsonschema::Validator, pool: &Value) -> Ve
     let spec = &pool["spec"];
     let picker = &spec["endpointPickerRef"];
     if picker.is_object()
-        && picker.get("kind").map_or(true, |k| k == "Service")
+        && picker.get("kind").is_none_or(|k| k == "Service")
         && picker.get("port").is_none()
     {
         errors.push("endpointPickerRef: port is required when kind is Service".into());

@@ -402,7 +402,8 @@ mod tests {
         w.submit(job(1, &b, 4));
         let (_, _, chunks) = w.plan_step().unwrap();
         assert_eq!(chunks.len(), 1, "the second request does not fit yet");
-        assert_eq!(w.load(), (2, 40));
+        // Work ahead: each has its 20 prompt tokens to prefill and 4 to generate.
+        assert_eq!(w.load(), (2, 48));
         let steps = run(&mut w);
         let finished: Vec<usize> = steps.iter().flat_map(|s| s.finished.clone()).collect();
         assert_eq!(finished, vec![0, 1]);
