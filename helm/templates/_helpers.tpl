@@ -277,3 +277,29 @@ gRPC port. (dict "values" .Values.router) */}}
 {{- define "smollm.worker.caSecret" -}}
 {{- if .Values.worker.tls.existingSecret -}}{{ default .Values.worker.tls.existingSecret .Values.worker.tls.caSecret }}{{- end -}}
 {{- end -}}
+
+{{/* Whether worker group `g` gets a GIE pool, and so the router sidecar: "true" or "". (dict "ctx" $ "g" group) */}}
+{{- define "smollm.gie.selected" -}}
+{{- $gie := .ctx.Values.gie -}}
+{{- if and $gie.enabled (or (not $gie.groups) (has .g.name $gie.groups)) -}}true{{- end -}}
+{{- end -}}
+
+{{/* The pod's loopback address in the family of bindAddress (127.0.0.1, or [::1] for "[::]"). */}}
+{{- define "smollm.loopback" -}}
+{{- if hasPrefix "[" .Values.bindAddress -}}[::1]{{- else -}}127.0.0.1{{- end -}}
+{{- end -}}
+
+{{/*
+The settings file of the GIE router sidecar (values gie.sidecar): router.config, its only worker the
+worker of its own pod over loopback, the OpenAI HTTP API on gie.sidecar.port (the pools' target
+port), the gRPC API on loopback only, no discovery, no metrics port (the picker reads the worker's).
+*/}}
+{{- define "smollm.gie.router.toml" -}}
+{{- $loop := include "smollm.loopback" . -}}
+{{- $owned := dict "listen" (printf "%s:%d" $loop (int .Values.router.port)) -}}
+{{- $_ := set $owned "metrics_listen" "" -}}
+{{- $_ := set $owned "http_listen" (include "smollm.bind" (dict "ctx" . "port" .Values.gie.sidecar.port)) -}}
+{{- $_ := set $owned "discovery_dns" "" -}}
+{{- $_ := set $owned "workers" (list (printf "%s:%d" $loop (int .Values.worker.port))) -}}
+{{- include "smollm.toml" (merge $owned (deepCopy .Values.router.config)) -}}
+{{- end -}}

@@ -13,8 +13,9 @@
 //! - worker groups (helm/values-multi-group.yaml): a StatefulSet, headless Service, settings file,
 //!   PDB and NetworkPolicy per group, all discovered by the router through one headless Service;
 //! - the GIE profile (helm/values-gie.yaml): each InferencePool validates against the GIE v1 CRD's
-//!   published schema (fixtures/gie), selects one group's pods on their metrics port, and its
-//!   endpoint picker reads the workers' GIE gauges;
+//!   published schema (fixtures/gie), selects one group's pods on the HTTP port of their router
+//!   sidecar (whose settings make its own pod's worker its only worker), and its endpoint picker
+//!   reads the workers' GIE gauges on their metrics port;
 //!
 //! and, on real processes started from the rendered settings, that the health services the probes
 //! ask for answer as the probes expect.

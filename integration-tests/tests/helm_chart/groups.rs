@@ -2,8 +2,8 @@
 
 use serde_json::{json, Value};
 
-use super::checks::pod_labels_match;
-use super::render::{container_port, items, repo_root, str_of, Manifests};
+use super::checks::{assert_container_hardened, pod_labels_match};
+use super::render::{container_port, items, port_of, repo_root, str_of, Manifests};
 use super::settings::{assert_known_keys, load_settings};
 
 /// A group's worker pod spec, pod labels and worker container.
@@ -138,8 +138,11 @@ pub(crate) fn check_groups(m: &Manifests, groups: &[&str]) -> Vec<(String, Value
 }
 
 /// Checks the GIE objects of `m`: each InferencePool validates against the CRD's schema, selects
-/// exactly one group's worker pods on their metrics port, and names a picker Service whose
-/// Deployment reads the workers' GIE gauges. Returns the pools' names.
+/// exactly one group's worker pods on the HTTP port of their router sidecar (the OpenAI API the
+/// GIE model-server protocol wants on the target port; the worker speaks only gRPC), whose
+/// settings load with the router's own loader and name its own pod's worker as its only worker,
+/// and names a picker Service whose Deployment reads the workers' GIE gauges on their metrics
+/// port. Returns the pools' names.
 pub(crate) fn check_gie(m: &Manifests) -> Vec<String> {
     let profile = &m.profile;
     let validator = jsonschema::validator_for(&strict_pool_schema()).expect("a valid schema");
@@ -175,11 +178,45 @@ pub(crate) fn check_gie(m: &Manifests) -> Vec<String> {
             1,
             "{profile}: {name} must select one group's pods"
         );
-        let metrics = container_port(worker_pod(selected[0]).2, "metrics").expect("metrics port");
+        // The gateway sends the client's OpenAI request to the picked pod on the target port: the
+        // router sidecar's HTTP port, its only worker its own pod's; the picker scrapes the worker.
+        let (pod, _, worker) = worker_pod(selected[0]);
+        let metrics = container_port(worker, "metrics").expect("metrics port");
+        let grpc = container_port(worker, "grpc").expect("grpc port");
+        let sidecar = items(&pod["containers"])
+            .iter()
+            .find(|c| c["name"] == "router")
+            .unwrap_or_else(|| panic!("{profile}: {name}'s pods have no router sidecar"));
+        let http = container_port(sidecar, "http").expect("the sidecar's http port");
         assert_eq!(
-            pool["spec"]["targetPorts"][0]["number"], metrics,
-            "{profile}: {name}'s target port is not the workers' metrics port"
+            pool["spec"]["targetPorts"][0]["number"], http,
+            "{profile}: {name}'s target port is not the router sidecar's HTTP port"
         );
+        assert_ne!(http, metrics, "{profile}: {name}");
+        let probe = &sidecar["readinessProbe"]["httpGet"];
+        assert_eq!(
+            probe["path"], "/health",
+            "{profile}: {name}'s sidecar readiness"
+        );
+        assert_eq!(probe["port"], http, "{profile}: {name}'s sidecar readiness");
+        assert_container_hardened(profile, pod, sidecar);
+        let settings = load_settings(m, pod, sidecar, "router", &[]);
+        assert_known_keys(profile, "router", &settings.file, &settings.effective, &[]);
+        assert_eq!(
+            settings.effective["workers"],
+            json!([format!("127.0.0.1:{grpc}")]),
+            "{profile}: {name}'s router sidecar must route to its own pod's worker only"
+        );
+        assert_eq!(
+            settings.effective["discovery_dns"], "",
+            "{profile}: {name}'s router sidecar discovers workers"
+        );
+        assert_eq!(
+            port_of(str_of(&settings.effective["http_listen"], "http_listen")),
+            http,
+            "{profile}: {name}'s router sidecar serves HTTP on another port"
+        );
+        let metrics_port = metrics.to_string();
         let picker = str_of(&pool["spec"]["endpointPickerRef"]["name"], "picker");
         let service = m.named("Service", picker);
         assert!(items(&service["spec"]["ports"])
@@ -203,6 +240,7 @@ pub(crate) fn check_gie(m: &Manifests) -> Vec<String> {
                 "worker_kv_cache_usage_ratio",
             ),
             ("--cache-info-metric", "worker_cache_config_info"),
+            ("--model-server-metrics-port", metrics_port.as_str()),
         ] {
             let at = args.iter().position(|a| *a == flag);
             assert_eq!(
