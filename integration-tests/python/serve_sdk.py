@@ -10,7 +10,12 @@ import os
 
 import openai
 
-client = openai.OpenAI(base_url=os.environ["OPENAI_BASE"], api_key="unused", max_retries=0, timeout=60)
+client = openai.OpenAI(
+    base_url=os.environ["OPENAI_BASE"],
+    api_key=os.environ.get("OPENAI_API_KEY", "unused"),
+    max_retries=0,
+    timeout=60,
+)
 models = [m.id for m in client.models.list()]
 messages = [{"role": "user", "content": "Say hello."}]
 whole = client.chat.completions.create(model=models[0], messages=messages, max_tokens=8, seed=1)

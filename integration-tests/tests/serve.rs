@@ -72,6 +72,10 @@ async fn serve_answers_the_sdk_and_grpc_then_drains_on_sigterm() {
             &port_arg,
             "--grpc-port",
             &grpc_arg,
+            "--served-model-name",
+            "tiny",
+            "--threads",
+            "1",
         ],
         "serve ready:",
         Duration::from_secs(120),
@@ -97,7 +101,8 @@ async fn serve_answers_the_sdk_and_grpc_then_drains_on_sigterm() {
     );
     let sdk: serde_json::Value =
         serde_json::from_slice(&output.stdout).expect("serve_sdk.py prints JSON");
-    assert_eq!(sdk["models"], serde_json::json!(["tiny-llama-test"]));
+    // `--served-model-name` names the model.
+    assert_eq!(sdk["models"], serde_json::json!(["tiny"]));
     for answer in ["whole", "streamed"] {
         let tokens = sdk[answer]["completion_tokens"].as_u64().expect("usage");
         assert!((1..=8).contains(&tokens), "{answer}: {sdk}");
@@ -224,4 +229,51 @@ async fn a_port_in_use_ends_serve_with_the_routers_message() {
     );
     // The worker it had started was stopped first.
     assert!(stderr.contains("serve: stopping the worker"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_api_keys_stay_off_the_command_line_and_are_required() {
+    let (_dir, model) = tiny_model_with_context(30, 8192);
+    let (port, grpc_port) = (free_port(), free_port());
+    let (port_arg, grpc_arg) = (port.to_string(), grpc_port.to_string());
+    let mut serve = Process::start(
+        "serve",
+        &[
+            "-m",
+            model.to_str().unwrap(),
+            "--port",
+            &port_arg,
+            "--grpc-port",
+            &grpc_arg,
+            "--api-key",
+            "sk-serve",
+        ],
+        "serve ready:",
+        Duration::from_secs(120),
+    )
+    .await
+    .expect("serve starts");
+    // The key is in the router's environment, not on any command line (`ps` shows those).
+    for pid in children(serve.pid().unwrap()) {
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        assert!(!String::from_utf8_lossy(&cmdline).contains("sk-serve"));
+    }
+    let url = format!("http://127.0.0.1:{port}/v1/models");
+    let client = reqwest::Client::new();
+    let (status, body) = integration_tests::openai::get(&client, &url).await;
+    assert_eq!(status, 401, "{body}");
+    assert_eq!(body["error"]["code"], "invalid_api_key", "{body}");
+    let listed = client
+        .get(&url)
+        .bearer_auth("sk-serve")
+        .send()
+        .await
+        .expect("GET /v1/models");
+    assert_eq!(listed.status(), 200);
+    serve.terminate();
+    let status = serve.wait_exit(Duration::from_secs(60)).await;
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "serve after SIGTERM: {status:?}"
+    );
 }

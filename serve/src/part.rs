@@ -52,12 +52,18 @@ pub fn sibling_binary(name: &str) -> Result<PathBuf, ServeError> {
 }
 
 impl Part {
-    /// Starts `bin args...` as part `name` (its environment is `serve`'s own).
+    /// Starts `bin args...` as part `name` (its environment is `serve`'s own plus `env`).
     ///
     /// Errors: [`ServeError::Spawn`] when the process cannot be started.
-    pub fn spawn(name: &'static str, bin: &Path, args: &[String]) -> Result<Part, ServeError> {
+    pub fn spawn(
+        name: &'static str,
+        bin: &Path,
+        args: &[String],
+        env: &[(&str, &str)],
+    ) -> Result<Part, ServeError> {
         let mut child = Command::new(bin)
             .args(args)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

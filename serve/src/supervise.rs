@@ -23,13 +23,19 @@ pub async fn run(args: ServeArgs) -> Result<(), ServeError> {
     let router_bin = sibling_binary("router")?;
     let mut signals = Signals::install()?;
     // The worker picks a free port itself and names it in its ready line.
-    let worker_args = vec![
+    let mut worker_args = vec![
         "--model".to_string(),
-        args.model.to_string_lossy().into_owned(),
+        args.model_path().to_string_lossy().into_owned(),
         "--listen".to_string(),
         "127.0.0.1:0".to_string(),
     ];
-    let mut worker = Part::spawn("worker", &worker_bin, &worker_args)?;
+    if let Some(name) = &args.served_model_name {
+        worker_args.extend(["--served-model-name".to_string(), name.clone()]);
+    }
+    if let Some(threads) = args.threads {
+        worker_args.extend(["--threads".to_string(), threads.to_string()]);
+    }
+    let mut worker = Part::spawn("worker", &worker_bin, &worker_args, &[])?;
     let worker_line = tokio::select! {
         line = worker.ready_line("worker ready:") => Some(line?),
         () = signals.recv() => None,
@@ -38,8 +44,8 @@ pub async fn run(args: ServeArgs) -> Result<(), ServeError> {
         return stop(vec![worker], &mut signals).await;
     };
     let worker_addr = ready_address(&worker_line);
-    let grpc = SocketAddr::from(([127, 0, 0, 1], args.grpc_port));
-    let http = SocketAddr::from(([127, 0, 0, 1], args.port));
+    let grpc = SocketAddr::new(args.host, args.grpc_port);
+    let http = SocketAddr::new(args.host, args.port);
     let router_args = vec![
         "--workers".to_string(),
         worker_addr.clone(),
@@ -48,7 +54,20 @@ pub async fn run(args: ServeArgs) -> Result<(), ServeError> {
         "--http-listen".to_string(),
         http.to_string(),
     ];
-    let mut router = match Part::spawn("router", &router_bin, &router_args) {
+    // Keys go in the environment, where other local users cannot read them (the command line they
+    // can), after any `ROUTER_API_KEYS` of serve's own; the keys of `api_keys_file` count too.
+    let keys = std::env::var("ROUTER_API_KEYS")
+        .ok()
+        .filter(|k| !k.trim().is_empty())
+        .into_iter()
+        .chain(args.api_keys.iter().cloned())
+        .collect::<Vec<_>>()
+        .join(",");
+    let router_env: Vec<(&str, &str)> = match keys.is_empty() {
+        true => vec![],
+        false => vec![("ROUTER_API_KEYS", keys.as_str())],
+    };
+    let mut router = match Part::spawn("router", &router_bin, &router_args, &router_env) {
         Ok(router) => router,
         Err(e) => {
             worker.kill();
@@ -58,7 +77,7 @@ pub async fn run(args: ServeArgs) -> Result<(), ServeError> {
     let ready_timeout = Duration::from_secs(args.ready_timeout_secs);
     let ready = async {
         router.ready_line("router ready:").await?;
-        wait_healthy(http, ready_timeout).await
+        wait_healthy(local(http), ready_timeout).await
     };
     let started = tokio::select! {
         ready = ready => Some(ready),
@@ -76,7 +95,7 @@ pub async fn run(args: ServeArgs) -> Result<(), ServeError> {
     println!(
         "serve ready: OpenAI HTTP API on http://{http}/v1, gRPC inference.v1.TextGeneration on \
          {grpc} (model {}; worker on {worker_addr})",
-        args.model.display()
+        args.model_path().display()
     );
     let failed = tokio::select! {
         status = worker.exited() => Some(worker.failure(status).await),
@@ -148,6 +167,20 @@ async fn wait_healthy(addr: SocketAddr, timeout: Duration) -> Result<(), ServeEr
         url: format!("http://{addr}/health"),
         seconds: timeout.as_secs(),
     })
+}
+
+/// Where `serve` reaches a part listening on `addr`: the loopback address of its family when it
+/// listens on every interface.
+fn local(addr: SocketAddr) -> SocketAddr {
+    match addr.ip() {
+        std::net::IpAddr::V4(ip) if ip.is_unspecified() => {
+            SocketAddr::from(([127, 0, 0, 1], addr.port()))
+        }
+        std::net::IpAddr::V6(ip) if ip.is_unspecified() => {
+            SocketAddr::new(std::net::Ipv6Addr::LOCALHOST.into(), addr.port())
+        }
+        _ => addr,
+    }
 }
 
 /// One plain HTTP/1.1 `GET /health`; true on status 200.
