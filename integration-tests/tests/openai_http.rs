@@ -71,6 +71,12 @@ async fn http_front_matches_grpc_and_speaks_openai() {
         .map(|m| m["id"].as_str().unwrap())
         .collect();
     assert_eq!(ids, ["tiny", "tiny-alias"]);
+    // One model, as the SDK's `models.retrieve` asks for it; an unknown one is 404.
+    let (status, one) = get(&http, &format!("{base}/v1/models/tiny-alias")).await;
+    assert_eq!((status, &one), (200, &models["data"][1]));
+    let (status, unknown) = get(&http, &format!("{base}/v1/models/gpt-4o")).await;
+    assert_eq!(status, 404, "{unknown}");
+    assert_eq!(unknown["error"]["code"], "model_not_found", "{unknown}");
 
     // Completions, greedy: the same text and usage as gRPC.
     let reference = generate(&mut grpc, greedy("Once upon a time", 24))

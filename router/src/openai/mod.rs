@@ -31,7 +31,7 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::Body;
-use axum::extract::{Extension, State};
+use axum::extract::{Extension, Path, State};
 use axum::http::{header, HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -88,6 +88,7 @@ impl OpenAiFront {
             .route("/v1/chat/completions", post(chat))
             .route("/v1/completions", post(completions))
             .route("/v1/models", get(models))
+            .route("/v1/models/{*id}", get(model))
             .route("/tokenize", post(tokenize))
             .route("/detokenize", post(detokenize))
             .route_layer(axum::middleware::from_fn(
@@ -354,10 +355,52 @@ async fn completions(
 /// with `max_model_len` (its context length), `chat_template_origin` and `ready_workers` (503
 /// while no worker has described a model).
 async fn models(State(front): State<Arc<OpenAiFront>>) -> Response {
+    match model_entries(&front) {
+        Ok(data) => json_response(StatusCode::OK, &json!({"object": "list", "data": data})),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `GET /v1/models/{id}` (the SDK's `models.retrieve`): the entry `GET /v1/models` lists under
+/// `id`, or under the first name of the model `id` resolves to (its descriptive name, say).
+///
+/// Errors: 404 `model_not_found` naming the models served; 503 while no worker described a model.
+async fn model(State(front): State<Arc<OpenAiFront>>, Path(id): Path<String>) -> Response {
+    let entries = match model_entries(&front) {
+        Ok(entries) => entries,
+        Err(e) => return e.into_response(),
+    };
+    let listed = |name: &str| entries.iter().find(|e| e["id"] == name).cloned();
+    if let Some(entry) = listed(&id) {
+        return json_response(StatusCode::OK, &entry);
+    }
+    let model = match front.pool.resolve_model(Some(&id)) {
+        Ok(model) => model,
+        Err(e) => return ApiError::from_route(e, None).into_response(),
+    };
+    let first_name = front
+        .pool
+        .served_models()
+        .into_iter()
+        .find(|(served, _)| served.id == model.id)
+        .and_then(|(_, names)| names.first().cloned());
+    match first_name.and_then(|name| listed(&name)) {
+        Some(entry) => json_response(StatusCode::OK, &entry),
+        None => {
+            let e = RouteError::no_worker(front.pool.configured_workers());
+            ApiError::from_route(e, None).into_response()
+        }
+    }
+}
+
+/// The entries of `GET /v1/models`: one per served name of every model.
+///
+/// Errors: 503 (no worker) while no worker has described a model.
+fn model_entries(front: &OpenAiFront) -> Result<Vec<serde_json::Value>, ApiError> {
     let served = front.pool.served_models();
     if served.is_empty() {
         let e = RouteError::no_worker(front.pool.configured_workers());
-        return ApiError::from_route(e, None).into_response();
+        return Err(ApiError::from_route(e, None));
     }
     // vLLM's `max_model_len`, and where chat requests' template comes from (a built-in one for a
     // model without its own, which may not suit it).
@@ -373,7 +416,7 @@ async fn models(State(front): State<Arc<OpenAiFront>>) -> Response {
             })
         })
         .collect();
-    json_response(StatusCode::OK, &json!({"object": "list", "data": data}))
+    Ok(data)
 }
 
 /// `GET /health`: 200 while a worker is ready and the router is not draining, 503 otherwise; the
