@@ -623,18 +623,18 @@ impl<M: BatchModel> Engine<M> {
 
     /// The load report sent with every step.
     fn load(&self) -> EngineLoad {
-        EngineLoad {
+        let mut load = EngineLoad {
             running_sequences: self.scheduler.num_running() as u32,
             waiting_sequences: self.scheduler.num_waiting() as u32,
             free_kv_tokens: (self.pool.num_available() * self.pool.block_size()) as u64,
-            kv_demand_tokens: self.seqs.values().map(|s| s.tokens.len() as u64).sum(),
-            prefill_backlog_tokens: self.seqs.values().map(|s| s.remaining() as u64).sum(),
-            decode_horizon_tokens: self
-                .seqs
-                .values()
-                .map(|s| s.tokens_left().min(DECODE_HORIZON_TOKENS) as u64)
-                .sum(),
+            ..EngineLoad::default()
+        };
+        for s in self.seqs.values() {
+            load.kv_demand_tokens += s.tokens.len() as u64;
+            load.prefill_backlog_tokens += s.remaining() as u64;
+            load.decode_horizon_tokens += s.tokens_left().min(DECODE_HORIZON_TOKENS) as u64;
         }
+        load
     }
 
     fn current_stats(&self) -> EngineStats {

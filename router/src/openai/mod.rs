@@ -41,7 +41,7 @@ use tracing::Instrument as _;
 use crate::drain::Drain;
 use crate::generate::{self, new_request_id, CallContext};
 use crate::metrics::RouterMetrics;
-use crate::pool::WorkerPool;
+use crate::pool::{ServedModel, WorkerPool};
 use crate::route_error::RouteError;
 use crate::tenants::quota::CallPart;
 use crate::tenants::{Callers, Tenant};
@@ -162,12 +162,17 @@ impl OpenAiFront {
         if let Some(name) = requested.filter(|name| !name.is_empty()) {
             return Ok(name.to_string());
         }
-        Ok(self
-            .pool
+        Ok(self.public_name(&model))
+    }
+
+    /// `model`'s public name: the first name `GET /v1/models` lists it under (its id while no
+    /// worker has described it).
+    fn public_name(&self, model: &ServedModel) -> String {
+        self.pool
             .served_models()
             .into_iter()
             .find(|(m, _)| m.id == model.id)
-            .map_or_else(|| model.id.to_string(), |(_, names)| names[0].clone()))
+            .map_or_else(|| model.id.to_string(), |(_, names)| names[0].clone())
     }
 
     /// One generation request from its body to the response.
@@ -378,13 +383,7 @@ async fn model(State(front): State<Arc<OpenAiFront>>, Path(id): Path<String>) ->
         Ok(model) => model,
         Err(e) => return ApiError::from_route(e, None).into_response(),
     };
-    let first_name = front
-        .pool
-        .served_models()
-        .into_iter()
-        .find(|(served, _)| served.id == model.id)
-        .and_then(|(_, names)| names.first().cloned());
-    match first_name.and_then(|name| listed(&name)) {
+    match listed(&front.public_name(&model)) {
         Some(entry) => json_response(StatusCode::OK, &entry),
         None => {
             let e = RouteError::no_worker(front.pool.configured_workers());

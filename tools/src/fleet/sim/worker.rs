@@ -17,7 +17,7 @@
 //! admission order (not shortest remaining first, no long-chunk cap), a generated token's hash is a
 //! fresh random number (no later prompt resends generated tokens in these workloads).
 
-use routing::kv_aware::{request_work_tokens, DECODE_HORIZON_TOKENS};
+use routing::kv_aware::request_work_tokens;
 use std::collections::{BTreeSet, HashMap, VecDeque};
 
 /// Step time as a linear function of the batch (fitted from real workers, see `fleet::calibrate`).
@@ -152,12 +152,11 @@ impl SimWorker {
     /// `(running + waiting sequences, work ahead in tokens)`: the load report of its stream, with
     /// the work counted as the real worker counts it (`prefill_backlog_tokens +
     /// decode_horizon_tokens`: uncomputed prompt tokens, or the next token of a decoding sequence,
-    /// plus the tokens left to generate capped at [`DECODE_HORIZON_TOKENS`]).
+    /// plus the tokens left to generate capped at [`routing::kv_aware::DECODE_HORIZON_TOKENS`]).
     pub fn load(&self) -> (usize, u64) {
         let running = self.running.iter().map(|r| {
             let backlog = r.job.prompt_tokens.saturating_sub(r.computed).max(1);
-            let left = r.job.max_new_tokens.saturating_sub(r.generated);
-            (backlog + left.min(DECODE_HORIZON_TOKENS)) as u64
+            request_work_tokens(backlog, r.job.max_new_tokens.saturating_sub(r.generated))
         });
         let waiting = self
             .waiting
