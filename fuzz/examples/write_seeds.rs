@@ -168,10 +168,12 @@ fn generate_request_seeds(dir: &Path) {
                     ChatMessage {
                         role: "system".into(),
                         content: "be brief".into(),
+                        ..Default::default()
                     },
                     ChatMessage {
                         role: "user".into(),
                         content: "hi".into(),
+                        ..Default::default()
                     },
                 ],
                 include_special_tokens: true,
@@ -185,6 +187,7 @@ fn generate_request_seeds(dir: &Path) {
                 messages: vec![ChatMessage {
                     role: "user".into(),
                     content: "q".into(),
+                    ..Default::default()
                 }],
                 ..Default::default()
             },

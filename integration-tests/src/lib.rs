@@ -589,6 +589,7 @@ pub fn constrained(
         messages: vec![ChatMessage {
             role: "user".into(),
             content: question.into(),
+            ..Default::default()
         }],
         max_new_tokens: Some(max_new_tokens),
         temperature: 1.0,

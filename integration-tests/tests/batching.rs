@@ -78,6 +78,7 @@ async fn second_chat_request_reuses_the_shared_system_prompt() {
         content: "You are a terse assistant who answers every question about the weather \
                   in exactly one short sentence, without any greeting."
             .into(),
+        ..Default::default()
     };
     let chat = |question: &str| GenerateRequest {
         messages: vec![
@@ -85,6 +86,7 @@ async fn second_chat_request_reuses_the_shared_system_prompt() {
             ChatMessage {
                 role: "user".into(),
                 content: question.into(),
+                ..Default::default()
             },
         ],
         max_new_tokens: Some(12),

@@ -49,6 +49,7 @@ async fn the_chat_template_setting_overrides_the_model_files_template() {
         messages: vec![ChatMessage {
             role: "user".into(),
             content: "hello there".into(),
+            ..Default::default()
         }],
         max_new_tokens: Some(1),
         ignore_eos: true,

@@ -32,6 +32,7 @@ async fn finish_reasons_and_stop_strings() {
         messages: vec![ChatMessage {
             role: "user".into(),
             content: "What is the capital of France?".into(),
+            ..Default::default()
         }],
         max_new_tokens: Some(64),
         ..Default::default()

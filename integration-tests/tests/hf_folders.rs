@@ -176,6 +176,7 @@ async fn a_folders_tokenizer_json_chat_template_and_eos_list_reach_the_router() 
         messages: vec![ChatMessage {
             role: "user".into(),
             content: "w20 w21".into(),
+            ..Default::default()
         }],
         max_new_tokens: Some(6),
         ..Default::default()

@@ -115,6 +115,7 @@ async fn http_front_matches_grpc_and_speaks_openai() {
     let messages = vec![ChatMessage {
         role: "user".into(),
         content: "Hi there".into(),
+        ..Default::default()
     }];
     let chat_ref = generate(
         &mut grpc,

@@ -42,6 +42,7 @@ async fn the_official_sdk_and_curl_against_the_real_model() {
         messages: vec![ChatMessage {
             role: "user".into(),
             content: CHAT_PROMPT.into(),
+            ..Default::default()
         }],
         max_new_tokens: Some(max),
         temperature,

@@ -99,6 +99,7 @@ async fn invalid_requests_get_invalid_argument_and_serving_goes_on() {
                 messages: vec![ChatMessage {
                     role: "user".into(),
                     content: "hi".into(),
+                    ..Default::default()
                 }],
                 ..ok.clone()
             },

@@ -111,6 +111,7 @@ mod tests {
         let bad = ChatMessage {
             role: "user".into(),
             content: "x".into(),
+            ..Default::default()
         }
         .encode_to_vec();
         // Replace the content byte "x" with an invalid UTF-8 byte.

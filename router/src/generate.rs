@@ -32,6 +32,7 @@ use inference_proto::public::{
 use inference_proto::worker::{
     AddRequest, PromptTokenLogprob, StopReason, TokenLogprob, TokenOutput,
 };
+use structured_output::tool_call::ToolSyntax;
 use tokenizer::IncrementalDetokenizer;
 use tokio::sync::mpsc;
 use tracing::Instrument as _;
@@ -44,6 +45,7 @@ use crate::route_error::RouteError;
 use crate::stop::StopMatcher;
 use crate::tenants::quota::{CallPart, Lease};
 use crate::tenants::Caller;
+use crate::tool_request::ToolRequest;
 use crate::validation::{check_request, sampling_params, validate, RequestLimits, ValidRequest};
 
 /// Messages one sequence's stream holds for its client; the last slot is kept for the
@@ -68,6 +70,17 @@ pub struct CallContext {
     pub caller: Caller,
 }
 
+/// A gRPC `Generate` call once admitted.
+#[derive(Debug)]
+pub struct Started {
+    /// The channel its responses arrive on.
+    pub responses: ResponseReceiver,
+    /// For a request whose tool calls are parsed (`tools` with a choice other than NONE): the
+    /// served model's call syntax, which the gRPC edge splits the text with
+    /// ([`crate::tool_call_stream`]).
+    pub tool_calls: Option<ToolSyntax>,
+}
+
 /// Validates `req` (a gRPC `Generate` call), admits it for `call` and returns the channel its
 /// responses arrive on.
 ///
@@ -77,12 +90,14 @@ pub async fn start(
     limits: &RequestLimits,
     req: GenerateRequest,
     call: &CallContext,
-) -> Result<ResponseReceiver, RouteError> {
+) -> Result<Started, RouteError> {
     let requested = req.model.clone();
     let req = GenerationRequest::try_from(req)?;
+    let parses_calls = req.tools.as_ref().is_some_and(ToolRequest::parses_calls);
     let (model, valid) = prepare(pool, limits, requested.as_deref(), req).await?;
     let request_id = valid.request_id.clone().unwrap_or_else(new_request_id);
-    launch(
+    let tool_calls = parses_calls.then_some(model.context.tool_syntax);
+    let responses = launch(
         pool,
         model,
         &valid,
@@ -90,7 +105,11 @@ pub async fn start(
         request_id,
         call,
         CallPart::First,
-    )
+    )?;
+    Ok(Started {
+        responses,
+        tool_calls,
+    })
 }
 
 /// A fresh request id (16 hex digits).

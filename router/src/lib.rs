@@ -25,6 +25,7 @@ pub mod stop;
 pub mod telemetry;
 pub mod tenant_metrics;
 pub mod tenants;
+pub mod tool_call_stream;
 pub mod tool_request;
 pub mod validation;
 

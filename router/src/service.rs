@@ -35,6 +35,7 @@ use crate::pool::{ServedModel, WorkerPool};
 use crate::request_guard::HandlerReached;
 use crate::route_error::RouteError;
 use crate::tenants::{Callers, Tenant};
+use crate::tool_call_stream::ToolCallStream;
 use crate::validation::RequestLimits;
 
 /// The router's public service.
@@ -80,19 +81,24 @@ impl TextGenerationService {
 
 type ResponseStream = Pin<Box<dyn Stream<Item = Result<GenerateResponse, Status>> + Send>>;
 
-/// A response stream that counts as a running call until it is dropped, shows each message to the
-/// call's metrics observer and turns an error into its gRPC status.
+/// A response stream that counts as a running call until it is dropped, splits off the tool calls
+/// of a request with tools ([`ToolCallStream`]), shows each message to the call's metrics observer
+/// and turns an error into its gRPC status.
 struct CountedStream {
     inner: ReceiverStream<Result<GenerateResponse, RouteError>>,
     _call: ActiveCall,
     observer: Option<RequestObserver>,
+    tool_calls: Option<ToolCallStream>,
 }
 
 impl Stream for CountedStream {
     type Item = Result<GenerateResponse, Status>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let item = std::task::ready!(Pin::new(&mut self.inner).poll_next(cx));
+        let mut item = std::task::ready!(Pin::new(&mut self.inner).poll_next(cx));
+        if let (Some(splitter), Some(Ok(message))) = (self.tool_calls.as_mut(), item.as_mut()) {
+            splitter.rewrite(message);
+        }
         if let (Some(observer), Some(item)) = (self.observer.as_mut(), item.as_ref()) {
             observer.on_item(item);
         }
@@ -130,13 +136,13 @@ impl TextGeneration for TextGenerationService {
                     .caller(tenant, request.get_ref().priority)?
                     .with_cache_salt(request.get_ref().cache_salt.as_deref())?,
             };
-            let rx =
+            let started =
                 generate::start(&self.pool, &self.limits, request.into_inner(), &context).await?;
-            Ok::<_, RouteError>((call, rx))
+            Ok::<_, RouteError>((call, started))
         }
         .instrument(span.clone())
         .await;
-        let (call, rx) = match started {
+        let (call, started) = match started {
             Ok(started) => started,
             Err(e) => {
                 match observer {
@@ -147,9 +153,10 @@ impl TextGeneration for TextGenerationService {
             }
         };
         Ok(Response::new(Box::pin(CountedStream {
-            inner: ReceiverStream::new(rx),
+            inner: ReceiverStream::new(started.responses),
             _call: call,
             observer,
+            tool_calls: started.tool_calls.map(ToolCallStream::new),
         })))
     }
 

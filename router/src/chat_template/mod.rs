@@ -167,12 +167,17 @@ impl ChatTurn for MarkedTurn<'_> {
     }
 }
 
+/// The wire message as a turn without its tool calls (a request with calls converts its messages
+/// into [`ChatMessage`]s first: `GenerationRequest::try_from`).
 impl ChatTurn for inference_proto::public::ChatMessage {
     fn role(&self) -> &str {
         &self.role
     }
     fn content(&self) -> &str {
         &self.content
+    }
+    fn tool_call_id(&self) -> Option<&str> {
+        self.tool_call_id.as_deref()
     }
 }
 

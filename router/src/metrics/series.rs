@@ -128,5 +128,6 @@ pub fn finish_reason_name(reason: FinishReason) -> &'static str {
         FinishReason::StopSequence => "stop_sequence",
         FinishReason::ContextLength => "context_length",
         FinishReason::ConstraintComplete => "constraint_complete",
+        FinishReason::ToolCalls => "tool_calls",
     }
 }

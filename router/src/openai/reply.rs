@@ -12,6 +12,8 @@ use inference_proto::public::{FinishReason, GenerateResponse, PromptToken, Token
 use serde_json::{json, Value};
 use structured_output::tool_call::{parse_tool_calls, CallDelta, ToolSyntax};
 
+use crate::tool_call_stream::tool_call_id;
+
 use super::error::Endpoint;
 
 /// What every document of one response shares.
@@ -33,11 +35,6 @@ pub struct Reply {
     pub tool_syntax: Option<ToolSyntax>,
 }
 
-/// A fresh tool-call id (`call_` and 24 hex digits, as OpenAI's ids look).
-pub fn tool_call_id() -> String {
-    format!("call_{:024x}", rand::random::<u128>() >> 32)
-}
-
 /// The finish reason of a choice that made tool calls: `tool_calls` where it would be `stop`.
 pub fn with_calls(reason: &'static str, made_calls: bool) -> &'static str {
     if made_calls && reason == "stop" {
@@ -55,6 +52,7 @@ pub fn finish_reason(reason: FinishReason) -> &'static str {
         | FinishReason::ConstraintComplete
         | FinishReason::Unspecified => "stop",
         FinishReason::MaxNewTokens | FinishReason::ContextLength => "length",
+        FinishReason::ToolCalls => "tool_calls",
     }
 }
 

@@ -15,10 +15,10 @@ use serde::Deserialize;
 
 use super::echo::{self, Echo};
 use super::error::{ApiError, Endpoint};
-use super::tools::{check_tool_results, message_tool_calls, tool_request};
+use super::tools::{message_tool_calls, tool_request};
 use crate::chat_template::ChatMessage;
 use crate::request::{GenerationRequest, Prompt};
-use crate::tool_request::ToolRequest;
+use crate::tool_request::{check_tool_results, ToolRequest};
 
 /// Most choices (`n`) of one request.
 pub const MAX_CHOICES: u32 = 16;

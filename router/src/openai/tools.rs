@@ -2,21 +2,21 @@
 //! and the messages' `tool_calls` / `tool_call_id`, checked up front and turned into a
 //! [`ToolRequest`] and [`MessageToolCall`]s. Every refusal is a 400 naming the field.
 
-use std::collections::HashSet;
-
 use serde_json::Value;
-use structured_output::tool_call::valid_function_name;
 
 use super::error::ApiError;
-use crate::chat_template::{ChatMessage, MessageToolCall};
-use crate::tool_request::{FunctionTool, ToolChoice, ToolRequest};
+use crate::chat_template::MessageToolCall;
+use crate::tool_request::{
+    check_message_call, FunctionTool, ToolChoice, ToolRequest, ToolRequestError,
+};
 
-/// The JSON Schema of a function that declares no `parameters`: an object with no properties.
-fn no_parameters() -> Value {
-    serde_json::json!({"type": "object", "properties": {}})
+impl From<ToolRequestError> for ApiError {
+    fn from(e: ToolRequestError) -> Self {
+        ApiError::invalid(e.field, e.message)
+    }
 }
 
-/// One entry of `tools`.
+/// One entry of `tools`: its JSON shape here, the rest in [`FunctionTool::new`].
 fn function_tool(i: usize, entry: &Value) -> Result<FunctionTool, ApiError> {
     let bad = |message: String| ApiError::invalid("tools", format!("tools[{i}]: {message}"));
     let kind = entry.get("type").and_then(Value::as_str);
@@ -34,11 +34,6 @@ fn function_tool(i: usize, entry: &Value) -> Result<FunctionTool, ApiError> {
         .get("name")
         .and_then(Value::as_str)
         .ok_or_else(|| bad("function.name must be a string".into()))?;
-    if !valid_function_name(name) {
-        return Err(bad(format!(
-            "function name {name:?} must be 1 to 64 characters of a-z, A-Z, 0-9, _ and -"
-        )));
-    }
     let description = match function.get("description") {
         None | Some(Value::Null) => None,
         Some(Value::String(d)) => Some(d.clone()),
@@ -48,53 +43,28 @@ fn function_tool(i: usize, entry: &Value) -> Result<FunctionTool, ApiError> {
             )))
         }
     };
-    let parameters = match function.get("parameters") {
-        None | Some(Value::Null) => no_parameters(),
-        Some(schema @ Value::Object(_)) => {
-            if let Some(kind) = schema.get("type") {
-                if kind != "object" {
-                    return Err(bad(format!(
-                        "function {name:?}: parameters must be an object schema (\"type\": \
-                         \"object\"), got type {kind}"
-                    )));
-                }
-            }
-            schema.clone()
-        }
-        Some(_) => {
-            return Err(bad(format!(
-                "function {name:?}: parameters must be a JSON Schema object"
-            )))
-        }
-    };
     let strict = match function.get("strict") {
         None | Some(Value::Null) => None,
         Some(Value::Bool(b)) => Some(*b),
         Some(_) => return Err(bad(format!("function {name:?}: strict must be a boolean"))),
     };
-    Ok(FunctionTool {
-        name: name.to_string(),
-        description,
-        parameters,
-        strict,
-    })
+    let parameters = function.get("parameters").cloned();
+    Ok(FunctionTool::new(i, name, description, parameters, strict)?)
 }
 
-/// `tool_choice` against the offered `functions`.
-fn tool_choice(choice: Option<&Value>, functions: &[FunctionTool]) -> Result<ToolChoice, ApiError> {
+/// `tool_choice` as given; whether it fits the offered functions is [`ToolRequest::new`]'s check.
+fn tool_choice(choice: Option<&Value>) -> Result<ToolChoice, ApiError> {
     let bad = |message: String| ApiError::invalid("tool_choice", message);
-    let choice = match choice {
-        None | Some(Value::Null) => return Ok(ToolChoice::Auto),
+    match choice {
+        None | Some(Value::Null) => Ok(ToolChoice::Auto),
         Some(Value::String(s)) => match s.as_str() {
-            "none" => return Ok(ToolChoice::None),
-            "auto" => return Ok(ToolChoice::Auto),
-            "required" => ToolChoice::Required,
-            other => {
-                return Err(bad(format!(
-                    "tool_choice must be \"none\", \"auto\", \"required\" or \
-                     {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}, got {other:?}"
-                )))
-            }
+            "none" => Ok(ToolChoice::None),
+            "auto" => Ok(ToolChoice::Auto),
+            "required" => Ok(ToolChoice::Required),
+            other => Err(bad(format!(
+                "tool_choice must be \"none\", \"auto\", \"required\" or \
+                 {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}, got {other:?}"
+            ))),
         },
         Some(object @ Value::Object(_)) => {
             let name = object
@@ -106,25 +76,12 @@ fn tool_choice(choice: Option<&Value>, functions: &[FunctionTool]) -> Result<Too
                     bad("tool_choice must be {\"type\": \"function\", \"function\": {\"name\": ...}}"
                         .into())
                 })?;
-            if !functions.iter().any(|f| f.name == name) {
-                return Err(bad(format!(
-                    "tool_choice names function {name:?}, which is not in tools"
-                )));
-            }
-            ToolChoice::Function(name.to_string())
+            Ok(ToolChoice::Function(name.to_string()))
         }
-        Some(other) => {
-            return Err(bad(format!(
-                "tool_choice must be a string or an object, got {other}"
-            )))
-        }
-    };
-    if functions.is_empty() {
-        return Err(bad(
-            "tool_choice \"required\" needs at least one function in tools".into(),
-        ));
+        Some(other) => Err(bad(format!(
+            "tool_choice must be a string or an object, got {other}"
+        ))),
     }
-    Ok(choice)
 }
 
 /// The request's tools; `None` when it offers none (no `tools`, or an empty list).
@@ -139,24 +96,11 @@ pub fn tool_request(
 ) -> Result<Option<ToolRequest>, ApiError> {
     let functions = match tools {
         None | Some(Value::Null) => Vec::new(),
-        Some(Value::Array(entries)) => {
-            let mut seen = HashSet::new();
-            let mut functions = Vec::with_capacity(entries.len());
-            for (i, entry) in entries.iter().enumerate() {
-                let function = function_tool(i, entry)?;
-                if !seen.insert(function.name.clone()) {
-                    return Err(ApiError::invalid(
-                        "tools",
-                        format!(
-                            "tools[{i}]: function name {:?} is given twice",
-                            function.name
-                        ),
-                    ));
-                }
-                functions.push(function);
-            }
-            functions
-        }
+        Some(Value::Array(entries)) => entries
+            .iter()
+            .enumerate()
+            .map(|(i, entry)| function_tool(i, entry))
+            .collect::<Result<_, _>>()?,
         Some(_) => return Err(ApiError::invalid("tools", "tools must be a list")),
     };
     let parallel = match parallel {
@@ -169,15 +113,7 @@ pub fn tool_request(
             ))
         }
     };
-    let choice = tool_choice(choice, &functions)?;
-    if functions.is_empty() {
-        return Ok(None);
-    }
-    Ok(Some(ToolRequest {
-        functions,
-        choice,
-        parallel,
-    }))
+    Ok(ToolRequest::new(functions, tool_choice(choice)?, parallel)?)
 }
 
 /// An assistant message's `tool_calls` (message `i`).
@@ -214,46 +150,15 @@ pub fn message_tool_calls(i: usize, calls: &Value) -> Result<Vec<MessageToolCall
             .get("arguments")
             .and_then(Value::as_str)
             .ok_or_else(|| bad(j, "function.arguments must be a string (JSON text)"))?;
-        if serde_json::from_str::<Value>(arguments).is_err() {
-            return Err(bad(j, "function.arguments is not valid JSON"));
-        }
-        out.push(MessageToolCall {
+        let call = MessageToolCall {
             id: id.to_string(),
             name: name.to_string(),
             arguments: arguments.to_string(),
-        });
+        };
+        check_message_call(i, j, &call)?;
+        out.push(call);
     }
     Ok(out)
-}
-
-/// Checks that every `tool` message answers a call an earlier assistant message made.
-///
-/// Errors: 400 naming `messages` for a `tool` message without `tool_call_id`, or whose id no
-/// earlier call has.
-pub fn check_tool_results(messages: &[ChatMessage]) -> Result<(), ApiError> {
-    let mut calls = HashSet::new();
-    for (i, message) in messages.iter().enumerate() {
-        calls.extend(message.tool_calls.iter().map(|c| c.id.as_str()));
-        if message.role != "tool" {
-            continue;
-        }
-        let id = message.tool_call_id.as_deref().ok_or_else(|| {
-            ApiError::invalid(
-                "messages",
-                format!("messages[{i}] (role tool) needs tool_call_id"),
-            )
-        })?;
-        if !calls.contains(id) {
-            return Err(ApiError::invalid(
-                "messages",
-                format!(
-                    "messages[{i}].tool_call_id {id:?} answers no tool call of an earlier \
-                     assistant message"
-                ),
-            ));
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -189,6 +189,7 @@ fn rejects_bad_shapes_and_ranges() {
     both.messages.push(ChatMessage {
         role: "user".into(),
         content: "x".into(),
+        ..Default::default()
     });
     assert!(err(&both).contains("not both"));
     assert!(err(&GenerateRequest {

@@ -11,9 +11,8 @@ use inference_proto::worker::SamplingParams;
 use prost::Message as _;
 
 use super::checks::{check_constraint, check_prompt, check_prompt_ids, check_request, check_vocab};
-use super::tools::{render_tool_chat, with_tool_constraint};
+use super::tools::{grpc_messages, grpc_tool_request, render_tool_chat, with_tool_constraint};
 use super::{RequestLimits, ValidationError};
-use crate::chat_template::ChatMessage;
 use crate::model_context::ModelContext;
 use crate::request::{GenerationRequest, Prompt};
 
@@ -22,9 +21,17 @@ impl TryFrom<GenerateRequest> for GenerationRequest {
 
     /// The gRPC request as a [`GenerationRequest`].
     ///
-    /// Errors: both `prompt` and `messages` set.
+    /// Errors: both `prompt` and `messages` set; `tools` with `prompt`; those of
+    /// [`grpc_messages`] and [`grpc_tool_request`].
     fn try_from(req: GenerateRequest) -> Result<Self, ValidationError> {
         let size_bytes = req.encoded_len();
+        if !req.tools.is_empty() && req.messages.is_empty() {
+            return Err(ValidationError::invalid(
+                "tools",
+                "tool calling needs messages (a chat request), not prompt",
+            ));
+        }
+        let tools = grpc_tool_request(req.tools, req.tool_choice, req.parallel_tool_calls)?;
         let prompt = match (req.prompt.is_empty(), req.messages.is_empty()) {
             (false, false) => {
                 return Err(ValidationError::invalid(
@@ -36,12 +43,7 @@ impl TryFrom<GenerateRequest> for GenerationRequest {
                 text: req.prompt,
                 plain_text: req.prompt_as_plain_text,
             },
-            (true, false) => Prompt::Chat(
-                req.messages
-                    .into_iter()
-                    .map(|m| ChatMessage::new(m.role, m.content))
-                    .collect(),
-            ),
+            (true, false) => Prompt::Chat(grpc_messages(req.messages)?),
         };
         Ok(Self {
             prompt,
@@ -61,7 +63,7 @@ impl TryFrom<GenerateRequest> for GenerationRequest {
             include_special_tokens: req.include_special_tokens,
             request_id: req.request_id.filter(|id| !id.is_empty()),
             constraint: req.constraint,
-            tools: None,
+            tools,
             prompt_logprobs: req.prompt_logprobs,
             speculation: req.speculation,
             size_bytes,
@@ -233,6 +235,7 @@ pub fn encode_prompt(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::chat_template::ChatMessage;
     use inference_proto::public::ChatMessage as WireMessage;
 
     #[test]
@@ -241,6 +244,7 @@ mod tests {
             messages: vec![WireMessage {
                 role: "user".into(),
                 content: "hi".into(),
+                ..Default::default()
             }],
             max_new_tokens: Some(7),
             temperature: 0.5,

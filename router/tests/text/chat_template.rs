@@ -39,6 +39,7 @@ fn renders_reference_chat_prompt() {
         .map(|m| inference_proto::public::ChatMessage {
             role: m.role.clone(),
             content: m.content.clone(),
+            ..Default::default()
         })
         .collect();
     assert_eq!(smollm2().render(&proto, true).unwrap(), expected);

@@ -187,6 +187,7 @@ async fn run(mut args: Args) -> anyhow::Result<()> {
         let user = ChatMessage {
             role: "user".into(),
             content: args.prompt,
+            ..Default::default()
         };
         (String::new(), vec![user])
     } else {

@@ -3,6 +3,8 @@
 use serde_json::json;
 
 use super::*;
+use crate::chat_template::ChatMessage;
+use crate::tool_request::check_tool_results;
 
 fn weather() -> Value {
     json!({"type": "function", "function": {"name": "get_weather", "description": "d",
@@ -143,7 +145,7 @@ fn tool_messages_must_answer_an_earlier_call() {
     check_tool_results(&ok).unwrap();
     answer.tool_call_id = Some("c9".into());
     let e = check_tool_results(&[assistant.clone(), answer.clone()]).unwrap_err();
-    assert_eq!(e.param.as_deref(), Some("messages"));
+    assert_eq!(e.field, "messages");
     assert!(e.message.contains("\"c9\""), "{}", e.message);
     answer.tool_call_id = None;
     let e = check_tool_results(&[assistant, answer]).unwrap_err();
