@@ -408,6 +408,8 @@ pub struct Generation {
     pub usage: Option<inference_proto::public::Usage>,
     /// How many messages the stream carried.
     pub messages: usize,
+    /// The last message's tool calls (a request with `tools`).
+    pub tool_calls: Vec<inference_proto::public::ToolCall>,
 }
 
 /// Runs `request` to the end of its stream.
@@ -497,6 +499,7 @@ impl Default for Generation {
             stop_sequence: String::new(),
             usage: None,
             messages: 0,
+            tool_calls: Vec::new(),
         }
     }
 }
@@ -512,6 +515,7 @@ impl Generation {
             self.finish_reason = m.finish_reason();
             self.stop_sequence = m.stop_sequence.clone();
             self.usage = m.usage;
+            self.tool_calls = m.tool_calls.clone();
         }
     }
 }

@@ -165,8 +165,8 @@ pub fn with_tool_constraint(
     if req.constraint.is_some() {
         return Err(ValidationError::invalid(
             "tools",
-            "tools (with tool_choice other than \"none\") cannot be combined with \
-             response_format or a guided_* field",
+            "tools (with tool_choice other than \"none\") cannot be combined with a \
+             constraint (response_format or a guided_* field over HTTP)",
         ));
     }
     let compiler = model.constraints.wait().map_err(|reason| {

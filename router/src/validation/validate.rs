@@ -28,7 +28,7 @@ impl TryFrom<GenerateRequest> for GenerationRequest {
         if !req.tools.is_empty() && req.messages.is_empty() {
             return Err(ValidationError::invalid(
                 "tools",
-                "tool calling needs messages (a chat request), not prompt",
+                "tools need messages (a chat request); a raw prompt takes no tools",
             ));
         }
         let tools = grpc_tool_request(req.tools, req.tool_choice, req.parallel_tool_calls)?;
