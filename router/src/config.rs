@@ -48,6 +48,11 @@ pub struct Cli {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub discovery_dns: Option<String>,
+    /// The router replicas' own DNS name: NAME:PORT (e.g. a headless service); each replica
+    /// enforces 1/N of every tenant limit, N = the addresses it resolves to.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replica_discovery_dns: Option<String>,
     /// Address of the Prometheus endpoint (`GET /metrics`), e.g. 127.0.0.1:9090; empty = off.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -168,8 +173,14 @@ pub struct RouterSettings {
     /// DNS name and port (`NAME:PORT`) whose addresses are workers, re-resolved every
     /// `discovery_interval_ms`; empty = off. Works beside `workers`.
     pub discovery_dns: String,
-    /// Period of the DNS re-resolution, in ms.
+    /// Period of the DNS re-resolution, in ms (workers and router replicas).
     pub discovery_interval_ms: u64,
+    /// DNS name and port (`NAME:PORT`) of the router replicas themselves (a Kubernetes headless
+    /// service over the router pods), re-resolved every `discovery_interval_ms`: each replica
+    /// enforces `1/N` of every tenant limit (`max_concurrent` rounded up), N = the addresses it
+    /// resolves to (a failed lookup keeps the last N). Empty = off: each replica enforces the
+    /// whole limits.
+    pub replica_discovery_dns: String,
     /// Period of each worker's `Health` probe, in ms (also its timeout); a worker whose answer says
     /// not ready takes no new requests. A probe without an answer changes nothing: a busy worker is
     /// not a down one.
@@ -286,6 +297,7 @@ impl Default for RouterSettings {
             reconnect_max_ms: 5_000,
             discovery_dns: String::new(),
             discovery_interval_ms: 5_000,
+            replica_discovery_dns: String::new(),
             health_interval_ms: 2_000,
             stall_timeout_ms: 60_000,
             heartbeat_timeout_ms: 2_000,
@@ -386,6 +398,17 @@ impl RouterSettings {
         ChatTemplateFile::read(path)
             .map(Some)
             .map_err(SettingsError::ChatTemplate)
+    }
+
+    /// The router replicas' DNS target and its period, when `replica_discovery_dns` is set.
+    pub fn replica_discovery(&self) -> Option<(String, Duration)> {
+        let target = self.replica_discovery_dns.trim();
+        (!target.is_empty()).then(|| {
+            (
+                target.to_string(),
+                Duration::from_millis(self.discovery_interval_ms.max(100)),
+            )
+        })
     }
 
     /// The DNS discovery target and period, when discovery is on.
@@ -505,6 +528,9 @@ impl RouterSettings {
         }
         if let Some((target, _)) = self.discovery() {
             host_port("discovery_dns", &target)?;
+        }
+        if let Some((target, _)) = self.replica_discovery() {
+            host_port("replica_discovery_dns", &target)?;
         }
         for (setting, value) in [
             ("metrics_listen", &self.metrics_listen),

@@ -4,6 +4,10 @@
 //! address becomes a worker; an address that is no longer resolved is removed from the pool and
 //! its running requests fail over to the others.
 //!
+//! The router replicas find each other the same way ([`run_replicas`]): the count of addresses of
+//! their own headless service shares each tenant's limits among them
+//! ([`crate::tenants::QuotaBook::set_replicas`]).
+//!
 //! A failed lookup keeps the current set (a resolver hiccup must not drop every worker); workers that
 //! are really gone fail their streams and leave rotation by themselves. A lookup that succeeds with
 //! no address (possible with some resolvers) empties the discovered set.
@@ -13,6 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::pool::WorkerPool;
+use crate::tenants::QuotaBook;
 
 /// Resolves `target` (`name:port`) to `ip:port` strings (IPv6 as `[ip]:port`).
 ///
@@ -52,6 +57,36 @@ pub async fn run(pool: Arc<WorkerPool>, target: String, interval: Duration) {
     }
 }
 
+/// Re-resolves `target` (the router replicas' `name:port`) every `interval` and shares the
+/// tenants' limits in `quotas` among the addresses found (at least 1); runs forever. A failed or
+/// empty lookup keeps the last count (a resolver hiccup must not multiply every limit).
+pub async fn run_replicas(quotas: Arc<QuotaBook>, target: String, interval: Duration) {
+    let mut last_error: Option<String> = None;
+    loop {
+        match resolve(&target).await {
+            Ok(addresses) if !addresses.is_empty() => {
+                last_error = None;
+                let replicas = u32::try_from(addresses.len()).unwrap_or(u32::MAX);
+                if replicas != quotas.replicas() {
+                    tracing::info!(
+                        %target, replicas, "router replicas changed; each enforces 1/{replicas} of every tenant limit"
+                    );
+                    quotas.set_replicas(replicas);
+                }
+            }
+            Ok(_) => {}
+            Err(e) => {
+                let message = e.to_string();
+                if last_error.as_deref() != Some(message.as_str()) {
+                    tracing::warn!(%target, error = %message, "router replica lookup failed; keeping the replica count");
+                }
+                last_error = Some(message);
+            }
+        }
+        tokio::time::sleep(interval).await;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -65,5 +100,32 @@ mod tests {
         let local = resolve("localhost:9").await.unwrap();
         assert!(!local.is_empty() && local.iter().all(|a| a.ends_with(":9")));
         assert!(resolve("no-port-given").await.is_err());
+    }
+
+    #[tokio::test]
+    async fn replicas_are_the_addresses_of_the_routers_name() {
+        let quotas = QuotaBook::new();
+        let expected = resolve("localhost:9").await.unwrap().len() as u32;
+        let task = tokio::spawn(run_replicas(
+            quotas.clone(),
+            "localhost:9".into(),
+            Duration::from_millis(20),
+        ));
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while quotas.replicas() != expected && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(quotas.replicas(), expected);
+        task.abort();
+        // A failing lookup keeps the last count.
+        quotas.set_replicas(3);
+        let task = tokio::spawn(run_replicas(
+            quotas.clone(),
+            "no-port-given".into(),
+            Duration::from_millis(20),
+        ));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(quotas.replicas(), 3);
+        task.abort();
     }
 }

@@ -81,6 +81,13 @@ async fn run(settings: RouterSettings) -> anyhow::Result<()> {
     }
     let keys = settings.callers()?;
     keys.watch();
+    if let Some((target, interval)) = settings.replica_discovery() {
+        tokio::spawn(router::discovery::run_replicas(
+            keys.quotas().clone(),
+            target,
+            interval,
+        ));
+    }
     if keys.enforced() {
         tracing::info!("API keys required on the public gRPC and HTTP APIs");
     }

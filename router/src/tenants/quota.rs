@@ -19,15 +19,22 @@
 //! Limits are read from the tenant's settings at each admission, so a changed tenants file takes
 //! effect with the next request ([`TokenBucket::reconfigure`]: a raised limit at once).
 //!
-//! Each router replica keeps its own buckets (no shared store): N replicas behind a load balancer
-//! let a tenant through up to N times its limits.
+//! Each router replica keeps its own buckets (no shared store). With the replicas known
+//! ([`QuotaBook::set_replicas`], from `replica_discovery_dns`: the count of the router replicas'
+//! addresses in DNS), each replica enforces `1/N` of every limit (`max_concurrent` rounded up, at
+//! least 1), so N replicas behind a load balancer that spreads a tenant's calls evenly let it
+//! through about its limits in all. Unknown (the default, 1), N replicas let a tenant through up
+//! to N times its limits. What this cannot give: a tenant whose calls land unevenly is refused
+//! early on the busier replica, and a change in N takes a re-resolution to show; a shared store
+//! (Envoy's rate-limit service with Redis) counts exactly, at a network round trip per call.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::bucket::TokenBucket;
-use super::tenant::Tenant;
+use super::tenant::{Tenant, TenantLimits};
 use crate::validation::ValidationError;
 
 /// Why a tenant's request was refused by its quotas. The messages name the tenant, the limit and
@@ -36,42 +43,51 @@ use crate::validation::ValidationError;
 pub enum QuotaExceeded {
     /// `max_concurrent` requests of the tenant are admitted and not finished.
     #[error(
-        "tenant {tenant:?} has {active} requests in progress (max_concurrent = {max}); retry when \
-         one finishes"
+        "tenant {tenant:?} has {active} requests in progress (max_concurrent = {max}{}); retry \
+         when one finishes",
+        share_note(*replicas)
     )]
     Concurrent {
         /// The tenant.
         tenant: Arc<str>,
-        /// Its requests admitted and not finished.
+        /// Its requests admitted here and not finished.
         active: u32,
-        /// The `max_concurrent` limit.
+        /// The `max_concurrent` limit this router enforces (its share).
         max: u32,
+        /// The router replicas the limit is shared by.
+        replicas: u32,
     },
     /// The tenant's `requests_per_second` bucket is empty (it holds one second's worth, at least
     /// one request).
     #[error(
-        "tenant {tenant:?} is over its requests_per_second quota ({limit}); retry after {} ms",
+        "tenant {tenant:?} is over its requests_per_second quota ({limit}{}); retry after {} ms",
+        share_note(*replicas),
         retry_after.as_millis()
     )]
     Requests {
         /// The tenant.
         tenant: Arc<str>,
-        /// The `requests_per_second` limit.
+        /// The `requests_per_second` limit this router enforces (its share).
         limit: f64,
+        /// The router replicas the limit is shared by.
+        replicas: u32,
         /// When both buckets will hold what the request needs.
         retry_after: Duration,
     },
     /// The tenant's `tokens_per_minute` bucket holds less than the request reserves.
     #[error(
-        "tenant {tenant:?} is over its tokens_per_minute quota ({limit}): the request reserves \
+        "tenant {tenant:?} is over its tokens_per_minute quota ({limit}{}): the request reserves \
          {reserving} tokens (prompt + max_new_tokens) and {available} are left; retry after {} ms",
+        share_note(*replicas),
         retry_after.as_millis()
     )]
     Tokens {
         /// The tenant.
         tenant: Arc<str>,
-        /// The `tokens_per_minute` limit.
+        /// The `tokens_per_minute` limit this router enforces (its share).
         limit: u64,
+        /// The router replicas the limit is shared by.
+        replicas: u32,
         /// Prompt plus `max_new_tokens` of the request.
         reserving: u64,
         /// Tokens in the bucket now (rounded down).
@@ -79,6 +95,27 @@ pub enum QuotaExceeded {
         /// When both buckets will hold what the request needs.
         retry_after: Duration,
     },
+}
+
+/// What a refusal message adds when the limit is shared by several router replicas.
+fn share_note(replicas: u32) -> String {
+    if replicas > 1 {
+        format!(" on this router: its share as 1 of {replicas} router replicas")
+    } else {
+        String::new()
+    }
+}
+
+/// `limits` as one of `replicas` router replicas enforces them: every limit divided by the
+/// replicas (`max_concurrent` rounded up; at least 1). `max_queued` is per router already.
+pub fn replica_share(limits: &TenantLimits, replicas: u32) -> TenantLimits {
+    let n = replicas.max(1);
+    TenantLimits {
+        max_concurrent: limits.max_concurrent.map(|m| m.div_ceil(n).max(1)),
+        max_queued: limits.max_queued,
+        requests_per_second: limits.requests_per_second.map(|r| r / f64::from(n)),
+        tokens_per_minute: limits.tokens_per_minute.map(|t| (t / u64::from(n)).max(1)),
+    }
 }
 
 impl QuotaExceeded {
@@ -148,12 +185,25 @@ fn sync_bucket(
 #[derive(Debug, Default)]
 pub struct QuotaBook {
     usage: Mutex<HashMap<Arc<str>, Usage>>,
+    /// The router replicas the limits are shared by (0 or 1: this router alone).
+    replicas: AtomicU32,
 }
 
 impl QuotaBook {
     /// An empty book.
     pub fn new() -> Arc<Self> {
         Arc::new(Self::default())
+    }
+
+    /// Shares every tenant's limits among `replicas` router replicas from the next admission on
+    /// (see the module doc; 0 counts as 1).
+    pub fn set_replicas(&self, replicas: u32) {
+        self.replicas.store(replicas.max(1), Ordering::Relaxed);
+    }
+
+    /// The router replicas the limits are shared by (at least 1).
+    pub fn replicas(&self) -> u32 {
+        self.replicas.load(Ordering::Relaxed).max(1)
     }
 
     /// Admits one request of `tenant` with `prompt_tokens` and `max_new_tokens` at `now`: counts
@@ -171,7 +221,8 @@ impl QuotaBook {
         now: Instant,
     ) -> Result<Lease, AdmissionRefusal> {
         let counts_call = part == CallPart::First;
-        let limits = &tenant.limits;
+        let replicas = self.replicas();
+        let limits = &replica_share(&tenant.limits, replicas);
         let mut all = self.usage.lock().expect("quota lock");
         let usage = all.entry(tenant.name.clone()).or_default();
         // Below one request per second, the bucket still holds one request.
@@ -190,6 +241,7 @@ impl QuotaBook {
                 tenant: tenant.name.clone(),
                 active: usage.active,
                 max,
+                replicas,
             }
             .into());
         }
@@ -220,6 +272,7 @@ impl QuotaBook {
                 QuotaExceeded::Tokens {
                     tenant: tenant.name.clone(),
                     limit: limits.tokens_per_minute.unwrap_or_default(),
+                    replicas,
                     reserving,
                     available: bucket.level(now).max(0.0) as u64,
                     retry_after,
@@ -228,6 +281,7 @@ impl QuotaBook {
                 QuotaExceeded::Requests {
                     tenant: tenant.name.clone(),
                     limit: limits.requests_per_second.unwrap_or_default(),
+                    replicas,
                     retry_after,
                 }
             };
@@ -360,6 +414,46 @@ mod tests {
         for _ in 0..10 {
             drop(book.acquire(&other, CallPart::First, 1, 1, t0).unwrap());
         }
+    }
+
+    #[test]
+    fn replicas_share_every_limit() {
+        let limits = TenantLimits {
+            max_concurrent: Some(5),
+            max_queued: Some(7),
+            requests_per_second: Some(4.0),
+            tokens_per_minute: Some(1000),
+        };
+        let half = replica_share(&limits, 2);
+        assert_eq!(half.max_concurrent, Some(3), "rounded up");
+        assert_eq!(half.max_queued, Some(7), "per router already");
+        assert_eq!(half.requests_per_second, Some(2.0));
+        assert_eq!(half.tokens_per_minute, Some(500));
+        assert_eq!(replica_share(&limits, 0), limits);
+        assert_eq!(replica_share(&limits, 1), limits);
+        assert_eq!(replica_share(&limits, 64).max_concurrent, Some(1));
+
+        // A book shared by 4 replicas: 1 of the 4 requests per second, and the refusal says so.
+        let book = QuotaBook::new();
+        assert_eq!(book.replicas(), 1);
+        book.set_replicas(4);
+        assert_eq!(book.replicas(), 4);
+        let a = tenant(limits);
+        let t0 = Instant::now();
+        let _l1 = book.acquire(&a, CallPart::First, 1, 1, t0).unwrap();
+        let refusal = book.acquire(&a, CallPart::First, 1, 1, t0).unwrap_err();
+        let AdmissionRefusal::Quota(q) = refusal else {
+            panic!("{refusal:?}")
+        };
+        assert_eq!(q.retry_after(), Some(Duration::from_secs(1)));
+        assert!(
+            q.to_string()
+                .contains("(1 on this router: its share as 1 of 4"),
+            "{q}"
+        );
+        // Back to one replica: the whole limit at the next admission.
+        book.set_replicas(1);
+        let _l2 = book.acquire(&a, CallPart::First, 1, 1, t0).unwrap();
     }
 
     #[test]
