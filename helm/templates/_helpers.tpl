@@ -25,6 +25,7 @@ Full name of the release's objects. Kept to 40 characters so that the longest de
 {{- end -}}
 
 {{- define "smollm.router.name" -}}{{ include "smollm.fullname" . }}-router{{- end -}}
+{{- define "smollm.router.headless" -}}{{ include "smollm.fullname" . }}-router-replicas{{- end -}}
 {{- define "smollm.worker.name" -}}{{ include "smollm.fullname" . }}-worker{{- end -}}
 {{- define "smollm.worker.headless" -}}{{ include "smollm.fullname" . }}-worker-headless{{- end -}}
 {{- define "smollm.config.name" -}}{{ include "smollm.fullname" . }}-config{{- end -}}
@@ -84,6 +85,11 @@ smollm-serve/worker-group: {{ . }}
 {{- end -}}
 
 {{/* The worker's headless service DNS name (what the router's discovery_dns resolves). */}}
+{{/* The router replicas' headless Service's DNS name (their `replica_discovery_dns`). */}}
+{{- define "smollm.router.dnsName" -}}
+{{- printf "%s.%s.svc.%s" (include "smollm.router.headless" .) .Release.Namespace .Values.clusterDomain -}}
+{{- end -}}
+
 {{- define "smollm.worker.dnsName" -}}
 {{- printf "%s.%s.svc.%s" (include "smollm.worker.headless" .) .Release.Namespace .Values.clusterDomain -}}
 {{- end -}}
@@ -156,6 +162,7 @@ written as integers (the binaries' integer settings reject 100.0).
 {{- $_ := set $owned "metrics_listen" (ternary (include "smollm.bind" (dict "ctx" . "port" .Values.router.metricsPort)) "" .Values.metrics.enabled) -}}
 {{- $_ := set $owned "http_listen" (ternary (include "smollm.bind" (dict "ctx" . "port" .Values.router.http.port)) "" .Values.router.http.enabled) -}}
 {{- $_ := set $owned "discovery_dns" (printf "%s:%d" (include "smollm.worker.dnsName" .) (int .Values.worker.port)) -}}
+{{- $_ := set $owned "replica_discovery_dns" (printf "%s:%d" (include "smollm.router.dnsName" .) (int .Values.router.port)) -}}
 {{- include "smollm.toml" (merge $owned (deepCopy .Values.router.config)) -}}
 {{- end -}}
 

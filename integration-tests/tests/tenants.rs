@@ -78,6 +78,11 @@ struct Setup {
 }
 
 async fn setup(tenants: &str) -> Setup {
+    setup_with(tenants, &[]).await
+}
+
+/// [`setup`] with extra router flags.
+async fn setup_with(tenants: &str, router_args: &[&str]) -> Setup {
     let (model_dir, model) = tiny_model(27);
     let files = tempfile::tempdir().unwrap();
     let tenants_file = files.path().join("tenants.toml");
@@ -87,11 +92,15 @@ async fn setup(tenants: &str) -> Setup {
     let (router, addr) = start_router_with_env(
         &[&worker_addr],
         &[
-            "--http-listen",
-            &http,
-            "--tenants-file",
-            tenants_file.to_str().unwrap(),
-        ],
+            &[
+                "--http-listen",
+                http.as_str(),
+                "--tenants-file",
+                tenants_file.to_str().unwrap(),
+            ],
+            router_args,
+        ]
+        .concat(),
         &[
             ("ROUTER_MAX_INFLIGHT_PER_WORKER", "1"),
             ("ROUTER_API_KEYS", PLAIN_KEY),
@@ -233,6 +242,58 @@ async fn a_flooding_tenant_is_limited_and_another_is_served_ahead_of_its_backlog
         .await
         .unwrap();
     assert_eq!(response.status(), 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn router_replicas_share_a_tenants_limits() {
+    // One of 3 replicas (`--replicas`; `replica_discovery_dns` counts them from DNS): of
+    // requests_per_second 9 and max_concurrent 4, this router enforces 3 and 2.
+    let s = setup_with(
+        "[[tenant]]\nname = \"a\"\nkeys = [\"key-a\"]\nrequests_per_second = 9\n\
+         [[tenant]]\nname = \"c\"\nkeys = [\"key-c\"]\nmax_concurrent = 4\n",
+        &["--replicas", "3"],
+    )
+    .await;
+    let c = client(&s.addr).await;
+    let flood: Vec<_> = (0..12)
+        .map(|i| tokio::spawn(run(c.clone(), "key-a", greedy(&format!("flood {i}"), 2))))
+        .collect();
+    let mut refused = Vec::new();
+    let mut served = 0;
+    for task in flood {
+        match task.await.unwrap().error {
+            None => served += 1,
+            Some(status) => refused.push(status),
+        }
+    }
+    assert!((3..=4).contains(&served), "A served {served} of 12");
+    for status in &refused {
+        assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+        assert!(
+            status
+                .message()
+                .contains("requests_per_second quota (3 on this router: its share as 1 of 3"),
+            "{status:?}"
+        );
+    }
+    // max_concurrent 4 shared by 3: 2 here (rounded up). Long requests hold their slots.
+    let long: Vec<_> = (0..5)
+        .map(|i| tokio::spawn(run(c.clone(), "key-c", greedy(&format!("long {i}"), 240))))
+        .collect();
+    let mut refused = Vec::new();
+    for task in long {
+        if let Some(status) = task.await.unwrap().error {
+            refused.push(status);
+        }
+    }
+    assert_eq!(refused.len(), 3, "{refused:?}");
+    assert!(
+        refused[0]
+            .message()
+            .contains("(max_concurrent = 2 on this router: its share as 1 of 3"),
+        "{:?}",
+        refused[0]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

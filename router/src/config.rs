@@ -53,6 +53,10 @@ pub struct Cli {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub replica_discovery_dns: Option<String>,
+    /// The router replicas sharing the tenant limits, when not discovered by DNS (default 1).
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<u32>,
     /// Address of the Prometheus endpoint (`GET /metrics`), e.g. 127.0.0.1:9090; empty = off.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -181,6 +185,10 @@ pub struct RouterSettings {
     /// resolves to (a failed lookup keeps the last N). Empty = off: each replica enforces the
     /// whole limits.
     pub replica_discovery_dns: String,
+    /// The router replicas sharing the tenant limits when `replica_discovery_dns` is off (a fixed
+    /// deployment): each enforces `1/replicas` of every limit. Default 1 (at least 1). With
+    /// `replica_discovery_dns`, the count starts here and follows DNS.
+    pub replicas: u32,
     /// Period of each worker's `Health` probe, in ms (also its timeout); a worker whose answer says
     /// not ready takes no new requests. A probe without an answer changes nothing: a busy worker is
     /// not a down one.
@@ -298,6 +306,7 @@ impl Default for RouterSettings {
             discovery_dns: String::new(),
             discovery_interval_ms: 5_000,
             replica_discovery_dns: String::new(),
+            replicas: 1,
             health_interval_ms: 2_000,
             stall_timeout_ms: 60_000,
             heartbeat_timeout_ms: 2_000,
@@ -531,6 +540,9 @@ impl RouterSettings {
         }
         if let Some((target, _)) = self.replica_discovery() {
             host_port("replica_discovery_dns", &target)?;
+        }
+        if self.replicas == 0 {
+            return Err(SettingsError::NoReplicas);
         }
         for (setting, value) in [
             ("metrics_listen", &self.metrics_listen),

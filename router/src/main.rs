@@ -81,6 +81,7 @@ async fn run(settings: RouterSettings) -> anyhow::Result<()> {
     }
     let keys = settings.callers()?;
     keys.watch();
+    keys.quotas().set_replicas(settings.replicas);
     if let Some((target, interval)) = settings.replica_discovery() {
         tokio::spawn(router::discovery::run_replicas(
             keys.quotas().clone(),

@@ -184,6 +184,27 @@ pub(crate) fn check_profile(profile: &str, args: &[String]) -> (Value, Value) {
 
     // Ports: probes and container ports are the ports the binaries bind, on every interface.
     let router_port = port_of(str_of(&rs.effective["listen"], "router listen"));
+
+    // The router replicas find each other through their own headless Service (tenant limits
+    // shared among them).
+    let replicas = m.one("Service", "router-replicas");
+    let replicas_name = str_of(&replicas["metadata"]["name"], "service name");
+    assert_eq!(
+        replicas["spec"]["clusterIP"], "None",
+        "{profile}: the router replicas' Service is not headless"
+    );
+    assert!(
+        pod_labels_match(&replicas["spec"]["selector"], router_labels),
+        "{profile}: the router replicas' Service selects no router pod"
+    );
+    assert_eq!(
+        str_of(
+            &rs.effective["replica_discovery_dns"],
+            "replica_discovery_dns"
+        ),
+        format!("{replicas_name}.{NAMESPACE}.svc.{CLUSTER_DOMAIN}:{router_port}"),
+        "{profile}: the routers look for each other somewhere else"
+    );
     for (bin, settings, container) in [("router", &rs, router), ("worker", &ws, worker)] {
         let listen = str_of(&settings.effective["listen"], "listen");
         let ip = listen.rsplit_once(':').unwrap().0;

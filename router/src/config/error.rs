@@ -47,6 +47,9 @@ pub enum SettingsError {
     /// An `allowed_origins` entry is not an origin.
     #[error(transparent)]
     AllowedOrigins(crate::openai::cors::NotAnOrigin),
+    /// `replicas` is 0.
+    #[error("replicas must be at least 1 (the router replicas sharing the tenant limits)")]
+    NoReplicas,
     /// `limits.max_new_tokens` or `limits.default_max_new_tokens` is 0.
     #[error("limits.max_new_tokens and limits.default_max_new_tokens must be at least 1")]
     NoNewTokens,
