@@ -12,13 +12,16 @@
 //!   built-in Hermes format).
 //!
 //! On every model: `tool_choice` `required`, a named function, `auto` and `none`; parallel calls
+//! (the end tokens barred with `logit_bias`, so that the random model chains calls)
 //! and `parallel_tool_calls: false`; a call's result fed back, the rendered prompt (`/tokenize`
 //! then `/detokenize`) holding what that family's template writes for the tools, the call and the
 //! result; streaming assembled by the SDK's helper and from raw `delta.tool_calls`, equal to the
 //! non-streamed calls of the same seed; `finish_reason: "tool_calls"` and null `content` when
-//! only calls were made. Then 240 calls sampled at temperature 1 over 40 distinct argument
-//! schemas (nested objects, enums, bounded arrays and numbers, optional fields, strings with
-//! `maxLength`) spread over the four models, each parsing and validating with `jsonschema`; and a
+//! only calls were made. Then 280 answers sampled at temperature 1 (a seed and a prompt of their
+//! own each) over 40 argument schemas (at least 30 distinct: nested objects, enums, bounded arrays
+//! and numbers, optional fields, strings with `maxLength`) spread over the four models: every
+//! call returned parses and validates with `jsonschema`, over 200 of them (an answer whose random
+//! model repeats a number's digits to `max_tokens` returns no call, and is counted apart); and a
 //! constrained tool request in a batch of 31 greedy plain requests leaving their texts unchanged.
 //! Runs integration-tests/python/test_tool_families.py.
 
