@@ -16,7 +16,8 @@
 //! what the template writes, so the tokenizer recognises special tokens such as `<|im_start|>` only
 //! in the template's own text ([`tokenizer::TextTokenizer::encode_pieces`]); the same text
 //! inside a message is ordinary text (no prompt injection into the chat structure). It renders
-//! each content wrapped in two Unicode noncharacters (U+FDD0 ... U+FDD1, reserved for a program's
+//! each non-empty content (an empty one stays empty: templates test it) wrapped in two Unicode
+//! noncharacters (U+FDD0 ... U+FDD1, reserved for a program's
 //! internal use) and splits the output at them. A template that edits content as a string sees the
 //! wrapped text: `| trim` or `.strip()` then leave the content's own outer whitespace in place
 //! (SmolLM2's template does not edit content).
@@ -346,7 +347,12 @@ impl ChatTemplate {
             .iter()
             .map(|m| MarkedTurn {
                 role: m.role(),
-                content: format!("{CONTENT_OPEN}{}{CONTENT_CLOSE}", m.content()),
+                // An empty content stays empty (a template tests it: `{% if message.content %}`).
+                content: if m.content().is_empty() {
+                    String::new()
+                } else {
+                    format!("{CONTENT_OPEN}{}{CONTENT_CLOSE}", m.content())
+                },
                 tool_calls: m.tool_calls(),
                 tool_call_id: m.tool_call_id(),
             })

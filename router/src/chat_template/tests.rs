@@ -318,3 +318,51 @@ fn a_long_conversation_renders_within_the_limits() {
         assert!(out.len() > 1_000_000, "{}: {}", builtin.name, out.len());
     }
 }
+
+#[test]
+fn tools_keep_their_key_order_as_python_dicts_do() {
+    // Hugging Face passes `tools` as Python dicts, which keep the order of their keys: Qwen's and
+    // Llama 3.1's templates write them with `tojson` in that order, not sorted.
+    let tools = serde_json::json!([{"type": "function", "function": {
+        "name": "f", "description": "d",
+        "parameters": {"type": "object", "properties": {"b": {}, "a": {}}}}}]);
+    let t = ChatTemplate::new(
+        "{{ tools[0] | tojson }}|{% for k, v in tools[0].function.parameters.properties.items() %}{{ k }}{% endfor %}",
+        None,
+        None,
+    )
+    .unwrap();
+    let out = t
+        .render_with_tools(&[ChatMessage::new("user", "x")], false, Some(&tools))
+        .unwrap();
+    assert_eq!(
+        out,
+        r#"{"type": "function", "function": {"name": "f", "description": "d", "parameters": {"type": "object", "properties": {"b": {}, "a": {}}}}}|ba"#
+    );
+}
+
+#[test]
+fn an_empty_content_is_as_falsy_in_pieces_as_in_the_plain_rendering() {
+    // Qwen 2.5's template writes `'\n' + content` for an assistant turn with calls only when the
+    // content is truthy: an empty content (a turn with calls only) must stay empty.
+    let t = ChatTemplate::new(
+        "{% for m in messages %}{{ '<' + m.role + '>' }}{% if m.content %}{{ '\\n' + m.content }}{% endif %}{% endfor %}",
+        None,
+        None,
+    )
+    .unwrap();
+    let messages = [
+        ChatMessage::new("user", "hi"),
+        ChatMessage::new("assistant", ""),
+    ];
+    use TemplatePiece::{Content, Markup};
+    assert_eq!(
+        t.render_pieces(&messages, false).unwrap(),
+        vec![
+            Markup("<user>\n".into()),
+            Content("hi".into()),
+            Markup("<assistant>".into()),
+        ]
+    );
+    assert_eq!(t.render(&messages, false).unwrap(), "<user>\nhi<assistant>");
+}

@@ -236,11 +236,18 @@ impl Reply {
         })
     }
 
-    /// The first chunk of a streamed chat choice: its role.
+    /// The first chunk of a streamed chat choice: its role, with an empty content, or a null one
+    /// in a chat with tools (so that the SDK's stream helpers assemble a message that only calls
+    /// functions with `content: None`, as OpenAI's first tool-call chunk does).
     pub fn role_choice(&self, index: usize) -> Value {
+        let content = if self.tool_syntax.is_some() {
+            Value::Null
+        } else {
+            json!("")
+        };
         json!({
             "index": index,
-            "delta": {"role": "assistant", "content": ""},
+            "delta": {"role": "assistant", "content": content},
             "logprobs": null,
             "finish_reason": null,
         })
@@ -388,6 +395,21 @@ mod tests {
         assert_eq!(taken.text, "hé!");
         assert!(c.is_empty());
         assert_eq!(c.chars, 3);
+    }
+
+    #[test]
+    fn the_role_chunk_of_a_chat_with_tools_has_null_content() {
+        // The SDK's stream helpers start the message from the first delta: a chat that only
+        // calls functions must assemble to `content: None`, as its non-streamed answer has.
+        assert_eq!(reply(Endpoint::Chat).role_choice(0)["delta"]["content"], "");
+        let tools = Reply {
+            tool_syntax: Some(ToolSyntax::builtin()),
+            ..reply(Endpoint::Chat)
+        };
+        assert_eq!(
+            tools.role_choice(1)["delta"],
+            json!({"role": "assistant", "content": null})
+        );
     }
 
     #[test]
