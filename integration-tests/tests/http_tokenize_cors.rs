@@ -1,6 +1,6 @@
 //! The HTTP front's helpers that vLLM users reach for (issue 30), on real router and worker
-//! processes: `POST /tokenize` with a text or chat `messages` and `POST /detokenize` in vLLM's
-//! shapes, CORS for browser clients (`--allowed-origins`: preflight answered before the API-key
+//! processes: `POST /tokenize` with a text or chat `messages`, `POST /detokenize` and `GET
+//! /tokenizer_info` in vLLM's shapes, CORS for browser clients (`--allowed-origins`: preflight answered before the API-key
 //! check, other origins refused), and `max_tokens` (not the router's `max_new_tokens`) in the
 //! errors of the HTTP body's field.
 
@@ -79,6 +79,22 @@ async fn tokenize_detokenize_cors_and_max_tokens_wording() {
     assert_eq!(status, 200, "{text}");
     assert_eq!(text["prompt"], "hello world, hello");
     assert_eq!(text["content"], text["prompt"]);
+    // vLLM's tokenizer description (lm-evaluation-harness's remote tokenizer reads it).
+    let info: Value = http
+        .get(format!("{base}/tokenizer_info"))
+        .bearer_auth(KEY)
+        .send()
+        .await
+        .expect("GET /tokenizer_info")
+        .json()
+        .await
+        .expect("a JSON answer");
+    // The first of the model's end-of-sequence tokens (the tiny model has two).
+    assert_eq!(info["eos_token"], "<|endoftext|>", "{info}");
+    assert_eq!(info["bos_token"], "<|im_start|>", "{info}");
+    assert_eq!(info["add_bos_token"], false, "{info}");
+    assert_eq!(info["model_max_length"], 256, "{info}");
+    assert!(info["chat_template"].is_string(), "{info}");
 
     // Messages: exactly the ids a chat request with them prefills.
     let messages = json!([{"role": "system", "content": "Be brief."},

@@ -1,7 +1,7 @@
 //! The OpenAI-compatible HTTP front (axum, on `http_listen`): `POST /v1/chat/completions`,
 //! `POST /v1/completions`, `GET /v1/models` and `GET /health`, plus `POST /tokenize` and
 //! `POST /detokenize` as vLLM and llama.cpp's server have them ([`tokenize`]; what `bench
-//! --openai` fits its prompts with), and `GET /metrics`
+//! --openai` fits its prompts with), vLLM's `GET /tokenizer_info`, and `GET /metrics`
 //! (the router's Prometheus metrics, also on `metrics_listen`; open like `/health`, as vLLM's).
 //!
 //! It shares everything behind the gRPC front: the drain, one validation pass
@@ -13,7 +13,7 @@
 //! - [`schema`]: request bodies and their translation into [`crate::request::GenerationRequest`]s;
 //! - [`reply`]: response documents and chunks;
 //! - [`run`]: gathering or streaming the choices;
-//! - [`tokenize`]: `/tokenize` and `/detokenize`;
+//! - [`tokenize`]: `/tokenize`, `/detokenize` and `/tokenizer_info`;
 //! - [`cors`]: CORS for browser clients (`allowed_origins`);
 //! - [`tools`]: the tool-calling fields (`tools`, `tool_choice`, the messages' calls);
 //! - [`error`]: OpenAI's error object and the HTTP statuses.
@@ -91,6 +91,7 @@ impl OpenAiFront {
             .route("/v1/models/{*id}", get(model))
             .route("/tokenize", post(tokenize))
             .route("/detokenize", post(detokenize))
+            .route("/tokenizer_info", get(tokenizer_info))
             .route_layer(axum::middleware::from_fn(
                 move |mut request: axum::extract::Request, next: axum::middleware::Next| {
                     let checked = keys.identify(
@@ -287,6 +288,7 @@ impl OpenAiFront {
                 .first()
                 .filter(|_| shape.tool_calls)
                 .map(|(model, _)| model.context.tool_syntax),
+            token_ids: shape.token_ids,
         };
         if shape.stream {
             let body = run::events(reply, choices, prompt_tokens, call);
@@ -318,6 +320,14 @@ fn json_response(status: StatusCode, value: &serde_json::Value) -> Response {
 async fn tokenize(State(front): State<Arc<OpenAiFront>>, body: Body) -> Response {
     let limit = front.limits.max_request_bytes as usize;
     match tokenize::tokenize(&front.pool, limit, body).await {
+        Ok(value) => json_response(StatusCode::OK, &value),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `GET /tokenizer_info` ([`tokenize::tokenizer_info`]).
+async fn tokenizer_info(State(front): State<Arc<OpenAiFront>>) -> Response {
+    match tokenize::tokenizer_info(&front.pool) {
         Ok(value) => json_response(StatusCode::OK, &value),
         Err(e) => e.into_response(),
     }

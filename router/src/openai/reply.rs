@@ -33,6 +33,9 @@ pub struct Reply {
     pub include_usage: bool,
     /// Chat with tools: the syntax tool calls are read out of the text in.
     pub tool_syntax: Option<ToolSyntax>,
+    /// vLLM's `return_tokens_as_token_ids`: the tokens of `logprobs` and their alternatives are
+    /// named `token_id:ID` instead of by their texts (`bytes` stay the texts' bytes).
+    pub token_ids: bool,
 }
 
 /// The finish reason of a choice that made tool calls: `tool_calls` where it would be `stop`.
@@ -142,18 +145,25 @@ impl Reply {
         if !self.logprobs {
             return Value::Null;
         }
+        let name = |id: u32, text: &str| {
+            if self.token_ids {
+                format!("token_id:{id}")
+            } else {
+                text.to_string()
+            }
+        };
         match self.endpoint {
             Endpoint::Chat => {
-                let entry = |text: &str, logprob: f32| json!({"token": text, "logprob": logprob, "bytes": text.as_bytes()});
+                let entry = |id: u32, text: &str, logprob: f32| json!({"token": name(id, text), "logprob": logprob, "bytes": text.as_bytes()});
                 let content: Vec<Value> = text
                     .tokens
                     .iter()
                     .map(|ShownToken { token: t, .. }| {
-                        let mut e = entry(&t.text, t.logprob);
+                        let mut e = entry(t.id, &t.text, t.logprob);
                         e["top_logprobs"] = t
                             .top_logprobs
                             .iter()
-                            .map(|a| entry(&a.text, a.logprob))
+                            .map(|a| entry(a.id, &a.text, a.logprob))
                             .collect();
                         e
                     })
@@ -163,13 +173,13 @@ impl Reply {
             Endpoint::Completions => {
                 let tokens = &text.tokens;
                 json!({
-                    "tokens": tokens.iter().map(|t| t.token.text.as_str()).collect::<Vec<_>>(),
+                    "tokens": tokens.iter().map(|t| name(t.token.id, &t.token.text)).collect::<Vec<_>>(),
                     "token_logprobs": tokens.iter().map(|t| t.logprob).collect::<Vec<_>>(),
                     // OpenAI's first echoed prompt token has `null` here too.
                     "top_logprobs": tokens.iter().map(|t| {
                         t.logprob.map(|_| t.token.top_logprobs
                             .iter()
-                            .map(|a| (a.text.clone(), json!(a.logprob)))
+                            .map(|a| (name(a.id, &a.text), json!(a.logprob)))
                             .collect::<serde_json::Map<_, _>>())
                     }).collect::<Vec<_>>(),
                     "text_offset": tokens.iter().map(|t| t.offset).collect::<Vec<_>>(),
@@ -351,6 +361,7 @@ mod tests {
             logprobs: true,
             include_usage: false,
             tool_syntax: None,
+            token_ids: false,
         }
     }
 
@@ -391,6 +402,22 @@ mod tests {
         assert_eq!(chat["content"][0]["bytes"], json!("hé".as_bytes()));
         assert_eq!(chat["content"][1]["top_logprobs"][0]["token"], "z");
         assert_eq!(chat["content"].as_array().unwrap().len(), 2);
+        // vLLM's `return_tokens_as_token_ids`: tokens and alternatives named by id.
+        let by_id = Reply {
+            token_ids: true,
+            ..reply(Endpoint::Completions)
+        };
+        let lp = by_id.logprobs(&c);
+        assert_eq!(lp["tokens"], json!(["token_id:1", "token_id:2"]));
+        assert_eq!(lp["top_logprobs"][1], json!({"token_id:9": -0.5}));
+        let chat = Reply {
+            endpoint: Endpoint::Chat,
+            ..by_id
+        }
+        .logprobs(&c);
+        assert_eq!(chat["content"][0]["token"], "token_id:1");
+        assert_eq!(chat["content"][0]["bytes"], json!("hé".as_bytes()));
+        assert_eq!(chat["content"][1]["top_logprobs"][0]["token"], "token_id:9");
         let taken = c.take();
         assert_eq!(taken.text, "hé!");
         assert!(c.is_empty());

@@ -229,6 +229,9 @@ pub struct CompletionBody {
     /// Extension: `false` opts this request out of speculative decoding (outputs are the same
     /// either way; only the speed differs).
     pub speculation: Option<bool>,
+    /// vLLM: name every token of `logprobs` (and of its alternatives) `token_id:ID` instead of by
+    /// its text, so that tokens of the same text stay apart.
+    pub return_tokens_as_token_ids: Option<bool>,
 }
 
 /// Parses a request body.
@@ -318,6 +321,8 @@ pub struct Shape {
     pub tool_calls: bool,
     /// Completions' `echo: true` (see [`super::echo`]).
     pub echo: Option<Echo>,
+    /// vLLM's `return_tokens_as_token_ids`: tokens in `logprobs` named `token_id:ID`.
+    pub token_ids: bool,
 }
 
 impl CompletionBody {
@@ -397,6 +402,7 @@ impl CompletionBody {
             logprobs,
             tool_calls: false,
             echo: None,
+            token_ids: self.return_tokens_as_token_ids == Some(true),
         };
         let tools = match endpoint {
             Endpoint::Chat => tool_request(

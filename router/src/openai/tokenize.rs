@@ -11,6 +11,13 @@
 //! - `/detokenize`: `{"tokens": [ids], "model"}` -> `{"prompt": TEXT}` (vLLM) with the same text
 //!   as `"content"` (llama.cpp); special tokens are kept in the text.
 //!
+//! - `GET /tokenizer_info`: vLLM's description of the default model's tokenizer, what
+//!   lm-evaluation-harness's `local-completions` reads to tokenize through this server
+//!   (`tokenizer_backend=remote`, chosen by itself when the route answers): `{"tokenizer_class":
+//!   "TextTokenizer", "eos_token": TEXT, "bos_token": TEXT | null, "pad_token": null,
+//!   "add_bos_token": BOOL, "model_max_length": CONTEXT, "chat_template": SOURCE | null}` (the
+//!   tokens' texts as the vocabulary spells them, e.g. `<|im_end|>`).
+//!
 //! Both name a served model with `model` (the default model without one) and answer 404
 //! `model_not_found` / 400 `model_required` as the generation routes do; a body that is not JSON,
 //! of the wrong shape or with an id outside the vocabulary gets 400 naming the field. Tokenizing
@@ -189,6 +196,24 @@ pub async fn tokenize(pool: &WorkerPool, limit: usize, body: Body) -> Result<Val
         Ok(answer)
     })
     .await
+}
+
+/// `GET /tokenizer_info` (see the module docs): the default model's tokenizer description.
+///
+/// Errors: 503 while no worker described the model.
+pub fn tokenizer_info(pool: &WorkerPool) -> Result<Value, ApiError> {
+    let model = model_context(pool, None)?;
+    let text = |id: u32| model.tokenizer.decode(&[id], false);
+    Ok(json!({
+        "tokenizer_class": "TextTokenizer",
+        "eos_token": model.eos_token_ids.first().map(|&id| text(id)),
+        "bos_token": model.bos_token_id.map(text),
+        "pad_token": null,
+        "add_bos_token": model.add_bos_token,
+        "model_max_length": model.context_length,
+        "chat_template": (!model.chat_template_source.is_empty())
+            .then_some(model.chat_template_source.as_str()),
+    }))
 }
 
 /// `POST /detokenize` (see the module docs) with a body of at most `limit` bytes: the answer's

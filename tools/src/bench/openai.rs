@@ -98,6 +98,13 @@ pub async fn connect(
     }
 }
 
+impl OpenAiServer {
+    /// The HTTP client (with the `Authorization` header when an API key was given).
+    pub fn client(&self) -> &reqwest::Client {
+        &self.client
+    }
+}
+
 fn server(client: reqwest::Client, base: String, model: String) -> OpenAiServer {
     OpenAiServer {
         client,

@@ -14,7 +14,9 @@
 //! processes, and its simulator (`tools::fleet`; `bench fleet --help`).
 //!
 //! `bench quality ...`: perplexity, KL divergence and top-1 agreement of the CPU backend's `fast`
-//! numerics against `exact` over a text, in-process (`tools::quality`; `bench quality --help`).
+//! numerics against `exact` over a text, in-process (`tools::quality`; `bench quality --help`);
+//! `bench quality --api URL --candidate-api URL`: perplexity and top-1 agreement of two servers
+//! over a text through their OpenAI-compatible APIs (`tools::quality::api`).
 //!
 //! Exit status: 0 when every measured request succeeded, 1 when any failed (the summary is still
 //! printed and written), 2 when the run could not start or the JSON could not be written.
@@ -41,7 +43,7 @@ async fn main() -> ExitCode {
     }
     if std::env::args().nth(1).as_deref() == Some("quality") {
         let args = QualityArgs::parse_from(std::env::args().skip(1));
-        return match quality::cli::run(&args) {
+        return match quality::cli::run(&args).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("bench quality: {e:#}");

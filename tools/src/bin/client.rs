@@ -4,6 +4,10 @@
 //! break. `--json-schema FILE`, `--json-object`, `--regex REGEX`, `--lark FILE` or `--choice TEXT`
 //! (repeatable) constrain the output (structured output). `--tls-ca PATH` (and `--tls-server-name`)
 //! call a router that serves TLS; `--api-key` (or `INFERENCE_API_KEY`) one that needs a key.
+//! `--prompt-logprobs N` scores the prompt's own tokens (`GenerateRequest.prompt_logprobs`) and
+//! prints them first, as one JSON line on stdout: `{"prompt_tokens": [{"id", "text", "logprob",
+//! "top_logprobs": [{"id", "text", "logprob"}]}]}` (natural logs; the first token's `logprob` is
+//! `null`), then the generated text as usual.
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -12,7 +16,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use inference_proto::public::{
     constraint::Kind, text_generation_client::TextGenerationClient, ChatMessage, ChoiceList,
-    Constraint, FinishReason, GenerateRequest, ModelInfoRequest,
+    Constraint, FinishReason, GenerateRequest, ModelInfoRequest, PromptToken,
 };
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::interceptor::InterceptedService;
@@ -91,6 +95,10 @@ struct Args {
     /// Structured output: the text is exactly one of these strings (repeatable).
     #[arg(long, value_name = "TEXT", group = "constraint")]
     choice: Vec<String>,
+    /// Score the prompt's tokens with this many alternatives each (0 to 20) and print them as one
+    /// JSON line before the text (see the module docs).
+    #[arg(long, value_name = "N")]
+    prompt_logprobs: Option<u32>,
     /// Wait up to this many seconds for the router to have a ready worker (polling `ModelInfo`).
     #[arg(long, default_value_t = 0)]
     wait_ready_secs: u64,
@@ -205,12 +213,16 @@ async fn run(mut args: Args) -> anyhow::Result<()> {
         stop: args.stop,
         ignore_eos: args.ignore_eos,
         prompt_as_plain_text: args.plain_text,
+        prompt_logprobs: args.prompt_logprobs,
         ..Default::default()
     };
     let started = Instant::now();
     let mut stream = client.generate(request).await?.into_inner();
     let mut stdout = std::io::stdout();
     while let Some(message) = stream.message().await? {
+        if !message.prompt_tokens.is_empty() {
+            println!("{}", prompt_tokens_json(&message.prompt_tokens));
+        }
         print!("{}", message.text);
         stdout.flush()?;
         if let Some(usage) = message.usage {
@@ -241,6 +253,23 @@ async fn run(mut args: Args) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The scored prompt tokens as one JSON object (see the module docs).
+fn prompt_tokens_json(tokens: &[PromptToken]) -> serde_json::Value {
+    let entries: Vec<serde_json::Value> = tokens
+        .iter()
+        .map(|t| {
+            let top: Vec<serde_json::Value> = t
+                .top_logprobs
+                .iter()
+                .map(|a| serde_json::json!({"id": a.id, "text": a.text, "logprob": a.logprob}))
+                .collect();
+            serde_json::json!({"id": t.id, "text": t.text, "logprob": t.logprob,
+                               "top_logprobs": top})
+        })
+        .collect();
+    serde_json::json!({ "prompt_tokens": entries })
 }
 
 /// Polls `ModelInfo` until the router reports a ready worker or `budget` has passed.

@@ -1,6 +1,8 @@
 //! The `bench quality` command line: `bench quality [--model PATH] [--text PATH] [--baseline exact]
 //! [--candidate fast] [--window 512] [--threads N] [--json PATH]`, or with `--prompts FILE` the
-//! greedy agreement on a reference file's prompts instead of the text ([`super::prompts`]).
+//! greedy agreement on a reference file's prompts instead of the text ([`super::prompts`]), or
+//! with `--api URL --candidate-api URL` the text's perplexity and top-1 agreement of two servers
+//! through their HTTP APIs instead of the CPU backend in-process ([`super::api`]).
 //!
 //! Prints the report's table on stdout and each window's progress on stderr; `--json PATH` also
 //! writes the report as JSON.
@@ -12,6 +14,7 @@ use backend_cpu::{CpuModel, IntPath, Numerics, SimdPath};
 use clap::builder::TypedValueParser;
 use clap::Parser;
 
+use super::api::{evaluate_api, ApiRun};
 use super::evaluate::{evaluate, Progress, QualityRun};
 use super::prompts::{greedy_agreement, read_reference, render};
 use super::report::cpu_model_name;
@@ -55,6 +58,27 @@ pub struct QualityArgs {
     /// (e.g. `fixtures/reference.json` for SmolLM2, `fixtures/gemma3-270m.json` for Gemma 3).
     #[arg(long)]
     pub prompts: Option<PathBuf>,
+    /// Instead of the CPU backend in-process: the baseline server, an OpenAI-compatible base URL
+    /// (`http://HOST:PORT`) with `/tokenize` and completions' `echo` + `logprobs`; needs
+    /// `--candidate-api`. `--model`, `--baseline`, `--candidate`, `--chunk` and `--threads` do
+    /// not apply; no KL is reported.
+    #[arg(long, requires = "candidate_api", conflicts_with = "prompts")]
+    pub api: Option<String>,
+    /// The candidate server of `--api`.
+    #[arg(long, requires = "api")]
+    pub candidate_api: Option<String>,
+    /// The model name sent to `--api` (default: the first its `GET /v1/models` lists).
+    #[arg(long)]
+    pub api_model: Option<String>,
+    /// The model name sent to `--candidate-api` (default: the first it lists).
+    #[arg(long)]
+    pub candidate_api_model: Option<String>,
+    /// Alternatives per position asked of each server with `--api` (completions' `logprobs`).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
+    pub api_logprobs: u32,
+    /// Sent to both servers as `Authorization: Bearer KEY`.
+    #[arg(long)]
+    pub api_key: Option<String>,
     /// Also write the report as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -71,12 +95,19 @@ fn numerics_parser() -> impl TypedValueParser<Value = Numerics> {
 /// Runs `bench quality` with `args`: prints the table on stdout (progress on stderr) and writes
 /// the JSON when asked.
 ///
-/// Errors: those of [`evaluate`] or of the prompts' run, and writing the JSON.
-pub fn run(args: &QualityArgs) -> anyhow::Result<()> {
-    backend_cpu::pool::set_threads(args.threads);
-    let json = match &args.prompts {
-        Some(reference) => run_prompts(args, reference)?,
-        None => run_text(args)?,
+/// Errors: those of [`evaluate`], of [`evaluate_api`] or of the prompts' run, and writing the
+/// JSON.
+pub async fn run(args: &QualityArgs) -> anyhow::Result<()> {
+    let json = match (&args.api, &args.candidate_api, &args.prompts) {
+        (Some(baseline), Some(candidate), _) => run_api(args, baseline, candidate).await?,
+        (_, _, Some(reference)) => {
+            backend_cpu::pool::set_threads(args.threads);
+            run_prompts(args, reference)?
+        }
+        _ => {
+            backend_cpu::pool::set_threads(args.threads);
+            run_text(args)?
+        }
     };
     if let Some(path) = &args.json {
         let bytes = serde_json::to_vec_pretty(&json).context("encoding the report")?;
@@ -111,6 +142,43 @@ fn run_text(args: &QualityArgs) -> anyhow::Result<serde_json::Value> {
         format!(
             "measuring {} on {}",
             args.model.display(),
+            args.text.display()
+        )
+    })?;
+    println!("{}", report.render());
+    Ok(serde_json::to_value(&report)?)
+}
+
+/// The text's run through two servers' APIs; returns its JSON.
+async fn run_api(
+    args: &QualityArgs,
+    baseline: &str,
+    candidate: &str,
+) -> anyhow::Result<serde_json::Value> {
+    let run = ApiRun {
+        baseline,
+        candidate,
+        baseline_model: args.api_model.as_deref(),
+        candidate_model: args.candidate_api_model.as_deref(),
+        api_key: args.api_key.as_deref(),
+        text: &args.text,
+        window: args.window,
+        score_from: args.score_from,
+        max_windows: args.max_windows,
+        top_logprobs: args.api_logprobs,
+    };
+    let mut show = |p: Progress| {
+        eprint!(
+            "\rbench quality: window {}/{} ({:.0} s)",
+            p.done, p.total, p.elapsed_s
+        );
+        if p.done == p.total {
+            eprintln!();
+        }
+    };
+    let report = evaluate_api(&run, &mut show).await.with_context(|| {
+        format!(
+            "measuring {baseline} against {candidate} on {}",
             args.text.display()
         )
     })?;

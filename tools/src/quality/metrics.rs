@@ -84,9 +84,11 @@ fn compare(baseline: &[f32], candidate: &[f32]) -> Compared {
     }
 }
 
-/// The per-position measurements of a text, added position by position ([`QualityTally::add`]).
+/// The per-position measurements of a text, added position by position ([`QualityTally::add`]
+/// from two logits rows, or [`QualityTally::add_scores`] from what a server reports).
 #[derive(Debug, Clone, Default)]
 pub struct QualityTally {
+    scored: usize,
     nll_baseline: f64,
     nll_candidate: f64,
     kl: Vec<f64>,
@@ -106,20 +108,39 @@ impl QualityTally {
     pub fn add(&mut self, baseline: &[f32], candidate: &[f32], target: u32) {
         let c = compare(baseline, candidate);
         let t = target as usize;
-        self.nll_baseline += c.lse_baseline - f64::from(baseline[t]);
-        self.nll_candidate += c.lse_candidate - f64::from(candidate[t]);
-        self.kl.push(c.kl);
-        if argmax(baseline) == argmax(candidate) {
-            self.top1_agree += 1;
-        }
+        self.add_scores(
+            c.lse_baseline - f64::from(baseline[t]),
+            c.lse_candidate - f64::from(candidate[t]),
+            Some(c.kl),
+            argmax(baseline) == argmax(candidate),
+        );
+    }
+
+    /// Scores one position from its measurements: each setting's negative log-likelihood (nats)
+    /// of the text's next token, the KL divergence when known (`None` where only each side's
+    /// top tokens are known, e.g. through an API; then the summary has no KL), and whether both
+    /// settings' most likely token is the same.
+    pub fn add_scores(
+        &mut self,
+        nll_baseline: f64,
+        nll_candidate: f64,
+        kl: Option<f64>,
+        top1_agree: bool,
+    ) {
+        self.scored += 1;
+        self.nll_baseline += nll_baseline;
+        self.nll_candidate += nll_candidate;
+        self.kl.extend(kl);
+        self.top1_agree += usize::from(top1_agree);
     }
 
     /// Positions scored so far.
     pub fn scored(&self) -> usize {
-        self.kl.len()
+        self.scored
     }
 
-    /// The summary of the positions scored so far (`None` when there are none).
+    /// The summary of the positions scored so far (`None` when there are none). The KL figures
+    /// are `None` unless every position had its KL.
     pub fn summary(&self) -> Option<QualitySummary> {
         let n = self.scored();
         if n == 0 {
@@ -127,6 +148,7 @@ impl QualityTally {
         }
         let mut kl = self.kl.clone();
         kl.sort_by(f64::total_cmp);
+        let kl_known = kl.len() == n;
         let mean_nll_baseline = self.nll_baseline / n as f64;
         let mean_nll_candidate = self.nll_candidate / n as f64;
         let ppl_baseline = mean_nll_baseline.exp();
@@ -138,9 +160,9 @@ impl QualityTally {
             perplexity_baseline: ppl_baseline,
             perplexity_candidate: ppl_candidate,
             perplexity_change_pct: (ppl_candidate / ppl_baseline - 1.0) * 100.0,
-            kl_mean: kl.iter().sum::<f64>() / n as f64,
-            kl_p99: percentile(&kl, 99.0).unwrap_or(0.0),
-            kl_max: kl[n - 1],
+            kl_mean: kl_known.then(|| kl.iter().sum::<f64>() / n as f64),
+            kl_p99: kl_known.then(|| percentile(&kl, 99.0).unwrap_or(0.0)),
+            kl_max: kl_known.then(|| kl[n - 1]),
             top1_agree: self.top1_agree,
             top1_agreement: self.top1_agree as f64 / n as f64,
         })
@@ -162,13 +184,14 @@ pub struct QualitySummary {
     pub perplexity_candidate: f64,
     /// `(perplexity_candidate / perplexity_baseline - 1) * 100`.
     pub perplexity_change_pct: f64,
-    /// Mean of the per-position `KL(baseline || candidate)`, nats.
-    pub kl_mean: f64,
+    /// Mean of the per-position `KL(baseline || candidate)`, nats (`None`, JSON `null`, when the
+    /// distributions were not known, as through an API).
+    pub kl_mean: Option<f64>,
     /// 99th percentile of the per-position KL (linear interpolation between ranks, as
     /// [`percentile`]), nats.
-    pub kl_p99: f64,
+    pub kl_p99: Option<f64>,
     /// Largest per-position KL, nats.
-    pub kl_max: f64,
+    pub kl_max: Option<f64>,
     /// Positions where both settings' top-1 token is the same.
     pub top1_agree: usize,
     /// `top1_agree / scored`, in `[0, 1]`.
@@ -243,11 +266,30 @@ mod tests {
             .iter()
             .map(|q| 0.25 * (0.25 / q).ln())
             .sum();
-        assert!(close(s.kl_mean, kl1 / 2.0, 1e-7));
-        assert!(close(s.kl_max, kl1, 1e-7));
+        assert!(close(s.kl_mean.unwrap(), kl1 / 2.0, 1e-7));
+        assert!(close(s.kl_max.unwrap(), kl1, 1e-7));
         // p99 of [0, kl1] by linear interpolation: 0.99 * kl1.
-        assert!(close(s.kl_p99, 0.99 * kl1, 1e-7));
+        assert!(close(s.kl_p99.unwrap(), 0.99 * kl1, 1e-7));
         assert_eq!(s.top1_agree, 1);
         assert_eq!(s.top1_agreement, 0.5);
+    }
+
+    #[test]
+    fn scores_without_kl_summarise_perplexity_and_top1_only() {
+        let mut t = QualityTally::new();
+        t.add_scores(4f64.ln(), 2f64.ln(), None, true);
+        t.add_scores(1f64.ln(), 2f64.ln(), None, false);
+        t.add_scores(4f64.ln(), 2f64.ln(), None, true);
+        let s = t.summary().unwrap();
+        assert_eq!(s.scored, 3);
+        // exp(mean(ln 4, 0, ln 4)) = 16^(1/3); the candidate's is 2.
+        assert!(close(s.perplexity_baseline, 16f64.powf(1.0 / 3.0), 1e-12));
+        assert!(close(s.perplexity_candidate, 2.0, 1e-12));
+        assert_eq!((s.kl_mean, s.kl_p99, s.kl_max), (None, None, None));
+        assert_eq!(s.top1_agree, 2);
+        assert!(close(s.top1_agreement, 2.0 / 3.0, 1e-15));
+        // One position with a KL among positions without: still no KL figure.
+        t.add(&[0.0; 2], &[0.0; 2], 0);
+        assert_eq!(t.summary().unwrap().kl_mean, None);
     }
 }

@@ -9,7 +9,8 @@
 //! of each setting, the mean and p99 KL divergence of the candidate's next-token distributions
 //! against the baseline's, and top-1 agreement. [`evaluate`] does it all; [`cli`] is the command
 //! line; [`report`] the table and the JSON. [`prompts`] compares greedy decoding of the project's
-//! reference prompts in both settings.
+//! reference prompts in both settings. [`api`] measures two servers through their HTTP APIs
+//! instead (`--api URL --candidate-api URL`), with the same windows and metrics but no KL.
 //!
 //! What is scored: within a window, each token given the window's tokens before it; a window's
 //! first token is not scored (a window that starts with the model's BOS token scores all its text
@@ -17,6 +18,7 @@
 //! of each window, so its perplexity is lower for the same model and text; `--score-from 256`
 //! scores as it does.
 
+pub mod api;
 pub mod cli;
 pub mod evaluate;
 pub mod metrics;

@@ -37,6 +37,7 @@ fn chat_body_maps_every_field() {
             logprobs: true,
             tool_calls: false,
             echo: None,
+            token_ids: false,
         }
     );
     let [r] = &reqs[..] else {
