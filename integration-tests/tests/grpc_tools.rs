@@ -51,7 +51,7 @@ fn schema(i: usize) -> Value {
     for j in 0..1 + i % 3 {
         let name = format!("p{j}");
         properties.insert(name.clone(), kinds[(i + 2 * j) % kinds.len()].clone());
-        if (i + j) % 2 == 0 {
+        if (i + j).is_multiple_of(2) {
             required.push(name);
         }
     }
