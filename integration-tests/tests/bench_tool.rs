@@ -564,3 +564,62 @@ async fn bench_constrains_a_fraction_of_requests_and_reports_the_mask_time() {
         "{split}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_drives_a_tenant_mix_and_reports_each_tenant() {
+    let (_dir, model) = tiny_model(8);
+    let files = tempfile::tempdir().unwrap();
+    let tenants = files.path().join("tenants.toml");
+    std::fs::write(
+        &tenants,
+        "[[tenant]]\nname = \"flood\"\nkeys = [\"key-flood\"]\nrequests_per_second = 2\n\
+         max_priority = 0\n\
+         [[tenant]]\nname = \"calm\"\nkeys = [\"key-calm\"]\nmax_priority = 5\n",
+    )
+    .unwrap();
+    let (_worker, worker_addr) = integration_tests::start_worker(&model).await;
+    let (_router, router) = integration_tests::start_router_with_env(
+        &[&worker_addr],
+        &["--tenants-file", tenants.to_str().unwrap()],
+        &[],
+    )
+    .await;
+    // flood: 40 req/s against its 2/s quota; calm: 4 req/s at priority 5, no limit.
+    let (ok, text, json) = bench(
+        &router,
+        &[
+            "--tenant-mix",
+            "flood:key-flood:40:-1,calm:key-calm:4:5",
+            "--requests",
+            "44",
+            "--prompt-tokens",
+            "12",
+            "--max-new-tokens",
+            "4",
+        ],
+    )
+    .await;
+    assert!(ok, "refusals are outcomes with --tenant-mix: {text}");
+    assert!(text.contains("TTFT p99 ms"), "{text}");
+    let json = json.expect("the JSON report");
+    let tenants = json["tenants"].as_array().expect("tenants in the JSON");
+    let (flood, calm) = (&tenants[0], &tenants[1]);
+    assert_eq!(flood["name"], "flood");
+    let total = flood["requests"].as_u64().unwrap() + calm["requests"].as_u64().unwrap();
+    assert_eq!(total, 44);
+    assert!(
+        calm["requests"].as_u64().unwrap() >= 1,
+        "calm drew no request: {calm}"
+    );
+    assert_eq!(calm["refused"], 0, "{calm}");
+    assert_eq!(calm["failed"], 0, "{calm}");
+    assert!(flood["refused"].as_u64().unwrap() > 10, "{flood}");
+    assert_eq!(flood["failed"], 0, "{flood}");
+    assert!(calm["ttft_p99_ms"].as_f64().unwrap() > 0.0, "{calm}");
+    // Each record names its tenant; no key is written.
+    let records = json["requests"].as_array().unwrap();
+    assert!(records
+        .iter()
+        .all(|r| r["tenant"] == "flood" || r["tenant"] == "calm"));
+    assert!(!json.to_string().contains("key-flood"));
+}

@@ -18,6 +18,8 @@
 //! - [`request`]: one request, sent and followed to its end;
 //! - [`mask_time`]: `--worker-metrics`, the worker's mask time per token from its histogram;
 //! - [`report`]: per-request records, the summary and the JSON layout;
+//! - [`tenant_mix`]: `--tenant-mix`, several tenants' keys, rates and priorities at once, and each
+//!   tenant's figures;
 //! - [`stats`]: percentiles; [`rng`]: the seeded random stream.
 
 pub mod constraint;
@@ -32,11 +34,13 @@ pub mod rng;
 pub mod run;
 pub mod stats;
 pub mod target;
+pub mod tenant_mix;
 
 use clap::{ArgAction, Parser};
 use serde::Serialize;
 
 use constraint::ConstraintSpec;
+use tenant_mix::TenantMix;
 
 /// `bench` command line. Every length is in tokens, every rate per second of wall time.
 #[derive(Debug, Clone, Parser, Serialize)]
@@ -115,6 +119,14 @@ pub struct BenchArgs {
     /// `--concurrency` slots sends its next request when the previous one ends.
     #[arg(long)]
     pub request_rate: Option<f64>,
+    /// Several tenants at once: `NAME:KEY:RATE[:PRIORITY]`, comma separated, e.g.
+    /// `batch:sk-batch:20:-1,search:sk-search:2` (RATE in requests/s: open loop, Poisson arrivals
+    /// per tenant; PRIORITY the `priority` its requests ask for). Each request carries its
+    /// tenant's key; the report adds each tenant's requests, refusals, TTFT p50 / p99 and
+    /// generated tokens/s. Refusals (`RESOURCE_EXHAUSTED`) are then outcomes, not failures.
+    /// Router only; conflicts with `--request-rate` and `--api-key`.
+    #[arg(long, value_name = "SPEC", conflicts_with_all = ["worker", "openai", "request_rate", "api_key"])]
+    pub tenant_mix: Option<TenantMix>,
     /// Prompt length in tokens (exact, BOS included when the model adds one).
     #[arg(long, default_value_t = 128)]
     pub prompt_tokens: usize,
@@ -169,11 +181,16 @@ impl BenchArgs {
     /// The cap on requests in flight: `--concurrency`, or 16 in closed loop and `--requests`
     /// (unlimited) in open loop.
     pub fn effective_concurrency(&self) -> usize {
-        match (self.concurrency, self.request_rate) {
+        match (self.concurrency, self.open_loop()) {
             (Some(c), _) => c,
-            (None, None) => 16,
-            (None, Some(_)) => self.requests.max(1),
+            (None, false) => 16,
+            (None, true) => self.requests.max(1),
         }
+    }
+
+    /// Whether requests arrive on a schedule (`--request-rate` or `--tenant-mix`).
+    pub fn open_loop(&self) -> bool {
+        self.request_rate.is_some() || self.tenant_mix.is_some()
     }
 
     /// The fraction of requests that carry the constraint: `--constrained-fraction`, 1 with

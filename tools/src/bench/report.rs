@@ -56,6 +56,9 @@ pub struct RequestError {
 pub struct RequestRecord {
     /// Index within the measured phase (0-based; warmup requests are not recorded).
     pub index: usize,
+    /// Its tenant's name (`--tenant-mix`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
     /// Prompt length in tokens (exact, verified by tokenizing the prompt text).
     pub prompt_tokens: u32,
     /// The `max_new_tokens` asked for.
@@ -404,6 +407,9 @@ pub struct Report<C: Serialize> {
     pub constrained: Option<ConstrainedSummary>,
     /// With `--worker-metrics`: the worker's mask time during the measured phase.
     pub mask_time: Option<super::mask_time::MaskTime>,
+    /// With `--tenant-mix`: each tenant's figures.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenants: Option<Vec<super::tenant_mix::TenantSummary>>,
     /// Every measured request, by index.
     pub requests: Vec<RequestRecord>,
 }
@@ -415,6 +421,7 @@ mod tests {
     fn record(index: usize, ttft: f64, e2e: f64, tokens: u32) -> RequestRecord {
         RequestRecord {
             index,
+            tenant: None,
             prompt_tokens: 10,
             max_new_tokens: tokens,
             seed: 0,

@@ -24,6 +24,7 @@ use super::openai::{self, Followed, OpenAiServer};
 use super::plan::Planned;
 use super::report::{inter_token_gaps, RequestError, RequestRecord};
 use super::target::{RouterClient, Target};
+use super::tenant_mix::TenantLoad;
 use super::BenchArgs;
 
 /// Counters the progress line reads.
@@ -51,6 +52,8 @@ pub struct Context<'a> {
     pub progress: &'a Progress,
     /// The checker of constrained outputs (with `--constraint`).
     pub check: Option<&'a OutputCheck>,
+    /// Its tenant (with `--tenant-mix`): the key and priority it is sent with.
+    pub tenant: Option<&'a TenantLoad>,
 }
 
 /// Sends `plan` to `target` with the sampling settings of `args` and follows it to its end.
@@ -76,10 +79,12 @@ pub async fn send(
                 ignore_eos: plan.ignore_eos(args),
                 request_id: Some(cx.request_id.clone()),
                 constraint: constraint.map(|c| c.to_proto()),
+                priority: cx.tenant.and_then(|t| t.priority),
                 ..Default::default()
             };
             let client = &clients[cx.index % clients.len()];
-            follow_router(client, request, sent, timeout, cx.progress).await
+            let key = cx.tenant.map(|t| t.key.as_str());
+            follow_router(client, request, key, sent, timeout, cx.progress).await
         }
         Target::OpenAi(server) => {
             let mut body = openai::body(
@@ -172,6 +177,7 @@ struct Received {
 async fn follow_router(
     client: &RouterClient,
     request: GenerateRequest,
+    key: Option<&str>,
     sent: Instant,
     timeout: Duration,
     progress: &Progress,
@@ -179,7 +185,10 @@ async fn follow_router(
     let mut got = Received::default();
     let follow = async {
         let mut grpc = client.client.clone();
-        let mut stream = grpc.generate(client.request(request)).await?.into_inner();
+        let mut stream = grpc
+            .generate(client.request_with_key(request, key))
+            .await?
+            .into_inner();
         while let Some(message) = stream.message().await? {
             let at = ms(sent.elapsed());
             got.messages += 1;
@@ -335,6 +344,7 @@ fn record(
     let usage = got.usage.filter(|_| error.is_none());
     RequestRecord {
         index: cx.index,
+        tenant: cx.tenant.map(|t| t.name.clone()),
         prompt_tokens: plan.prompt_tokens,
         max_new_tokens: plan.max_new_tokens,
         seed: plan.seed,

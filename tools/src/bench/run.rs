@@ -26,6 +26,7 @@ use super::report::{ConstrainedSummary, Report, RequestError, RequestRecord, Sum
 use super::request::{self, Progress};
 use super::rng::{derive_seed, SplitMix64};
 use super::target::{self, Target};
+use super::tenant_mix::summarize;
 use super::BenchArgs;
 
 /// The settings stored in the report: the command line plus what was derived from it.
@@ -57,9 +58,17 @@ pub struct Outcome {
 }
 
 impl Outcome {
-    /// Whether every measured request succeeded.
+    /// Whether every measured request succeeded (with `--tenant-mix`, a `RESOURCE_EXHAUSTED`
+    /// refusal counts as an outcome: the tenants' quotas at work).
     pub fn all_ok(&self) -> bool {
-        self.report.summary.failed == 0
+        if self.report.tenants.is_none() {
+            return self.report.summary.failed == 0;
+        }
+        self.report
+            .requests
+            .iter()
+            .filter_map(|r| r.error.as_ref())
+            .all(|e| e.code == "RESOURCE_EXHAUSTED")
     }
 }
 
@@ -96,7 +105,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Outcome> {
     let mut warmup_failed = 0;
     if !warmup.is_empty() {
         eprintln!("bench: warmup, {} requests", warmup.len());
-        let records = phase.run(warmup, None, "warmup").await;
+        let records = phase.run(warmup, None, None, "warmup").await;
         let failures: Vec<&RequestError> =
             records.iter().filter_map(|r| r.error.as_ref()).collect();
         warmup_failed = failures.len();
@@ -110,25 +119,42 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Outcome> {
         }
     }
 
-    let arrivals = args.request_rate.map(|rate| {
-        let mut rng = SplitMix64::new(derive_seed(args.seed, ARRIVALS_STREAM));
-        let mut t = 0.0;
-        (0..measured.len())
-            .map(|i| {
-                if i > 0 {
-                    t += rng.exponential(rate);
-                }
-                Duration::from_secs_f64(t)
-            })
-            .collect::<Vec<_>>()
+    let schedule = args
+        .tenant_mix
+        .as_ref()
+        .map(|mix| mix.schedule(args.seed, ARRIVALS_STREAM, measured.len()));
+    let tenants: Option<Vec<usize>> = schedule
+        .as_ref()
+        .map(|s| s.iter().map(|&(_, tenant)| tenant).collect());
+    let arrivals = schedule.map(|s| s.into_iter().map(|(at, _)| at).collect::<Vec<_>>());
+    let arrivals = arrivals.or_else(|| {
+        args.request_rate.map(|rate| {
+            let mut rng = SplitMix64::new(derive_seed(args.seed, ARRIVALS_STREAM));
+            let mut t = 0.0;
+            (0..measured.len())
+                .map(|i| {
+                    if i > 0 {
+                        t += rng.exponential(rate);
+                    }
+                    Duration::from_secs_f64(t)
+                })
+                .collect::<Vec<_>>()
+        })
     });
     eprintln!(
         "bench: {} requests ({} constrained), {}",
         measured.len(),
         measured.iter().filter(|p| p.constrained).count(),
-        match args.request_rate {
-            Some(rate) => format!("{rate} req/s Poisson arrivals, at most {concurrency} in flight"),
-            None => format!("concurrency {concurrency}"),
+        match (&args.tenant_mix, args.request_rate) {
+            (Some(mix), _) => format!(
+                "{} tenants, {} req/s Poisson arrivals in all, at most {concurrency} in flight",
+                mix.tenants.len(),
+                mix.total_rate()
+            ),
+            (None, Some(rate)) => {
+                format!("{rate} req/s Poisson arrivals, at most {concurrency} in flight")
+            }
+            (None, None) => format!("concurrency {concurrency}"),
         }
     );
     let masks_before = match &metrics {
@@ -139,7 +165,14 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Outcome> {
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64);
     let phase_start = Instant::now();
-    let records = phase.run(measured, arrivals.as_deref(), "measured").await;
+    let records = phase
+        .run(
+            measured,
+            arrivals.as_deref(),
+            tenants.as_deref(),
+            "measured",
+        )
+        .await;
     let duration_s = phase_start.elapsed().as_secs_f64();
     let mask_time = match (&metrics, masks_before) {
         (Some(page), Some(before)) => {
@@ -175,6 +208,10 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Outcome> {
         summary,
         constrained,
         mask_time,
+        tenants: args
+            .tenant_mix
+            .as_ref()
+            .map(|mix| summarize(mix, &records, duration_s)),
         requests: records,
     };
     Ok(Outcome {
@@ -192,12 +229,14 @@ struct Phase {
 }
 
 impl Phase {
-    /// Sends `plans` (at `arrivals` offsets from the phase start when given) with at most
-    /// `concurrency` in flight, and returns their records in index order.
+    /// Sends `plans` (at `arrivals` offsets from the phase start when given, each as the tenant
+    /// of `--tenant-mix` that `tenants` gives) with at most `concurrency` in flight, and returns
+    /// their records in index order.
     async fn run(
         &self,
         plans: &[Planned],
         arrivals: Option<&[Duration]>,
+        tenants: Option<&[usize]>,
         phase: &'static str,
     ) -> Vec<RequestRecord> {
         let progress = Arc::new(Progress::default());
@@ -222,13 +261,16 @@ impl Phase {
             let plan = plan.clone();
             let (target, args) = (self.target.clone(), self.args.clone());
             let (check, progress) = (self.check.clone(), progress.clone());
+            let tenant = tenants.and_then(|t| t.get(index)).copied();
             tasks.spawn(async move {
+                let tenant = tenant.and_then(|i| args.tenant_mix.as_ref().map(|m| &m.tenants[i]));
                 let cx = request::Context {
                     index,
                     request_id: format!("bench-{phase}-{index}"),
                     phase_start,
                     progress: &progress,
                     check: check.as_deref(),
+                    tenant,
                 };
                 let record = request::send(&target, &args, &plan, cx).await;
                 drop(permit);

@@ -51,6 +51,20 @@ impl RouterClient {
         }
         request
     }
+
+    /// `message` as a request carrying `key` (`authorization: Bearer KEY`) in place of the
+    /// `--api-key`, when given (`--tenant-mix`; a key that is not visible ASCII is sent as none,
+    /// and the router refuses the call).
+    pub fn request_with_key<T>(&self, message: T, key: Option<&str>) -> tonic::Request<T> {
+        let Some(key) = key else {
+            return self.request(message);
+        };
+        let mut request = tonic::Request::new(message);
+        if let Ok(value) = format!("Bearer {key}").parse::<MetadataValue<Ascii>>() {
+            request.metadata_mut().insert("authorization", value);
+        }
+        request
+    }
 }
 
 /// Where requests go.
@@ -179,9 +193,14 @@ async fn connect_router(args: &BenchArgs) -> anyhow::Result<Connected> {
         .effective_concurrency()
         .div_ceil(STREAMS_PER_CONNECTION)
         .clamp(1, 16);
-    let authorization = args
-        .api_key
-        .as_ref()
+    // With `--tenant-mix`, the set-up calls (ModelInfo, Tokenize) go as its first tenant.
+    let setup_key = args.api_key.as_ref().or_else(|| {
+        args.tenant_mix
+            .as_ref()
+            .and_then(|mix| mix.tenants.first())
+            .map(|t| &t.key)
+    });
+    let authorization = setup_key
         .map(|key| format!("Bearer {key}").parse::<MetadataValue<Ascii>>())
         .transpose()
         .context("--api-key must be printable ASCII")?;

@@ -70,6 +70,9 @@ async fn main() -> ExitCode {
     if let Some(mask_time) = &outcome.report.mask_time {
         println!("{}", mask_time.render());
     }
+    if let Some(tenants) = &outcome.report.tenants {
+        println!("{}", tools::bench::tenant_mix::render(tenants));
+    }
     if let Some(path) = &args.json {
         let written = serde_json::to_vec_pretty(&outcome.report)
             .context("encoding the report")
