@@ -7,7 +7,8 @@
 //!
 //! What the client sees, concatenated over the stream:
 //! - calls were made: `text` is the content before the first call (trailing whitespace removed),
-//!   `tool_calls` the complete calls in order (a call cut short by `max_new_tokens` is left out, so
+//!   `tool_calls` the complete calls in order (a call whose arguments were cut by `max_new_tokens`
+//!   or a stop string is left out, so
 //!   every call returned parses and, under the call grammar, validates against its schema);
 //! - no call was made: `text` is the whole generation, as without tools.
 //!

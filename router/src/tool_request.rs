@@ -35,9 +35,10 @@ impl ToolRequestError {
     }
 }
 
-/// The JSON Schema of a function that declares no `parameters`: an object with no properties.
+/// The JSON Schema of a function that declares no `parameters`: an object with no properties
+/// (so its calls' arguments are `{}`).
 pub fn no_parameters() -> Value {
-    serde_json::json!({"type": "object", "properties": {}})
+    serde_json::json!({"type": "object", "properties": {}, "additionalProperties": false})
 }
 
 /// One function the model may call (OpenAI's `{"type": "function", "function": {...}}`).
@@ -48,8 +49,8 @@ pub struct FunctionTool {
     /// What it does, for the model.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
-    /// The JSON Schema of its arguments (an object schema; `{"type": "object",
-    /// "properties": {}}` when the request gives none).
+    /// The JSON Schema of its arguments (an object schema; [`no_parameters`] when the request
+    /// gives none).
     pub parameters: serde_json::Value,
     /// OpenAI's `strict`: accepted; arguments are always constrained to the schema.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -217,8 +218,8 @@ impl ToolRequest {
     }
 }
 
-/// Checks call `j` of message `i` (an assistant turn's earlier call, fed back): its `arguments`
-/// must be JSON text.
+/// Checks call `j` of message `i` (an assistant turn's earlier call, fed back): its `id` must not
+/// be empty and its `arguments` must be JSON text.
 ///
 /// Errors: [`ToolRequestError`] naming `messages`, the message and the call.
 pub fn check_message_call(
@@ -226,6 +227,12 @@ pub fn check_message_call(
     j: usize,
     call: &MessageToolCall,
 ) -> Result<(), ToolRequestError> {
+    if call.id.is_empty() {
+        return Err(ToolRequestError::new(
+            "messages",
+            format!("messages[{i}].tool_calls[{j}]: id is empty"),
+        ));
+    }
     if serde_json::from_str::<Value>(&call.arguments).is_err() {
         return Err(ToolRequestError::new(
             "messages",
@@ -235,14 +242,25 @@ pub fn check_message_call(
     Ok(())
 }
 
-/// Checks that every `tool` message answers a call an earlier assistant message made.
+/// Checks that every call id of the conversation is given once and that every `tool` message
+/// answers a call an earlier assistant message made.
 ///
-/// Errors: [`ToolRequestError`] naming `messages` for a `tool` message without `tool_call_id`, or
-/// whose id no earlier call has.
+/// Errors: [`ToolRequestError`] naming `messages` for a call id given twice, a `tool` message
+/// without `tool_call_id`, or whose id no earlier call has.
 pub fn check_tool_results(messages: &[ChatMessage]) -> Result<(), ToolRequestError> {
     let mut calls = HashSet::new();
     for (i, message) in messages.iter().enumerate() {
-        calls.extend(message.tool_calls.iter().map(|c| c.id.as_str()));
+        for (j, call) in message.tool_calls.iter().enumerate() {
+            if !calls.insert(call.id.as_str()) {
+                return Err(ToolRequestError::new(
+                    "messages",
+                    format!(
+                        "messages[{i}].tool_calls[{j}]: id {:?} is given twice in the conversation",
+                        call.id
+                    ),
+                ));
+            }
+        }
         if message.role != "tool" {
             continue;
         }

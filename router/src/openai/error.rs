@@ -49,7 +49,7 @@ impl Endpoint {
             (_, "max_new_tokens") => "max_tokens",
             (_, "constraint") => "response_format",
             (Endpoint::Chat, "prompt") => "messages",
-            (Endpoint::Completions, "top_logprobs") => "logprobs",
+            (Endpoint::Completions, "top_logprobs" | "prompt_logprobs") => "logprobs",
             (_, field) => field,
         }
     }
@@ -57,7 +57,8 @@ impl Endpoint {
 
 /// The endpoints this front serves, as the 404 and 405 answers list them.
 const SERVED: &str = "POST /v1/chat/completions, POST /v1/completions, POST /tokenize, \
-                      POST /detokenize, GET /v1/models and GET /health";
+                      POST /detokenize, GET /tokenizer_info, GET /v1/models, \
+                      GET /v1/models/{id} and GET /health";
 
 /// HTTP status, OpenAI `type` and `code` of a class of router errors.
 type Class = (StatusCode, &'static str, &'static str);
@@ -232,10 +233,17 @@ impl ApiError {
             RouteError::Model(_) => Some("model".into()),
             _ => None,
         };
-        // The public body names `max_new_tokens` `max_tokens`: so does the message.
+        // The message names the body's field too (`max_tokens`, a completion's `logprobs`).
         let message = match (&e, endpoint) {
-            (RouteError::Invalid(v), Some(_)) if v.field() == "max_new_tokens" => {
-                e.to_string().replace("max_new_tokens", "max_tokens")
+            (RouteError::Invalid(v), Some(endpoint)) => {
+                let (field, public) = (v.field(), endpoint.param(v.field()));
+                if field != public
+                    && matches!(field, "max_new_tokens" | "top_logprobs" | "prompt_logprobs")
+                {
+                    e.to_string().replace(field, public)
+                } else {
+                    e.to_string()
+                }
             }
             _ => e.to_string(),
         };
@@ -415,7 +423,8 @@ mod tests {
         assert_eq!(
             e.message,
             "no endpoint at /v1/embeddings; this server serves POST /v1/chat/completions, \
-             POST /v1/completions, POST /tokenize, POST /detokenize, GET /v1/models and GET /health"
+             POST /v1/completions, POST /tokenize, POST /detokenize, GET /tokenizer_info, \
+             GET /v1/models, GET /v1/models/{id} and GET /health"
         );
         let e = ApiError::wrong_method(&axum::http::Method::GET, "/tokenize");
         assert_eq!((e.status.as_u16(), e.code), (405, "method_not_allowed"));

@@ -176,7 +176,9 @@ impl EventStream {
         if reason.is_some() {
             deltas.extend(parser.finish());
         }
-        let made_calls = parser.has_calls();
+        // `tool_calls` only with a complete call, as the whole response and gRPC say: a call cut
+        // by the length limit or a stop string leaves its fragments in the stream, not a call.
+        let made_calls = parser.has_complete_calls();
         for delta in deltas {
             let chunk = self
                 .reply

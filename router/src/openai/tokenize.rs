@@ -90,6 +90,10 @@ impl TokenizeBody {
                 })
             }
             (None, Some(messages)) => {
+                if messages.is_empty() {
+                    // As a chat request with no messages is refused.
+                    return Err(ApiError::invalid("messages", "messages is empty"));
+                }
                 if self.add_special_tokens.or(self.add_special).is_some() {
                     return Err(ApiError::invalid(
                         "add_special_tokens",

@@ -242,6 +242,13 @@ pub fn check_constraint(
     let Some(constraint) = &req.constraint else {
         return Ok(());
     };
+    if req.ignore_eos && req.tools.is_some() {
+        // The constraint is the tool calls' grammar.
+        return invalid(
+            "tools",
+            "ignore_eos cannot be combined with tools (a complete tool call ends with EOS)".into(),
+        );
+    }
     if req.ignore_eos {
         return invalid(
             "constraint",

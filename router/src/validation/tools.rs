@@ -257,7 +257,7 @@ mod tests {
             .unwrap();
         assert_eq!(
             t.functions[0].parameters,
-            json!({"type": "object", "properties": {}})
+            json!({"type": "object", "properties": {}, "additionalProperties": false})
         );
         assert_eq!(t.functions[0].description, None);
         assert_eq!((t.choice, t.parallel), (ToolChoice::Required, false));
@@ -352,12 +352,30 @@ mod tests {
             role: "assistant".into(),
             tool_calls: vec![WireCall {
                 arguments: "{oops".into(),
-                ..call
+                ..call.clone()
             }],
             ..Default::default()
         };
         let e = grpc_messages(vec![broken]).unwrap_err();
         assert!(e.to_string().contains("messages[0].tool_calls[0]"), "{e}");
+        // An empty id, and an id given twice in the conversation.
+        let empty_id = WireMessage {
+            role: "assistant".into(),
+            tool_calls: vec![WireCall {
+                id: String::new(),
+                ..call.clone()
+            }],
+            ..Default::default()
+        };
+        let e = grpc_messages(vec![empty_id]).unwrap_err();
+        assert!(e.to_string().contains("id is empty"), "{e}");
+        let twice = WireMessage {
+            role: "assistant".into(),
+            tool_calls: vec![call.clone(), call],
+            ..Default::default()
+        };
+        let e = grpc_messages(vec![twice]).unwrap_err();
+        assert!(e.to_string().contains("given twice"), "{e}");
     }
 
     #[test]

@@ -139,15 +139,20 @@ fn scan<'a>(syntax: &ToolSyntax, text: &'a str) -> Scan<'a> {
         let Some(len) = json_value_len(rest) else {
             return out;
         };
+        // Complete once its arguments are: what the call's closing text adds carries nothing,
+        // and a streamed call has its last fragment then (so both readings agree when the
+        // length limit cuts the closing text).
         out.calls[index].arguments = &rest[..len];
+        out.calls[index].done = true;
         rest = &rest[len..];
         step!(&call_end);
-        out.calls[index].done = true;
     }
 }
 
 /// Splits a whole generation into its text and its calls. Text without the trigger, or whose run
-/// of calls breaks the syntax, is all content; a call cut short (the length limit) is left out.
+/// of calls breaks the syntax, is all content; a call whose arguments were cut short (the length
+/// limit, a stop string) is left out, and one whose arguments are whole counts even when its
+/// closing text was cut.
 pub fn parse_tool_calls(syntax: &ToolSyntax, text: &str) -> ParsedOutput {
     let whole = |text: &str| ParsedOutput {
         content: (!text.is_empty()).then(|| text.to_string()),
@@ -220,9 +225,19 @@ impl StreamingCalls {
         }
     }
 
-    /// Whether a call has started (the response's finish reason is then `tool_calls`).
+    /// Whether a call has started (its name was sent).
     pub fn has_calls(&self) -> bool {
         !self.arguments_sent.is_empty()
+    }
+
+    /// Whether a call is complete so far (its arguments whole): what [`parse_tool_calls`] would
+    /// return a call for, and what makes a finish reason `tool_calls`.
+    pub fn has_complete_calls(&self) -> bool {
+        let Some(start) = self.text.find(self.syntax.trigger) else {
+            return false;
+        };
+        let scanned = scan(&self.syntax, &self.text[start..]);
+        !scanned.broken && scanned.calls.iter().any(|c| c.done)
     }
 
     /// Reads the next piece of generated text; returns what it adds.

@@ -251,6 +251,22 @@ fn parse_splits_content_and_calls() {
         cut.content.as_deref(),
         Some("x <tool_call>\n{\"name\": \"a\", \"argu")
     );
+    // Arguments cut (a stop string, the length limit): no call. Arguments whole, the closing
+    // text cut: the call, as the stream gave it.
+    let cut = "<tool_call>\n{\"name\": \"a\", \"arguments\": {\"city\":\"";
+    assert!(parse_tool_calls(&s, cut).calls.is_empty());
+    let closing_cut =
+        "<tool_call>\n{\"name\": \"a\", \"arguments\": {\"city\":\"Paris\"}}\n</tool_";
+    let parsed = parse_tool_calls(&s, closing_cut);
+    assert_eq!(parsed.calls.len(), 1, "{parsed:?}");
+    assert_eq!(parsed.calls[0].arguments, "{\"city\":\"Paris\"}");
+    assert_eq!(parsed.content, None);
+    let mut stream = StreamingCalls::new(s);
+    stream.push(cut);
+    assert!(stream.has_calls() && !stream.has_complete_calls());
+    let mut stream = StreamingCalls::new(s);
+    stream.push(closing_cut);
+    assert!(stream.has_complete_calls());
 }
 
 #[test]

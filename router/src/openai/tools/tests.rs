@@ -32,7 +32,7 @@ fn tools_parse_with_their_choice() {
         .unwrap();
     assert_eq!(
         t.functions[0].parameters,
-        json!({"type": "object", "properties": {}})
+        json!({"type": "object", "properties": {}, "additionalProperties": false})
     );
     assert_eq!((t.choice, t.parallel), (ToolChoice::Required, false));
     let named = json!({"type": "function", "function": {"name": "get_weather"}});
