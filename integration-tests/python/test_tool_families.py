@@ -18,7 +18,7 @@ import urllib.request
 
 import openai
 
-from tool_schemas import (ASK, SCHEMAS, TIME, WEATHER, assemble_stream, check_calls, tool,
+from tool_schemas import (ASK, SCHEMAS, TIME, WEATHER, assemble_stream, check_calls, sdk_stream, tool,
                           varied_schema)
 
 BASE = os.environ["OPENAI_BASE"]
@@ -238,12 +238,7 @@ class ToolFamilies(unittest.TestCase):
                 kw = dict(model=model, messages=ASK, tools=strict, tool_choice="required",
                           temperature=1, seed=8, max_tokens=300)
                 whole = client.chat.completions.create(**kw).choices[0]
-                with client.chat.completions.stream(**kw) as stream:
-                    pieces = 0
-                    for event in stream:
-                        if event.type == "tool_calls.function.arguments.delta":
-                            pieces += 1
-                    final = stream.get_final_completion().choices[0]
+                pieces, final = sdk_stream(client, kw)
                 self.assertEqual(final.finish_reason, "tool_calls")
                 self.assertIsNone(final.message.content)
                 self.assertGreater(pieces, 1, "arguments come in fragments")

@@ -11,32 +11,13 @@ import sys
 import threading
 import unittest
 
-import jsonschema
 import openai
+
+from tool_schemas import ASK, SCHEMAS, TIME, WEATHER, check_calls, sdk_stream, tool
 
 BASE = os.environ["OPENAI_BASE"]
 MODEL = os.environ["MODEL"]
 client = openai.OpenAI(base_url=BASE, api_key="unused", max_retries=0)
-
-
-def tool(name, parameters, description="A function."):
-    return {"type": "function", "function": {"name": name, "description": description,
-                                             "parameters": parameters}}
-
-
-WEATHER = tool("get_weather", {
-    "type": "object",
-    "properties": {"city": {"type": "string", "maxLength": 20},
-                   "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
-    "required": ["city", "unit"], "additionalProperties": False,
-}, "Current weather in a city.")
-TIME = tool("get_time", {
-    "type": "object",
-    "properties": {"zone": {"type": "string", "enum": ["UTC", "CET", "PST"]}},
-    "required": ["zone"], "additionalProperties": False,
-}, "Current time in a time zone.")
-SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in [WEATHER, TIME]}
-ASK = [{"role": "user", "content": "What is the weather in Paris, and what time is it in UTC?"}]
 
 
 def varied_schema(i):
@@ -74,15 +55,6 @@ def varied_schema(i):
             required.append(name)
     return {"type": "object", "properties": props, "required": required,
             "additionalProperties": False}
-
-
-def check_calls(test, message, schemas):
-    for call in message.tool_calls or []:
-        test.assertEqual(call.type, "function")
-        test.assertTrue(call.id.startswith("call_"), call.id)
-        test.assertIn(call.function.name, schemas)
-        arguments = json.loads(call.function.arguments)
-        jsonschema.validate(arguments, schemas[call.function.name])
 
 
 class ToolCalls(unittest.TestCase):
@@ -164,12 +136,7 @@ class ToolCalls(unittest.TestCase):
         kw = dict(model=MODEL, messages=ASK, tools=strict, tool_choice="required",
                   temperature=1, seed=7, max_tokens=200)
         whole = client.chat.completions.create(**kw).choices[0]
-        with client.chat.completions.stream(**kw) as stream:
-            pieces = 0
-            for event in stream:
-                if event.type == "tool_calls.function.arguments.delta":
-                    pieces += 1
-            final = stream.get_final_completion().choices[0]
+        pieces, final = sdk_stream(client, kw)
         self.assertEqual(final.finish_reason, "tool_calls")
         self.assertGreater(pieces, 1, "arguments come in fragments")
         for call in final.message.tool_calls:

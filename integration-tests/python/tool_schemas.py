@@ -149,6 +149,17 @@ def check_calls(test, message, schemas):
         jsonschema.validate(arguments, schemas[call.function.name])
 
 
+def sdk_stream(client, kw):
+    """Streams the chat request `kw` with the SDK's stream helper: (argument fragments seen, the
+    final choice as the helper assembled it)."""
+    with client.chat.completions.stream(**kw) as stream:
+        pieces = 0
+        for event in stream:
+            if event.type == "tool_calls.function.arguments.delta":
+                pieces += 1
+        return pieces, stream.get_final_completion().choices[0]
+
+
 def assemble_stream(chunks):
     """The calls and finish reason of each choice of a raw chat stream, assembled from
     `delta.tool_calls` the way the SDK's helpers do: {index: ([(name, arguments)], reason)}."""
