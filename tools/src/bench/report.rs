@@ -409,9 +409,30 @@ pub struct Report<C: Serialize> {
     pub mask_time: Option<super::mask_time::MaskTime>,
     /// With `--tenant-mix`: each tenant's figures.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub tenants: Option<Vec<super::tenant_mix::TenantSummary>>,
+    pub tenants: Option<Vec<TenantSummary>>,
     /// Every measured request, by index.
     pub requests: Vec<RequestRecord>,
+}
+
+/// What one tenant of `--tenant-mix` got in the measured phase ([`super::tenant_mix::summarize`]).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TenantSummary {
+    /// The tenant's name.
+    pub name: String,
+    /// Its requests sent.
+    pub requests: usize,
+    /// Served to the end.
+    pub succeeded: usize,
+    /// Refused with `RESOURCE_EXHAUSTED` (its quotas, a full queue, displaced).
+    pub refused: usize,
+    /// Failed otherwise.
+    pub failed: usize,
+    /// TTFT of its served requests, ms (p50, p99); `None` without any.
+    pub ttft_p50_ms: Option<f64>,
+    /// See `ttft_p50_ms`.
+    pub ttft_p99_ms: Option<f64>,
+    /// Its generated tokens per second of the measured phase.
+    pub generated_tokens_per_s: f64,
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::report::RequestRecord;
+use super::report::{RequestRecord, TenantSummary};
 use super::rng::{derive_seed, SplitMix64};
 use super::stats::percentile;
 
@@ -117,27 +117,6 @@ impl TenantMix {
             })
             .collect()
     }
-}
-
-/// What one tenant got in the measured phase.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct TenantSummary {
-    /// The tenant's name.
-    pub name: String,
-    /// Its requests sent.
-    pub requests: usize,
-    /// Served to the end.
-    pub succeeded: usize,
-    /// Refused with `RESOURCE_EXHAUSTED` (its quotas, a full queue, displaced).
-    pub refused: usize,
-    /// Failed otherwise.
-    pub failed: usize,
-    /// TTFT of its served requests, ms (p50, p99); `None` without any.
-    pub ttft_p50_ms: Option<f64>,
-    /// See `ttft_p50_ms`.
-    pub ttft_p99_ms: Option<f64>,
-    /// Its generated tokens per second of the measured phase.
-    pub generated_tokens_per_s: f64,
 }
 
 /// Each tenant's summary of `records` (those whose `tenant` is set) over `duration_s`.
