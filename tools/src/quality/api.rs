@@ -27,7 +27,7 @@ use serde_json::{json, Value};
 
 use super::evaluate::Progress;
 use super::metrics::QualityTally;
-use super::report::ApiQualityReport;
+use super::report::{ApiQualityReport, WindowRun};
 use super::text::windows;
 use crate::bench::openai::{connect, OpenAiServer};
 
@@ -373,13 +373,14 @@ pub async fn evaluate_api(
         candidate_model: candidate.model.clone(),
         top1_by_id: by_id,
         text: run.text.display().to_string(),
-        window: run.window,
-        score_from: run.score_from.max(1),
-        bos,
-        text_tokens: ids.len(),
-        windows: all.len(),
-        text_tokens_used: all.len() * (run.window - usize::from(bos.is_some())),
-        elapsed_s: started.elapsed().as_secs_f64(),
+        run: WindowRun::new(
+            run.window,
+            run.score_from,
+            bos,
+            ids.len(),
+            all.len(),
+            started,
+        ),
         summary,
     })
 }

@@ -7,7 +7,7 @@ use backend_cpu::{CpuModel, IntPath, Numerics, SimdPath};
 use engine::backend::ModelError;
 
 use super::metrics::QualityTally;
-use super::report::{cpu_model_name, QualityReport};
+use super::report::{cpu_model_name, QualityReport, WindowRun};
 use super::score::SideBySide;
 use super::text::{windows, ModelTokenizer};
 use super::QualityError;
@@ -96,13 +96,14 @@ pub fn evaluate(
         threads: backend_cpu::pool::global().threads(),
         baseline: run.baseline.as_str(),
         candidate: run.candidate.as_str(),
-        window: run.window,
-        score_from: run.score_from.max(1),
-        bos,
-        text_tokens: ids.len(),
-        windows: all.len(),
-        text_tokens_used: all.len() * (run.window - usize::from(bos.is_some())),
-        elapsed_s: started.elapsed().as_secs_f64(),
+        run: WindowRun::new(
+            run.window,
+            run.score_from,
+            bos,
+            ids.len(),
+            all.len(),
+            started,
+        ),
         summary,
     })
 }

@@ -5,6 +5,63 @@ use serde::Serialize;
 
 use super::metrics::QualitySummary;
 
+/// The windows of a quality run (in-process or through the API) and their wall time.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WindowRun {
+    /// Tokens of model input per window.
+    pub window: usize,
+    /// The first token of each window that is scored (at least 1).
+    pub score_from: usize,
+    /// The token each window starts with, when the model asks for one.
+    pub bos: Option<u32>,
+    /// Tokens of the whole text.
+    pub text_tokens: usize,
+    /// Windows run.
+    pub windows: usize,
+    /// Text tokens in the windows run.
+    pub text_tokens_used: usize,
+    /// Wall time of the windows, seconds.
+    pub elapsed_s: f64,
+}
+
+impl WindowRun {
+    /// The windows of `window` tokens (scored from `score_from`, at least 1) that `windows`
+    /// cut from a text of `text_tokens` tokens, each starting with `bos` when the model asks for
+    /// it, run since `started`.
+    pub fn new(
+        window: usize,
+        score_from: usize,
+        bos: Option<u32>,
+        text_tokens: usize,
+        windows: usize,
+        started: std::time::Instant,
+    ) -> Self {
+        Self {
+            window,
+            score_from: score_from.max(1),
+            bos,
+            text_tokens,
+            windows,
+            text_tokens_used: windows * (window - usize::from(bos.is_some())),
+            elapsed_s: started.elapsed().as_secs_f64(),
+        }
+    }
+
+    /// The report's line about the text and the windows, with `scored` positions.
+    fn render(&self, scored: usize) -> String {
+        format!(
+            "text: {} tokens; {} windows of {} ({} text tokens); {} positions scored ({}); {:.0} s",
+            self.text_tokens,
+            self.windows,
+            self.window,
+            self.text_tokens_used,
+            scored,
+            scored_what(self.bos, self.score_from),
+            self.elapsed_s
+        )
+    }
+}
+
 /// What [`super::evaluate`] measured, and on what.
 #[derive(Debug, Clone, Serialize)]
 pub struct QualityReport {
@@ -24,20 +81,9 @@ pub struct QualityReport {
     pub baseline: &'static str,
     /// The candidate's numerics.
     pub candidate: &'static str,
-    /// Tokens of model input per window.
-    pub window: usize,
-    /// The first token of each window that is scored (at least 1).
-    pub score_from: usize,
-    /// The token each window starts with, when the model asks for one.
-    pub bos: Option<u32>,
-    /// Tokens of the whole text.
-    pub text_tokens: usize,
-    /// Windows run.
-    pub windows: usize,
-    /// Text tokens in the windows run.
-    pub text_tokens_used: usize,
-    /// Wall time of the windows, both settings and the scoring together, seconds.
-    pub elapsed_s: f64,
+    /// The windows run and their time (both settings and the scoring together).
+    #[serde(flatten)]
+    pub run: WindowRun,
     /// The measurements.
     #[serde(flatten)]
     pub summary: QualitySummary,
@@ -53,16 +99,7 @@ impl QualityReport {
                 "cpu: {}; f32 path {}, integer path {}; {} thread(s)",
                 self.cpu, self.f32_path, self.int_path, self.threads
             ),
-            format!(
-                "text: {} tokens; {} windows of {} ({} text tokens); {} positions scored ({}); {:.0} s",
-                self.text_tokens,
-                self.windows,
-                self.window,
-                self.text_tokens_used,
-                s.scored,
-                scored_what(self.bos, self.score_from),
-                self.elapsed_s
-            ),
+            self.run.render(s.scored),
         ];
         out.extend(summary_table("numerics", self.baseline, self.candidate, s));
         out.join("\n")
@@ -85,20 +122,9 @@ pub struct ApiQualityReport {
     pub top1_by_id: bool,
     /// The text path as given.
     pub text: String,
-    /// Tokens of model input per window.
-    pub window: usize,
-    /// The first token of each window that is scored (at least 1).
-    pub score_from: usize,
-    /// The token each window starts with, when the model asks for one.
-    pub bos: Option<u32>,
-    /// Tokens of the whole text.
-    pub text_tokens: usize,
-    /// Windows run.
-    pub windows: usize,
-    /// Text tokens in the windows run.
-    pub text_tokens_used: usize,
-    /// Wall time of the windows, both servers together, seconds.
-    pub elapsed_s: f64,
+    /// The windows run and their time (both servers together).
+    #[serde(flatten)]
+    pub run: WindowRun,
     /// The measurements (no KL: the API reports each position's top tokens only).
     #[serde(flatten)]
     pub summary: QualitySummary,
@@ -118,16 +144,7 @@ impl ApiQualityReport {
                 self.candidate_model,
                 if self.top1_by_id { "id" } else { "text" }
             ),
-            format!(
-                "text: {} tokens; {} windows of {} ({} text tokens); {} positions scored ({}); {:.0} s",
-                self.text_tokens,
-                self.windows,
-                self.window,
-                self.text_tokens_used,
-                s.scored,
-                scored_what(self.bos, self.score_from),
-                self.elapsed_s
-            ),
+            self.run.render(s.scored),
         ];
         out.extend(summary_table("server", "baseline", "candidate", s));
         out.join("\n")

@@ -73,12 +73,12 @@ fn exact_against_exact_agrees_everywhere() {
         .unwrap()
         .encode(TEXT)
         .unwrap();
-    assert_eq!(report.text_tokens, ids.len());
-    assert!(report.windows >= 3, "{} windows", report.windows);
-    assert_eq!(report.text_tokens_used, report.windows * 64);
+    assert_eq!(report.run.text_tokens, ids.len());
+    assert!(report.run.windows >= 3, "{} windows", report.run.windows);
+    assert_eq!(report.run.text_tokens_used, report.run.windows * 64);
     // No BOS for this tokenizer: each window's first token is not scored.
-    assert_eq!(report.bos, None);
-    assert_eq!(s.scored, report.windows * 63);
+    assert_eq!(report.run.bos, None);
+    assert_eq!(s.scored, report.run.windows * 63);
     assert_eq!(s.kl_mean, Some(0.0));
     assert_eq!(s.kl_p99, Some(0.0));
     assert_eq!(s.kl_max, Some(0.0));
@@ -160,7 +160,7 @@ fn max_windows_limits_the_run() {
     run.max_windows = Some(2);
     let mut seen = Vec::new();
     let report = evaluate(&run, &mut |p| seen.push((p.done, p.total))).unwrap();
-    assert_eq!(report.windows, 2);
+    assert_eq!(report.run.windows, 2);
     assert_eq!(report.summary.scored, 2 * 63);
     assert_eq!(seen, [(1, 2), (2, 2)]);
 }
@@ -253,8 +253,8 @@ fn scores_from_a_given_token_as_llama_perplexity_does() {
     // Half the window, not a multiple of the chunk: rows start mid-chunk.
     run.score_from = 37;
     let report = evaluate(&run, &mut |_| {}).unwrap();
-    assert_eq!(report.score_from, 37);
-    assert_eq!(report.summary.scored, report.windows * (64 - 37));
+    assert_eq!(report.run.score_from, 37);
+    assert_eq!(report.summary.scored, report.run.windows * (64 - 37));
     // The same positions from one pass per window with every row.
     let cpu = CpuModel::load(&model).unwrap();
     let file = model_files::open(&model).unwrap();
