@@ -84,6 +84,18 @@ pub fn real_model() -> PathBuf {
     path
 }
 
+/// The fetched Gemma 3 270M model; panics with the fix when it has not been fetched (the test
+/// fails, it is not skipped).
+pub fn gemma3_model() -> PathBuf {
+    let path = gguf::testing::gemma3_model_path();
+    assert!(
+        path.is_file(),
+        "{} not found: run scripts/fetch-model gemma3-270m",
+        path.display()
+    );
+    path
+}
+
 /// A tiny random-weight llama model written to a temporary folder (kept alive by the returned guard).
 pub fn tiny_model(seed: u64) -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().expect("temp dir");

@@ -15,21 +15,9 @@ fn reference() -> Value {
     serde_json::from_str(text).expect("gemma3-270m.json is valid JSON")
 }
 
-/// The model file; panics with the fix when it has not been fetched (the test fails, it is not
-/// skipped).
-fn model() -> std::path::PathBuf {
-    let path = gguf::testing::gemma3_model_path();
-    assert!(
-        path.is_file(),
-        "{} not found: run scripts/fetch-model gemma3-270m",
-        path.display()
-    );
-    path
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reference_prompts_are_token_exact() {
-    let cluster = Cluster::start(&model()).await;
+    let cluster = Cluster::start(&integration_tests::gemma3_model()).await;
     let mut client = cluster.client().await;
     let reference = reference();
     let prompts = reference["prompts"].as_array().expect("prompts");
@@ -69,7 +57,7 @@ fn requests() -> Vec<GenerateRequest> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thirty_two_concurrent_requests_equal_their_solo_runs() {
-    let model = model();
+    let model = integration_tests::gemma3_model();
     let requests = requests();
     let solo_cluster = Cluster::start_with(&model, &["--prefix-caching", "false"]).await;
     let mut client = solo_cluster.client().await;

@@ -10,21 +10,15 @@ use integration_tests::openai::{run_sdk_test, start};
 
 const MODEL: &str = "gemma3";
 
-/// The model file; panics with the fix when it has not been fetched (the test fails, it is not
-/// skipped).
-fn model() -> std::path::PathBuf {
-    let path = gguf::testing::gemma3_model_path();
-    assert!(
-        path.is_file(),
-        "{} not found: run scripts/fetch-model gemma3-270m",
-        path.display()
-    );
-    path
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tool_calls_on_gemma3_in_the_builtin_format() {
-    let h = start(&model(), &[], &["--served-model-name", MODEL], &[]).await;
+    let h = start(
+        &integration_tests::gemma3_model(),
+        &[],
+        &["--served-model-name", MODEL],
+        &[],
+    )
+    .await;
     let started = std::time::Instant::now();
     let report = run_sdk_test(
         "test_tools_gemma3.py",

@@ -117,6 +117,17 @@ pub async fn run(args: &QualityArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Shows a run's progress on stderr, on one line rewritten per window.
+fn show_progress(p: Progress) {
+    eprint!(
+        "\rbench quality: window {}/{} ({:.0} s)",
+        p.done, p.total, p.elapsed_s
+    );
+    if p.done == p.total {
+        eprintln!();
+    }
+}
+
 /// The text's run; returns its JSON.
 fn run_text(args: &QualityArgs) -> anyhow::Result<serde_json::Value> {
     let quality = QualityRun {
@@ -129,15 +140,7 @@ fn run_text(args: &QualityArgs) -> anyhow::Result<serde_json::Value> {
         score_from: args.score_from,
         max_windows: args.max_windows,
     };
-    let mut show = |p: Progress| {
-        eprint!(
-            "\rbench quality: window {}/{} ({:.0} s)",
-            p.done, p.total, p.elapsed_s
-        );
-        if p.done == p.total {
-            eprintln!();
-        }
-    };
+    let mut show = show_progress;
     let report = evaluate(&quality, &mut show).with_context(|| {
         format!(
             "measuring {} on {}",
@@ -167,15 +170,7 @@ async fn run_api(
         max_windows: args.max_windows,
         top_logprobs: args.api_logprobs,
     };
-    let mut show = |p: Progress| {
-        eprint!(
-            "\rbench quality: window {}/{} ({:.0} s)",
-            p.done, p.total, p.elapsed_s
-        );
-        if p.done == p.total {
-            eprintln!();
-        }
-    };
+    let mut show = show_progress;
     let report = evaluate_api(&run, &mut show).await.with_context(|| {
         format!(
             "measuring {baseline} against {candidate} on {}",
