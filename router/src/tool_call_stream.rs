@@ -27,10 +27,9 @@ pub fn tool_call_id() -> String {
 #[derive(Debug, Clone)]
 pub struct ToolCallStream {
     syntax: ToolSyntax,
+    /// The parser, which also holds the whole generated text so far.
     calls: StreamingCalls,
-    /// The whole generated text so far.
-    text: String,
-    /// Bytes of `text` sent as content.
+    /// Bytes of the text sent as content.
     sent: usize,
 }
 
@@ -40,7 +39,6 @@ impl ToolCallStream {
         Self {
             syntax,
             calls: StreamingCalls::new(syntax),
-            text: String::new(),
             sent: 0,
         }
     }
@@ -49,7 +47,6 @@ impl ToolCallStream {
     /// the last message (the one with a finish reason) also gets the calls and, when there are
     /// any, the finish reason TOOL_CALLS in place of a normal end.
     pub fn rewrite(&mut self, message: &mut GenerateResponse) {
-        self.text.push_str(&message.text);
         let last = message.finish_reason() != FinishReason::Unspecified;
         let mut deltas = self.calls.push(&message.text);
         if last {
@@ -66,13 +63,12 @@ impl ToolCallStream {
         if !last {
             return;
         }
-        let parsed = parse_tool_calls(&self.syntax, &self.text);
+        let text = self.calls.text();
+        let parsed = parse_tool_calls(&self.syntax, text);
         if parsed.calls.is_empty() {
             // No complete call: the held-back rest is content after all.
-            message
-                .text
-                .push_str(&self.text[self.sent.min(self.text.len())..]);
-            self.sent = self.text.len();
+            message.text.push_str(&text[self.sent.min(text.len())..]);
+            self.sent = text.len();
             return;
         }
         message.tool_calls = parsed

@@ -176,9 +176,10 @@ impl EventStream {
         if reason.is_some() {
             deltas.extend(parser.finish());
         }
-        // `tool_calls` only with a complete call, as the whole response and gRPC say: a call cut
-        // by the length limit or a stop string leaves its fragments in the stream, not a call.
-        let made_calls = parser.has_complete_calls();
+        // At the end only: `tool_calls` only with a complete call, as the whole response and
+        // gRPC say; a call cut by the length limit or a stop string leaves its fragments in the
+        // stream, not a call.
+        let made_calls = reason.is_some() && parser.has_complete_calls();
         for delta in deltas {
             let chunk = self
                 .reply

@@ -225,6 +225,11 @@ impl StreamingCalls {
         }
     }
 
+    /// The generation read so far.
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
     /// Whether a call has started (its name was sent).
     pub fn has_calls(&self) -> bool {
         !self.arguments_sent.is_empty()
