@@ -24,6 +24,7 @@ mod error;
 mod masks;
 mod monitor;
 mod output;
+mod prefill_budget;
 mod priority;
 mod prompt_logprobs;
 mod request;

@@ -105,9 +105,10 @@ impl<Id: Eq + Copy> RunningSet<Id> {
         self.entries.get(i).copied()
     }
 
-    /// Running sequences in the set's order (highest priority, earliest admitted first).
-    pub fn ids(&self) -> impl Iterator<Item = Id> + '_ {
-        self.entries.iter().map(|&(id, _)| id)
+    /// Running sequences and their priorities, in the set's order (highest priority, earliest
+    /// admitted first).
+    pub fn iter(&self) -> impl Iterator<Item = (Id, Priority)> + '_ {
+        self.entries.iter().copied()
     }
 
     /// Number of running sequences.
@@ -153,7 +154,7 @@ mod tests {
         r.admit(3, -1);
         r.admit(4, 10);
         r.admit(5, 0);
-        assert_eq!(r.ids().collect::<Vec<_>>(), [4, 2, 5, 1, 3]);
+        assert_eq!(r.iter().map(|(id, _)| id).collect::<Vec<_>>(), [4, 2, 5, 1, 3]);
         assert_eq!(r.last(), Some((3, -1)));
         assert_eq!(r.remove(3), Some(-1));
         assert_eq!(r.last(), Some((1, -1)));

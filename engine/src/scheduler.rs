@@ -12,7 +12,12 @@
 //!    blocks are freed and it goes back to the queue, at its place by priority and arrival, with its
 //!    generated tokens kept), repeatedly, until the block is found or the sequence preempts itself.
 //! 2. **Then prefill work shares what is left of the budget**, running prefills and new admissions
-//!    alike (chunked prefill: a long prompt takes several steps):
+//!    alike (chunked prefill: a long prompt takes several steps; the split is
+//!    [`crate::prefill_budget`]):
+//!    - *Strict priority between classes*: only the prefill candidates of the highest priority
+//!      present get tokens in the step; lower classes wait for a step without higher-priority
+//!      prefill work, so a higher-priority prompt's step is as short as its own work (and the
+//!      decodes) allow. The rules below apply inside that class.
 //!    - *Shortest remaining prompt first*: prefill candidates are served in increasing order of the
 //!      prompt tokens they still have to compute (ties: admission order, then queue order), so a short
 //!      request that arrives while a long prompt prefills gets its whole first chunk in the next step
@@ -46,6 +51,7 @@ use std::collections::HashMap;
 use super::prompt_logprobs;
 use super::sequence::Sequence;
 use crate::kv::{BlockPool, NoFreeBlocks};
+use crate::prefill_budget::{share_prefill_budget, Candidate};
 use crate::priority::{is_sheddable, Priority, RunningSet, WaitQueue};
 
 /// Identifies a sequence inside the engine.
@@ -63,6 +69,10 @@ pub struct SchedulerConfig {
     /// Most tokens of one sequence's prefill chunk while the step is contended (decodes run, or
     /// more than one prefill candidate exists); 0 = no cap. See the module docs.
     pub long_prefill_token_threshold: usize,
+    /// Most tokens sheddable (negative-priority) sequences take in one step, decodes and prefill
+    /// chunks together; 0 = no cap. Bounds how long a step of sheddable work makes a
+    /// higher-priority arrival wait. See the module docs.
+    pub max_sheddable_batch_tokens: usize,
 }
 
 /// One sequence's share of a step.
@@ -140,45 +150,30 @@ impl Scheduler {
     ) -> Schedule {
         let mut out = Schedule::default();
         let mut budget = self.config.max_batch_tokens;
+        let mut sheddable_left = match self.config.max_sheddable_batch_tokens {
+            0 => usize::MAX,
+            t => t,
+        };
+        // Sheddable decodes yield the step to a higher-priority prefill (decided here from what
+        // waits and runs; checked again below against what the step really carries).
+        let yielding = self.higher_prefill_pending(seqs);
 
         // 1. Decodes, in admission order.
-        let mut i = 0;
-        while i < self.running.len() && budget > 0 {
-            let (id, _) = self.running.at(i).expect("index checked");
-            let seq = &seqs[&id];
-            if seq.in_prefill() {
-                i += 1;
-                continue;
-            }
-            let need = seq.computed + 1;
-            loop {
-                let seq = seqs.get_mut(&id).expect("running sequence");
-                let blocks = seq.blocks.as_mut().expect("running sequences hold blocks");
-                if pool.ensure_capacity(blocks, need).is_ok() {
-                    out.chunks.push(Chunk {
-                        seq: id,
-                        num_tokens: 1,
-                    });
-                    budget -= 1;
-                    i += 1;
-                    break;
-                }
-                let (victim, _) = self.running.last().expect("at least this sequence runs");
-                self.preempt(victim, seqs, pool, &mut out);
-                if victim == id {
-                    break;
-                }
-            }
-        }
-
+        let mut decodes = DecodePass {
+            out: &mut out,
+            budget: &mut budget,
+            sheddable_left: &mut sheddable_left,
+        };
+        self.schedule_decodes(seqs, pool, &mut decodes, !yielding);
         // 2. Prefill work: running prefills and admissions share the rest of the budget.
         let prefilling: Vec<Candidate> = self
             .running
-            .ids()
-            .filter(|id| seqs[id].in_prefill())
-            .map(|id| Candidate {
+            .iter()
+            .filter(|(id, _)| seqs[id].in_prefill())
+            .map(|(id, priority)| Candidate {
                 seq: id,
                 remaining: seqs[&id].remaining(),
+                priority,
             })
             .collect();
         let contended = !out.chunks.is_empty() || prefilling.len() + self.waiting.len() > 1;
@@ -196,10 +191,11 @@ impl Scheduler {
             let estimate = Candidate {
                 seq: id,
                 remaining: seqs[&id].tokens.len(),
+                priority,
             };
             let mut trial = candidates.clone();
             trial.push(estimate);
-            if share_prefill_budget(&trial, budget, cap)[trial.len() - 1] == 0 {
+            if share_prefill_budget(&trial, budget, cap, sheddable_left)[trial.len() - 1] == 0 {
                 break;
             }
             let allocated = loop {
@@ -235,18 +231,99 @@ impl Scheduler {
             candidates.push(Candidate {
                 seq: id,
                 remaining: seq.remaining(),
+                priority,
             });
         }
-        let shares = share_prefill_budget(&candidates, budget, cap);
+        let shares = share_prefill_budget(&candidates, budget, cap, sheddable_left);
+        let mut higher_prefill = false;
         for (c, n) in candidates.iter().zip(shares) {
             if n > 0 {
+                higher_prefill |= !is_sheddable(c.priority);
                 out.chunks.push(Chunk {
                     seq: c.seq,
                     num_tokens: n,
                 });
             }
         }
+        if yielding && !higher_prefill {
+            // The higher-priority prefill did not run after all (no blocks or no room for its
+            // sequence): the sheddable decodes take the step as usual.
+            let mut decodes = DecodePass {
+                out: &mut out,
+                budget: &mut budget,
+                sheddable_left: &mut sheddable_left,
+            };
+            self.schedule_decodes(seqs, pool, &mut decodes, true);
+        }
         out
+    }
+
+    /// True when a non-sheddable sequence may prefill in this step: one running in prefill, or a
+    /// non-sheddable head of the queue with room for one more sequence.
+    fn higher_prefill_pending(&self, seqs: &HashMap<SeqId, Sequence>) -> bool {
+        let running = self
+            .running
+            .iter()
+            .any(|(id, p)| !is_sheddable(p) && seqs[&id].in_prefill());
+        let head = self.waiting.front().is_some_and(|(_, p)| !is_sheddable(p))
+            && self.running.len() < self.config.max_num_seqs;
+        running || head
+    }
+
+    /// Adds one decode token for every running sequence that is generating, in admission order,
+    /// while the budget lasts: non-sheddable ones always, sheddable ones when `sheddable` is set
+    /// and their token cap allows (each sequence at most once per step). A decode that needs a new
+    /// KV block and finds none preempts the lowest-priority, most recently admitted sequence,
+    /// repeatedly, until the block is found or it preempts itself.
+    fn schedule_decodes(
+        &mut self,
+        seqs: &mut HashMap<SeqId, Sequence>,
+        pool: &mut BlockPool,
+        pass: &mut DecodePass<'_>,
+        sheddable: bool,
+    ) {
+        let mut i = 0;
+        while i < self.running.len() && *pass.budget > 0 {
+            let (id, priority) = self.running.at(i).expect("index checked");
+            let seq = &seqs[&id];
+            let shed = is_sheddable(priority);
+            let skip = seq.in_prefill()
+                || (shed && (!sheddable || *pass.sheddable_left == 0))
+                || pass.out.chunks.iter().any(|c| c.seq == id);
+            if skip {
+                i += 1;
+                continue;
+            }
+            let need = seq.computed + 1;
+            loop {
+                // Decodes stay ahead of the step's prefill chunks.
+                let at = (pass.out.chunks.iter())
+                    .take_while(|c| !seqs[&c.seq].in_prefill())
+                    .count();
+                let seq = seqs.get_mut(&id).expect("running sequence");
+                let blocks = seq.blocks.as_mut().expect("running sequences hold blocks");
+                if pool.ensure_capacity(blocks, need).is_ok() {
+                    pass.out.chunks.insert(
+                        at,
+                        Chunk {
+                            seq: id,
+                            num_tokens: 1,
+                        },
+                    );
+                    *pass.budget -= 1;
+                    if shed {
+                        *pass.sheddable_left -= 1;
+                    }
+                    i += 1;
+                    break;
+                }
+                let (victim, _) = self.running.last().expect("at least this sequence runs");
+                self.preempt(victim, seqs, pool, pass.out);
+                if victim == id {
+                    break;
+                }
+            }
+        }
     }
 
     fn preempt(
@@ -306,46 +383,19 @@ impl Scheduler {
     }
 }
 
+/// The parts of the step being built that a decode pass changes.
+struct DecodePass<'a> {
+    out: &'a mut Schedule,
+    budget: &'a mut usize,
+    /// Tokens sheddable sequences may still take in this step.
+    sheddable_left: &'a mut usize,
+}
+
 /// The parts of the step being built that shedding changes.
 struct StepState<'a> {
     out: &'a mut Schedule,
     candidates: &'a mut Vec<Candidate>,
     budget: &'a mut usize,
-}
-
-/// A sequence with prompt tokens still to compute, in admission order within a step's candidates.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Candidate {
-    seq: SeqId,
-    /// Known tokens not yet in the KV cache.
-    remaining: usize,
-}
-
-/// Splits `budget` prefill tokens between `candidates` (oldest first: running prefills in admission
-/// order, then new admissions in queue order) and returns each one's chunk, index for index.
-///
-/// The oldest is first guaranteed `max(1, budget / 4)` tokens (aging); then candidates are topped
-/// up in increasing order of `remaining` (ties: the older first) until the budget is spent. No
-/// chunk exceeds `cap` or the candidate's `remaining`. The sum never exceeds `budget`.
-fn share_prefill_budget(candidates: &[Candidate], mut budget: usize, cap: usize) -> Vec<usize> {
-    let mut shares = vec![0; candidates.len()];
-    let limit = |c: &Candidate| c.remaining.min(cap);
-    if let Some(oldest) = candidates.first() {
-        let floor = (budget / 4).max(1).min(limit(oldest)).min(budget);
-        shares[0] = floor;
-        budget -= floor;
-    }
-    let mut order: Vec<usize> = (0..candidates.len()).collect();
-    order.sort_by_key(|&i| (candidates[i].remaining, i));
-    for i in order {
-        if budget == 0 {
-            break;
-        }
-        let more = (limit(&candidates[i]) - shares[i]).min(budget);
-        shares[i] += more;
-        budget -= more;
-    }
-    shares
 }
 
 #[cfg(test)]
@@ -355,87 +405,6 @@ pub(crate) mod tests {
 
     fn chunk(seq: SeqId, num_tokens: usize) -> Chunk {
         Chunk { seq, num_tokens }
-    }
-
-    fn cand(seq: SeqId, remaining: usize) -> Candidate {
-        Candidate { seq, remaining }
-    }
-
-    #[test]
-    fn a_lone_prompt_takes_the_whole_budget() {
-        assert_eq!(
-            share_prefill_budget(&[cand(1, 5000)], 512, usize::MAX),
-            [512]
-        );
-        assert_eq!(share_prefill_budget(&[cand(1, 40)], 512, usize::MAX), [40]);
-        assert_eq!(share_prefill_budget(&[cand(1, 5000)], 1, 256), [1]);
-        assert!(share_prefill_budget(&[], 512, 256).is_empty());
-    }
-
-    #[test]
-    fn a_short_arrival_is_served_whole_beside_a_long_prefill() {
-        // The long prompt is older; the short one still gets all of its 16 tokens.
-        let shares = share_prefill_budget(&[cand(1, 6000), cand(2, 16)], 512, 256);
-        assert_eq!(shares, [256, 16]);
-        let shares = share_prefill_budget(&[cand(1, 6000), cand(2, 16)], 512, usize::MAX);
-        assert_eq!(shares, [496, 16]);
-    }
-
-    #[test]
-    fn the_oldest_prefill_keeps_a_quarter_of_the_budget_under_short_arrivals() {
-        let mut c = vec![cand(1, 6000)];
-        c.extend((2..40).map(|i| cand(i, 30)));
-        let shares = share_prefill_budget(&c, 512, 256);
-        assert_eq!(shares[0], 128);
-        assert_eq!(shares.iter().sum::<usize>(), 512);
-        // Shortest first among the rest: 12 of the 30-token arrivals fit whole, one partly.
-        assert_eq!(shares[1..13], [30; 12]);
-        assert_eq!(shares[13], 24);
-        assert!(shares[14..].iter().all(|&s| s == 0));
-    }
-
-    #[test]
-    fn equal_prompts_are_served_first_come_first_served() {
-        let c: Vec<_> = (1..=8).map(|i| cand(i, 128)).collect();
-        let shares = share_prefill_budget(&c, 512, 256);
-        assert_eq!(shares, [128, 128, 128, 128, 0, 0, 0, 0]);
-    }
-
-    #[test]
-    fn shares_never_exceed_the_budget_the_cap_or_what_is_left() {
-        let mut rng = 0x9e37_79b9_u64;
-        let mut next = || {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            rng
-        };
-        for _ in 0..2000 {
-            let n = (next() % 12) as usize;
-            let c: Vec<_> = (0..n)
-                .map(|i| cand(i as SeqId, 1 + (next() % 3000) as usize))
-                .collect();
-            let budget = 1 + (next() % 1024) as usize;
-            let cap = if next() % 3 == 0 {
-                usize::MAX
-            } else {
-                1 + (next() % 600) as usize
-            };
-            let shares = share_prefill_budget(&c, budget, cap);
-            assert!(shares.iter().sum::<usize>() <= budget);
-            for (c, &s) in c.iter().zip(&shares) {
-                assert!(s <= c.remaining && s <= cap);
-            }
-            if let Some(first) = c.first() {
-                assert!(shares[0] >= (budget / 4).max(1).min(first.remaining).min(cap));
-            }
-            // Work-conserving: budget is left only when every candidate is at its limit.
-            if shares.iter().sum::<usize>() < budget {
-                for (c, &s) in c.iter().zip(&shares) {
-                    assert_eq!(s, c.remaining.min(cap));
-                }
-            }
-        }
     }
 
     /// A scheduler, its sequences and a block pool, stepped as the engine would (every chunk
@@ -469,6 +438,7 @@ pub(crate) mod tests {
                     max_num_seqs: 64,
                     watermark_blocks: 0,
                     long_prefill_token_threshold: threshold,
+                    max_sheddable_batch_tokens: 0,
                 }),
                 seqs: HashMap::new(),
                 pool: BlockPool::new(num_blocks, 16, false),
@@ -477,6 +447,12 @@ pub(crate) mod tests {
                 max_new: HashMap::new(),
                 step: 0,
             }
+        }
+
+        /// Caps the tokens sheddable sequences take per step (`max_sheddable_batch_tokens`).
+        pub(crate) fn cap_sheddable(mut self, tokens: usize) -> Self {
+            self.scheduler.config.max_sheddable_batch_tokens = tokens;
+            self
         }
 
         fn add(&mut self, prompt_len: usize, max_new: usize) -> SeqId {

@@ -92,6 +92,7 @@ fn config(num_blocks: usize, max_batch_tokens: usize, prefix_caching: bool) -> E
             max_num_seqs: max_batch_tokens.min(16),
             watermark_blocks: 0,
             long_prefill_token_threshold: 0,
+            max_sheddable_batch_tokens: 0,
         },
         speculation: Default::default(),
     }

@@ -66,6 +66,10 @@ pub struct Cli {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub long_prefill_token_threshold: Option<usize>,
+    /// Most tokens of sheddable (negative-priority) requests in one step (0 = no cap).
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_sheddable_batch_tokens: Option<usize>,
     /// Speculative decoding: off or ngram (prompt lookup); outputs are identical either way.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -198,6 +202,12 @@ pub struct WorkerSettings {
     /// request's wait for the step in progress stay short while a long prompt prefills. A prompt
     /// alone on the worker still takes `max_batch_tokens` per step.
     pub long_prefill_token_threshold: usize,
+    /// Most tokens that sheddable (negative-priority) sequences take in one step, their decodes
+    /// and prefill chunks together (0 = no cap, the default). A step of sheddable work then lasts
+    /// at most about this many tokens' compute, which bounds how long a higher-priority arrival
+    /// waits for the step in progress; the price is the sheddable work's own throughput (smaller
+    /// steps). Higher-priority prefill always takes a step without sheddable work in it.
+    pub max_sheddable_batch_tokens: usize,
     /// Reuse cached prompt-prefix KV blocks.
     pub prefix_caching: bool,
     /// Speculative decoding (issue 28): `off` (default) or `ngram` (prompt lookup, verified so
@@ -271,6 +281,7 @@ impl Default for WorkerSettings {
             max_batch_tokens: 512,
             max_num_seqs: 128,
             long_prefill_token_threshold: 256,
+            max_sheddable_batch_tokens: 0,
             prefix_caching: true,
             speculation: SpeculationSetting::Off,
             num_speculative_tokens: 5,
@@ -429,6 +440,7 @@ impl WorkerSettings {
                 max_batch_tokens: self.max_batch_tokens,
                 max_num_seqs: self.max_num_seqs,
                 long_prefill_token_threshold: self.long_prefill_token_threshold,
+                max_sheddable_batch_tokens: self.max_sheddable_batch_tokens,
                 watermark_blocks: (num_blocks as f64 * self.kv_watermark.clamp(0.0, 0.5)) as usize,
             },
             speculation: self.speculation_config()?,

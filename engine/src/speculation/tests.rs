@@ -105,6 +105,7 @@ fn config(num_blocks: usize, proposer: Proposer, prefix_caching: bool) -> Engine
             max_num_seqs: 32,
             watermark_blocks: 0,
             long_prefill_token_threshold: 0,
+            max_sheddable_batch_tokens: 0,
         },
         speculation: SpeculationConfig {
             proposer,

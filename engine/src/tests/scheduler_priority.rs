@@ -28,10 +28,16 @@ fn a_later_higher_priority_request_is_admitted_first() {
     let mid = sim.add_with_priority(300, 1, 0);
     let high = sim.add_with_priority(300, 1, 10);
     let s = sim.step();
-    // The budget covers high and part of mid; low, first to arrive, waits.
-    assert_eq!(s.chunks, [chunk(high, 300), chunk(mid, 212)]);
-    assert!(sim.seqs[&low].blocks.is_none());
-    assert_eq!(sim.scheduler.first_waiting(), Some(low));
+    // High runs alone: the budget has room for mid too, but a lower class gets no prefill tokens
+    // beside a higher one (its step stays as short as its own work); low, first to arrive, waits.
+    assert_eq!(s.chunks, [chunk(high, 300)]);
+    assert!(sim.seqs[&low].blocks.is_none() && sim.seqs[&mid].blocks.is_none());
+    assert_eq!(sim.scheduler.first_waiting(), Some(mid));
+    // Then mid, then low.
+    let s = sim.step();
+    assert_eq!(s.chunks, [chunk(mid, 300)]);
+    let s = sim.step();
+    assert_eq!(s.chunks, [chunk(low, 300)]);
     run_to_end(&mut sim);
 }
 
@@ -44,13 +50,17 @@ fn a_higher_priority_arrival_sheds_the_most_recent_sheddable_sequence() {
     assert_eq!(sim.pool.num_available(), 0);
     let high = sim.add_with_priority(20, 5, 10);
     let s = sim.step();
-    // The most recently admitted sheddable sequence makes room; its decode is dropped.
+    // The most recently admitted sheddable sequence makes room, and the other sheddable decodes
+    // yield the step to the higher-priority prefill (it runs alone).
     assert_eq!(s.preempted, [shed[2]]);
+    assert_eq!(s.chunks, [chunk(high, 20)]);
+    assert_eq!(sim.first_token[&high], 2);
+    // Then they decode beside it again.
+    let s = sim.step();
     assert_eq!(
         s.chunks,
-        [chunk(shed[0], 1), chunk(shed[1], 1), chunk(high, 20)]
+        [chunk(high, 1), chunk(shed[0], 1), chunk(shed[1], 1)]
     );
-    assert_eq!(sim.first_token[&high], 2);
     assert_eq!(sim.scheduler.first_waiting(), Some(shed[2]));
     run_to_end(&mut sim);
     assert!(sim.first_token.contains_key(&shed[2]));
@@ -81,7 +91,8 @@ fn nothing_is_shed_when_shedding_could_not_make_enough_room() {
     let mut sim = Sim::with_blocks(512, 0, 12);
     let keep = sim.add_with_priority(120, 30, 0); // 8 blocks
     let shed = sim.add_with_priority(60, 30, -1); // 4 blocks
-    sim.step();
+    sim.step(); // keep's prefill alone: the sheddable one gets no prefill tokens beside it
+    sim.step(); // keep's decode and shed's prefill
     // 13 blocks: more than the sheddable 4 plus the 0 free.
     let big = sim.add_with_priority(200, 1, 10);
     let s = sim.step();
@@ -103,4 +114,51 @@ fn a_decode_short_of_blocks_preempts_the_lowest_priority_first() {
     assert_eq!(s.preempted, [sheddable]);
     assert_eq!(s.chunks, [chunk(normal, 1)]);
     run_to_end(&mut sim);
+}
+
+#[test]
+fn a_priority_prefill_takes_a_step_without_sheddable_work() {
+    // A sheddable flood: 8 decoding, 4 more prefilling (300-token prompts).
+    let mut sim = Sim::with_blocks(512, 256, 4096);
+    let flood: Vec<u64> = (0..8).map(|_| sim.add_with_priority(40, 50, -1)).collect();
+    sim.step();
+    let long: Vec<u64> = (0..4).map(|_| sim.add_with_priority(300, 50, -1)).collect();
+    sim.step();
+    let interactive = sim.add_with_priority(20, 5, 0); // decoding priority-0 stream
+    sim.step();
+    let high = sim.add_with_priority(128, 5, 10);
+    let s = sim.step();
+    // Only the priority-0 decode runs beside the priority-10 prompt: no sheddable decode, no
+    // sheddable prefill chunk.
+    assert_eq!(s.chunks, [chunk(interactive, 1), chunk(high, 128)]);
+    assert_eq!(sim.first_token[&high], 4);
+    // The next step is everyone's again.
+    let s = sim.step();
+    for id in flood.iter().chain(&long) {
+        assert!(s.chunks.iter().any(|c| c.seq == *id), "{id} waits");
+    }
+    run_to_end(&mut sim);
+}
+
+#[test]
+fn sheddable_work_takes_at_most_its_cap_per_step() {
+    let mut sim = Sim::with_blocks(512, 256, 4096).cap_sheddable(64);
+    for _ in 0..40 {
+        sim.add_with_priority(100, 20, -1);
+    }
+    let normal = sim.add_with_priority(200, 20, 0);
+    let mut steps = 0;
+    while !sim.seqs.is_empty() {
+        let s = sim.step();
+        let sheddable: usize = (s.chunks.iter())
+            .filter(|c| c.seq != normal)
+            .map(|c| c.num_tokens)
+            .sum();
+        assert!(sheddable <= 64, "step {steps}: {sheddable} sheddable tokens");
+        steps += 1;
+        assert!(steps < 10_000);
+    }
+    // The priority-0 request went first, whole, though it arrived last.
+    assert_eq!(sim.first_token[&normal], 1);
+    assert_eq!(sim.pool.stats().used, 0);
 }
