@@ -1,7 +1,8 @@
 //! Batch invariance and prefix caching through real processes (tiny random-weight model): a request's
-//! tokens do not depend on what else runs beside it, on preemptions, or on the prefix cache.
+//! tokens do not depend on what else runs beside it, on preemptions, or on the prefix cache, in
+//! `numerics = exact` and in `fast`.
 
-use inference_proto::public::{ChatMessage, GenerateRequest};
+use inference_proto::public::{ChatMessage, GenerateRequest, ModelInfoRequest};
 use integration_tests::{generate, generate_concurrently, greedy, tiny_model, Cluster, Generation};
 
 /// 32 requests with mixed prompt lengths, output lengths and sampling parameters.
@@ -32,12 +33,36 @@ fn mixed_requests() -> Vec<GenerateRequest> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_and_preempted_requests_equal_their_solo_runs() {
+    assert_batch_invariant("exact").await;
+}
+
+/// `numerics = fast` (8-bit activations, integer dot products: the tiny model's Q8_0 embeddings
+/// and LM head and Q4_1 layer) keeps the contract: 32 concurrent requests equal their solo runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_and_preempted_requests_equal_their_solo_runs_in_fast_numerics() {
+    assert_batch_invariant("fast").await;
+}
+
+/// The 32 [`mixed_requests`] (greedy and seeded sampling) on workers with `--numerics NUMERICS`:
+/// all at once, with plenty of KV blocks and with a pool small enough to force preemptions (and
+/// chunked prefills), each gives bitwise the token ids and text of its solo run (one at a time,
+/// prefix cache off).
+async fn assert_batch_invariant(numerics: &str) {
     let (_dir, model) = tiny_model(11);
     let requests = mixed_requests();
 
     // Alone, one at a time, prefix cache off.
-    let solo_cluster = Cluster::start_with(&model, &["--prefix-caching", "false"]).await;
+    let solo_cluster = Cluster::start_with(
+        &model,
+        &["--prefix-caching", "false", "--numerics", numerics],
+    )
+    .await;
     let mut client = solo_cluster.client().await;
+    let info = client
+        .model_info(ModelInfoRequest::default())
+        .await
+        .unwrap();
+    assert_eq!(info.get_ref().numerics, numerics, "the mode that runs");
     let mut solo = Vec::new();
     for r in &requests {
         solo.push(generate(&mut client, r.clone()).await.unwrap());
@@ -47,8 +72,15 @@ async fn concurrent_and_preempted_requests_equal_their_solo_runs() {
     // All 32 at once with plenty of KV blocks, then with a pool small enough to force preemptions
     // (and small steps, so prompts are prefilled in chunks).
     for worker_args in [
-        &["--max-batch-tokens", "512"][..],
-        &["--kv-cache-blocks", "40", "--max-batch-tokens", "48"][..],
+        &["--max-batch-tokens", "512", "--numerics", numerics][..],
+        &[
+            "--kv-cache-blocks",
+            "40",
+            "--max-batch-tokens",
+            "48",
+            "--numerics",
+            numerics,
+        ][..],
     ] {
         let cluster = Cluster::start_with(&model, worker_args).await;
         let client = cluster.client().await;

@@ -44,6 +44,22 @@ async fn help_shows_the_defaults_of_settings() {
     );
 }
 
+/// `worker --check-config` names the numeric modes that run: `numerics` (CPU) and
+/// `cuda_numerics` (CUDA), beside the `device` that picks between them.
+#[tokio::test]
+async fn check_config_names_the_numerics() {
+    let args = ["--model", "m.gguf", "--numerics", "fast", "--check-config"];
+    let (ok, out) = run_to_exit("worker", &args, Duration::from_secs(30)).await;
+    assert!(ok, "{out}");
+    for line in [
+        r#""numerics": "fast""#,
+        r#""cuda_numerics": "exact""#,
+        r#""device": "#,
+    ] {
+        assert!(out.contains(line), "{line} in {out}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_port_serves_metrics_and_counts_refusals() {
     let (_dir, model) = tiny_model(30);

@@ -2,7 +2,9 @@
 //! 127.0.0.1: a tiny random-weight llama (two workers, `--served-model-name tiny-llama`) and the
 //! tiny qwen2 fixture (one worker, its default id), two different vocabularies.
 //!
-//! - `/v1/models` and `ModelInfo` list both; `ModelInfo` with `model` describes each;
+//! - `/v1/models` and `ModelInfo` list both; `ModelInfo` with `model` describes each, with the
+//!   numeric mode its workers run (`numerics`: the llama workers run `--numerics exact`, the qwen2
+//!   worker `--numerics fast`, which its ready line names too);
 //! - 24 greedy streams interleaved over both models, all at once (gRPC `model`), each identical
 //!   to the same request through a router that serves only that model (without `model`: the old
 //!   single-model request);
@@ -19,7 +21,7 @@ use std::time::{Duration, Instant};
 use inference_proto::public::{GenerateRequest, ModelInfoRequest};
 use integration_tests::{
     connect_ready, free_port, greedy, start_router, start_worker_with, stream_all, tiny_model,
-    worker_stats, PublicClient,
+    worker_stats, Process, PublicClient,
 };
 use tonic::Code;
 
@@ -96,10 +98,33 @@ async fn two_models_behind_one_router() {
         "8",
         "--served-model-name",
         LLAMA,
+        "--numerics",
+        "exact",
     ];
     let (_a1, a1) = start_worker_with(&llama, &args).await;
     let (mut a2_process, a2) = start_worker_with(&llama, &args).await;
-    let (_b, b) = start_worker_with(&qwen2_model(), &["--threads", "1"]).await;
+    // The qwen2 worker in fast numerics: started when its ready line names that mode.
+    let b = format!("127.0.0.1:{}", free_port());
+    let qwen2 = qwen2_model();
+    let qwen2 = qwen2.to_str().expect("utf-8 path");
+    let fast = [
+        "--model",
+        qwen2,
+        "--listen",
+        &b,
+        "--threads",
+        "1",
+        "--numerics",
+        "fast",
+    ];
+    let _b = Process::start(
+        "worker",
+        &fast,
+        "(cpu, numerics fast, ",
+        Duration::from_secs(60),
+    )
+    .await
+    .expect("the ready line names numerics fast");
 
     // References: one router per model, requests without `model`.
     let (_ra, ra) = start_router(&[&a1], &[]).await;
@@ -113,6 +138,7 @@ async fn two_models_behind_one_router() {
         .into_inner();
     assert_eq!(llama_info.served_model_name, LLAMA);
     assert_eq!(llama_info.served_models, [LLAMA]);
+    assert_eq!(llama_info.numerics, "exact");
     let qwen_info = only_qwen
         .clone()
         .model_info(ModelInfoRequest::default())
@@ -125,6 +151,7 @@ async fn two_models_behind_one_router() {
         "qwen2's default id {qwen:?}"
     );
     assert_ne!(llama_info.vocab_size, qwen_info.vocab_size);
+    assert_eq!(qwen_info.numerics, "fast");
 
     let http_port = free_port();
     let http_listen = format!("127.0.0.1:{http_port}");
@@ -143,9 +170,18 @@ async fn two_models_behind_one_router() {
         .unwrap()
         .into_inner();
     assert_eq!(info.vocab_size, qwen_info.vocab_size);
+    assert_eq!(info.numerics, "fast", "each model's own workers' mode");
     let mut both = vec![LLAMA.to_string(), qwen.clone()];
     both.sort();
     assert_eq!(info.served_models, both);
+    let info = client
+        .model_info(ModelInfoRequest {
+            model: Some(LLAMA.into()),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.numerics, "exact");
     let http = reqwest::Client::new();
     let base = format!("http://{http_listen}");
     let models: serde_json::Value = http
@@ -164,6 +200,22 @@ async fn two_models_behind_one_router() {
         .collect();
     ids.sort();
     assert_eq!(ids, both, "{models}");
+    for entry in models["data"].as_array().unwrap() {
+        let want = match entry["id"] == LLAMA {
+            true => "exact",
+            false => "fast",
+        };
+        assert_eq!(entry["numerics"], want, "{models}");
+    }
+    let one: serde_json::Value = http
+        .get(format!("{base}/v1/models/{qwen}"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(one["numerics"], "fast", "{one}");
 
     // Errors: unknown model, no model while two are served.
     let unknown = client

@@ -225,6 +225,7 @@ impl TextGeneration for TextGenerationService {
             chat_template_origin: model.chat_template_origin.clone(),
             architecture: model.architecture.clone(),
             ready_workers: self.pool.ready_workers_of(&served.id) as u32,
+            numerics: self.pool.numerics_of(&served.id),
             served_model_name,
             served_models,
         }))

@@ -133,12 +133,16 @@ async fn run(settings: WorkerSettings, backend: Backend) -> anyhow::Result<()> {
                 CpuModel::from_source(file)
                     .map(|model| model.with_kv_dtype(kv_dtype).with_numerics(numerics))
             };
-            let mode = match numerics {
-                backend_cpu::Numerics::Exact => "cpu, numerics exact".to_string(),
-                backend_cpu::Numerics::Fast => format!(
-                    "cpu, numerics fast, {} integer kernels",
-                    backend_cpu::IntPath::detect().as_str()
-                ),
+            let mode = RunMode {
+                backend: "cpu",
+                numerics: numerics.as_str(),
+                line: match numerics {
+                    backend_cpu::Numerics::Exact => "cpu, numerics exact".to_string(),
+                    backend_cpu::Numerics::Fast => format!(
+                        "cpu, numerics fast, {} integer kernels",
+                        backend_cpu::IntPath::detect().as_str()
+                    ),
+                },
             };
             load_and_serve(prepared, mode, load, |_, _| Ok(())).await
         }
@@ -171,7 +175,11 @@ async fn run(settings: WorkerSettings, backend: Backend) -> anyhow::Result<()> {
                 cache_dir: backend_cuda::cache::cache_dir(&s.cuda_cache_dir),
                 max_decode_batch: s.max_num_seqs,
             };
-            let mode = format!("cuda, cuda_numerics {}", s.cuda_numerics.as_str());
+            let mode = RunMode {
+                backend: "cuda",
+                numerics: s.cuda_numerics.as_str(),
+                line: format!("cuda, cuda_numerics {}", s.cuda_numerics.as_str()),
+            };
             load_and_serve(
                 prepared,
                 mode,
@@ -197,12 +205,24 @@ struct Prepared<H> {
     cert: Option<std::sync::Arc<tls_certs::ReloadingCert>>,
 }
 
+/// The backend and numeric mode that run: `Info` reports `backend` and `numerics`, the ready line
+/// ends with `line` (e.g. `cpu, numerics fast, avx2 integer kernels`).
+struct RunMode {
+    /// `"cpu"` or `"cuda"` (`Info.backend`).
+    backend: &'static str,
+    /// `"exact"` or `"fast"`: the `numerics` setting on the CPU, `cuda_numerics` on CUDA
+    /// (`Info.numerics`).
+    numerics: &'static str,
+    /// The ready line's description of both.
+    line: String,
+}
+
 /// Opens the model file, builds the model from it with `load` (on a blocking thread; a shutdown signal meanwhile ends the worker),
 /// checks the engine settings against it with `check`, then runs the engine and serves until shutdown;
-/// `mode` (the device and numeric mode) goes into the ready line.
+/// `mode` (the device and numeric mode) goes into `Info` and the ready line.
 async fn load_and_serve<H, M, E, L, C>(
     p: Prepared<H>,
-    mode: String,
+    mode: RunMode,
     load: L,
     check: C,
 ) -> anyhow::Result<()>
@@ -226,6 +246,7 @@ where
     let started = std::time::Instant::now();
     let path = model_path.clone();
     let served_model_name = settings.served_model_name.trim().to_string();
+    let (backend, numerics) = (mode.backend, mode.numerics);
     let load = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
         // A file that cannot be served is bad input (exit code 2), named in the message.
         let bad = |e: anyhow::Error| {
@@ -245,6 +266,8 @@ where
         if !served_model_name.is_empty() {
             description.served_model_name = served_model_name;
         }
+        description.backend = backend.into();
+        description.numerics = numerics.into();
         Ok((model, description))
     });
     let (model, description) = tokio::select! {
@@ -297,7 +320,7 @@ where
         model_path.display(),
         bound,
         if cert.is_some() { " over TLS" } else { "" },
-        mode
+        mode.line
     );
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let router = tonic::transport::Server::builder()

@@ -22,7 +22,8 @@ pub fn model_id(name: &str) -> String {
 }
 
 /// Builds the static part of `Info` from the model file (`served_model_name` is the model's name
-/// made an id, [`model_id`]; the worker's `served_model_name` setting replaces it).
+/// made an id, [`model_id`]; the worker's `served_model_name` setting replaces it). `backend` is
+/// `"cpu"` and `numerics` empty: the worker sets both to the backend and numeric mode it runs.
 ///
 /// `eos_token_ids` holds every end-of-sequence id the model declares (`eos`, `eot`) plus
 /// the end-of-turn tokens of the known chat formats when the vocabulary has them (`<|im_end|>`,
@@ -87,6 +88,7 @@ pub fn model_info(
         bos_token_id: tok.bos_token_id,
         eot_token_id: tok.eot_token_id,
         backend: "cpu".into(),
+        numerics: String::new(),
         stats: None,
         tokenizer: Some(TokenizerSpec {
             model: tok.model,

@@ -367,8 +367,9 @@ async fn completions(
 }
 
 /// `GET /v1/models`: every served model's public name, the default model's aliases after it, each
-/// with `max_model_len` (its context length), `chat_template_origin` and `ready_workers` (503
-/// while no worker has described a model).
+/// with `max_model_len` (its context length), `chat_template_origin`, `ready_workers` and
+/// `numerics` (the numeric mode its workers run, as `ModelInfo.numerics`:
+/// [`crate::pool::WorkerPool::numerics_of`]) (503 while no worker has described a model).
 async fn models(State(front): State<Arc<OpenAiFront>>) -> Response {
     match model_entries(&front) {
         Ok(data) => json_response(StatusCode::OK, &json!({"object": "list", "data": data})),
@@ -417,11 +418,12 @@ fn model_entries(front: &OpenAiFront) -> Result<Vec<serde_json::Value>, ApiError
         .iter()
         .flat_map(|(model, names)| {
             let ready = front.pool.ready_workers_of(&model.id);
+            let numerics = front.pool.numerics_of(&model.id);
             names.iter().map(move |name| {
                 json!({"id": name, "object": "model", "created": 0, "owned_by": "inference",
                        "max_model_len": model.context.context_length,
                        "chat_template_origin": model.context.chat_template_origin,
-                       "ready_workers": ready})
+                       "ready_workers": ready, "numerics": numerics})
             })
         })
         .collect();

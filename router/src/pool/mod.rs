@@ -47,7 +47,7 @@ use tokio::task::AbortHandle;
 pub use kv_fit::KvCapacity;
 pub use kv_view::{KvIndexState, KvView};
 pub use link::{Origin, WorkerEvent, WorkerLink, WorkerSnapshot};
-pub use models::{announced_id, ModelTable, ServedModel};
+pub use models::{announced_id, combined_numerics, ModelTable, ServedModel};
 pub use progress::{Change, Progress};
 pub use session::Session;
 pub use settings::{PoolCounters, PoolSettings};
@@ -170,6 +170,32 @@ impl WorkerPool {
             .filter(|l| models.model_of(&l.address).is_some_and(|m| &**m == id))
             .filter(|l| l.snapshot().ready())
             .count()
+    }
+
+    /// The numeric mode the model `id` runs, as `ModelInfo.numerics` and `/v1/models` report it:
+    /// [`combined_numerics`] of the `Info.numerics` of its ready workers, or of every worker that
+    /// described it while none is ready (`"exact"`, `"fast"`, `"mixed"`, or empty when no worker
+    /// reports a mode).
+    pub fn numerics_of(&self, id: &str) -> String {
+        let links: Vec<Arc<WorkerLink>> = {
+            let links = self.links.read().expect("links lock");
+            links.iter().map(|e| e.link.clone()).collect()
+        };
+        let models = self.models.read().expect("models lock");
+        let ready: Vec<&str> = links
+            .iter()
+            .filter(|l| models.model_of(&l.address).is_some_and(|m| &**m == id))
+            .filter(|l| l.snapshot().ready())
+            .filter_map(|l| models.numerics_of(&l.address))
+            .collect();
+        match ready.is_empty() {
+            true => combined_numerics(
+                models
+                    .workers_of(id)
+                    .filter_map(|address| models.numerics_of(address)),
+            ),
+            false => combined_numerics(ready),
+        }
     }
 
     /// Number of known workers (static and discovered).

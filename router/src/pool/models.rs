@@ -32,11 +32,32 @@ pub fn announced_id(info: &InfoResponse) -> &str {
     }
 }
 
+/// What a described worker serves: its model's id and its numeric mode (`Info.numerics`).
+struct Described {
+    model: Arc<str>,
+    numerics: String,
+}
+
 /// The served models and which worker serves which.
 #[derive(Default)]
 pub struct ModelTable {
     models: BTreeMap<Arc<str>, Arc<ServedModel>>,
-    workers: HashMap<String, Arc<str>>,
+    workers: HashMap<String, Described>,
+}
+
+/// What a router reports as a model's numeric mode (`ModelInfo.numerics`, `/v1/models`) from its
+/// workers' `Info.numerics`: their mode when they agree, `"mixed"` when they do not, empty when
+/// none reports one (workers that predate the field; those are left out of the comparison).
+pub fn combined_numerics<'a>(modes: impl IntoIterator<Item = &'a str>) -> String {
+    let mut seen: Option<&str> = None;
+    for mode in modes.into_iter().filter(|m| !m.is_empty()) {
+        match seen {
+            None => seen = Some(mode),
+            Some(first) if first != mode => return "mixed".to_string(),
+            Some(_) => {}
+        }
+    }
+    seen.unwrap_or_default().to_string()
 }
 
 impl ModelTable {
@@ -87,7 +108,13 @@ impl ModelTable {
                 id
             }
         };
-        self.workers.insert(address.to_string(), id.clone());
+        self.workers.insert(
+            address.to_string(),
+            Described {
+                model: id.clone(),
+                numerics: info.numerics.clone(),
+            },
+        );
         Ok(id)
     }
 
@@ -98,7 +125,21 @@ impl ModelTable {
 
     /// The model the worker at `address` serves, once it described it.
     pub fn model_of(&self, address: &str) -> Option<&Arc<str>> {
-        self.workers.get(address)
+        self.workers.get(address).map(|w| &w.model)
+    }
+
+    /// The numeric mode (`Info.numerics`) of the worker at `address`, once it described its model
+    /// (empty from a worker that predates the field).
+    pub fn numerics_of(&self, address: &str) -> Option<&str> {
+        self.workers.get(address).map(|w| w.numerics.as_str())
+    }
+
+    /// The addresses of the workers that described the model `id`.
+    pub fn workers_of<'a>(&'a self, id: &'a str) -> impl Iterator<Item = &'a str> + 'a {
+        self.workers
+            .iter()
+            .filter(move |(_, w)| &*w.model == id)
+            .map(|(address, _)| address.as_str())
     }
 
     /// The model served under `id`.
@@ -139,5 +180,22 @@ impl ModelTable {
         let ids = self.ids();
         let id = naming.choose(requested, &ids)?;
         Ok(self.models.get(id).cloned())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::combined_numerics;
+
+    /// Workers that agree give their mode, disagreeing ones `mixed`; workers without a mode (older
+    /// ones) are left out, and none at all gives empty.
+    #[test]
+    fn a_models_numerics_from_its_workers() {
+        assert_eq!(combined_numerics(["fast", "fast"]), "fast");
+        assert_eq!(combined_numerics(["exact", "", "exact"]), "exact");
+        assert_eq!(combined_numerics(["exact", "fast", "exact"]), "mixed");
+        assert_eq!(combined_numerics(["", "fast", "", "exact"]), "mixed");
+        assert_eq!(combined_numerics([""]), "");
+        assert_eq!(combined_numerics([]), "");
     }
 }

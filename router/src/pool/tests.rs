@@ -601,3 +601,29 @@ async fn a_stalled_worker_leaves_rotation_its_requests_fail_over_and_it_rejoins(
         "the rejoined worker takes requests"
     );
 }
+
+/// The table keeps each described worker's `Info.numerics`: a model's workers give its mode,
+/// `mixed` while they differ; a forgotten worker no longer counts, and one that comes back counts
+/// with its new mode.
+#[test]
+fn the_model_table_keeps_each_workers_numerics() {
+    let mut table = ModelTable::default();
+    let with = |numerics: &str| InfoResponse {
+        numerics: numerics.into(),
+        ..info()
+    };
+    let id = table.adopt("a", &with("exact"), None, None).unwrap();
+    table.adopt("b", &with("exact"), None, None).unwrap();
+    let mode =
+        |t: &ModelTable| combined_numerics(t.workers_of(&id).filter_map(|a| t.numerics_of(a)));
+    assert_eq!(mode(&table), "exact");
+    table.adopt("c", &with("fast"), None, None).unwrap();
+    assert_eq!(table.numerics_of("c"), Some("fast"));
+    assert_eq!(mode(&table), "mixed");
+    table.forget("c");
+    assert_eq!(table.numerics_of("c"), None);
+    assert_eq!(mode(&table), "exact");
+    table.adopt("a", &with("fast"), None, None).unwrap();
+    table.adopt("b", &with("fast"), None, None).unwrap();
+    assert_eq!(mode(&table), "fast");
+}
