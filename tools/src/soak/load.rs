@@ -284,15 +284,16 @@ impl Load {
         futures::future::join_all(specs.into_iter().map(|s| self.send(s))).await;
     }
 
-    /// The client that stops reading: a long stream on each front (router 0 gRPC, the last
-    /// router HTTP), not read for `hold` after its first tokens, then read to its end.
+    /// The client that stops reading: a long stream on each front of router 0 (the router
+    /// restart hits the last one), not read for `hold` after its first tokens, then read to its
+    /// end.
     pub async fn stuck(self: Arc<Self>, hold: Duration, seed: u64) {
         let mut rng = SplitMix64::new(seed);
         let mut specs = Vec::new();
         for http in [false, true] {
             let mut spec = self.draw(&mut rng, Tag::Stuck);
             spec.http = http;
-            spec.router = if http { self.grpc.len() - 1 } else { 0 };
+            spec.router = 0;
             spec.prompt = self.refs.len();
             (spec.greedy, spec.constrained, spec.ignore_eos) = (false, false, true);
             (spec.temperature, spec.max_new, spec.n) = (0.8, 1024, 1);

@@ -5,7 +5,8 @@
 //! Memory is judged per process instance (a restart starts a new curve) over the samples taken
 //! after warm-up: from half the duration on, and at least 60 s after the instance started. A
 //! curve is flat when its largest value is within 5 % of its first one (fds and threads: within
-//! 5 % or 2, whichever is more); with fewer than 2 samples it is not judged.
+//! 5 % or 4, whichever is more: connection pools and blocking threads come and go); with fewer
+//! than 2 samples it is not judged.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -279,8 +280,8 @@ pub fn summary(f: &Finish<'_>) -> (String, bool) {
             judged_curves += 1;
             let pick = |g: fn(&ProcStats) -> u64| c.window.iter().map(g).collect::<Vec<_>>();
             let (rss, rss_ok) = growth(&pick(|s| s.rss_kib), 0);
-            let (fds, fds_ok) = growth(&pick(|s| s.fds), 2);
-            let (threads, threads_ok) = growth(&pick(|s| s.threads), 2);
+            let (fds, fds_ok) = growth(&pick(|s| s.fds), 4);
+            let (threads, threads_ok) = growth(&pick(|s| s.threads), 4);
             let ok = rss_ok && fds_ok && threads_ok;
             memory_ok &= ok;
             format!(
