@@ -5,3 +5,4 @@
 pub mod bench;
 pub mod fleet;
 pub mod quality;
+pub mod soak;

@@ -245,10 +245,23 @@ async fn connect_router(args: &BenchArgs) -> anyhow::Result<Connected> {
 
 /// `Tokenize` through the router, with special tokens as `Generate` adds them.
 #[derive(Clone)]
-struct RpcTokenizer {
+pub struct RpcTokenizer {
     client: RouterClient,
     /// Calls made by this tokenizer and its clones.
     calls: Arc<AtomicUsize>,
+}
+
+impl RpcTokenizer {
+    /// The tokenizer of the router behind `client` (no API key; `bench soak` fits its prompts so).
+    pub fn new(client: TextGenerationClient<Channel>) -> RpcTokenizer {
+        RpcTokenizer {
+            client: RouterClient {
+                client,
+                authorization: None,
+            },
+            calls: Arc::default(),
+        }
+    }
 }
 
 impl PromptTokenizer for RpcTokenizer {

@@ -18,6 +18,10 @@
 //! `bench quality --api URL --candidate-api URL`: perplexity and top-1 agreement of two servers
 //! over a text through their OpenAI-compatible APIs (`tools::quality::api`).
 //!
+//! `bench soak ...`: the fault-injecting soak of 3 workers and 2 routers (`tools::soak`;
+//! `scripts/soak`; `bench soak --help`): exit 0 when every target holds, 1 when one fails, 2 for a
+//! bad command line.
+//!
 //! Exit status: 0 when every measured request succeeded, 1 when any failed (the summary is still
 //! printed and written), 2 when the run could not start or the JSON could not be written.
 
@@ -28,6 +32,7 @@ use clap::Parser;
 use tools::bench::{run::run, BenchArgs};
 use tools::fleet::{self, cli::FleetArgs};
 use tools::quality::{self, cli::QualityArgs};
+use tools::soak::{self, cli::SoakArgs};
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
@@ -48,6 +53,21 @@ async fn main() -> ExitCode {
             Err(e) => {
                 eprintln!("bench quality: {e:#}");
                 ExitCode::from(2)
+            }
+        };
+    }
+    if std::env::args().nth(1).as_deref() == Some("soak") {
+        let args = SoakArgs::parse_from(std::env::args().skip(1));
+        if let Err(e) = args.validate() {
+            eprintln!("bench soak: {e:#}");
+            return ExitCode::from(2);
+        }
+        return match soak::run::run(&args).await {
+            Ok(true) => ExitCode::SUCCESS,
+            Ok(false) => ExitCode::FAILURE,
+            Err(e) => {
+                println!("soak: FAIL: the run could not be carried out: {e:#}");
+                ExitCode::FAILURE
             }
         };
     }

@@ -57,12 +57,14 @@ pub struct Fleet {
     pub routers: Vec<String>,
 }
 
-fn free_port() -> anyhow::Result<u16> {
+/// A port on 127.0.0.1 that was free a moment ago (also `bench soak`'s).
+pub(crate) fn free_port() -> anyhow::Result<u16> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
     Ok(listener.local_addr()?.port())
 }
 
-fn binary(name: &str) -> anyhow::Result<PathBuf> {
+/// The `name` binary next to the running `bench` binary.
+pub(crate) fn binary(name: &str) -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe().context("locating the bench binary")?;
     let path = exe.with_file_name(name);
     if !path.exists() {
@@ -75,7 +77,12 @@ fn binary(name: &str) -> anyhow::Result<PathBuf> {
 }
 
 /// Starts `bin args`, logs its stderr to `log`, and waits for a stdout line containing `ready`.
-async fn spawn(bin: &str, args: &[String], ready: &str, log: &Path) -> anyhow::Result<Child> {
+pub(crate) async fn spawn(
+    bin: &str,
+    args: &[String],
+    ready: &str,
+    log: &Path,
+) -> anyhow::Result<Child> {
     let mut child = Command::new(binary(bin)?)
         .args(args)
         .stdout(Stdio::piped())
