@@ -99,8 +99,14 @@ mod tests {
             share_prefill_budget(&[cand(1, 5000)], 512, usize::MAX, usize::MAX),
             [512]
         );
-        assert_eq!(share_prefill_budget(&[cand(1, 40)], 512, usize::MAX, usize::MAX), [40]);
-        assert_eq!(share_prefill_budget(&[cand(1, 5000)], 1, 256, usize::MAX), [1]);
+        assert_eq!(
+            share_prefill_budget(&[cand(1, 40)], 512, usize::MAX, usize::MAX),
+            [40]
+        );
+        assert_eq!(
+            share_prefill_budget(&[cand(1, 5000)], 1, 256, usize::MAX),
+            [1]
+        );
         assert!(share_prefill_budget(&[], 512, 256, usize::MAX).is_empty());
     }
 
@@ -109,7 +115,8 @@ mod tests {
         // The long prompt is older; the short one still gets all of its 16 tokens.
         let shares = share_prefill_budget(&[cand(1, 6000), cand(2, 16)], 512, 256, usize::MAX);
         assert_eq!(shares, [256, 16]);
-        let shares = share_prefill_budget(&[cand(1, 6000), cand(2, 16)], 512, usize::MAX, usize::MAX);
+        let shares =
+            share_prefill_budget(&[cand(1, 6000), cand(2, 16)], 512, usize::MAX, usize::MAX);
         assert_eq!(shares, [496, 16]);
     }
 
@@ -175,14 +182,33 @@ mod tests {
         // Two sheddable prefills in progress (older, fewer tokens left), then a priority-10 and a
         // priority-0 arrival: only the priority-10 prompt runs, whole, and the rest of the budget
         // stays unused so its step is as short as its own work.
-        let c = [prio(1, 40, -1), prio(2, 60, -1), prio(3, 128, 10), prio(4, 10, 0)];
-        assert_eq!(share_prefill_budget(&c, 512, 256, usize::MAX), [0, 0, 128, 0]);
+        let c = [
+            prio(1, 40, -1),
+            prio(2, 60, -1),
+            prio(3, 128, 10),
+            prio(4, 10, 0),
+        ];
+        assert_eq!(
+            share_prefill_budget(&c, 512, 256, usize::MAX),
+            [0, 0, 128, 0]
+        );
         // Inside the class the usual rules hold: aging for its oldest, then shortest first.
-        let c = [prio(1, 6000, 5), prio(2, 30, 0), prio(3, 20, 5), prio(4, 900, 5)];
-        assert_eq!(share_prefill_budget(&c, 512, 256, usize::MAX), [236, 0, 20, 256]);
+        let c = [
+            prio(1, 6000, 5),
+            prio(2, 30, 0),
+            prio(3, 20, 5),
+            prio(4, 900, 5),
+        ];
+        assert_eq!(
+            share_prefill_budget(&c, 512, 256, usize::MAX),
+            [236, 0, 20, 256]
+        );
         // Without a higher class, the lower classes' oldest gets the aging floor again.
         let c = [prio(1, 6000, -1), prio(2, 30, -1)];
-        assert_eq!(share_prefill_budget(&c, 512, usize::MAX, usize::MAX), [482, 30]);
+        assert_eq!(
+            share_prefill_budget(&c, 512, usize::MAX, usize::MAX),
+            [482, 30]
+        );
         // A sheddable class shares at most the step's sheddable cap; a higher one ignores it.
         assert_eq!(share_prefill_budget(&c, 512, usize::MAX, 64), [34, 30]);
         assert_eq!(share_prefill_budget(&c, 512, usize::MAX, 0), [0, 0]);
@@ -224,5 +250,4 @@ mod tests {
             }
         }
     }
-
 }

@@ -154,7 +154,10 @@ mod tests {
         r.admit(3, -1);
         r.admit(4, 10);
         r.admit(5, 0);
-        assert_eq!(r.iter().map(|(id, _)| id).collect::<Vec<_>>(), [4, 2, 5, 1, 3]);
+        assert_eq!(
+            r.iter().map(|(id, _)| id).collect::<Vec<_>>(),
+            [4, 2, 5, 1, 3]
+        );
         assert_eq!(r.last(), Some((3, -1)));
         assert_eq!(r.remove(3), Some(-1));
         assert_eq!(r.last(), Some((1, -1)));

@@ -93,7 +93,7 @@ fn nothing_is_shed_when_shedding_could_not_make_enough_room() {
     let shed = sim.add_with_priority(60, 30, -1); // 4 blocks
     sim.step(); // keep's prefill alone: the sheddable one gets no prefill tokens beside it
     sim.step(); // keep's decode and shed's prefill
-    // 13 blocks: more than the sheddable 4 plus the 0 free.
+                // 13 blocks: more than the sheddable 4 plus the 0 free.
     let big = sim.add_with_priority(200, 1, 10);
     let s = sim.step();
     assert!(s.preempted.is_empty());
@@ -154,7 +154,10 @@ fn sheddable_work_takes_at_most_its_cap_per_step() {
             .filter(|c| c.seq != normal)
             .map(|c| c.num_tokens)
             .sum();
-        assert!(sheddable <= 64, "step {steps}: {sheddable} sheddable tokens");
+        assert!(
+            sheddable <= 64,
+            "step {steps}: {sheddable} sheddable tokens"
+        );
         steps += 1;
         assert!(steps < 10_000);
     }

@@ -24,6 +24,10 @@ pub(super) struct RouteKey {
     /// ([`routing::kv_aware::request_work_tokens`]): the load this router adds to the worker's
     /// last report until the next one.
     pub(super) work_tokens: u64,
+    /// The request is sheddable (negative priority): every in-flight request counts against
+    /// the worker's cap; otherwise only non-sheddable ones do
+    /// ([`WorkerSnapshot::counted_inflight`]).
+    sheddable: bool,
 }
 
 impl RouteKey {
@@ -34,16 +38,19 @@ impl RouteKey {
             request.prompt_ids.len() + request.generated_ids.len(),
             (request.max_new_tokens as usize).saturating_sub(request.generated_ids.len()),
         );
+        let sheddable = request.priority < 0;
         match settings.routing {
             Routing::Affinity => Self {
                 affinity: settings.affinity.key(&request.prompt_ids),
                 chain: None,
                 work_tokens,
+                sheddable,
             },
             Routing::RoundRobin => Self {
                 affinity: None,
                 chain: None,
                 work_tokens,
+                sheddable,
             },
             Routing::KvAware => {
                 // The worker roots a salted request's chain at its salt's seed.
@@ -59,6 +66,7 @@ impl RouteKey {
                     affinity: None,
                     chain: Some(chain),
                     work_tokens,
+                    sheddable,
                 }
             }
         }
@@ -80,7 +88,7 @@ pub(super) fn choose(
                 .iter()
                 .map(|(link, s)| KvCandidate {
                     address: &s.address,
-                    has_room: s.inflight < cap,
+                    has_room: s.counted_inflight(key.sheddable) < cap,
                     cached_blocks: link.kv.prefix_blocks(&chain.hashes, chain.block_size),
                     load_tokens: link.kv.load_tokens(),
                 })
@@ -89,7 +97,10 @@ pub(super) fn choose(
         }
         (_, Routing::RoundRobin) => {
             let addresses: Vec<&str> = ready.iter().map(|(_, s)| s.address.as_str()).collect();
-            let has_room: Vec<bool> = ready.iter().map(|(_, s)| s.inflight < cap).collect();
+            let has_room: Vec<bool> = ready
+                .iter()
+                .map(|(_, s)| s.counted_inflight(key.sheddable) < cap)
+                .collect();
             round_robin.pick(&addresses, &has_room)
         }
         _ => {
@@ -98,7 +109,7 @@ pub(super) fn choose(
                 .map(|(_, s)| Candidate {
                     address: &s.address,
                     load: s.load,
-                    has_room: s.inflight < cap,
+                    has_room: s.counted_inflight(key.sheddable) < cap,
                 })
                 .collect();
             settings.affinity.pick(key.affinity, &candidates)

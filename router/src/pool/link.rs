@@ -59,7 +59,7 @@ struct LinkState {
     /// The link was removed from the pool; it never becomes ready again.
     removed: bool,
     /// Requests in flight on this worker, by the router's internal request id.
-    inflight: HashMap<String, mpsc::UnboundedSender<WorkerEvent>>,
+    inflight: HashMap<String, InFlight>,
     /// The worker's last load report and when it arrived.
     reported: Option<(LoadReport, Instant)>,
     /// Why the last connection attempt failed (cleared when one succeeds).
@@ -83,6 +83,10 @@ pub struct WorkerSnapshot {
     pub stalled: bool,
     /// Requests this router has in flight on it.
     pub inflight: usize,
+    /// Of those, the sheddable ones (negative priority): they do not count against
+    /// `max_inflight_per_worker` for a request that is not sheddable (see
+    /// [`WorkerSnapshot::counted_inflight`]).
+    pub inflight_sheddable: usize,
     /// The load used for picking (see [`crate::affinity`]).
     pub load: usize,
     /// The worker's last load report, if recent (within `LOAD_REPORT_TTL`; used for picking).
@@ -105,6 +109,40 @@ impl WorkerSnapshot {
     pub fn ready(&self) -> bool {
         self.connected && self.healthy && !self.stalled
     }
+
+    /// The in-flight requests that count against `max_inflight_per_worker` for a request that is
+    /// `sheddable` or not: all of them for a sheddable one; only the non-sheddable ones otherwise,
+    /// so sheddable work holding a worker's slots never keeps a higher-priority request in the
+    /// router's queue (the worker's scheduler then serves it first: its prefill takes a step
+    /// without sheddable work, and it preempts sheddable sequences when KV blocks run out). A
+    /// worker thus holds at most `2 x max_inflight_per_worker` requests from one router.
+    pub fn counted_inflight(&self, sheddable: bool) -> usize {
+        if sheddable {
+            self.inflight
+        } else {
+            self.inflight - self.inflight_sheddable
+        }
+    }
+}
+
+impl LinkState {
+    /// The in-flight requests that count against the cap for a request that is `sheddable` or
+    /// not (see [`WorkerSnapshot::counted_inflight`]).
+    fn counted_inflight(&self, sheddable: bool) -> usize {
+        if sheddable {
+            self.inflight.len()
+        } else {
+            self.inflight.values().filter(|r| !r.sheddable).count()
+        }
+    }
+}
+
+/// A request in flight on a worker.
+struct InFlight {
+    /// Where its events go.
+    events: mpsc::UnboundedSender<WorkerEvent>,
+    /// It is sheddable (negative priority).
+    sheddable: bool,
 }
 
 /// One worker: its address and connection state.
@@ -175,6 +213,7 @@ impl WorkerLink {
             healthy: state.healthy,
             stalled: state.progress.as_ref().is_some_and(Progress::is_stalled),
             inflight: state.inflight.len(),
+            inflight_sheddable: state.inflight.len() - state.counted_inflight(false),
             load: state.inflight.len().max(reported_load as usize),
             reported,
             last_report: state.reported.map(|(r, _)| r),
@@ -193,7 +232,8 @@ impl WorkerLink {
     ) -> Option<mpsc::UnboundedReceiver<WorkerEvent>> {
         let mut state = self.lock();
         let stalled = state.progress.as_ref().is_some_and(Progress::is_stalled);
-        if state.removed || !state.healthy || stalled || state.inflight.len() >= cap {
+        let sheddable = request.priority < 0;
+        if state.removed || !state.healthy || stalled || state.counted_inflight(sheddable) >= cap {
             return None;
         }
         let sender = state.sender.clone()?;
@@ -210,7 +250,13 @@ impl WorkerLink {
         if let Some(progress) = state.progress.as_mut() {
             progress.on_dispatch(Instant::now(), inflight_before);
         }
-        state.inflight.insert(request.request_id.clone(), tx);
+        state.inflight.insert(
+            request.request_id.clone(),
+            InFlight {
+                events: tx,
+                sheddable,
+            },
+        );
         Some(rx)
     }
 
@@ -237,8 +283,8 @@ impl WorkerLink {
         state.sender = None;
         state.progress = None;
         let n = state.inflight.len();
-        for (_, tx) in state.inflight.drain() {
-            let _ = tx.send(WorkerEvent::Lost(reason.to_string()));
+        for (_, request) in state.inflight.drain() {
+            let _ = request.events.send(WorkerEvent::Lost(reason.to_string()));
         }
         n
     }
@@ -296,8 +342,8 @@ impl WorkerLink {
                 });
             }
         }
-        for (_, tx) in state.inflight.drain() {
-            let _ = tx.send(WorkerEvent::Lost(reason.clone()));
+        for (_, request) in state.inflight.drain() {
+            let _ = request.events.send(WorkerEvent::Lost(reason.clone()));
         }
         Some((since, ids.len()))
     }
@@ -315,7 +361,7 @@ impl WorkerLink {
             state.reported = Some((load, Instant::now()));
         }
         for error in step.errors {
-            if let Some(tx) = state.inflight.remove(&error.request_id) {
+            if let Some(request) = state.inflight.remove(&error.request_id) {
                 let failure = WorkerFailure::from(error);
                 let event = if failure.kind == WorkerFailureKind::HandedBack {
                     // Fail over, and take the worker out of rotation at once (before the request
@@ -328,19 +374,19 @@ impl WorkerLink {
                 } else {
                     WorkerEvent::Failed(failure)
                 };
-                let _ = tx.send(event);
+                let _ = request.events.send(event);
             }
         }
         for scored in step.prompt_logprobs {
-            if let Some(tx) = state.inflight.get(&scored.request_id) {
-                let _ = tx.send(WorkerEvent::Prompt(scored));
+            if let Some(request) = state.inflight.get(&scored.request_id) {
+                let _ = request.events.send(WorkerEvent::Prompt(scored));
             }
         }
         for token in step.tokens {
             let finished = token.finished;
             let id = token.request_id.clone();
-            if let Some(tx) = state.inflight.get(&id) {
-                let _ = tx.send(WorkerEvent::Token(token));
+            if let Some(request) = state.inflight.get(&id) {
+                let _ = request.events.send(WorkerEvent::Token(token));
             }
             if finished {
                 state.inflight.remove(&id);

@@ -369,6 +369,10 @@ impl WorkerPool {
                 .tx
                 .send(Err(QueueFull::Displaced { priority, by }));
         }
+        // A worker may have room for it though the queue was not empty: a request that is not
+        // sheddable does not count the sheddable ones in flight against the cap, so it can go
+        // at once past a queue of sheddable work that waits for room.
+        self.pump();
         Ok(Ticket::queued(self.clone(), &model.id, pushed.id, rx))
     }
 

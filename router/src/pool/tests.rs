@@ -283,12 +283,22 @@ async fn run(session: &mut Session) -> Result<Vec<u32>, RouteError> {
 }
 
 fn start_session(pool: &Arc<WorkerPool>, req: AddRequest) -> Result<Session, RouteError> {
+    start_session_at(pool, req, 0)
+}
+
+/// A session of the default tenant whose request has `priority` (on the worker too).
+fn start_session_at(
+    pool: &Arc<WorkerPool>,
+    mut req: AddRequest,
+    priority: i32,
+) -> Result<Session, RouteError> {
+    req.priority = priority;
+    let placement = crate::admission::Placement {
+        priority,
+        ..crate::admission::Placement::default_tenant()
+    };
     let model = pool.resolve_model(None)?;
-    let ticket = pool.admit(
-        &model,
-        req.clone(),
-        crate::admission::Placement::default_tenant(),
-    )?;
+    let ticket = pool.admit(&model, req.clone(), placement)?;
     Ok(Session::new(pool.clone(), req, ticket))
 }
 
@@ -414,6 +424,46 @@ async fn queue_limits_refuse_at_once_and_waiters_run_in_order() {
     drop(waiting);
     assert_eq!(pool.queue_depth(), (0, 0));
     drop(running);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sheddable_work_in_flight_never_keeps_a_higher_priority_request_waiting() {
+    let a = FakeWorker::start(Duration::from_millis(2)).await;
+    let s = PoolSettings {
+        max_inflight_per_worker: 2,
+        ..settings()
+    };
+    let pool = WorkerPool::start(s, std::slice::from_ref(&a.address));
+    wait_until("ready", || pool.ready_workers() == 1).await;
+    // Two sheddable requests fill the worker's slots; two more wait in the router.
+    let mut shed: Vec<Session> = (0..4u32)
+        .map(|i| start_session_at(&pool, request(vec![i + 10], 0, 2_000), -1).unwrap())
+        .collect();
+    wait_until("two sent", || a.adds().len() == 2).await;
+    assert_eq!(pool.queue_depth().0, 2);
+    // A priority-0 request goes to the worker at once, past the sheddable queue (the sheddable
+    // requests in flight do not count against its cap), and so does a second one.
+    let mut urgent: Vec<Session> = (0..2u32)
+        .map(|i| start_session_at(&pool, request(vec![i + 50], 0, 5), 0).unwrap())
+        .collect();
+    wait_until("urgent sent", || a.adds().len() == 4).await;
+    let sent: Vec<(u32, i32)> = (a.adds().iter())
+        .map(|r| (r.prompt_ids[0], r.priority))
+        .collect();
+    assert_eq!(sent, [(10, -1), (11, -1), (50, 0), (51, 0)]);
+    assert_eq!(pool.queue_depth().0, 2);
+    // A third waits: two non-sheddable requests are in flight, the cap.
+    let mut third = start_session_at(&pool, request(vec![52], 0, 5), 0).unwrap();
+    assert_eq!(pool.queue_depth().0, 3);
+    for s in urgent.iter_mut().chain([&mut third]) {
+        assert_eq!(run(s).await.unwrap().len(), 5);
+    }
+    // It went before the sheddable ones queued ahead of it.
+    assert_eq!(a.adds()[4].prompt_ids[0], 52);
+    for s in &mut shed {
+        assert_eq!(run(s).await.unwrap().len(), 2_000);
+    }
+    assert_eq!(pool.queue_depth(), (0, 0));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -436,10 +436,11 @@ pub struct TenantSummary {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn record(index: usize, ttft: f64, e2e: f64, tokens: u32) -> RequestRecord {
+    /// A successful record of `tokens` generated tokens with these latencies (ms).
+    pub(crate) fn record(index: usize, ttft: f64, e2e: f64, tokens: u32) -> RequestRecord {
         RequestRecord {
             index,
             tenant: None,

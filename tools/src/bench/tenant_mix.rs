@@ -158,8 +158,8 @@ pub fn summarize(
                 succeeded,
                 refused,
                 failed: mine.len() - succeeded - refused,
-                ttft_p50_ms: percentile(&ttft, 0.5),
-                ttft_p99_ms: percentile(&ttft, 0.99),
+                ttft_p50_ms: percentile(&ttft, 50.0),
+                ttft_p99_ms: percentile(&ttft, 99.0),
                 generated_tokens_per_s: generated as f64 / duration_s.max(1e-9),
             }
         })
@@ -230,5 +230,26 @@ mod tests {
         let last = schedule.last().unwrap().0.as_secs_f64();
         assert!((360.0..440.0).contains(&last), "{last}");
         assert!(schedule.windows(2).all(|w| w[0].0 <= w[1].0));
+    }
+
+    #[test]
+    fn a_tenants_ttft_percentiles_are_over_its_own_requests() {
+        // `percentile` takes percent: p50 and p99 of 1..=100 ms, not p0.5 and p0.99.
+        let mix: TenantMix = "a:key-a:1,b:key-b:1".parse().unwrap();
+        let mut records: Vec<_> = (1..=100)
+            .map(|i| {
+                let mut r = crate::bench::report::tests::record(i, i as f64, 1000.0, 4);
+                r.tenant = Some("a".into());
+                r
+            })
+            .collect();
+        let mut b = crate::bench::report::tests::record(100, 5000.0, 6000.0, 4);
+        b.tenant = Some("b".into());
+        records.push(b);
+        let s = summarize(&mix, &records, 10.0);
+        assert_eq!((s[0].requests, s[1].requests), (100, 1));
+        assert!((s[0].ttft_p50_ms.unwrap() - 50.5).abs() < 1e-9);
+        assert!((s[0].ttft_p99_ms.unwrap() - 99.01).abs() < 1e-9);
+        assert_eq!(s[1].ttft_p99_ms, Some(5000.0));
     }
 }
