@@ -22,14 +22,13 @@
 //! (budget is left over only when every top-class candidate is at its limit).
 
 use crate::priority::{is_sheddable, Priority};
-use crate::scheduler::SeqId;
 
 /// A sequence with prompt tokens still to compute, in the order the scheduler lists them (running
 /// prefills by priority then admission, then new admissions by priority then arrival).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Candidate {
+pub(crate) struct Candidate<Id> {
     /// The sequence.
-    pub(crate) seq: SeqId,
+    pub(crate) seq: Id,
     /// Known tokens not yet in the KV cache.
     pub(crate) remaining: usize,
     /// The sequence's scheduling priority (higher first).
@@ -40,8 +39,8 @@ pub(crate) struct Candidate {
 /// one's chunk in tokens, index for index (0 = no tokens this step). No share exceeds `cap` or
 /// the candidate's `remaining`; the sum never exceeds `budget`, nor `sheddable_budget` when the
 /// top class is sheddable (negative priority: the scheduler's cap on sheddable tokens per step).
-pub(crate) fn share_prefill_budget(
-    candidates: &[Candidate],
+pub(crate) fn share_prefill_budget<Id>(
+    candidates: &[Candidate<Id>],
     mut budget: usize,
     cap: usize,
     sheddable_budget: usize,
@@ -81,11 +80,11 @@ pub(crate) fn share_prefill_budget(
 mod tests {
     use super::*;
 
-    fn cand(seq: SeqId, remaining: usize) -> Candidate {
+    fn cand(seq: u64, remaining: usize) -> Candidate<u64> {
         prio(seq, remaining, 0)
     }
 
-    fn prio(seq: SeqId, remaining: usize, priority: Priority) -> Candidate {
+    fn prio(seq: u64, remaining: usize, priority: Priority) -> Candidate<u64> {
         Candidate {
             seq,
             remaining,
@@ -107,7 +106,7 @@ mod tests {
             share_prefill_budget(&[cand(1, 5000)], 1, 256, usize::MAX),
             [1]
         );
-        assert!(share_prefill_budget(&[], 512, 256, usize::MAX).is_empty());
+        assert!(share_prefill_budget::<u64>(&[], 512, 256, usize::MAX).is_empty());
     }
 
     #[test]
@@ -152,7 +151,7 @@ mod tests {
         for _ in 0..2000 {
             let n = (next() % 12) as usize;
             let c: Vec<_> = (0..n)
-                .map(|i| cand(i as SeqId, 1 + (next() % 3000) as usize))
+                .map(|i| cand(i as u64, 1 + (next() % 3000) as usize))
                 .collect();
             let budget = 1 + (next() % 1024) as usize;
             let cap = if next() % 3 == 0 {
@@ -230,7 +229,7 @@ mod tests {
             let c: Vec<_> = (0..n)
                 .map(|i| {
                     let priority = (next() % 3) as Priority - 1;
-                    prio(i as SeqId, 1 + (next() % 900) as usize, priority)
+                    prio(i as u64, 1 + (next() % 900) as usize, priority)
                 })
                 .collect();
             let budget = 1 + (next() % 1024) as usize;

@@ -166,7 +166,7 @@ impl Scheduler {
         };
         self.schedule_decodes(seqs, pool, &mut decodes, !yielding);
         // 2. Prefill work: running prefills and admissions share the rest of the budget.
-        let prefilling: Vec<Candidate> = self
+        let prefilling: Vec<Candidate<SeqId>> = self
             .running
             .iter()
             .filter(|(id, _)| seqs[id].in_prefill())
@@ -394,7 +394,7 @@ struct DecodePass<'a> {
 /// The parts of the step being built that shedding changes.
 struct StepState<'a> {
     out: &'a mut Schedule,
-    candidates: &'a mut Vec<Candidate>,
+    candidates: &'a mut Vec<Candidate<SeqId>>,
     budget: &'a mut usize,
 }
 

@@ -412,6 +412,46 @@ impl<T> AdmissionQueue<T> {
         self.share.charge(tenant, tokens);
     }
 
+    /// The ids of the waiting requests in the order they go (the first is [`Self::front`]):
+    /// resumed ones first, then by priority class (higher first), then by their tenant's
+    /// fair-share counter (least first), then oldest first. The dispatcher tries them in this
+    /// order and sends the first one a worker has room for ([`Self::take`]): a worker's room
+    /// depends on the request's class and tenant, so one that cannot go does not hold back one
+    /// behind it that can.
+    pub fn order(&self) -> Vec<u64> {
+        let mut new: Vec<(std::cmp::Reverse<i32>, f64, u64)> = (self.entries.iter())
+            .filter_map(|e| {
+                let p = e.placement.as_ref()?;
+                Some((
+                    std::cmp::Reverse(p.priority),
+                    self.share.counter(&p.tenant),
+                    e.id,
+                ))
+            })
+            .collect();
+        new.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)).then(a.2.cmp(&b.2)));
+        (self.entries.iter())
+            .filter(|e| e.resumed)
+            .map(|e| e.id)
+            .chain(new.into_iter().map(|(_, _, id)| id))
+            .collect()
+    }
+
+    /// The waiting request `id`.
+    pub fn get(&self, id: u64) -> Option<&Entry<T>> {
+        self.entries.iter().find(|e| e.id == id)
+    }
+
+    /// Removes and returns request `id` to send it, charging its prompt to its tenant's
+    /// fair-share counter (as [`Self::pop_front`] does for the front).
+    pub fn take(&mut self, id: u64) -> Option<Entry<T>> {
+        let entry = self.remove(id)?;
+        if let Some(p) = &entry.placement {
+            self.share.on_dispatch(&p.tenant, entry.tokens);
+        }
+        Some(entry)
+    }
+
     /// Removes request `id` (it gave up waiting); `None` when it is no longer queued.
     pub fn remove(&mut self, id: u64) -> Option<Entry<T>> {
         let at = self.entries.iter().position(|e| e.id == id)?;

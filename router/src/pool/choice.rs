@@ -28,9 +28,26 @@ pub(super) struct RouteKey {
     /// the worker's cap; otherwise only non-sheddable ones do
     /// ([`WorkerSnapshot::counted_inflight`]).
     sheddable: bool,
+    /// The request's tenant, when known (not for a failover): a tenant below its share of a
+    /// worker's cap may go past it
+    /// ([`has_room`](super::occupancy::Occupancy::has_room)).
+    tenant: Option<Arc<str>>,
 }
 
 impl RouteKey {
+    /// The key of a request of `tenant`.
+    pub(super) fn of_tenant(self, tenant: Arc<str>) -> Self {
+        Self {
+            tenant: Some(tenant),
+            ..self
+        }
+    }
+
+    /// The request's tenant, when known.
+    pub(super) fn tenant(&self) -> Option<&Arc<str>> {
+        self.tenant.as_ref()
+    }
+
     /// The key of `request` under `settings`, with chains in blocks of `block_size` tokens (the
     /// workers' block size; 0 before any worker described it).
     pub(super) fn new(settings: &PoolSettings, block_size: usize, request: &AddRequest) -> Self {
@@ -45,12 +62,14 @@ impl RouteKey {
                 chain: None,
                 work_tokens,
                 sheddable,
+                tenant: None,
             },
             Routing::RoundRobin => Self {
                 affinity: None,
                 chain: None,
                 work_tokens,
                 sheddable,
+                tenant: None,
             },
             Routing::KvAware => {
                 // The worker roots a salted request's chain at its salt's seed.
@@ -67,6 +86,7 @@ impl RouteKey {
                     chain: Some(chain),
                     work_tokens,
                     sheddable,
+                    tenant: None,
                 }
             }
         }
@@ -88,7 +108,9 @@ pub(super) fn choose(
                 .iter()
                 .map(|(link, s)| KvCandidate {
                     address: &s.address,
-                    has_room: s.counted_inflight(key.sheddable) < cap,
+                    has_room: s
+                        .occupancy
+                        .has_room(cap, key.sheddable, key.tenant.as_deref()),
                     cached_blocks: link.kv.prefix_blocks(&chain.hashes, chain.block_size),
                     load_tokens: link.kv.load_tokens(),
                 })
@@ -99,7 +121,10 @@ pub(super) fn choose(
             let addresses: Vec<&str> = ready.iter().map(|(_, s)| s.address.as_str()).collect();
             let has_room: Vec<bool> = ready
                 .iter()
-                .map(|(_, s)| s.counted_inflight(key.sheddable) < cap)
+                .map(|(_, s)| {
+                    s.occupancy
+                        .has_room(cap, key.sheddable, key.tenant.as_deref())
+                })
                 .collect();
             round_robin.pick(&addresses, &has_room)
         }
@@ -109,7 +134,9 @@ pub(super) fn choose(
                 .map(|(_, s)| Candidate {
                     address: &s.address,
                     load: s.load,
-                    has_room: s.counted_inflight(key.sheddable) < cap,
+                    has_room: s
+                        .occupancy
+                        .has_room(cap, key.sheddable, key.tenant.as_deref()),
                 })
                 .collect();
             settings.affinity.pick(key.affinity, &candidates)

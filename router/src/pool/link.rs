@@ -9,7 +9,7 @@
 //! cancelled on it), and it rejoins once it moves again (see `progress`).
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use inference_proto::worker::{
@@ -20,6 +20,7 @@ use tokio::sync::mpsc;
 
 use super::kv_fit::KvCapacity;
 use super::kv_view::{KvIndexState, KvView};
+use super::occupancy::Occupancy;
 use super::progress::{Change, Progress};
 use crate::affinity::LOAD_REPORT_TTL;
 use crate::route_error::{WorkerFailure, WorkerFailureKind};
@@ -83,10 +84,8 @@ pub struct WorkerSnapshot {
     pub stalled: bool,
     /// Requests this router has in flight on it.
     pub inflight: usize,
-    /// Of those, the sheddable ones (negative priority): they do not count against
-    /// `max_inflight_per_worker` for a request that is not sheddable (see
-    /// [`WorkerSnapshot::counted_inflight`]).
-    pub inflight_sheddable: usize,
+    /// Those requests as `max_inflight_per_worker` counts them (by class and tenant).
+    pub occupancy: Occupancy,
     /// The load used for picking (see [`crate::affinity`]).
     pub load: usize,
     /// The worker's last load report, if recent (within `LOAD_REPORT_TTL`; used for picking).
@@ -109,31 +108,16 @@ impl WorkerSnapshot {
     pub fn ready(&self) -> bool {
         self.connected && self.healthy && !self.stalled
     }
-
-    /// The in-flight requests that count against `max_inflight_per_worker` for a request that is
-    /// `sheddable` or not: all of them for a sheddable one; only the non-sheddable ones otherwise,
-    /// so sheddable work holding a worker's slots never keeps a higher-priority request in the
-    /// router's queue (the worker's scheduler then serves it first: its prefill takes a step
-    /// without sheddable work, and it preempts sheddable sequences when KV blocks run out). A
-    /// worker thus holds at most `2 x max_inflight_per_worker` requests from one router.
-    pub fn counted_inflight(&self, sheddable: bool) -> usize {
-        if sheddable {
-            self.inflight
-        } else {
-            self.inflight - self.inflight_sheddable
-        }
-    }
 }
 
 impl LinkState {
-    /// The in-flight requests that count against the cap for a request that is `sheddable` or
-    /// not (see [`WorkerSnapshot::counted_inflight`]).
-    fn counted_inflight(&self, sheddable: bool) -> usize {
-        if sheddable {
-            self.inflight.len()
-        } else {
-            self.inflight.values().filter(|r| !r.sheddable).count()
+    /// The requests in flight as the cap counts them.
+    fn occupancy(&self) -> Occupancy {
+        let mut o = Occupancy::default();
+        for r in self.inflight.values() {
+            o.add(r.sheddable, r.tenant.as_ref());
         }
+        o
     }
 }
 
@@ -143,6 +127,8 @@ struct InFlight {
     events: mpsc::UnboundedSender<WorkerEvent>,
     /// It is sheddable (negative priority).
     sheddable: bool,
+    /// Its tenant, when known (not for a failover).
+    tenant: Option<Arc<str>>,
 }
 
 /// One worker: its address and connection state.
@@ -213,7 +199,7 @@ impl WorkerLink {
             healthy: state.healthy,
             stalled: state.progress.as_ref().is_some_and(Progress::is_stalled),
             inflight: state.inflight.len(),
-            inflight_sheddable: state.inflight.len() - state.counted_inflight(false),
+            occupancy: state.occupancy(),
             load: state.inflight.len().max(reported_load as usize),
             reported,
             last_report: state.reported.map(|(r, _)| r),
@@ -223,17 +209,20 @@ impl WorkerLink {
         }
     }
 
-    /// Sends `request` (whose id is `request.request_id`) when the link is ready and has fewer than
-    /// `cap` requests in flight; returns the request's event channel.
+    /// Sends `request` (whose id is `request.request_id`, of `tenant` when known) when the link
+    /// is ready and has room for it under `cap` ([`Occupancy::has_room`]); returns the request's
+    /// event channel.
     pub(super) fn try_send(
         &self,
         request: &AddRequest,
         cap: usize,
+        tenant: Option<&Arc<str>>,
     ) -> Option<mpsc::UnboundedReceiver<WorkerEvent>> {
         let mut state = self.lock();
         let stalled = state.progress.as_ref().is_some_and(Progress::is_stalled);
         let sheddable = request.priority < 0;
-        if state.removed || !state.healthy || stalled || state.counted_inflight(sheddable) >= cap {
+        let room = (state.occupancy()).has_room(cap, sheddable, tenant.map(|t| &**t));
+        if state.removed || !state.healthy || stalled || !room {
             return None;
         }
         let sender = state.sender.clone()?;
@@ -255,6 +244,7 @@ impl WorkerLink {
             InFlight {
                 events: tx,
                 sheddable,
+                tenant: tenant.cloned(),
             },
         );
         Some(rx)

@@ -30,6 +30,7 @@ mod kv_view;
 mod link;
 mod link_task;
 mod models;
+mod occupancy;
 mod progress;
 mod session;
 mod settings;
@@ -341,7 +342,8 @@ impl WorkerPool {
         if let Some(refusal) = self.never_fits(model, &request) {
             return Err(refusal.into());
         }
-        let key = RouteKey::new(&self.settings, model.block_size, &request);
+        let key = RouteKey::new(&self.settings, model.block_size, &request)
+            .of_tenant(placement.tenant.clone());
         let mut queues = self.queues.lock().expect("queue lock");
         let queue = queues
             .entry(model.id.clone())
@@ -415,25 +417,40 @@ impl WorkerPool {
         Ticket::queued(self.clone(), model, id, rx)
     }
 
-    /// Sends waiting requests of each model, oldest first, while one of its workers has room.
+    /// Sends waiting requests of each model in the queue's order ([`AdmissionQueue::order`])
+    /// while one of its workers has room for them. A request no worker has room for does not
+    /// hold back the ones behind it: room depends on the request's class and tenant
+    /// ([`occupancy`]), so after one fails, the others of its class and tenant are skipped in
+    /// that round (at most two tries per tenant, whatever the queue's length).
     fn pump(self: &Arc<Self>) {
         let mut undelivered = Vec::new();
         let mut queues = self.queues.lock().expect("queue lock");
         for (model, queue) in queues.iter_mut() {
-            while let Some(front) = queue.front() {
-                if front.item.tx.is_closed() {
-                    queue.pop_front();
-                    continue;
+            'round: loop {
+                let mut blocked: Vec<(bool, Option<Arc<str>>)> = Vec::new();
+                for id in queue.order() {
+                    let waiter = &queue.get(id).expect("ordered ids are queued").item;
+                    if waiter.tx.is_closed() {
+                        queue.remove(id);
+                        continue 'round;
+                    }
+                    let class = (waiter.request.priority < 0, waiter.key.tenant().cloned());
+                    if blocked.contains(&class) {
+                        continue;
+                    }
+                    match self.dispatch_now(model, &waiter.request, &waiter.key) {
+                        Some(dispatched) => {
+                            let entry = queue.take(id).expect("ordered ids are queued");
+                            if let Err(Ok(dispatched)) = entry.item.tx.send(Ok(dispatched)) {
+                                undelivered.push(dispatched);
+                            }
+                            // The counters moved: the order is computed again.
+                            continue 'round;
+                        }
+                        None => blocked.push(class),
+                    }
                 }
-                let Some(dispatched) =
-                    self.dispatch_now(model, &front.item.request, &front.item.key)
-                else {
-                    break;
-                };
-                let entry = queue.pop_front().expect("front exists");
-                if let Err(Ok(dispatched)) = entry.item.tx.send(Ok(dispatched)) {
-                    undelivered.push(dispatched);
-                }
+                break;
             }
         }
         drop(queues);
@@ -476,7 +493,7 @@ impl WorkerPool {
         while !snapshots.is_empty() {
             let chosen = choose(&self.settings, &self.round_robin, key, &snapshots, cap)?;
             let link = snapshots[chosen].0.clone();
-            if let Some(events) = link.try_send(&request, cap) {
+            if let Some(events) = link.try_send(&request, cap, key.tenant()) {
                 link.kv.on_dispatch(key.work_tokens);
                 self.counters.dispatched.fetch_add(1, Ordering::Relaxed);
                 return Some(Dispatched {

@@ -289,12 +289,23 @@ fn start_session(pool: &Arc<WorkerPool>, req: AddRequest) -> Result<Session, Rou
 /// A session of the default tenant whose request has `priority` (on the worker too).
 fn start_session_at(
     pool: &Arc<WorkerPool>,
+    req: AddRequest,
+    priority: i32,
+) -> Result<Session, RouteError> {
+    start_session_of(pool, req, priority, "default")
+}
+
+/// A session of `tenant` whose request has `priority`.
+fn start_session_of(
+    pool: &Arc<WorkerPool>,
     mut req: AddRequest,
     priority: i32,
+    tenant: &str,
 ) -> Result<Session, RouteError> {
     req.priority = priority;
     let placement = crate::admission::Placement {
         priority,
+        tenant: tenant.into(),
         ..crate::admission::Placement::default_tenant()
     };
     let model = pool.resolve_model(None)?;
@@ -462,6 +473,36 @@ async fn sheddable_work_in_flight_never_keeps_a_higher_priority_request_waiting(
     assert_eq!(a.adds()[4].prompt_ids[0], 52);
     for s in &mut shed {
         assert_eq!(run(s).await.unwrap().len(), 2_000);
+    }
+    assert_eq!(pool.queue_depth(), (0, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_below_its_share_goes_past_another_tenants_full_slots() {
+    let a = FakeWorker::start(Duration::from_millis(2)).await;
+    let s = PoolSettings {
+        max_inflight_per_worker: 4,
+        ..settings()
+    };
+    let pool = WorkerPool::start(s, std::slice::from_ref(&a.address));
+    wait_until("ready", || pool.ready_workers() == 1).await;
+    // Tenant "flood" takes the 4 slots and queues 2 more.
+    let mut flood: Vec<Session> = (0..6u32)
+        .map(|i| start_session_of(&pool, request(vec![i + 10], 0, 1_000), 0, "flood").unwrap())
+        .collect();
+    wait_until("four sent", || a.adds().len() == 4).await;
+    assert_eq!(pool.queue_depth().0, 2);
+    // Tenant "small" (share 4 / 2 = 2) sends two at once past the flood's queue; its third
+    // waits, as the flood's do.
+    let mut small: Vec<Session> = (0..3u32)
+        .map(|i| start_session_of(&pool, request(vec![i + 50], 0, 5), 0, "small").unwrap())
+        .collect();
+    wait_until("small sent", || a.adds().len() == 6).await;
+    let sent: Vec<u32> = a.adds().iter().map(|r| r.prompt_ids[0]).collect();
+    assert_eq!(sent, [10, 11, 12, 13, 50, 51]);
+    assert_eq!(pool.queue_depth().0, 3);
+    for s in small.iter_mut().chain(&mut flood) {
+        assert!(run(s).await.is_ok());
     }
     assert_eq!(pool.queue_depth(), (0, 0));
 }
