@@ -80,6 +80,16 @@ pub(crate) fn share_prefill_budget<Id>(
 mod tests {
     use super::*;
 
+    /// A xorshift64 stream from `seed` (non-zero), for the randomized property tests.
+    fn xorshift(mut seed: u64) -> impl FnMut() -> u64 {
+        move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        }
+    }
+
     fn cand(seq: u64, remaining: usize) -> Candidate<u64> {
         prio(seq, remaining, 0)
     }
@@ -141,20 +151,14 @@ mod tests {
 
     #[test]
     fn shares_never_exceed_the_budget_the_cap_or_what_is_left() {
-        let mut rng = 0x9e37_79b9_u64;
-        let mut next = || {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            rng
-        };
+        let mut next = xorshift(0x9e37_79b9);
         for _ in 0..2000 {
             let n = (next() % 12) as usize;
             let c: Vec<_> = (0..n)
                 .map(|i| cand(i as u64, 1 + (next() % 3000) as usize))
                 .collect();
             let budget = 1 + (next() % 1024) as usize;
-            let cap = if next() % 3 == 0 {
+            let cap = if next().is_multiple_of(3) {
                 usize::MAX
             } else {
                 1 + (next() % 600) as usize
@@ -217,13 +221,7 @@ mod tests {
 
     #[test]
     fn lower_classes_wait_and_the_class_is_work_conserving() {
-        let mut rng = 0x2545_f491_u64;
-        let mut next = || {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            rng
-        };
+        let mut next = xorshift(0x2545_f491);
         for _ in 0..2000 {
             let n = 1 + (next() % 10) as usize;
             let c: Vec<_> = (0..n)

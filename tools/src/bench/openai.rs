@@ -238,16 +238,11 @@ pub async fn follow(
         let bytes = bytes.map_err(|e| failed("UNAVAILABLE", e.to_string()))?;
         let at = sent.elapsed().as_secs_f64() * 1e3;
         buffer.extend_from_slice(&bytes);
-        while let Some(end) = buffer.windows(2).position(|w| w == b"\n\n") {
-            let event: Vec<u8> = buffer.drain(..end + 2).collect();
-            let event = String::from_utf8_lossy(&event);
-            let Some(data) = event.trim().strip_prefix("data:").map(str::trim) else {
-                continue;
-            };
+        while let Some(data) = next_sse_data(&mut buffer) {
             if data == "[DONE]" {
                 return Ok(());
             }
-            let chunk: Value = serde_json::from_str(data)
+            let chunk: Value = serde_json::from_str(&data)
                 .map_err(|e| failed("INTERNAL", format!("bad event {data:?}: {e}")))?;
             if let Some(error) = chunk.get("error") {
                 return Err(failed("INTERNAL", error.to_string()));
@@ -275,4 +270,36 @@ pub async fn follow(
         "INTERNAL",
         "the event stream ended without data: [DONE]".into(),
     ))
+}
+
+/// Takes the next complete server-sent event (ended by a blank line) off the front of `buffer`
+/// and returns its `data:` payload, trimmed; events without data (comments, keep-alives) are
+/// dropped. `None` when no complete event with data is buffered (the rest stays for more bytes).
+pub fn next_sse_data(buffer: &mut Vec<u8>) -> Option<String> {
+    while let Some(end) = buffer.windows(2).position(|w| w == b"\n\n") {
+        let event: Vec<u8> = buffer.drain(..end + 2).collect();
+        let event = String::from_utf8_lossy(&event);
+        if let Some(data) = event.trim().strip_prefix("data:") {
+            return Some(data.trim().to_string());
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::next_sse_data;
+
+    #[test]
+    fn events_come_out_whole_and_in_order() {
+        let mut buffer =
+            b": keep-alive\n\ndata: {\"a\":1}\n\ndata:  [DONE] \n\ndata: part".to_vec();
+        assert_eq!(next_sse_data(&mut buffer).as_deref(), Some("{\"a\":1}"));
+        assert_eq!(next_sse_data(&mut buffer).as_deref(), Some("[DONE]"));
+        // An incomplete event stays for the bytes that complete it.
+        assert_eq!(next_sse_data(&mut buffer), None);
+        buffer.extend_from_slice(b"ial\n\n");
+        assert_eq!(next_sse_data(&mut buffer).as_deref(), Some("partial"));
+        assert!(buffer.is_empty());
+    }
 }

@@ -25,6 +25,7 @@ use serde_json::{json, Value};
 use tonic::transport::Channel;
 
 use crate::bench::constraint::{ConstraintSpec, OutputCheck};
+use crate::bench::openai::next_sse_data;
 use crate::bench::rng::SplitMix64;
 
 /// New tokens of every greedy request (and of its solo reference).
@@ -472,16 +473,11 @@ impl Load {
                 Ok(Some(Ok(bytes))) => bytes,
             };
             buffer.extend_from_slice(&bytes);
-            while let Some(end) = buffer.windows(2).position(|w| w == b"\n\n") {
-                let event: Vec<u8> = buffer.drain(..end + 2).collect();
-                let event = String::from_utf8_lossy(&event);
-                let Some(data) = event.trim().strip_prefix("data:").map(str::trim) else {
-                    continue;
-                };
+            while let Some(data) = next_sse_data(&mut buffer) {
                 if data == "[DONE]" {
                     return got.end(Outcome::Completed, None);
                 }
-                let chunk: Value = serde_json::from_str(data).unwrap_or(Value::Null);
+                let chunk: Value = serde_json::from_str(&data).unwrap_or(Value::Null);
                 if let Some(error) = chunk.get("error") {
                     let code = error["code"].as_str().unwrap_or("unknown");
                     return got.end_owned(Outcome::Failed, Some(format!("HTTP stream: {code}")));
