@@ -164,7 +164,12 @@ impl Scheduler {
             budget: &mut budget,
             sheddable_left: &mut sheddable_left,
         };
-        self.schedule_decodes(seqs, pool, &mut decodes, !yielding);
+        let first = if yielding {
+            Decodes::NotSheddable
+        } else {
+            Decodes::All
+        };
+        self.schedule_decodes(seqs, pool, &mut decodes, &mut Vec::new(), first);
         // 2. Prefill work: running prefills and admissions share the rest of the budget.
         let prefilling: Vec<Candidate<SeqId>> = self
             .running
@@ -234,26 +239,30 @@ impl Scheduler {
                 priority,
             });
         }
-        let shares = share_prefill_budget(&candidates, budget, cap, sheddable_left);
-        let mut higher_prefill = false;
-        for (c, n) in candidates.iter().zip(shares) {
-            if n > 0 {
-                higher_prefill |= !is_sheddable(c.priority);
-                out.chunks.push(Chunk {
-                    seq: c.seq,
-                    num_tokens: n,
-                });
-            }
-        }
-        if yielding && !higher_prefill {
-            // The higher-priority prefill did not run after all (no blocks or no room for its
-            // sequence): the sheddable decodes take the step as usual.
+        if yielding && candidates.iter().all(|c| is_sheddable(c.priority)) {
+            // The higher-priority prefill did not make it in (no blocks or no room for its
+            // sequence): the sheddable decodes take the step as usual, ahead of the prefill.
             let mut decodes = DecodePass {
                 out: &mut out,
                 budget: &mut budget,
                 sheddable_left: &mut sheddable_left,
             };
-            self.schedule_decodes(seqs, pool, &mut decodes, true);
+            self.schedule_decodes(
+                seqs,
+                pool,
+                &mut decodes,
+                &mut candidates,
+                Decodes::Sheddable,
+            );
+        }
+        let shares = share_prefill_budget(&candidates, budget, cap, sheddable_left);
+        for (c, n) in candidates.iter().zip(shares) {
+            if n > 0 {
+                out.chunks.push(Chunk {
+                    seq: c.seq,
+                    num_tokens: n,
+                });
+            }
         }
         out
     }
@@ -270,46 +279,40 @@ impl Scheduler {
         running || head
     }
 
-    /// Adds one decode token for every running sequence that is generating, in admission order,
-    /// while the budget lasts: non-sheddable ones always, sheddable ones when `sheddable` is set
-    /// and their token cap allows (each sequence at most once per step). A decode that needs a new
-    /// KV block and finds none preempts the lowest-priority, most recently admitted sequence,
-    /// repeatedly, until the block is found or it preempts itself.
+    /// Adds one decode token for every running sequence of the `which` classes that is
+    /// generating, in admission order, while the budget (and, for sheddable ones, their token
+    /// cap) lasts. Called before any prefill chunk is in `pass.out`, so decodes stay first. A
+    /// decode that needs a new KV block and finds none preempts the lowest-priority, most recently
+    /// admitted sequence (dropping it from the prefill `candidates`), repeatedly, until the block
+    /// is found or it preempts itself.
     fn schedule_decodes(
         &mut self,
         seqs: &mut HashMap<SeqId, Sequence>,
         pool: &mut BlockPool,
         pass: &mut DecodePass<'_>,
-        sheddable: bool,
+        candidates: &mut Vec<Candidate<SeqId>>,
+        which: Decodes,
     ) {
         let mut i = 0;
         while i < self.running.len() && *pass.budget > 0 {
             let (id, priority) = self.running.at(i).expect("index checked");
             let seq = &seqs[&id];
             let shed = is_sheddable(priority);
-            let skip = seq.in_prefill()
-                || (shed && (!sheddable || *pass.sheddable_left == 0))
-                || pass.out.chunks.iter().any(|c| c.seq == id);
+            let skip =
+                seq.in_prefill() || !which.includes(shed) || (shed && *pass.sheddable_left == 0);
             if skip {
                 i += 1;
                 continue;
             }
             let need = seq.computed + 1;
             loop {
-                // Decodes stay ahead of the step's prefill chunks.
-                let at = (pass.out.chunks.iter())
-                    .take_while(|c| !seqs[&c.seq].in_prefill())
-                    .count();
                 let seq = seqs.get_mut(&id).expect("running sequence");
                 let blocks = seq.blocks.as_mut().expect("running sequences hold blocks");
                 if pool.ensure_capacity(blocks, need).is_ok() {
-                    pass.out.chunks.insert(
-                        at,
-                        Chunk {
-                            seq: id,
-                            num_tokens: 1,
-                        },
-                    );
+                    pass.out.chunks.push(Chunk {
+                        seq: id,
+                        num_tokens: 1,
+                    });
                     *pass.budget -= 1;
                     if shed {
                         *pass.sheddable_left -= 1;
@@ -318,6 +321,7 @@ impl Scheduler {
                     break;
                 }
                 let (victim, _) = self.running.last().expect("at least this sequence runs");
+                candidates.retain(|c| c.seq != victim);
                 self.preempt(victim, seqs, pool, pass.out);
                 if victim == id {
                     break;
@@ -380,6 +384,28 @@ impl Scheduler {
         step.candidates.retain(|c| c.seq != victim);
         self.preempt(victim, seqs, pool, step.out);
         true
+    }
+}
+
+/// Which running sequences a decode pass serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Decodes {
+    /// Every class.
+    All,
+    /// All but the sheddable ones (they yield the step to a higher-priority prefill).
+    NotSheddable,
+    /// Only the sheddable ones (the second pass, when that prefill did not make it in).
+    Sheddable,
+}
+
+impl Decodes {
+    /// Whether the pass serves a sequence that is `sheddable` or not.
+    fn includes(self, sheddable: bool) -> bool {
+        match self {
+            Decodes::All => true,
+            Decodes::NotSheddable => !sheddable,
+            Decodes::Sheddable => sheddable,
+        }
     }
 }
 

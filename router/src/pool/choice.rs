@@ -26,7 +26,7 @@ pub(super) struct RouteKey {
     pub(super) work_tokens: u64,
     /// The request is sheddable (negative priority): every in-flight request counts against
     /// the worker's cap; otherwise only non-sheddable ones do
-    /// ([`WorkerSnapshot::counted_inflight`]).
+    /// ([`has_room`](super::occupancy::Occupancy::has_room)).
     sheddable: bool,
     /// The request's tenant, when known (not for a failover): a tenant below its share of a
     /// worker's cap may go past it
