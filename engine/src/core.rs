@@ -307,7 +307,8 @@ impl<M: BatchModel> Engine<M> {
         });
         seq.speculation.enabled = !req.speculation_opt_out;
         self.seqs.insert(id, seq);
-        self.scheduler.enqueue(id, req.priority);
+        self.scheduler
+            .enqueue(id, req.priority, req.tenant, req.tenant_weight);
         Ok(())
     }
 

@@ -31,6 +31,7 @@ mod request;
 mod scheduler;
 mod sequence;
 mod stats;
+mod tenant_share;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -50,6 +51,7 @@ pub use request::{ConnId, EngineRequest};
 pub use scheduler::{Chunk, Schedule, Scheduler, SchedulerConfig, SeqId};
 pub use sequence::{Sequence, StopReason};
 pub use stats::EngineStats;
+pub use tenant_share::{DEFAULT_TENANT, MAX_IDLE_TENANTS};
 
 /// Messages from RPC handlers to the engine thread.
 pub enum Command {

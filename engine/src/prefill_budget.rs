@@ -8,12 +8,18 @@
 //!    prefill budget with lower-priority prompts, so its step is as short as its own work and the
 //!    step's decodes allow (decodes of every class still run: they are one token each). With every
 //!    priority equal (the default) there is one class and this rule does nothing.
-//! 2. **Aging inside the class.** The oldest candidate of the top class (running prefills come
-//!    first, in admission order, then new admissions in queue order) is first guaranteed
-//!    `max(1, budget / 4)` tokens, so a stream of short arrivals of its class slows a long prompt
-//!    down to a quarter of the budget but never starves it.
-//! 3. **Shortest remaining prompt first** for the rest of the budget (ties: the older first), so
-//!    a short request that arrives while a long prompt prefills runs whole in the next step.
+//! 2. **Fair share between tenants inside the class.** The class's candidates are served tenant
+//!    by tenant in the order of their tenants' fair-share rank ([`crate::tenant_share`]: least
+//!    weighted service on this worker first); a tenant's candidates share what the tenants ranked
+//!    before it left, by rules 3 and 4. With one tenant (the default) this rule does nothing. A
+//!    tenant's backlog therefore never delays another tenant's prompt past its own turn, and the
+//!    counters (charged with every token served) keep any tenant from starving.
+//! 3. **Aging inside a tenant.** The oldest candidate of the tenant (running prefills come first,
+//!    in admission order, then new admissions in queue order) is first guaranteed
+//!    `max(1, budget / 4)` tokens of what is left, so a stream of short arrivals slows a long
+//!    prompt down to a quarter of the budget but never starves it.
+//! 4. **Shortest remaining prompt first** for the rest (ties: the older first), so a short
+//!    request that arrives while a long prompt prefills runs whole in the next step.
 //!
 //! Sheddable work (a negative top class) shares at most what the step's sheddable token cap
 //! leaves after the sheddable decodes. No chunk exceeds `cap` (the contended long-chunk cap) or
@@ -33,6 +39,8 @@ pub(crate) struct Candidate<Id> {
     pub(crate) remaining: usize,
     /// The sequence's scheduling priority (higher first).
     pub(crate) priority: Priority,
+    /// Its tenant's fair-share rank (0 = served first; see rule 2).
+    pub(crate) rank: usize,
 }
 
 /// Splits `budget` prefill tokens between `candidates` by the module's rules and returns each
@@ -55,23 +63,30 @@ pub(crate) fn share_prefill_budget<Id>(
             return shares;
         }
     }
-    let class: Vec<usize> = (0..candidates.len())
+    let limit = |i: usize| candidates[i].remaining.min(cap);
+    let mut class: Vec<usize> = (0..candidates.len())
         .filter(|&i| candidates[i].priority == top)
         .collect();
-    let limit = |i: usize| candidates[i].remaining.min(cap);
-    let oldest = class[0];
-    let floor = (budget / 4).max(1).min(limit(oldest)).min(budget);
-    shares[oldest] = floor;
-    budget -= floor;
-    let mut order = class;
-    order.sort_by_key(|&i| (candidates[i].remaining, i));
-    for i in order {
+    // Stable: inside a tenant the candidates keep their order (oldest first).
+    class.sort_by_key(|&i| candidates[i].rank);
+    for tenant in class.chunk_by(|&i, &j| candidates[i].rank == candidates[j].rank) {
         if budget == 0 {
             break;
         }
-        let more = (limit(i) - shares[i]).min(budget);
-        shares[i] += more;
-        budget -= more;
+        let oldest = tenant[0];
+        let floor = (budget / 4).max(1).min(limit(oldest)).min(budget);
+        shares[oldest] = floor;
+        budget -= floor;
+        let mut order = tenant.to_vec();
+        order.sort_by_key(|&i| (candidates[i].remaining, i));
+        for i in order {
+            if budget == 0 {
+                break;
+            }
+            let more = (limit(i) - shares[i]).min(budget);
+            shares[i] += more;
+            budget -= more;
+        }
     }
     shares
 }
@@ -99,6 +114,7 @@ mod tests {
             seq,
             remaining,
             priority,
+            rank: 0,
         }
     }
 
@@ -217,6 +233,43 @@ mod tests {
         assert_eq!(share_prefill_budget(&c, 512, usize::MAX, 0), [0, 0]);
         let c = [prio(1, 6000, 0), prio(2, 30, -1)];
         assert_eq!(share_prefill_budget(&c, 512, usize::MAX, 64), [512, 0]);
+    }
+
+    #[test]
+    fn inside_a_class_tenants_are_served_in_rank_order() {
+        let tenant = |seq: u64, remaining: usize, rank: usize| Candidate {
+            rank,
+            ..cand(seq, remaining)
+        };
+        // Tenant 1's backlog (older) and tenant 0's new prompt: tenant 0's prompt runs whole, then
+        // tenant 1 shares what is left (its oldest with the aging floor of what is left).
+        let c = [
+            tenant(1, 128, 1),
+            tenant(2, 128, 1),
+            tenant(3, 128, 1),
+            tenant(4, 128, 0),
+        ];
+        assert_eq!(
+            share_prefill_budget(&c, 512, 256, usize::MAX),
+            [128, 128, 128, 128]
+        );
+        assert_eq!(
+            share_prefill_budget(&c, 256, 256, usize::MAX),
+            [128, 0, 0, 128]
+        );
+        assert_eq!(
+            share_prefill_budget(&c, 128, 256, usize::MAX),
+            [0, 0, 0, 128]
+        );
+        // A higher class still comes first, whatever the ranks.
+        let c = [
+            tenant(1, 100, 0),
+            Candidate {
+                rank: 3,
+                ..prio(2, 50, 5)
+            },
+        ];
+        assert_eq!(share_prefill_budget(&c, 100, 256, usize::MAX), [0, 50]);
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! [`EngineRequest`]: a request to generate, in the engine's terms (the gRPC service builds it from
 //! the wire's `AddRequest`).
 
+use std::sync::Arc;
+
 use crate::sampler::SamplingConfig;
 
 /// Identifies one router connection (one bidirectional stream); every request belongs to one.
@@ -30,6 +32,12 @@ pub struct EngineRequest {
     /// Scheduling priority ([`crate::Priority`]): higher is admitted first and preempted last;
     /// negative = sheddable (preempted for a higher-priority arrival that finds no KV blocks).
     pub priority: i32,
+    /// The tenant the request belongs to ([`crate::DEFAULT_TENANT`] when the caller names none):
+    /// inside a priority class the scheduler serves prefill work tenant by tenant, least weighted
+    /// service first ([`crate::scheduler`]).
+    pub tenant: Arc<str>,
+    /// The tenant's fair-share weight (at least 1; 0 counts as 1).
+    pub tenant_weight: u32,
     /// Prefix-cache isolation: the root of the request's block-hash chain
     /// ([`block_hash::salted_seed`] of its cache salt, [`block_hash::SEED`] without one). Only
     /// requests with the same root share cached blocks.

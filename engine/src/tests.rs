@@ -633,3 +633,4 @@ mod load_report;
 mod priority_and_salt;
 mod prompt_logprobs;
 mod scheduler_priority;
+mod scheduler_tenants;

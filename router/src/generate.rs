@@ -186,6 +186,8 @@ pub fn launch(
         constraint: valid.constraint.clone(),
         priority: caller.priority,
         cache_salt: caller.cache_salt.clone(),
+        tenant: tenant.name.to_string(),
+        tenant_weight: tenant.weight,
         prompt_logprobs: valid.prompt_logprobs,
         speculation: valid.speculation,
     };

@@ -15,7 +15,7 @@
 //! Read at each scrape: `router_tenant_queued_requests{tenant}` (waiting in the admission queue),
 //! `router_tenant_running_requests{tenant}` (admitted, not waiting, not finished) and
 //! `router_tenant_fair_share_virtual_tokens{tenant}` (the Virtual Token Counter: weighted tokens of
-//! service, [`crate::admission::fair_share`]).
+//! service, [`fair_share`]).
 
 use std::sync::Arc;
 use std::time::Instant;

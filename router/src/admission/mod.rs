@@ -48,12 +48,10 @@
 //! failovers) and are never refused for the limits, though they count against them while they
 //! wait. Memory is bounded either way: failovers are at most the requests that were in flight.
 
-pub mod fair_share;
-
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use fair_share::FairShare;
+pub use fair_share::FairShare;
 
 /// The queue limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

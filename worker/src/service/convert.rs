@@ -30,6 +30,12 @@ pub fn engine_request(add: AddRequest) -> EngineRequest {
         sampling: sampling_config(&sampling),
         seed: sampling.seed,
         priority: add.priority,
+        tenant: if add.tenant.is_empty() {
+            engine::DEFAULT_TENANT.into()
+        } else {
+            add.tenant.into()
+        },
+        tenant_weight: add.tenant_weight.max(1),
         prefix_root: engine::kv::salted_seed(&add.cache_salt),
         prompt_logprobs: add.prompt_logprobs,
         speculation_opt_out: add.speculation == Some(false),
@@ -300,6 +306,8 @@ mod tests {
             generated_ids: vec![3],
             priority: -2,
             cache_salt: "tenant:a".into(),
+            tenant: "a".into(),
+            tenant_weight: 3,
             ..Default::default()
         };
         assert_eq!(
@@ -313,6 +321,8 @@ mod tests {
                 sampling: sampling_config(&ok),
                 seed: 5,
                 priority: -2,
+                tenant: "a".into(),
+                tenant_weight: 3,
                 prefix_root: engine::kv::salted_seed("tenant:a"),
                 prompt_logprobs: None,
                 speculation_opt_out: false,
@@ -323,6 +333,11 @@ mod tests {
         assert_eq!(bare.sampling, sampling_config(&SamplingParams::default()));
         // No salt: the unsalted chain's root.
         assert_eq!((bare.priority, bare.prefix_root), (0, 0));
+        // No tenant: the default one, weight 1.
+        assert_eq!(
+            (&*bare.tenant, bare.tenant_weight),
+            (engine::DEFAULT_TENANT, 1)
+        );
         assert_eq!(
             bare.sampling.validate().unwrap_err().to_string(),
             "top_p must be in (0, 1], got 0"

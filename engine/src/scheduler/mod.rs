@@ -3,9 +3,12 @@
 //! Policy, in this order, under a token budget (`max_batch_tokens`) and a sequence cap
 //! (`max_num_seqs`):
 //! 0. **Priority** ([`crate::priority`]): running sequences are ordered by (priority descending,
-//!    admission ascending) and waiting ones by (priority descending, arrival ascending); "admission
-//!    order" and "the head of the queue" below mean these orders. With equal priorities (the
-//!    default) they are first come first served.
+//!    admission ascending) and waiting ones by (priority descending, tenant's fair-share rank,
+//!    arrival ascending); "admission order" and "the head of the queue" below mean these orders.
+//!    With equal priorities and one tenant (the default) they are first come first served.
+//!    **Tenants** ([`crate::tenant_share`]): every token a step computes is charged to its
+//!    sequence's tenant (the Virtual Token Counter), and inside a priority class the tenant with
+//!    the least weighted service ranks first.
 //! 1. **Decodes first.** Every running sequence that is generating gets its one token, in admission
 //!    order, so prefills never starve decodes. A decode that needs a new KV block and finds none
 //!    preempts the lowest-priority, most recently admitted running sequence (by recompute: its
@@ -18,6 +21,9 @@
 //!      present get tokens in the step; lower classes wait for a step without higher-priority
 //!      prefill work, so a higher-priority prompt's step is as short as its own work (and the
 //!      decodes) allow. The rules below apply inside that class.
+//!    - *Fair share between tenants*: inside that class, prefill candidates are served tenant by
+//!      tenant in rank order; the rules below apply inside a tenant, on what the tenants ranked
+//!      before it left.
 //!    - *Shortest remaining prompt first*: prefill candidates are served in increasing order of the
 //!      prompt tokens they still have to compute (ties: admission order, then queue order), so a short
 //!      request that arrives while a long prompt prefills gets its whole first chunk in the next step
@@ -47,12 +53,14 @@
 //!    prefills shorter than it, plus its own `ceil(n / chunk)` steps.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use super::prompt_logprobs;
 use super::sequence::Sequence;
 use crate::kv::{BlockPool, NoFreeBlocks};
 use crate::prefill_budget::{share_prefill_budget, Candidate};
 use crate::priority::{is_sheddable, Priority, RunningSet, WaitQueue};
+use crate::tenant_share::TenantShares;
 
 /// Identifies a sequence inside the engine.
 pub type SeqId = u64;
@@ -99,6 +107,9 @@ pub struct Scheduler {
     config: SchedulerConfig,
     waiting: WaitQueue<SeqId>,
     running: RunningSet<SeqId>,
+    /// Each queued or running sequence's tenant.
+    tenant_of: HashMap<SeqId, Arc<str>>,
+    tenants: TenantShares,
 }
 
 impl Scheduler {
@@ -111,19 +122,30 @@ impl Scheduler {
             config,
             waiting: WaitQueue::default(),
             running: RunningSet::default(),
+            tenant_of: HashMap::new(),
+            tenants: TenantShares::default(),
         }
     }
 
-    /// Queues a new sequence of `priority` (higher first; negative = sheddable) behind those of
-    /// its priority or higher. `id`s must grow with arrival: they order a priority class.
-    pub fn enqueue(&mut self, id: SeqId, priority: Priority) {
-        self.waiting.push(id, priority);
+    /// Queues a new sequence of `priority` (higher first; negative = sheddable) and of `tenant`
+    /// (fair-share `weight`; 0 counts as 1) behind those of its priority or higher. `id`s must grow
+    /// with arrival: they order a priority class.
+    pub fn enqueue(&mut self, id: SeqId, priority: Priority, tenant: Arc<str>, weight: u32) {
+        if self.tenant_of.contains_key(&id) {
+            return;
+        }
+        self.tenants.arrive(&tenant, weight);
+        self.waiting.push(id, priority, tenant.clone());
+        self.tenant_of.insert(id, tenant);
     }
 
     /// Forgets a sequence (finished, failed or cancelled). The caller releases its blocks.
     pub fn remove(&mut self, id: SeqId) {
         self.running.remove(id);
         self.waiting.remove(id);
+        if let Some(tenant) = self.tenant_of.remove(&id) {
+            self.tenants.leave(&tenant);
+        }
     }
 
     /// Sequences waiting for admission.
@@ -138,7 +160,8 @@ impl Scheduler {
 
     /// The sequence at the head of the queue.
     pub fn first_waiting(&self) -> Option<SeqId> {
-        self.waiting.front().map(|(id, _)| id)
+        let ranks = self.tenants.ranks();
+        self.waiting.front(rank_in(&ranks)).map(|(id, _)| id)
     }
 
     /// Builds the next step's batch (see the module docs for the policy). Allocates KV blocks for
@@ -157,6 +180,7 @@ impl Scheduler {
         // Sheddable decodes yield the step to a higher-priority prefill (decided here from what
         // waits and runs; checked again below against what the step really carries).
         let yielding = self.higher_prefill_pending(seqs);
+        let ranks = self.tenants.ranks();
 
         // 1. Decodes, in admission order.
         let mut decodes = DecodePass {
@@ -179,6 +203,7 @@ impl Scheduler {
                 seq: id,
                 remaining: seqs[&id].remaining(),
                 priority,
+                rank: self.rank_of(&ranks, id),
             })
             .collect();
         let contended = !out.chunks.is_empty() || prefilling.len() + self.waiting.len() > 1;
@@ -190,13 +215,14 @@ impl Scheduler {
         let mut candidates = prefilling;
         // Admissions, by priority then arrival, while the head would get tokens in this step.
         while budget > 0 && self.running.len() < self.config.max_num_seqs {
-            let Some((id, priority)) = self.waiting.front() else {
+            let Some((id, priority)) = self.waiting.front(rank_in(&ranks)) else {
                 break;
             };
             let estimate = Candidate {
                 seq: id,
                 remaining: seqs[&id].tokens.len(),
                 priority,
+                rank: self.rank_of(&ranks, id),
             };
             let mut trial = candidates.clone();
             trial.push(estimate);
@@ -231,12 +257,13 @@ impl Scheduler {
             let seq = seqs.get_mut(&id).expect("waiting sequence");
             seq.blocks = Some(blocks);
             seq.computed = computed;
-            self.waiting.pop_front();
+            self.waiting.remove(id);
             self.running.admit(id, priority);
             candidates.push(Candidate {
                 seq: id,
                 remaining: seq.remaining(),
                 priority,
+                rank: self.rank_of(&ranks, id),
             });
         }
         if yielding && candidates.iter().all(|c| is_sheddable(c.priority)) {
@@ -264,7 +291,16 @@ impl Scheduler {
                 });
             }
         }
+        for chunk in &out.chunks {
+            self.tenants
+                .charge(&self.tenant_of[&chunk.seq], chunk.num_tokens);
+        }
         out
+    }
+
+    /// The fair-share rank (in `ranks`) of `id`'s tenant.
+    fn rank_of(&self, ranks: &HashMap<Arc<str>, usize>, id: SeqId) -> usize {
+        rank_in(ranks)(&self.tenant_of[&id])
     }
 
     /// True when a non-sheddable sequence may prefill in this step: one running in prefill, or a
@@ -274,7 +310,10 @@ impl Scheduler {
             .running
             .iter()
             .any(|(id, p)| !is_sheddable(p) && seqs[&id].in_prefill());
-        let head = self.waiting.front().is_some_and(|(_, p)| !is_sheddable(p))
+        let head = self
+            .waiting
+            .front(|_| 0)
+            .is_some_and(|(_, p)| !is_sheddable(p))
             && self.running.len() < self.config.max_num_seqs;
         running || head
     }
@@ -343,7 +382,7 @@ impl Scheduler {
             pool.release(blocks);
         }
         seq.computed = 0;
-        self.waiting.push(id, priority);
+        self.waiting.push(id, priority, self.tenant_of[&id].clone());
         out.preempted.push(id);
     }
 
@@ -387,6 +426,11 @@ impl Scheduler {
     }
 }
 
+/// The rank of a tenant in `ranks` (one the map lacks goes last).
+fn rank_in(ranks: &HashMap<Arc<str>, usize>) -> impl Fn(&str) -> usize + '_ {
+    |tenant| ranks.get(tenant).copied().unwrap_or(usize::MAX)
+}
+
 /// Which running sequences a decode pass serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Decodes {
@@ -425,180 +469,4 @@ struct StepState<'a> {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
-    use super::*;
-    use crate::sampler::{Sampler, SamplingConfig};
-
-    fn chunk(seq: SeqId, num_tokens: usize) -> Chunk {
-        Chunk { seq, num_tokens }
-    }
-
-    /// A scheduler, its sequences and a block pool, stepped as the engine would (every chunk
-    /// computed; a sequence whose known tokens are all computed samples one more token and
-    /// finishes after `max_new` of them).
-    pub(crate) struct Sim {
-        pub(crate) scheduler: Scheduler,
-        pub(crate) seqs: HashMap<SeqId, Sequence>,
-        pub(crate) pool: BlockPool,
-        next: SeqId,
-        /// Step at which each sequence produced its first token.
-        pub(crate) first_token: HashMap<SeqId, usize>,
-        max_new: HashMap<SeqId, usize>,
-        step: usize,
-    }
-
-    impl Sim {
-        fn new(max_batch_tokens: usize, threshold: usize) -> Self {
-            Self::with_blocks(max_batch_tokens, threshold, 4096)
-        }
-
-        /// A simulation over a pool of `num_blocks` blocks of 16 tokens.
-        pub(crate) fn with_blocks(
-            max_batch_tokens: usize,
-            threshold: usize,
-            num_blocks: usize,
-        ) -> Self {
-            Self {
-                scheduler: Scheduler::new(SchedulerConfig {
-                    max_batch_tokens,
-                    max_num_seqs: 64,
-                    watermark_blocks: 0,
-                    long_prefill_token_threshold: threshold,
-                    max_sheddable_batch_tokens: 0,
-                }),
-                seqs: HashMap::new(),
-                pool: BlockPool::new(num_blocks, 16, false),
-                next: 1,
-                first_token: HashMap::new(),
-                max_new: HashMap::new(),
-                step: 0,
-            }
-        }
-
-        /// Caps the tokens sheddable sequences take per step (`max_sheddable_batch_tokens`).
-        pub(crate) fn cap_sheddable(mut self, tokens: usize) -> Self {
-            self.scheduler.config.max_sheddable_batch_tokens = tokens;
-            self
-        }
-
-        fn add(&mut self, prompt_len: usize, max_new: usize) -> SeqId {
-            self.add_with_priority(prompt_len, max_new, 0)
-        }
-
-        /// Queues a sequence of `priority` with a prompt of `prompt_len` tokens.
-        pub(crate) fn add_with_priority(
-            &mut self,
-            prompt_len: usize,
-            max_new: usize,
-            priority: Priority,
-        ) -> SeqId {
-            let id = self.next;
-            self.next += 1;
-            let prompt = (0..prompt_len).map(|i| (i % 50) as u32).collect();
-            let sampler = Sampler::new(SamplingConfig::default(), 0);
-            let seq = Sequence::new(0, id.to_string(), prompt, sampler, max_new, [], 1 << 20);
-            self.seqs.insert(id, seq);
-            self.max_new.insert(id, max_new);
-            self.scheduler.enqueue(id, priority);
-            id
-        }
-
-        pub(crate) fn step(&mut self) -> Schedule {
-            self.step += 1;
-            let schedule = self.scheduler.schedule(&mut self.seqs, &mut self.pool);
-            let total: usize = schedule.chunks.iter().map(|c| c.num_tokens).sum();
-            assert!(total <= self.scheduler.config.max_batch_tokens);
-            for chunk in &schedule.chunks {
-                assert!(chunk.num_tokens > 0);
-                let seq = self.seqs.get_mut(&chunk.seq).unwrap();
-                seq.computed += chunk.num_tokens;
-                assert!(seq.computed <= seq.tokens.len());
-                if seq.computed == seq.tokens.len() {
-                    self.first_token.entry(chunk.seq).or_insert(self.step);
-                    seq.tokens.push(7);
-                    if seq.generated().len() >= self.max_new[&chunk.seq] {
-                        let seq = self.seqs.remove(&chunk.seq).unwrap();
-                        self.scheduler.remove(chunk.seq);
-                        if let Some(blocks) = seq.blocks {
-                            self.pool.release(blocks);
-                        }
-                    }
-                }
-            }
-            schedule
-        }
-    }
-
-    #[test]
-    fn a_short_request_starts_in_the_next_step_while_a_long_prompt_prefills() {
-        let mut sim = Sim::new(512, 256);
-        let long = sim.add(6000, 4);
-        for _ in 0..3 {
-            sim.step();
-        }
-        // Alone, the long prompt took the whole budget each step.
-        assert_eq!(sim.seqs[&long].computed, 3 * 512);
-        let short = sim.add(16, 4);
-        let s = sim.step();
-        // The long chunk is capped (contended) and the short prompt is admitted and runs whole.
-        assert_eq!(s.chunks, [chunk(long, 256), chunk(short, 16)]);
-        assert_eq!(sim.first_token[&short], 4);
-        // Then the short one decodes beside the capped long chunk.
-        let s = sim.step();
-        assert_eq!(s.chunks[..2], [chunk(short, 1), chunk(long, 256)]);
-    }
-
-    #[test]
-    fn a_long_prompt_is_not_starved_by_a_stream_of_short_arrivals() {
-        let mut sim = Sim::new(512, 256);
-        let long = sim.add(4000, 1);
-        let mut steps = 0;
-        while !sim.first_token.contains_key(&long) {
-            // Eight new 60-token requests every step: more prefill work than the budget.
-            for _ in 0..8 {
-                sim.add(60, 1);
-            }
-            sim.step();
-            steps += 1;
-            assert!(steps <= 4000 / 128 + 1, "the long prompt starved");
-        }
-    }
-
-    #[test]
-    fn admission_stays_first_come_first_served() {
-        // Without the cap the first long prompt takes the whole budget.
-        let mut sim = Sim::new(512, 0);
-        let a = sim.add(3000, 4);
-        let b = sim.add(3000, 4);
-        let c = sim.add(10, 4);
-        let s = sim.step();
-        // b gets nothing this step, so neither it nor c behind it is admitted (no overtaking).
-        assert_eq!(s.chunks, [chunk(a, 512)]);
-        assert!(sim.seqs[&b].blocks.is_none() && sim.seqs[&c].blocks.is_none());
-        assert_eq!(sim.scheduler.num_waiting(), 2);
-        // With the cap, both long prompts share the budget, and the short one still runs whole.
-        let mut sim = Sim::new(512, 256);
-        let a = sim.add(3000, 4);
-        let b = sim.add(3000, 4);
-        let c = sim.add(10, 4);
-        let s = sim.step();
-        assert_eq!(s.chunks, [chunk(a, 256), chunk(b, 246), chunk(c, 10)]);
-    }
-
-    #[test]
-    fn decodes_keep_priority_and_cap_the_long_chunk() {
-        let mut sim = Sim::new(512, 256);
-        let short = sim.add(8, 100);
-        sim.step(); // prefill and first token of the short request
-        let long = sim.add(6000, 1);
-        for _ in 0..5 {
-            let s = sim.step();
-            assert_eq!(s.chunks[..2], [chunk(short, 1), chunk(long, 256)]);
-        }
-        // Once the decode finishes, the long prompt is alone again and takes the whole budget.
-        let mut sim = Sim::new(512, 256);
-        let long = sim.add(6000, 1);
-        let s = sim.step();
-        assert_eq!(s.chunks, [chunk(long, 512)]);
-    }
-}
+pub(crate) mod tests;
