@@ -5,6 +5,9 @@
 //! - noisy neighbour: tenant A floods past its `requests_per_second`; B is never refused and is
 //!   dispatched ahead of A's backlog; A's refusals carry `retry-after-ms` (gRPC) / `Retry-After`
 //!   (HTTP 429, `rate_limit_exceeded`), and a retry after the hint succeeds;
+//! - noisy neighbour on the worker: with the router's default room (64 in flight per worker) A's
+//!   backlog waits in the worker, which serves B's prompt ahead of it (fair share by tenant in the
+//!   worker's scheduler);
 //! - weights 3:1 with both tenants saturating: generated tokens split 3:1 within 10 %;
 //! - a quota changed in the tenants file takes effect within 2 s; a malformed file keeps the last
 //!   good tenants and logs one WARN;
@@ -17,8 +20,8 @@ use std::time::{Duration, Instant};
 
 use inference_proto::public::{GenerateRequest, ModelInfoRequest};
 use integration_tests::{
-    authorized, free_port, greedy, run_to_exit, start_router_with_env, start_worker, tiny_model,
-    Process, PublicClient,
+    authorized, free_port, greedy, run_to_exit, start_router_with_env, start_worker,
+    start_worker_with, tiny_model, tiny_model_with_context, Process, PublicClient,
 };
 use serde_json::{json, Value};
 
@@ -242,6 +245,65 @@ async fn a_flooding_tenant_is_limited_and_another_is_served_ahead_of_its_backlog
         .await
         .unwrap();
     assert_eq!(response.status(), 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tenants_backlog_in_the_worker_does_not_delay_another_tenants_prompt() {
+    // Steps of 20 tokens: A's 16 long prompts are ~160 steps of prefill work in the worker (the
+    // router's default room lets all of them through); B's prompt arrives once A's first has
+    // streamed, and the worker computes it ahead of A's backlog.
+    let (_dir, model) = tiny_model_with_context(27, 2048);
+    let files = tempfile::tempdir().unwrap();
+    let tenants_file = files.path().join("tenants.toml");
+    std::fs::write(
+        &tenants_file,
+        "[[tenant]]\nname = \"a\"\nkeys = [\"key-a\"]\n\
+         [[tenant]]\nname = \"b\"\nkeys = [\"key-b\"]\n",
+    )
+    .unwrap();
+    let (_worker, worker_addr) = start_worker_with(
+        &model,
+        &["--max-batch-tokens", "20", "--max-num-seqs", "20"],
+    )
+    .await;
+    let (_router, addr) = start_router_with_env(
+        &[&worker_addr],
+        &["--tenants-file", tenants_file.to_str().unwrap()],
+        &[("ROUTER_API_KEYS", PLAIN_KEY)],
+    )
+    .await;
+    let c = client(&addr).await;
+    let long = |tag: &str| greedy(&format!("{tag} {}", "lorem ipsum ".repeat(80)), 2);
+    let backlog: Vec<_> = (0..16)
+        .map(|i| tokio::spawn(run(c.clone(), "key-a", long(&format!("a{i}")))))
+        .collect();
+    // Wait for A's first token (bounded): the worker is busy with A's backlog.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !backlog.iter().any(|t| t.is_finished()) {
+        assert!(Instant::now() < deadline, "no A request finished in 60 s");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let b = run(c.clone(), "key-b", long("b")).await;
+    let mut a = Vec::new();
+    for task in backlog {
+        a.push(task.await.unwrap());
+    }
+    assert!(b.error.is_none(), "B failed: {:?}", b.error);
+    let b_first = b.first_token.expect("B streamed");
+    let a_firsts: Vec<Instant> = a
+        .iter()
+        .map(|o| {
+            assert!(o.error.is_none(), "A failed: {:?}", o.error);
+            o.first_token.expect("A streamed")
+        })
+        .collect();
+    // First come first served would put B after all 16; fair share puts it next (A's prompts that
+    // were already part-computed when it arrived may finish first).
+    let before_b = a_firsts.iter().filter(|&&t| t < b_first).count();
+    assert!(
+        before_b <= 6,
+        "{before_b} of A's 16 prompts got their first token before B's"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
