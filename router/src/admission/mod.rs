@@ -48,7 +48,8 @@
 //! failovers) and are never refused for the limits, though they count against them while they
 //! wait. Memory is bounded either way: failovers are at most the requests that were in flight.
 
-use std::collections::VecDeque;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 pub use fair_share::FairShare;
@@ -177,11 +178,19 @@ pub struct Pushed<T> {
 }
 
 /// The admission queue: resumed requests first, then by priority class and fair share (see the
-/// module docs). Selection scans the waiting requests (bounded by `max_waiting_requests`).
+/// module docs). Requests are kept per priority class and tenant, first come first served inside
+/// each, so choosing the next one costs O(classes + tenants), not O(waiting requests); finding,
+/// taking and removing one by id cost O(log waiting).
 #[derive(Debug)]
 pub struct AdmissionQueue<T> {
     limits: AdmissionLimits,
-    entries: VecDeque<Entry<T>>,
+    entries: BTreeMap<u64, Entry<T>>,
+    /// Resumed requests' ids (ids grow with queueing: oldest first).
+    resumed: BTreeSet<u64>,
+    /// New requests' ids per priority class (highest first) and tenant, oldest first.
+    classes: BTreeMap<Reverse<i32>, BTreeMap<Arc<str>, BTreeSet<u64>>>,
+    /// New requests waiting per tenant (tenants with none are absent).
+    waiting: HashMap<Arc<str>, usize>,
     tokens: u64,
     next_id: u64,
     share: FairShare,
@@ -192,7 +201,10 @@ impl<T> AdmissionQueue<T> {
     pub fn new(limits: AdmissionLimits) -> Self {
         Self {
             limits,
-            entries: VecDeque::new(),
+            entries: BTreeMap::new(),
+            resumed: BTreeSet::new(),
+            classes: BTreeMap::new(),
+            waiting: HashMap::new(),
             tokens: 0,
             next_id: 1,
             share: FairShare::default(),
@@ -226,31 +238,23 @@ impl<T> AdmissionQueue<T> {
 
     /// New requests waiting per tenant, and every tenant's fair-share counter.
     pub fn tenant_queues(&self) -> TenantQueues {
-        let mut waiting: Vec<(Arc<str>, usize)> = Vec::new();
-        for p in self.entries.iter().filter_map(|e| e.placement.as_ref()) {
-            match waiting.iter_mut().find(|(t, _)| *t == p.tenant) {
-                Some((_, n)) => *n += 1,
-                None => waiting.push((p.tenant.clone(), 1)),
-            }
-        }
+        let mut waiting: Vec<(Arc<str>, usize)> =
+            self.waiting.iter().map(|(t, &n)| (t.clone(), n)).collect();
+        waiting.sort();
         let counters = self.share.counters().map(|(t, c)| (t.clone(), c)).collect();
         TenantQueues { waiting, counters }
     }
 
     fn waiting_of(&self, tenant: &str) -> usize {
-        self.entries
-            .iter()
-            .filter(|e| e.placement.as_ref().is_some_and(|p| &*p.tenant == tenant))
-            .count()
+        self.waiting.get(tenant).copied().unwrap_or(0)
     }
 
     /// Where a tenant returning from idle starts: the least counter of the backlogged tenants,
     /// or the virtual time when none is.
     fn floor(&self) -> f64 {
-        self.entries
-            .iter()
-            .filter_map(|e| e.placement.as_ref())
-            .map(|p| self.share.counter(&p.tenant))
+        self.waiting
+            .keys()
+            .map(|t| self.share.counter(t))
             .min_by(f64::total_cmp)
             .unwrap_or(self.share.virtual_time())
     }
@@ -272,14 +276,12 @@ impl<T> AdmissionQueue<T> {
 
     /// The sheddable request a new one of `priority` may displace: the newest of the lowest class
     /// below both 0 and `priority`.
-    fn victim(&self, priority: i32) -> Option<usize> {
-        self.entries
-            .iter()
-            .enumerate()
-            .filter_map(|(i, e)| Some((i, e.placement.as_ref()?.priority, e.id)))
-            .filter(|&(_, p, _)| p < 0 && p < priority)
-            .min_by_key(|&(_, p, id)| (p, std::cmp::Reverse(id)))
-            .map(|(i, _, _)| i)
+    fn victim(&self, priority: i32) -> Option<u64> {
+        let (&Reverse(lowest), tenants) = self.classes.last_key_value()?;
+        if lowest >= 0 || lowest >= priority {
+            return None;
+        }
+        tenants.values().filter_map(|ids| ids.last().copied()).max()
     }
 
     /// Queues a new request of `placement` holding `tokens`.
@@ -302,44 +304,49 @@ impl<T> AdmissionQueue<T> {
         }
         let mut displaced = None;
         if let Some(full) = self.over_limits(self.entries.len(), self.tokens, tokens) {
-            let victim = self.victim(placement.priority).filter(|&i| {
-                let freed = self.entries[i].tokens;
+            let victim = self.victim(placement.priority).filter(|id| {
+                let freed = self.entries[id].tokens;
                 self.over_limits(self.entries.len() - 1, self.tokens - freed, tokens)
                     .is_none()
             });
-            let Some(at) = victim else {
+            let Some(id) = victim else {
                 return Err(full);
             };
-            let entry = self.entries.remove(at).expect("victim exists");
-            self.tokens -= entry.tokens;
-            displaced = Some(entry);
+            displaced = Some(self.remove(id).expect("victim exists"));
         }
         self.share.set_weight(&placement.tenant, placement.weight);
         if self.waiting_of(&placement.tenant) == 0 {
             let floor = self.floor();
             self.share.lift(&placement.tenant, floor);
         }
-        let id = self.insert(self.entries.len(), tokens, Some(placement), item);
+        let id = self.insert(tokens, Some(placement), item);
         Ok(Pushed { id, displaced })
     }
 
     /// Queues a resumed request after earlier resumed ones and before every new one, whatever the
     /// limits; returns its id.
     pub fn push_resumed(&mut self, tokens: u64, item: T) -> u64 {
-        let at = self
-            .entries
-            .iter()
-            .position(|e| !e.resumed)
-            .unwrap_or(self.entries.len());
-        self.insert(at, tokens, None, item)
+        self.insert(tokens, None, item)
     }
 
-    fn insert(&mut self, at: usize, tokens: u64, placement: Option<Placement>, item: T) -> u64 {
+    fn insert(&mut self, tokens: u64, placement: Option<Placement>, item: T) -> u64 {
         let id = self.next_id;
         self.next_id += 1;
         self.tokens += tokens;
+        match &placement {
+            None => {
+                self.resumed.insert(id);
+            }
+            Some(p) => {
+                (self.classes.entry(Reverse(p.priority)).or_default())
+                    .entry(p.tenant.clone())
+                    .or_default()
+                    .insert(id);
+                *self.waiting.entry(p.tenant.clone()).or_default() += 1;
+            }
+        }
         self.entries.insert(
-            at,
+            id,
             Entry {
                 id,
                 tokens,
@@ -351,47 +358,16 @@ impl<T> AdmissionQueue<T> {
         id
     }
 
-    /// The index of the request to serve next (see the module docs).
-    fn next_index(&self) -> Option<usize> {
-        let first = self.entries.front()?;
-        if first.resumed {
-            return Some(0);
-        }
-        let top = self
-            .entries
-            .iter()
-            .filter_map(|e| e.placement.as_ref())
-            .map(|p| p.priority)
-            .max()?;
-        self.entries
-            .iter()
-            .enumerate()
-            .filter_map(|(i, e)| Some((i, e.placement.as_ref()?, e.id)))
-            .filter(|(_, p, _)| p.priority == top)
-            .min_by(|a, b| {
-                let (ca, cb) = (
-                    self.share.counter(&a.1.tenant),
-                    self.share.counter(&b.1.tenant),
-                );
-                ca.total_cmp(&cb).then(a.2.cmp(&b.2))
-            })
-            .map(|(i, _, _)| i)
-    }
-
     /// The request to serve next.
     pub fn front(&self) -> Option<&Entry<T>> {
-        self.entries.get(self.next_index()?)
+        self.entries.get(self.heads().first()?)
     }
 
     /// Removes and returns the request to serve next (the one [`Self::front`] shows), charging
     /// its prompt to its tenant's fair-share counter.
     pub fn pop_front(&mut self) -> Option<Entry<T>> {
-        let entry = self.entries.remove(self.next_index()?)?;
-        self.tokens -= entry.tokens;
-        if let Some(p) = &entry.placement {
-            self.share.on_dispatch(&p.tenant, entry.tokens);
-        }
-        Some(entry)
+        let id = *self.heads().first()?;
+        self.take(id)
     }
 
     /// A new request of `placement` went to a worker without waiting (the queue was empty): its
@@ -410,34 +386,30 @@ impl<T> AdmissionQueue<T> {
         self.share.charge(tenant, tokens);
     }
 
-    /// The ids of the waiting requests in the order they go (the first is [`Self::front`]):
-    /// resumed ones first, then by priority class (higher first), then by their tenant's
-    /// fair-share counter (least first), then oldest first. The dispatcher tries them in this
-    /// order and sends the first one a worker has room for ([`Self::take`]): a worker's room
-    /// depends on the request's class and tenant, so one that cannot go does not hold back one
-    /// behind it that can.
-    pub fn order(&self) -> Vec<u64> {
-        let mut new: Vec<(std::cmp::Reverse<i32>, f64, u64)> = (self.entries.iter())
-            .filter_map(|e| {
-                let p = e.placement.as_ref()?;
-                Some((
-                    std::cmp::Reverse(p.priority),
-                    self.share.counter(&p.tenant),
-                    e.id,
-                ))
-            })
-            .collect();
-        new.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)).then(a.2.cmp(&b.2)));
-        (self.entries.iter())
-            .filter(|e| e.resumed)
-            .map(|e| e.id)
-            .chain(new.into_iter().map(|(_, _, id)| id))
-            .collect()
+    /// The ids of the requests that may go next, in the order they go (the first is
+    /// [`Self::front`]): every resumed one, oldest first; then, class by class (higher priority
+    /// first), the oldest request of each tenant with requests waiting in the class, the tenant
+    /// with the least fair-share counter first (ties: the older request). A request behind its
+    /// tenant's oldest in a class goes only after it. The dispatcher tries them in this order and
+    /// sends the first one a worker has room for ([`Self::take`]): a worker's room depends on the
+    /// request's class and tenant, so one that cannot go does not hold back another tenant's or
+    /// class's. Costs O(resumed + classes x tenants).
+    pub fn heads(&self) -> Vec<u64> {
+        let mut heads: Vec<u64> = self.resumed.iter().copied().collect();
+        for tenants in self.classes.values() {
+            let mut class: Vec<(f64, u64)> = tenants
+                .iter()
+                .filter_map(|(t, ids)| Some((self.share.counter(t), *ids.first()?)))
+                .collect();
+            class.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+            heads.extend(class.into_iter().map(|(_, id)| id));
+        }
+        heads
     }
 
     /// The waiting request `id`.
     pub fn get(&self, id: u64) -> Option<&Entry<T>> {
-        self.entries.iter().find(|e| e.id == id)
+        self.entries.get(&id)
     }
 
     /// Removes and returns request `id` to send it, charging its prompt to its tenant's
@@ -452,9 +424,29 @@ impl<T> AdmissionQueue<T> {
 
     /// Removes request `id` (it gave up waiting); `None` when it is no longer queued.
     pub fn remove(&mut self, id: u64) -> Option<Entry<T>> {
-        let at = self.entries.iter().position(|e| e.id == id)?;
-        let entry = self.entries.remove(at)?;
+        let entry = self.entries.remove(&id)?;
         self.tokens -= entry.tokens;
+        match &entry.placement {
+            None => {
+                self.resumed.remove(&id);
+            }
+            Some(p) => {
+                let class = (self.classes.get_mut(&Reverse(p.priority))).expect("queued class");
+                let ids = class.get_mut(&p.tenant).expect("queued tenant");
+                ids.remove(&id);
+                if ids.is_empty() {
+                    class.remove(&p.tenant);
+                    if class.is_empty() {
+                        self.classes.remove(&Reverse(p.priority));
+                    }
+                }
+                let n = self.waiting.get_mut(&p.tenant).expect("waiting tenant");
+                *n -= 1;
+                if *n == 0 {
+                    self.waiting.remove(&p.tenant);
+                }
+            }
+        }
         Some(entry)
     }
 }

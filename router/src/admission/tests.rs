@@ -213,7 +213,7 @@ fn weighted_backlogged_tenants_share_by_tokens() {
 }
 
 #[test]
-fn the_order_lists_every_waiter_as_dispatch_would_take_them() {
+fn the_heads_list_each_class_and_tenant_as_dispatch_would_take_them() {
     let mut q = big_queue();
     q.push_new(10, at("a", 1, 0), "a1".into()).unwrap();
     q.push_new(10, at("shed", 1, -1), "s1".into()).unwrap();
@@ -222,20 +222,30 @@ fn the_order_lists_every_waiter_as_dispatch_would_take_them() {
     q.push_new(10, at("b", 1, 0), "b1".into()).unwrap();
     let resumed = q.push_resumed(10, "r1".into());
     let names = |q: &AdmissionQueue<String>| -> Vec<String> {
-        (q.order().iter())
+        (q.heads().iter())
             .map(|&id| q.get(id).unwrap().item.clone())
             .collect()
     };
     // Resumed first, then the priority-10 class, then priority 0 by counter (all equal: oldest
-    // first), then the sheddable one.
-    assert_eq!(names(&q), ["r1", "v1", "a1", "a2", "b1", "s1"]);
-    assert_eq!(q.order()[0], q.front().unwrap().id);
+    // first; a2 is behind a1), then the sheddable one.
+    assert_eq!(names(&q), ["r1", "v1", "a1", "b1", "s1"]);
+    assert_eq!(q.heads()[0], q.front().unwrap().id);
     assert_eq!(q.take(resumed).unwrap().item, "r1");
     // Taking a1 past the front charges tenant a: b's request now goes before a's second.
-    let a1 = q.order()[1];
+    let a1 = q.heads()[1];
     assert_eq!(q.take(a1).unwrap().item, "a1");
     assert_eq!(names(&q), ["v1", "b1", "a2", "s1"]);
     assert!(q.fair_share().counter("a") > q.fair_share().counter("b"));
     assert_eq!((q.len(), q.tokens()), (4, 40));
     assert!(q.take(a1).is_none());
+    let queues = q.tenant_queues();
+    assert_eq!(
+        queues.waiting,
+        [
+            ("a".into(), 1),
+            ("b".into(), 1),
+            ("shed".into(), 1),
+            ("v".into(), 1)
+        ]
+    );
 }

@@ -417,19 +417,20 @@ impl WorkerPool {
         Ticket::queued(self.clone(), model, id, rx)
     }
 
-    /// Sends waiting requests of each model in the queue's order ([`AdmissionQueue::order`])
-    /// while one of its workers has room for them. A request no worker has room for does not
-    /// hold back the ones behind it: room depends on the request's class and tenant
-    /// ([`occupancy`]), so after one fails, the others of its class and tenant are skipped in
-    /// that round (at most two tries per tenant, whatever the queue's length).
+    /// Sends waiting requests of each model in the queue's order ([`AdmissionQueue::heads`]: the
+    /// oldest request of each class and tenant) while one of its workers has room for them. A
+    /// request no worker has room for does not hold back the others: room depends on the
+    /// request's class and tenant ([`occupancy`]), so after one fails, the others of its
+    /// sheddability and tenant are skipped in that round (at most two tries per tenant, whatever
+    /// the queue's length).
     fn pump(self: &Arc<Self>) {
         let mut undelivered = Vec::new();
         let mut queues = self.queues.lock().expect("queue lock");
         for (model, queue) in queues.iter_mut() {
             'round: loop {
                 let mut blocked: Vec<(bool, Option<Arc<str>>)> = Vec::new();
-                for id in queue.order() {
-                    let waiter = &queue.get(id).expect("ordered ids are queued").item;
+                for id in queue.heads() {
+                    let waiter = &queue.get(id).expect("heads are queued").item;
                     if waiter.tx.is_closed() {
                         queue.remove(id);
                         continue 'round;
@@ -440,7 +441,7 @@ impl WorkerPool {
                     }
                     match self.dispatch_now(model, &waiter.request, &waiter.key) {
                         Some(dispatched) => {
-                            let entry = queue.take(id).expect("ordered ids are queued");
+                            let entry = queue.take(id).expect("heads are queued");
                             if let Err(Ok(dispatched)) = entry.item.tx.send(Ok(dispatched)) {
                                 undelivered.push(dispatched);
                             }
