@@ -2,7 +2,7 @@
 //! "admission overhead per request, target under 50 us at 32 tenants"): the tenant's quotas
 //! (`QuotaBook::acquire`: `requests_per_second`, `tokens_per_minute`, `max_concurrent`), a push
 //! into the fair-share admission queue holding a backlog, the dispatch of the next request (the
-//! priority-class and Virtual Token Counter choice, which scans the waiting requests), the
+//! priority-class and Virtual Token Counter choice over the heads of the per-class, per-tenant queues), the
 //! generated tokens charged to the counter, and the lease's release. Not a test: run it in release
 //! mode and read the figures. One thread, as the router's queue is behind one lock.
 //!
