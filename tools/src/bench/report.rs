@@ -431,6 +431,10 @@ pub struct TenantSummary {
     pub ttft_p50_ms: Option<f64>,
     /// See `ttft_p50_ms`.
     pub ttft_p99_ms: Option<f64>,
+    /// Inter-token latency over its served requests' gaps, ms (p50, p99); `None` without any.
+    pub itl_p50_ms: Option<f64>,
+    /// See `itl_p50_ms`.
+    pub itl_p99_ms: Option<f64>,
     /// Its generated tokens per second of the measured phase.
     pub generated_tokens_per_s: f64,
 }

@@ -147,6 +147,12 @@ pub fn summarize(
                 .filter_map(|r| r.ttft_ms)
                 .collect();
             ttft.sort_by(f64::total_cmp);
+            let mut itl: Vec<f64> = mine
+                .iter()
+                .filter(|r| r.error.is_none())
+                .flat_map(|r| r.itl_ms.iter().copied())
+                .collect();
+            itl.sort_by(f64::total_cmp);
             let generated: u64 = mine
                 .iter()
                 .filter(|r| r.error.is_none())
@@ -160,6 +166,8 @@ pub fn summarize(
                 failed: mine.len() - succeeded - refused,
                 ttft_p50_ms: percentile(&ttft, 50.0),
                 ttft_p99_ms: percentile(&ttft, 99.0),
+                itl_p50_ms: percentile(&itl, 50.0),
+                itl_p99_ms: percentile(&itl, 99.0),
                 generated_tokens_per_s: generated as f64 / duration_s.max(1e-9),
             }
         })
@@ -170,11 +178,11 @@ pub fn summarize(
 pub fn render(summaries: &[TenantSummary]) -> String {
     let ms = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
     let mut out = String::from(
-        "tenant            requests  served  refused  failed  TTFT p50 ms  TTFT p99 ms  gen tok/s\n",
+        "tenant            requests  served  refused  failed  TTFT p50 ms  TTFT p99 ms  ITL p50 ms  ITL p99 ms  gen tok/s\n",
     );
     for s in summaries {
         out.push_str(&format!(
-            "{:<16} {:>9} {:>7} {:>8} {:>7} {:>12} {:>12} {:>10.1}\n",
+            "{:<16} {:>9} {:>7} {:>8} {:>7} {:>12} {:>12} {:>11} {:>11} {:>10.1}\n",
             s.name,
             s.requests,
             s.succeeded,
@@ -182,6 +190,8 @@ pub fn render(summaries: &[TenantSummary]) -> String {
             s.failed,
             ms(s.ttft_p50_ms),
             ms(s.ttft_p99_ms),
+            ms(s.itl_p50_ms),
+            ms(s.itl_p99_ms),
             s.generated_tokens_per_s
         ));
     }
@@ -250,6 +260,10 @@ mod tests {
         assert_eq!((s[0].requests, s[1].requests), (100, 1));
         assert!((s[0].ttft_p50_ms.unwrap() - 50.5).abs() < 1e-9);
         assert!((s[0].ttft_p99_ms.unwrap() - 99.01).abs() < 1e-9);
+        // ITL: each record's gaps are (e2e - ttft) / (tokens - 1), over the tenant's own requests.
+        assert!((s[1].itl_p50_ms.unwrap() - 1000.0 / 3.0).abs() < 1e-9);
+        assert!((s[1].itl_p99_ms.unwrap() - 1000.0 / 3.0).abs() < 1e-9);
+        assert!(s[0].itl_p99_ms.unwrap() > s[0].itl_p50_ms.unwrap());
         assert_eq!(s[1].ttft_p99_ms, Some(5000.0));
     }
 }
