@@ -11,6 +11,7 @@ use gguf::{GgmlType, GgufFile, GgufWriter};
 use inference_proto::public::{
     constraint::Kind, ChatMessage, ChoiceList, Constraint, GenerateRequest,
 };
+use inference_proto::worker::{router_message, AddRequest, RouterMessage, SamplingParams};
 use prost::Message as _;
 use router::chat_template::builtin_template;
 
@@ -22,6 +23,7 @@ fn main() {
     detokenizer_seeds(&corpus.join("detokenizer"));
     chat_template_seeds(&corpus.join("chat-template"));
     constraint_seeds(&corpus.join("constraint"));
+    router_stream_seeds(&corpus.join("router-stream"));
 }
 
 /// Writes `bytes` as `dir/seed-NAME`.
@@ -380,4 +382,146 @@ fn constraint_seeds(dir: &Path) {
     for (name, kind, text) in seeds {
         put(dir, name, &[&[kind][..], text.as_bytes()].concat());
     }
+}
+
+/// One `add` of the `router-stream` input format (see `fuzz::router_stream`): the flags byte, the
+/// id's index, the prompt (a count byte below 32, then one token byte each), the `max_new_tokens`
+/// byte and the bytes of the parts the flags choose.
+fn add_op(flags: u8, id: u8, prompt: &[u8], max_new_tokens: u8, parts: &[u8]) -> Vec<u8> {
+    let mut op = vec![0, flags, id, prompt.len() as u8];
+    op.extend(prompt);
+    op.push(max_new_tokens);
+    op.extend(parts);
+    op
+}
+
+/// Sampling parts: seed 7, greedy (`0`) or seeded (`1`, no top logprobs).
+const GREEDY: [u8; 3] = [7, 0, 0];
+const SEEDED: [u8; 4] = [7, 0, 1, 0];
+/// A `cancel` of id `i`, a message of no kind, a pause.
+const fn cancel(i: u8) -> [u8; 2] {
+    [3, i]
+}
+const NO_KIND: u8 = 5;
+const PAUSE: u8 = 6;
+
+/// Router message sequences: requests that finish, cancels of running and unknown ids, duplicate
+/// ids, out-of-range ids, zero `max_new_tokens`, a huge prompt, bad sampling parameters,
+/// constraints, a pool filled past its KV blocks, and an encoded message through the raw path.
+fn router_stream_seeds(dir: &Path) {
+    let prompt: &[u8] = &[10, 20, 30, 40, 50];
+    let long: Vec<u8> = (0..31).map(|i| 65 + i).collect();
+    let seeds: Vec<(&str, Vec<u8>)> = vec![
+        (
+            "greedy",
+            [add_op(1, 0, prompt, 8, &GREEDY), vec![PAUSE]].concat(),
+        ),
+        (
+            "seeded-two",
+            [
+                add_op(1, 0, prompt, 12, &SEEDED),
+                add_op(1, 1, prompt, 12, &SEEDED),
+            ]
+            .concat(),
+        ),
+        (
+            "cancel-running",
+            [
+                add_op(1, 1, prompt, 200, &GREEDY),
+                vec![PAUSE],
+                cancel(1).to_vec(),
+            ]
+            .concat(),
+        ),
+        (
+            "cancel-unknown",
+            [cancel(3).to_vec(), vec![NO_KIND]].concat(),
+        ),
+        (
+            "duplicate-id",
+            [
+                add_op(1, 0, &long, 200, &GREEDY),
+                add_op(1, 0, prompt, 4, &GREEDY),
+                cancel(0).to_vec(),
+            ]
+            .concat(),
+        ),
+        ("empty-id", add_op(1, 5, prompt, 4, &GREEDY)),
+        (
+            "out-of-vocab",
+            add_op(1, 2, &[10, 241, 243, 244], 4, &GREEDY),
+        ),
+        ("zero-max-new-tokens", add_op(1, 0, prompt, 0, &GREEDY)),
+        ("no-sampling", add_op(0, 0, prompt, 4, &[])),
+        ("past-context", add_op(1, 0, &long, 202, &GREEDY)),
+        // A 100,256-token prompt (count 204) with u32::MAX (243) at index 5, 4 new tokens.
+        ("huge-prompt", vec![0, 0x81, 0, 204, 5, 0, 243, 4, 7, 0, 0]),
+        (
+            "bad-sampling",
+            add_op(
+                1,
+                0,
+                prompt,
+                4,
+                &[7, 0, 2, 8, 4, 5, 5, 9, 6, 7, 2, 241, 8, 0, 9, 31],
+            ),
+        ),
+        (
+            "constraint-choice",
+            add_op(1 | 4 | 8, 0, prompt, 16, &[7, 0, 0, 1, 2, 0]),
+        ),
+        (
+            "constraint-no-stop",
+            add_op(1 | 8, 0, prompt, 16, &[7, 0, 0, 1]),
+        ),
+        (
+            "constraint-invalid",
+            add_op(1 | 4 | 8, 0, prompt, 16, &[7, 0, 0, 1, 2, 6]),
+        ),
+        (
+            "generated-ids",
+            add_op(1 | 2, 0, prompt, 8, &[7, 0, 0, 3, 11, 12, 241]),
+        ),
+        (
+            "prompt-logprobs",
+            add_op(1 | 16, 0, prompt, 4, &[7, 0, 1, 0, 5]),
+        ),
+        (
+            "priority-salt",
+            add_op(1 | 32 | 64, 0, prompt, 4, &[7, 0, 0, 3, 2, 1]),
+        ),
+        (
+            "fill-kv",
+            [
+                add_op(1, 0, &long, 200, &SEEDED),
+                add_op(1, 1, &long, 200, &SEEDED),
+                add_op(1, 2, &long, 200, &SEEDED),
+                add_op(1, 3, &long, 200, &SEEDED),
+                vec![PAUSE],
+                cancel(2).to_vec(),
+            ]
+            .concat(),
+        ),
+    ];
+    for (name, bytes) in seeds {
+        put(dir, name, &bytes);
+    }
+    let raw = RouterMessage {
+        kind: Some(router_message::Kind::Add(AddRequest {
+            request_id: "r0".into(),
+            prompt_ids: vec![10, 20, 30],
+            sampling: Some(SamplingParams {
+                top_p: 1.0,
+                ..Default::default()
+            }),
+            max_new_tokens: 4,
+            ..Default::default()
+        })),
+    }
+    .encode_to_vec();
+    put(
+        dir,
+        "raw-add",
+        &[&[4, raw.len() as u8][..], &raw, &[PAUSE]].concat(),
+    );
 }

@@ -22,6 +22,7 @@
 //! | `detokenizer` | token ids and stop strings, through the streaming detokenizer and stop matcher | [`detokenizer`] |
 //! | `chat-template` | chat messages through every built-in template; a template source through the router's template environment | [`chat_template`] |
 //! | `constraint` | a JSON schema, regex, Lark grammar or choice list through constraint checking and compilation | [`constraint`] |
+//! | `router-stream` | a sequence of router messages (structured, and raw protobuf) through the worker's stream handling and engine on the tiny model | [`router_stream`] |
 
 #![warn(missing_docs)]
 
@@ -31,6 +32,7 @@ pub mod detokenizer;
 mod input;
 pub mod model_files;
 pub mod requests;
+pub mod router_stream;
 pub mod tiny_model;
 
 pub use chat_template::chat_template;
@@ -38,6 +40,7 @@ pub use constraint::constraint;
 pub use detokenizer::detokenizer;
 pub use model_files::{gguf, model_files};
 pub use requests::{generate_request, openai_json};
+pub use router_stream::router_stream;
 
 /// A fuzz target's entry point: drives the code under test with one input; panics on a finding.
 pub type Target = fn(&[u8]);
@@ -52,4 +55,5 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("detokenizer", detokenizer),
     ("chat-template", chat_template),
     ("constraint", constraint),
+    ("router-stream", router_stream),
 ];

@@ -45,6 +45,7 @@ fn every_target_is_tested_here_and_has_a_binary() {
         "detokenizer",
         "chat-template",
         "constraint",
+        "router-stream",
     ];
     let names: Vec<&str> = fuzz::TARGETS.iter().map(|(n, _)| *n).collect();
     assert_eq!(names, tested);
@@ -87,4 +88,9 @@ fn chat_template_corpus() {
 #[test]
 fn constraint_corpus() {
     replay("constraint");
+}
+
+#[test]
+fn router_stream_corpus() {
+    replay("router-stream");
 }

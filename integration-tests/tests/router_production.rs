@@ -1,18 +1,21 @@
 //! The router in production, with real processes on 127.0.0.1: load spreading and prefix affinity
 //! over three workers, failover that loses nothing when a worker is killed mid-stream, fast
-//! `RESOURCE_EXHAUSTED` under overload, deadlines, graceful drain on SIGTERM and DNS discovery.
+//! `RESOURCE_EXHAUSTED` under overload, deadlines, graceful drain on SIGTERM (and what the calls
+//! still running when its timeout passes get, on both fronts) and DNS discovery.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
+use futures::StreamExt as _;
 use inference_proto::public::{FinishReason, GenerateRequest, TokenizeRequest};
 use inference_proto::worker::EngineStats;
 use integration_tests::ops::wait_ready_workers;
 use integration_tests::{
     connect_ready, free_port, generate, greedy, real_model, start_router, start_router_with_env,
-    start_worker, start_worker_with, stream_all, tiny_model, worker_stats, Process,
+    start_worker, start_worker_with, stream_all, tiny_model, tiny_model_with_context, wait_idle,
+    worker_stats, Process,
 };
 use tonic::Code;
 
@@ -343,6 +346,112 @@ async fn sigterm_drains_the_router_and_it_exits_zero() {
         .await
         .expect("router exits");
     assert!(status.success(), "router exit status {status:?}");
+}
+
+/// Reads an event stream to its end, or to the error that cut it: the text, and whether it was cut.
+async fn read_events(response: reqwest::Response) -> (String, bool) {
+    let mut body = response.bytes_stream();
+    let mut text = String::new();
+    while let Some(chunk) = body.next().await {
+        match chunk {
+            Ok(bytes) => text.push_str(&String::from_utf8_lossy(&bytes)),
+            Err(_) => return (text, true),
+        }
+    }
+    (text, false)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_still_running_when_the_drain_timeout_passes_end_with_unavailable() {
+    // A 16k context: requests of 15,000 tokens run far longer than the drain timeout.
+    let (_dir, model) = tiny_model_with_context(31, 16_384);
+    let (_worker, worker_addr) = start_worker(&model).await;
+    let http = format!("127.0.0.1:{}", free_port());
+    let drain = Duration::from_millis(1500);
+    let drain_ms = drain.as_millis().to_string();
+    let env = [
+        ("ROUTER_DRAIN_TIMEOUT_MS", drain_ms.as_str()),
+        ("ROUTER_LIMITS__MAX_NEW_TOKENS", "16000"),
+    ];
+    let (mut router, router_addr) =
+        start_router_with_env(&[&worker_addr], &["--http-listen", &http], &env).await;
+    let mut client = connect_ready(&router_addr, Duration::from_secs(30)).await;
+    integration_tests::openai::wait_healthy(&format!("http://{http}"), Duration::from_secs(10))
+        .await;
+    let mut grpc = client
+        .generate(greedy("The history of the sea", 15_000))
+        .await
+        .unwrap()
+        .into_inner();
+    grpc.message().await.unwrap().expect("a first message");
+    let url = format!("http://{http}/v1/completions");
+    let body = |stream: bool| serde_json::json!({"prompt": "a", "max_tokens": 15_000, "ignore_eos": true, "stream": stream});
+    let web = reqwest::Client::new();
+    let sse = web.post(&url).json(&body(true)).send().await.unwrap();
+    assert_eq!(sse.status(), 200);
+    let whole = tokio::spawn(web.post(&url).json(&body(false)).send());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while worker_stats(&worker_addr).await.running_sequences < 3 {
+        assert!(Instant::now() < deadline, "the three requests never ran");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let terminated = Instant::now();
+    router.terminate();
+    let sse = tokio::spawn(read_events(sse));
+
+    // gRPC: every message until a definite UNAVAILABLE that says why (not UNKNOWN from a cut
+    // connection), once the drain timeout has passed.
+    let status = loop {
+        match grpc.message().await {
+            Ok(Some(m)) => assert!(m.usage.is_none(), "a 15,000-token request finished"),
+            Ok(None) => panic!("the stream ended without a status"),
+            Err(status) => break status,
+        }
+    };
+    let waited = terminated.elapsed();
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert!(
+        status.message().contains("drain timeout") && status.message().contains("retry"),
+        "{status:?}"
+    );
+    assert!(
+        waited >= drain,
+        "ended after {waited:?}, before the drain timeout"
+    );
+
+    // HTTP, streamed: an OpenAI error object as the last event before `[DONE]`.
+    let (text, cut) = sse.await.unwrap();
+    assert!(!cut, "the event stream was cut: {text:?}");
+    let blocks: Vec<&str> = text.split("\n\n").filter(|b| !b.is_empty()).collect();
+    assert_eq!(blocks.last(), Some(&"data: [DONE]"), "{text:?}");
+    let error: serde_json::Value = serde_json::from_str(
+        blocks[blocks.len() - 2]
+            .strip_prefix("data: ")
+            .expect("a data event"),
+    )
+    .unwrap();
+    assert_eq!(error["error"]["code"], "unavailable", "{error}");
+    let message = error["error"]["message"].as_str().unwrap();
+    assert!(message.contains("drain timeout"), "{error}");
+
+    // HTTP, whole: 503 with the same error object.
+    let whole = whole
+        .await
+        .unwrap()
+        .expect("an answer, not a cut connection");
+    assert_eq!(whole.status(), 503);
+    let answer: serde_json::Value = whole.json().await.unwrap();
+    assert_eq!(answer["error"]["code"], "unavailable", "{answer}");
+
+    // The requests are cancelled on the worker and the router exits 0.
+    let stats = wait_idle(&worker_addr, Duration::from_secs(10)).await;
+    assert_eq!(stats.cancelled_requests, 3, "{stats:?}");
+    let exit = router.wait_exit(Duration::from_secs(10)).await;
+    assert!(
+        exit.is_some_and(|s| s.success()),
+        "{exit:?}\n{}",
+        router.log_text()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

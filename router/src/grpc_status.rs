@@ -5,7 +5,7 @@
 //! |---|---|
 //! | [`ValidationError::Invalid`], worker [`WorkerFailureKind::Rejected`] | `INVALID_ARGUMENT` |
 //! | [`ValidationError::Unsupported`] | `UNIMPLEMENTED` |
-//! | draining, no worker (known, ready, in time, left), failovers exhausted, worker [`WorkerFailureKind::HandedBack`] | `UNAVAILABLE` |
+//! | draining (a new call, or one cut off by the drain timeout), no worker (known, ready, in time, left), failovers exhausted, worker [`WorkerFailureKind::HandedBack`] | `UNAVAILABLE` |
 //! | admission queue full, tenant quota or queue share, displaced sheddable request, worker [`WorkerFailureKind::DoesNotFit`] | `RESOURCE_EXHAUSTED` |
 //! | deadline passed | `DEADLINE_EXCEEDED` |
 //! | worker [`WorkerFailureKind::Failed`], router fault | `INTERNAL` |
@@ -40,6 +40,7 @@ impl RouteError {
             RouteError::Model(ModelChoiceError::Unknown { .. }) => Code::NotFound,
             RouteError::Model(ModelChoiceError::Unnamed { .. }) => Code::InvalidArgument,
             RouteError::Draining
+            | RouteError::DrainTimeout { .. }
             | RouteError::NoWorkersKnown
             | RouteError::NoWorkerReady { .. }
             | RouteError::NoWorkerInTime { .. }
@@ -132,6 +133,12 @@ mod tests {
                 RouteError::Draining,
                 Code::Unavailable,
                 "the router is shutting down and takes no new requests; retry on another router",
+            ),
+            (
+                RouteError::DrainTimeout { timeout_ms: 1500 },
+                Code::Unavailable,
+                "router shutting down: drain timeout expired after 1500 ms (drain_timeout_ms) with \
+                 the request still running; it was cancelled, retry on another replica",
             ),
             (
                 RouteError::NoWorkersKnown,

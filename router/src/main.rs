@@ -4,7 +4,8 @@
 //! text.
 //!
 //! On SIGTERM (or Ctrl-C) the router drains: new `Generate` calls get `UNAVAILABLE`, running ones
-//! finish (up to `drain_timeout_ms`), then it exits 0.
+//! finish (up to `drain_timeout_ms`; those still running then end with `UNAVAILABLE`, "drain
+//! timeout expired", on both fronts), then it exits 0.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -17,6 +18,10 @@ use router::pool::WorkerPool;
 use router::request_guard::RequestGuard;
 use router::service::TextGenerationService;
 use tls_certs::Alpn;
+
+/// How long the calls cut off by the drain timeout have to send their `UNAVAILABLE` before the
+/// servers stop.
+const CUT_OFF_GRACE: Duration = Duration::from_secs(2);
 
 fn main() -> ExitCode {
     let cli: Cli = settings_file::flags::parse_flags(&RouterSettings::default());
@@ -232,7 +237,16 @@ async fn run(settings: RouterSettings) -> anyhow::Result<()> {
             if finished {
                 tracing::info!("drained; shutting down");
             } else {
-                tracing::warn!(running = drain.active(), "drain timeout passed; shutting down with calls still running");
+                tracing::warn!(
+                    running = drain.active(),
+                    "drain timeout passed; ending the calls still running with UNAVAILABLE"
+                );
+                // Each front ends its running calls with a definite status (and cancels their
+                // requests); give them a moment to send it before the servers stop.
+                drain.expire(timeout);
+                if !drain.wait_idle(CUT_OFF_GRACE).await {
+                    tracing::warn!(running = drain.active(), "calls still open after their cut-off");
+                }
             }
         }
     }

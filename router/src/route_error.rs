@@ -30,6 +30,16 @@ pub enum RouteError {
     /// The router is draining (shutting down) and takes no new requests.
     #[error("the router is shutting down and takes no new requests; retry on another router")]
     Draining,
+    /// The router's drain timeout passed while the request was still running: it was cancelled
+    /// (on its worker, or left the queue) so that the router can exit.
+    #[error(
+        "router shutting down: drain timeout expired after {timeout_ms} ms (drain_timeout_ms) \
+         with the request still running; it was cancelled, retry on another replica"
+    )]
+    DrainTimeout {
+        /// The `drain_timeout_ms` setting.
+        timeout_ms: u64,
+    },
     /// No worker is configured or discovered at all.
     #[error(
         "no workers are known (set --workers HOST:PORT, or discovery_dns to a name that resolves)"

@@ -4,7 +4,9 @@
 //! [`crate::grpc_status`]), after the metrics have counted them.
 //!
 //! `Generate` is refused with `UNAVAILABLE` while the router drains ([`Drain`]); each running call is
-//! counted until its response stream ends, so a drain can wait for it. The call's `grpc-timeout`
+//! counted until its response stream ends, so a drain can wait for it, and one still running when
+//! the drain timeout passes ends with `UNAVAILABLE` ([`RouteError::DrainTimeout`]; its request is
+//! cancelled on its worker). The call's `grpc-timeout`
 //! becomes the request's deadline ([`crate::deadline`]). Every handler marks its call as reached
 //! ([`HandlerReached`]), so [`crate::request_guard::RequestGuard`] accounts only calls refused before
 //! a handler.
@@ -28,7 +30,7 @@ use tonic::{Request, Response, Status};
 use tracing::Instrument as _;
 
 use crate::deadline::grpc_timeout;
-use crate::drain::{ActiveCall, Drain};
+use crate::drain::{ActiveCall, CutOff, Drain};
 use crate::generate::{self, CallContext};
 use crate::metrics::{RequestObserver, RouterMetrics};
 use crate::pool::{ServedModel, WorkerPool};
@@ -83,10 +85,14 @@ type ResponseStream = Pin<Box<dyn Stream<Item = Result<GenerateResponse, Status>
 
 /// A response stream that counts as a running call until it is dropped, splits off the tool calls
 /// of a request with tools ([`ToolCallStream`]), shows each message to the call's metrics observer
-/// and turns an error into its gRPC status.
+/// and turns an error into its gRPC status. Once the drain timeout passes ([`ActiveCall::cut_off`])
+/// it ends with [`RouteError::DrainTimeout`], dropping its channel (which cancels the request on
+/// its worker).
 struct CountedStream {
-    inner: ReceiverStream<Result<GenerateResponse, RouteError>>,
+    /// `None` once the stream was cut off.
+    inner: Option<ReceiverStream<Result<GenerateResponse, RouteError>>>,
     _call: ActiveCall,
+    cut_off: CutOff,
     observer: Option<RequestObserver>,
     tool_calls: Option<ToolCallStream>,
 }
@@ -95,7 +101,19 @@ impl Stream for CountedStream {
     type Item = Result<GenerateResponse, Status>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let mut item = std::task::ready!(Pin::new(&mut self.inner).poll_next(cx));
+        if self.inner.is_none() {
+            return Poll::Ready(None);
+        }
+        let mut item = match self.cut_off.as_mut().poll(cx) {
+            Poll::Ready(error) => {
+                self.inner = None;
+                Some(Err(error))
+            }
+            Poll::Pending => {
+                let inner = self.inner.as_mut().expect("checked above");
+                std::task::ready!(Pin::new(inner).poll_next(cx))
+            }
+        };
         if let (Some(splitter), Some(Ok(message))) = (self.tool_calls.as_mut(), item.as_mut()) {
             splitter.rewrite(message);
         }
@@ -153,7 +171,8 @@ impl TextGeneration for TextGenerationService {
             }
         };
         Ok(Response::new(Box::pin(CountedStream {
-            inner: ReceiverStream::new(started.responses),
+            inner: Some(ReceiverStream::new(started.responses)),
+            cut_off: call.cut_off(),
             _call: call,
             observer,
             tool_calls: started.tool_calls.map(ToolCallStream::new),

@@ -11,7 +11,7 @@
 //! | body above `max_request_bytes` | 413 | `invalid_request_error` | `request_too_large` |
 //! | admission queue full ([`RouteError::Overloaded`]), displaced sheddable request, worker [`WorkerFailureKind::DoesNotFit`] | 429 | `rate_limit_error` | `overloaded` |
 //! | tenant quota ([`RouteError::Quota`]) or tenant queue share (`max_queued`) | 429 | `rate_limit_exceeded` | the limit: `requests_per_second`, `tokens_per_minute`, `max_concurrent`, `max_queued` |
-//! | no worker ready (known, in time, left), failovers exhausted, draining, worker [`WorkerFailureKind::HandedBack`] | 503 | `server_error` | `unavailable` |
+//! | no worker ready (known, in time, left), failovers exhausted, draining (a new request, or one cut off by the drain timeout: a stream's last event), worker [`WorkerFailureKind::HandedBack`] | 503 | `server_error` | `unavailable` |
 //! | deadline passed | 504 | `server_error` | `timeout` |
 //! | no, malformed or wrong API key ([`Refusal`]) | 401 | `invalid_request_error` | `invalid_api_key` |
 //! | [`ValidationError::Unsupported`] | 501 | `invalid_request_error` | `not_implemented` |
@@ -203,6 +203,7 @@ impl ApiError {
             RouteError::Overloaded(_) => OVERLOADED,
             RouteError::Quota(q) => rate_limited(q.limit_name()),
             RouteError::Draining
+            | RouteError::DrainTimeout { .. }
             | RouteError::NoWorkersKnown
             | RouteError::NoWorkerReady { .. }
             | RouteError::NoWorkerInTime { .. }
@@ -327,6 +328,7 @@ mod tests {
                 (501, "invalid_request_error", "not_implemented"),
             ),
             (RouteError::Draining, unavailable),
+            (RouteError::DrainTimeout { timeout_ms: 30_000 }, unavailable),
             (RouteError::NoWorkersKnown, unavailable),
             (RouteError::NoWorkerReady { configured: 2 }, unavailable),
             (

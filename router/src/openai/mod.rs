@@ -301,7 +301,7 @@ impl OpenAiFront {
             )
                 .into_response());
         }
-        let document = run::gather(&reply, choices, prompt_tokens).await?;
+        let document = run::gather(&reply, choices, prompt_tokens, &call).await?;
         drop(call);
         Ok(json_response(StatusCode::OK, &document))
     }

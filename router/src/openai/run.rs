@@ -4,6 +4,10 @@
 //! Every choice is one sequence of [`crate::generate::launch`], so stop strings, holdback, UTF-8
 //! and special tokens behave exactly as on gRPC. Dropping the response (the client went away)
 //! drops the choices' channels, which cancels their sequences on the workers within a step.
+//!
+//! A request still running when the router's drain timeout passes ([`ActiveCall::cut_off`]) ends
+//! with [`RouteError::DrainTimeout`] (503, `unavailable`): a whole response answers it as its
+//! error, an event stream sends it as its last event before `[DONE]`; its choices are cancelled.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -18,7 +22,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use super::echo::EchoPrompt;
 use super::error::ApiError;
 use super::reply::{finish_reason, usage, with_calls, ChoiceText, Reply};
-use crate::drain::ActiveCall;
+use crate::drain::{ActiveCall, CutOff};
 use crate::generate::ResponseReceiver;
 use crate::metrics::RequestObserver;
 use crate::route_error::RouteError;
@@ -58,15 +62,16 @@ fn merge(choices: Vec<Choice>) -> SelectAll<BoxStream<'static, Item>> {
     }))
 }
 
-/// Runs `choices` to their ends and returns the whole response. `prompt_tokens` is the usage's
-/// prompt count (each prompt once, whatever `n`).
+/// Runs `choices` (of the running `call`) to their ends and returns the whole response.
+/// `prompt_tokens` is the usage's prompt count (each prompt once, whatever `n`).
 ///
-/// Errors: the first error of any choice (the others are cancelled), mapped by
-/// [`ApiError::from_route`].
+/// Errors: the first error of any choice (the others are cancelled), or
+/// [`RouteError::DrainTimeout`] when the call is cut off, mapped by [`ApiError::from_route`].
 pub async fn gather(
     reply: &Reply,
     choices: Vec<Choice>,
     prompt_tokens: u64,
+    call: &ActiveCall,
 ) -> Result<Value, ApiError> {
     let count = choices.len();
     let mut texts = vec![ChoiceText::default(); count];
@@ -79,7 +84,16 @@ pub async fn gather(
         .collect();
     let mut completion_tokens = 0u64;
     let mut merged = merge(choices);
-    while let Some((index, item)) = merged.next().await {
+    let mut cut_off = call.cut_off();
+    loop {
+        let (index, item) = tokio::select! {
+            biased;
+            error = &mut cut_off => (0, Err(error)),
+            next = merged.next() => match next {
+                Some(next) => next,
+                None => break,
+            },
+        };
         let message = item.map_err(|e| ApiError::from_route(e, Some(reply.endpoint)))?;
         // The first message of an echoing choice carries the prompt's tokens.
         if let Some(echo) = echoes[index].take() {
@@ -132,6 +146,8 @@ struct EventStream {
     done: bool,
     /// Counts the request as running (for the drain) until the stream is dropped.
     _call: ActiveCall,
+    /// Ends the stream when the drain timeout passes.
+    cut_off: CutOff,
 }
 
 impl EventStream {
@@ -217,8 +233,9 @@ impl EventStream {
 
 /// Streams `choices` as server-sent events: (chat) a role chunk per choice, then a chunk per
 /// step with new text, one finish chunk per choice, the usage chunk with empty `choices` when
-/// `include_usage` is set, and `data: [DONE]`. An error of any choice is sent as one
-/// `data: {"error": ...}` event before `[DONE]`, and cancels the others.
+/// `include_usage` is set, and `data: [DONE]`. An error of any choice, or the call's cut-off by
+/// the drain timeout, is sent as one `data: {"error": ...}` event before `[DONE]`, and cancels
+/// the (other) choices.
 pub fn events(reply: Reply, choices: Vec<Choice>, prompt_tokens: u64, call: ActiveCall) -> Body {
     let count = choices.len();
     let mut state = EventStream {
@@ -229,6 +246,7 @@ pub fn events(reply: Reply, choices: Vec<Choice>, prompt_tokens: u64, call: Acti
         prompt_tokens,
         completion_tokens: 0,
         done: false,
+        cut_off: call.cut_off(),
         _call: call,
         reply,
     };
@@ -248,9 +266,14 @@ pub fn events(reply: Reply, choices: Vec<Choice>, prompt_tokens: u64, call: Acti
             if state.done {
                 return None;
             }
-            match state.merged.next().await {
-                Some((index, Ok(message))) => state.on_message(index, message),
-                Some((_, Err(e))) => {
+            let next = tokio::select! {
+                biased;
+                error = &mut state.cut_off => Err(error),
+                next = state.merged.next() => Ok(next),
+            };
+            match next {
+                Ok(Some((index, Ok(message)))) => state.on_message(index, message),
+                Ok(Some((_, Err(e)))) | Err(e) => {
                     state.merged = SelectAll::new();
                     let error = ApiError::from_route(e, Some(state.reply.endpoint)).body();
                     state.event(&error);
@@ -259,7 +282,7 @@ pub fn events(reply: Reply, choices: Vec<Choice>, prompt_tokens: u64, call: Acti
                         .push_back(Bytes::from_static(b"data: [DONE]\n\n"));
                     state.done = true;
                 }
-                None => state.end(),
+                Ok(None) => state.end(),
             }
         }
     });

@@ -8,12 +8,14 @@
 //!
 //! The wire's types stop here: [`convert`] turns each `AddRequest` into the engine's request and
 //! the engine's outputs, errors and counters into wire messages; [`constraint`] compiles a
-//! request's structured-output constraint off the async runtime before it goes to the engine.
+//! request's structured-output constraint off the async runtime before it goes to the engine;
+//! [`router_stream`] handles each message a router sends ([`WorkerService::open_stream`]).
 //! Every stream also carries a liveness [`heartbeat`] from a timer outside the engine loop.
 
 mod constraint;
 mod convert;
 pub mod heartbeat;
+pub mod router_stream;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -22,22 +24,17 @@ use std::time::{Duration, Instant};
 
 use futures::Stream;
 use inference_proto::worker::{
-    router_message, worker_message, worker_server::Worker, HealthRequest, HealthResponse,
-    InfoRequest, InfoResponse, KvCacheBlocksRequest, KvCacheBlocksResponse, RouterMessage,
-    WorkerMessage,
+    worker_message, worker_server::Worker, HealthRequest, HealthResponse, InfoRequest,
+    InfoResponse, KvCacheBlocksRequest, KvCacheBlocksResponse, RouterMessage, WorkerMessage,
 };
 use tokio_stream::StreamExt;
-use tonic::{Code, Request, Response, Status, Streaming};
+use tonic::{Request, Response, Status, Streaming};
 
 use crate::health::{health_response, Lifecycle};
 use crate::telemetry::ConnectionSpans;
-use constraint::{compile_off_runtime, compiler_from_info, Constraints, Refused};
-use convert::{engine_request, refusal, wire_stats, WireSink};
-use engine::{Command, EngineHandle};
-
-/// The refusal of a new request while the worker drains (with `UNAVAILABLE`: the router fails it
-/// over to another worker).
-const DRAINING: &str = "the worker is shutting down and takes no new requests";
+use constraint::{compiler_from_info, Constraints};
+use convert::wire_stats;
+use engine::EngineHandle;
 
 /// Stall timeout of a service built without [`WorkerService::with_stall_timeout`] (the default of
 /// the `engine_stall_timeout_ms` setting).
@@ -128,26 +125,12 @@ impl Worker for WorkerService {
         request: Request<Streaming<RouterMessage>>,
     ) -> Result<Response<Self::GenerateStream>, Status> {
         let mut inbound = request.into_inner();
-        let engine = self.engine.clone();
-        let conn = engine.new_connection();
-        let (out_tx, out_rx) = tokio::sync::mpsc::unbounded_channel();
-        tracing::info!(conn, "router stream opened");
+        let spans = ConnectionSpans::new_if_enabled().map(Arc::new);
         // The stream's first message is the prefix cache's snapshot; every step's load and cache
         // changes follow, before any request of this router.
-        if !engine.send(Command::Connect {
-            conn,
-            out: Box::new(WireSink(out_tx.clone())),
-        }) {
-            return Err(Status::unavailable("the engine has stopped"));
-        }
-        let spans = ConnectionSpans::new_if_enabled().map(Arc::new);
-        let inbound_spans = spans.clone();
-        let lifecycle = self.lifecycle.clone();
-        let constraints = self.constraints.clone();
-        let draining = {
-            let lifecycle = lifecycle.clone();
-            move || lifecycle.as_ref().is_some_and(|l| l.is_draining())
-        };
+        let (stream, out_rx) = self.open_stream(spans.clone())?;
+        let conn = stream.conn();
+        tracing::info!(conn, "router stream opened");
         tokio::spawn(async move {
             loop {
                 let message = match inbound.next().await {
@@ -163,53 +146,14 @@ impl Worker for WorkerService {
                     }
                     None => break,
                 };
-                let command = match message.kind {
-                    Some(router_message::Kind::Add(request)) => {
-                        if draining() {
-                            let refused =
-                                refusal(request.request_id, Code::Unavailable, DRAINING.into());
-                            let _ = out_tx.send(refused);
-                            continue;
-                        }
-                        let (request, constraint) = match compile_off_runtime(&constraints, request)
-                            .await
-                        {
-                            Ok(compiled) => compiled,
-                            Err(Refused { request_id, reason }) => {
-                                let message = reason.to_string();
-                                let _ = out_tx.send(refusal(request_id, reason.code(), message));
-                                continue;
-                            }
-                        };
-                        if let Some(spans) = &inbound_spans {
-                            spans.on_add(&request);
-                        }
-                        Command::Add {
-                            conn,
-                            request: Box::new(engine_request(request)),
-                            constraint,
-                            out: Box::new(WireSink(out_tx.clone())),
-                        }
-                    }
-                    Some(router_message::Kind::Cancel(cancel)) => {
-                        if let Some(spans) = &inbound_spans {
-                            spans.on_cancel(&cancel.request_id);
-                        }
-                        Command::Cancel {
-                            conn,
-                            request_id: cancel.request_id,
-                        }
-                    }
-                    None => continue,
-                };
-                if !engine.send(command) {
+                if !stream.handle(message).await {
                     break;
                 }
             }
             tracing::info!(conn, "router stream closed; cancelling its requests");
-            engine.send(Command::CloseConnection { conn });
+            stream.close();
         });
-        let stopped = match &lifecycle {
+        let stopped = match &self.lifecycle {
             Some(lifecycle) => futures::future::Either::Left(lifecycle.stopped()),
             None => futures::future::Either::Right(std::future::pending()),
         };
