@@ -275,9 +275,14 @@ fn add(input: &mut Input, worker: &EngineWorker) -> RouterMessage {
             )
         }
     };
-    let cache_salt = match flags & 64 {
-        0 => String::new(),
-        _ => format!("salt-{}", input.byte() % 4),
+    let (cache_salt, tenant, tenant_weight) = match flags & 64 {
+        0 => (String::new(), String::new(), 0),
+        _ => {
+            let salt = format!("salt-{}", input.byte() % 4);
+            let tenant = ["", "a", "b", "default"][input.byte() as usize % 4];
+            let weight = [0, 1, 3, u32::MAX][input.byte() as usize % 4];
+            (salt, tenant.to_string(), weight)
+        }
     };
     RouterMessage {
         kind: Some(router_message::Kind::Add(AddRequest {
@@ -291,6 +296,8 @@ fn add(input: &mut Input, worker: &EngineWorker) -> RouterMessage {
             constraint,
             priority,
             cache_salt,
+            tenant,
+            tenant_weight,
             prompt_logprobs,
             speculation,
         })),
