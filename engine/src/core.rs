@@ -528,15 +528,21 @@ impl<M: BatchModel> Engine<M> {
                 self.pool.truncate(blocks, seq.computed);
             }
             if !draft.is_empty() {
-                seq.speculation.record(draft.len(), verified.accepted);
+                let forced = std::mem::take(&mut seq.speculation.forced);
+                seq.speculation
+                    .record(draft.len(), forced, verified.accepted);
                 speculation::metrics::observe(
                     self.speculation.proposer,
                     draft.len(),
+                    forced,
                     verified.accepted,
                 );
                 self.stats.speculative_draft_tokens += draft.len() as u64;
                 self.stats.speculative_accepted_tokens += verified.accepted as u64;
                 self.stats.speculative_verifications += 1;
+                self.stats.speculative_forced_tokens += forced as u64;
+                self.stats.speculative_forced_accepted_tokens +=
+                    verified.accepted.min(forced) as u64;
             }
             let first_index = seq.generated().len() - verified.tokens.len();
             let mut stopped = false;

@@ -53,4 +53,9 @@ pub struct EngineStats {
     pub speculative_accepted_tokens: u64,
     /// Verifications: one sequence's draft checked in one step.
     pub speculative_verifications: u64,
+    /// Of the draft tokens, those a structured-output constraint forced (its mask allowed only
+    /// them); not on the wire (the worker's metrics count them under `proposer="grammar"`).
+    pub speculative_forced_tokens: u64,
+    /// Of the forced draft tokens, those accepted (all of them unless the sequence ended first).
+    pub speculative_forced_accepted_tokens: u64,
 }

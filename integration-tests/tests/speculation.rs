@@ -9,8 +9,10 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::Duration;
 
-use inference_proto::public::GenerateRequest;
-use integration_tests::{greedy, real_model, run_to_exit, stream_all, wait_idle, Cluster};
+use inference_proto::public::{constraint::Kind, GenerateRequest};
+use integration_tests::{
+    constrained, greedy, real_model, run_to_exit, stream_all, wait_idle, Cluster,
+};
 
 const PASSAGE: &str = "The lighthouse keeper climbed the spiral stairs every evening at dusk, \
     carrying a brass lantern and a notebook in which he wrote the names of the ships that passed \
@@ -22,7 +24,8 @@ fn quoting(question: &str) -> String {
 }
 
 /// The requests: greedy and sampled quoting, a stop string inside the quote, a short limit,
-/// free writing, an opt-out.
+/// free writing, an opt-out, and structured output (a JSON schema with fixed keys and enums,
+/// greedy; a regex, sampled), whose forced tokens are drafts too.
 fn requests() -> Vec<GenerateRequest> {
     let sampled = GenerateRequest {
         temperature: 0.8,
@@ -56,7 +59,32 @@ fn requests() -> Vec<GenerateRequest> {
         greedy("Once upon a time, in a small village by the sea,", 48),
         opted_out,
         logprobs,
+        json_extraction(),
+        constrained(
+            &quoting("What did the keeper carry?"),
+            Kind::Regex(
+                r"The keeper carried a (brass lantern|notebook) every (evening|night)\.".into(),
+            ),
+            40,
+            3,
+        ),
     ]
+}
+
+/// Greedy extraction from the passage into a schema with fixed keys and enum values.
+fn json_extraction() -> GenerateRequest {
+    let schema = serde_json::json!({"type": "object", "properties": {
+        "item": {"enum": ["brass lantern", "notebook", "spiral stairs"]},
+        "years": {"type": "integer", "minimum": 0, "maximum": 100},
+        "never_missed_a_night": {"type": "boolean"}},
+        "required": ["item", "years", "never_missed_a_night"], "additionalProperties": false});
+    let question = format!(
+        "{PASSAGE}\n\nAs JSON: what the keeper carried, for how many years, and whether he \
+         ever missed a night."
+    );
+    let mut r = constrained(&question, Kind::JsonSchema(schema.to_string()), 60, 1);
+    r.temperature = 0.0;
+    r
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -111,6 +139,10 @@ async fn ngram_streams_equal_speculation_off_on_smollm2() {
     assert_eq!(ngram[5].usage.unwrap().draft_tokens, 0);
     let first = ngram[0].usage.unwrap();
     assert!(first.accepted_draft_tokens > 0 && first.draft_tokens >= first.accepted_draft_tokens);
+    // The constrained requests (their draft counts, forced tokens included, for the log).
+    for g in &ngram[7..] {
+        eprintln!("{:?} {:?} {:?}", g.text, g.finish_reason, g.usage);
+    }
     // The stop string ended the quote inside the text.
     assert_eq!(off[2].stop_sequence, "notebook", "{:?}", off[2]);
 }

@@ -11,7 +11,8 @@
 //! - [`tool_call`]: tool calling: each model family's call syntax, the grammar of a request's
 //!   calls (compiled as a `lark` constraint) and reading the calls back out of the text.
 //! - [`ConstraintState`]: one per constrained sequence; the [`TokenMask`] of allowed tokens for the
-//!   next position, and advancing by the chosen token.
+//!   next position, the tokens the constraint forces next (free speculative proposals), and
+//!   advancing by the chosen token.
 
 mod compiler;
 mod error;
@@ -24,5 +25,7 @@ pub use compiler::{ConstraintCompiler, VocabSource};
 pub use error::{ConstraintError, MatchError, VocabError};
 pub use spec::ConstraintSpec;
 pub use state::{ConstraintState, Progress, TokenMask};
+#[cfg(test)]
+mod forced_tests;
 #[cfg(test)]
 mod tests;

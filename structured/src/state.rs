@@ -131,6 +131,66 @@ impl ConstraintState {
         })
     }
 
+    /// The tokens the constraint forces next, at most `max`: token `i` is the only token the mask
+    /// allows after the tokens advanced by so far followed by tokens `0..i`. The run ends at the
+    /// first position that allows more than one token, or only an EOS id, or where the output is
+    /// complete. A sampler restricted to those masks can only choose these tokens, which makes them
+    /// free speculative proposals that are always accepted.
+    ///
+    /// This state is not changed: the lookahead runs on a clone of the matcher (llguidance's
+    /// `Matcher::clone`, which copies the parser's rows and shares its lexer cache; the caches only
+    /// speed up later masks, never change them). llguidance's own fast-forward tokens
+    /// (`Matcher::compute_ff_tokens`, llguidance 1.9.1 `src/matcher.rs`, `src/tokenparser.rs`) are
+    /// not used: they are empty for a non-canonical tokenizer environment, which is what
+    /// [`crate::ConstraintCompiler`] builds (`ApproximateTokEnv`), and where the tokenizer is
+    /// canonical they force bytes into the parser (`TokenParser::force_bytes`).
+    ///
+    /// Costs a clone of the matcher and, only where llguidance finds forced bytes, one mask per
+    /// returned token plus one; a state with no forced bytes (most positions of free text) costs
+    /// the clone and a walk of the parser, no mask.
+    ///
+    /// Shapes: an empty vector for `max == 0`, a complete output, or nothing forced. Errors: none
+    /// are returned; where llguidance fails on the clone the run ends before that position (the
+    /// same failure then surfaces from [`compute_mask`](Self::compute_mask) on this state).
+    pub fn forced_tokens(&self, max: usize) -> Vec<u32> {
+        let mut forced = Vec::new();
+        if max == 0 || self.matcher.is_stopped() || self.failure().is_some() {
+            return forced;
+        }
+        let mut lookahead = self.matcher.clone();
+        // No forced byte: at least two bytes may follow, each a token of its own in a byte-level
+        // vocabulary, so no token is forced and no mask needs computing.
+        if lookahead.compute_ff_bytes().is_empty() {
+            return forced;
+        }
+        // The clone's parser now has its forced bytes pushed; start over from a fresh clone so the
+        // masks below are computed exactly as on this state.
+        let mut lookahead = self.matcher.clone();
+        let Ok(env) = lookahead.tok_env() else {
+            return forced;
+        };
+        let eos = env.tok_trie().eos_token_set();
+        while forced.len() < max {
+            let Ok(mask) = lookahead.compute_mask() else {
+                break;
+            };
+            if mask.num_set() != 1 {
+                break;
+            }
+            let Some(only) = mask.first_bit_set().map(|id| id as u32) else {
+                break;
+            };
+            if eos.is_allowed(only) || lookahead.consume_token(only).is_err() {
+                break;
+            }
+            forced.push(only);
+            if lookahead.is_stopped() {
+                break;
+            }
+        }
+        forced
+    }
+
     /// Why the matcher stopped, when it stopped for a reason other than a complete output.
     fn failure(&self) -> Option<String> {
         if let Some(error) = self.matcher.get_error() {

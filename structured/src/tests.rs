@@ -7,14 +7,14 @@ use crate::{
 
 /// The tiny model's vocabulary (`<|endoftext|>`, `<|im_start|>`, `<|im_end|>` control, the 256
 /// byte symbols, merges), EOS 2.
-struct Tiny {
-    tokens: Vec<String>,
+pub(crate) struct Tiny {
+    pub(crate) tokens: Vec<String>,
     types: Vec<i32>,
 }
 
-const EOS: u32 = 2;
+pub(crate) const EOS: u32 = 2;
 
-fn tiny() -> Tiny {
+pub(crate) fn tiny() -> Tiny {
     let dir = std::env::temp_dir().join(format!("structured-tests-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join(format!("tiny-{:?}.gguf", std::thread::current().id()));
@@ -28,7 +28,7 @@ fn tiny() -> Tiny {
     }
 }
 
-fn compiler(t: &Tiny) -> ConstraintCompiler {
+pub(crate) fn compiler(t: &Tiny) -> ConstraintCompiler {
     ConstraintCompiler::new(VocabSource {
         model: "gpt2",
         tokens: &t.tokens,

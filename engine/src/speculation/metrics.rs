@@ -1,5 +1,6 @@
-//! Process-wide speculation metrics, labelled by proposer, observed by the engine at every
-//! verification and registered by the worker (`worker_speculative_draft_tokens_total`,
+//! Process-wide speculation metrics, labelled by proposer (the configured one's name, and
+//! [`FORCED_LABEL`] for tokens a constraint forces), observed by the engine at every verification
+//! and registered by the worker (`worker_speculative_draft_tokens_total`,
 //! `worker_speculative_accepted_tokens_total`, `worker_speculative_accepted_per_step`).
 
 use std::sync::LazyLock;
@@ -30,12 +31,32 @@ static ACCEPTED_TOKENS: LazyLock<CounterFamily> = LazyLock::new(Family::default)
 static ACCEPTED_PER_STEP: LazyLock<HistogramFamily> =
     LazyLock::new(|| Family::new_with_constructor(accepted_buckets as fn() -> Histogram));
 
-fn labels(proposer: Proposer) -> ProposerLabels {
-    vec![("proposer".to_owned(), proposer.name().to_owned())]
+/// The `proposer` label of the tokens a structured-output constraint forces (they are counted
+/// apart from the configured proposer's: they are always accepted).
+pub const FORCED_LABEL: &str = "grammar";
+
+fn labels(proposer: &str) -> ProposerLabels {
+    vec![("proposer".to_owned(), proposer.to_owned())]
 }
 
-/// Records one verification: `proposed` draft tokens of which `accepted` were accepted.
-pub(crate) fn observe(proposer: Proposer, proposed: usize, accepted: usize) {
+/// Records one verification: `proposed` draft tokens, the first `forced` of them forced by the
+/// constraint, of which the first `accepted` were accepted. The forced part counts under
+/// [`FORCED_LABEL`], the rest under the proposer's name; a part with no tokens is not observed.
+pub(crate) fn observe(proposer: Proposer, proposed: usize, forced: usize, accepted: usize) {
+    let forced_accepted = accepted.min(forced);
+    if forced > 0 {
+        observe_part(FORCED_LABEL, forced, forced_accepted);
+    }
+    if proposed > forced {
+        observe_part(
+            proposer.name(),
+            proposed - forced,
+            accepted - forced_accepted,
+        );
+    }
+}
+
+fn observe_part(proposer: &str, proposed: usize, accepted: usize) {
     let labels = labels(proposer);
     DRAFT_TOKENS.get_or_create(&labels).inc_by(proposed as u64);
     ACCEPTED_TOKENS

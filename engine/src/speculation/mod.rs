@@ -13,8 +13,17 @@
 //! blocks that held only them go back to the free list ([`crate::kv::BlockPool::truncate`]), and
 //! only blocks full of computed committed tokens are ever hashed into the prefix cache.
 //!
+//! Proposals come from the configured [`Proposer`] and, for a constrained sequence, from its
+//! constraint: the tokens it forces (the only token its mask allows at each of the next positions,
+//! [`structured_output::ConstraintState::forced_tokens`]) lead the draft. They cost nothing to
+//! propose but a lookahead on a copy of the constraint, are always accepted, and so are not
+//! throttled by the acceptance rate; they count in the request's `draft_tokens` and
+//! `accepted_draft_tokens` and in the metrics under [`metrics::FORCED_LABEL`]. Verification treats
+//! them like any proposal, so exactness does not depend on them being forced.
+//!
 //! - [`ngram`]: the prompt-lookup proposer.
-//! - [`plan`]: which sequences speculate in a step, and how far (the "never slower" policy).
+//! - [`plan`]: which sequences speculate in a step, and how far (the "never slower" policy), forced
+//!   tokens first.
 //! - [`verify`]: the acceptance rule.
 //! - [`metrics`]: the process-wide counters and histogram the worker exports.
 
@@ -121,12 +130,16 @@ pub struct SequenceSpeculation {
     pub enabled: bool,
     /// This step's proposals (empty: a plain decode step).
     pub draft: Vec<u32>,
+    /// How many of `draft`'s leading tokens the sequence's constraint forces (the only token its
+    /// mask allows there, so always accepted); the rest came from the proposer.
+    pub forced: usize,
     /// Tokens proposed for this request so far.
     pub draft_tokens: u64,
     /// Of those, tokens accepted.
     pub accepted_draft_tokens: u64,
-    /// Recent acceptance rate (exponential moving average of accepted / proposed per step), which
-    /// sets how many tokens the next step proposes.
+    /// Recent acceptance rate of the proposer's tokens (exponential moving average of accepted /
+    /// proposed per step; forced tokens do not count), which sets how many tokens the next step
+    /// proposes.
     pub acceptance: f64,
 }
 
@@ -136,23 +149,32 @@ impl SequenceSpeculation {
         Self {
             enabled,
             draft: Vec::new(),
+            forced: 0,
             draft_tokens: 0,
             accepted_draft_tokens: 0,
             acceptance: 1.0,
         }
     }
 
-    /// Records a verification of `proposed` tokens of which `accepted` were accepted.
-    pub fn record(&mut self, proposed: usize, accepted: usize) {
+    /// Records a verification of `proposed` tokens, the first `forced` of them forced by the
+    /// constraint, of which the first `accepted` were accepted. Forced tokens count in the totals
+    /// but not in the acceptance rate (they say nothing about the proposer).
+    pub fn record(&mut self, proposed: usize, forced: usize, accepted: usize) {
         if proposed == 0 {
             return;
         }
         self.draft_tokens += proposed as u64;
         self.accepted_draft_tokens += accepted as u64;
-        let rate = accepted as f64 / proposed as f64;
-        self.acceptance = 0.5 * self.acceptance + 0.5 * rate;
+        let proposer_proposed = proposed.saturating_sub(forced);
+        if proposer_proposed > 0 {
+            let proposer_accepted = accepted.saturating_sub(forced);
+            let rate = proposer_accepted as f64 / proposer_proposed as f64;
+            self.acceptance = 0.5 * self.acceptance + 0.5 * rate;
+        }
     }
 }
 
+#[cfg(test)]
+mod forced_tests;
 #[cfg(test)]
 mod tests;

@@ -8,8 +8,20 @@
 //! [`MAX_SPECULATIVE_STEP_TOKENS`] and the scheduler's token budget. Each sequence proposes
 //! `round(num_speculative_tokens * recent acceptance rate)` tokens (at least 1), never more than it
 //! may still generate; a sequence whose n-gram finds no match proposes nothing and costs nothing.
+//!
 //! The drafts' positions get KV blocks only from the truly free list (never evicting a cached block
 //! and never preempting); a draft that finds no room is shortened to what its blocks hold.
+//!
+//! A constrained sequence's draft starts with the tokens its constraint forces
+//! ([`structured_output::ConstraintState::forced_tokens`]: positions whose mask allows a single
+//! token), up to `num_speculative_tokens` and the same limits (what it may still generate, the
+//! step's budget, free blocks), whatever its acceptance rate: the sampler can only choose them, so
+//! they are always accepted and cost one forward position each. The n-gram then fills the draft up
+//! to the throttled count, looking up as if the forced tokens were committed. Forced tokens do not
+//! move the acceptance rate (see [`super::SequenceSpeculation::record`]). Finding them runs on the
+//! engine thread before the forward pass: a copy of the matcher and a walk of its parser per
+//! constrained sequence, plus one mask per forced token where bytes are forced. With speculation
+//! `off` none of this runs.
 //!
 //! The two limits are first guesses for CPU decode of small models, not yet tuned by a benchmark.
 
@@ -55,13 +67,32 @@ pub(crate) fn plan_drafts(
         if !seq.speculation.enabled || budget == 0 {
             continue;
         }
-        let wanted =
-            (config.num_speculative_tokens as f64 * seq.speculation.acceptance).round() as usize;
-        let k = wanted
-            .clamp(1, config.num_speculative_tokens)
+        // The most this sequence may propose: the setting, what it may still generate beyond the
+        // step's own token, the step's budget.
+        let cap = config
+            .num_speculative_tokens
             .min(seq.tokens_left().saturating_sub(1))
             .min(budget);
-        let mut draft = ngram::propose(&seq.tokens, config.ngram_min, config.ngram_max, k);
+        // Tokens the constraint forces come first and are not throttled: they are always
+        // accepted.
+        let mut draft = match seq.constraint.as_deref() {
+            Some(constraint) => constraint.forced_tokens(cap),
+            None => Vec::new(),
+        };
+        let forced = draft.len();
+        let wanted =
+            (config.num_speculative_tokens as f64 * seq.speculation.acceptance).round() as usize;
+        let k = wanted.clamp(1, config.num_speculative_tokens).min(cap);
+        if forced == 0 {
+            draft = ngram::propose(&seq.tokens, config.ngram_min, config.ngram_max, k);
+        } else if forced < k {
+            // The n-gram continues the forced tokens (looked up as if they were committed).
+            let mut context = Vec::with_capacity(seq.tokens.len() + forced);
+            context.extend_from_slice(&seq.tokens);
+            context.extend_from_slice(&draft);
+            let more = ngram::propose(&context, config.ngram_min, config.ngram_max, k - forced);
+            draft.extend(more);
+        }
         if draft.is_empty() {
             continue;
         }
@@ -72,6 +103,7 @@ pub(crate) fn plan_drafts(
         let room = pool.grow_from_free(blocks, verified + draft.len());
         draft.truncate(room.saturating_sub(verified));
         budget -= draft.len();
+        seq.speculation.forced = forced.min(draft.len());
         seq.speculation.draft = draft;
     }
 }

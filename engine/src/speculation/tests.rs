@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use structured_output::{ConstraintSpec, ConstraintState};
+use structured_output::{ConstraintCompiler, ConstraintSpec, ConstraintState, VocabSource};
 use tokio::sync::mpsc;
 
 use super::{Proposer, SpeculationConfig, SpeculationConfigError};
@@ -26,26 +26,29 @@ use crate::{
 };
 
 const VOCAB: usize = 50;
-const CONTEXT: usize = 96;
+pub(super) const CONTEXT: usize = 96;
 
-struct LoopModel;
+/// The fake model, over `vocab` ids.
+struct LoopModel {
+    vocab: usize,
+}
 
 struct SlotKv {
     slots: Vec<Option<u32>>,
     block_size: usize,
 }
 
-/// The logits after `tokens`: a spread over the vocabulary plus a peak on the token four back
-/// (or a sum-chosen one every few positions).
-fn loop_logits(tokens: &[u32]) -> Vec<f32> {
+/// The logits after `tokens` over `vocab` ids: a spread over the vocabulary plus a peak on the
+/// token four back (or a sum-chosen one every few positions).
+fn loop_logits(tokens: &[u32], vocab: usize) -> Vec<f32> {
     let end = tokens.len();
     let sum: u32 = tokens.iter().sum();
     let peak = if end >= 4 && sum % 7 != 3 {
         tokens[end - 4]
     } else {
-        (sum + end as u32) % VOCAB as u32
+        (sum + end as u32) % vocab as u32
     };
-    let mut logits: Vec<f32> = (0..VOCAB as u32)
+    let mut logits: Vec<f32> = (0..vocab as u32)
         .map(|i| ((i * 7 + sum) % 13) as f32 * 0.15)
         .collect();
     logits[peak as usize] += 4.0;
@@ -72,7 +75,7 @@ impl BatchModel for LoopModel {
         std::thread::sleep(Duration::from_micros(300));
         let bs = kv.block_size;
         let slot = |table: &[u32], pos: usize| table[pos / bs] as usize * bs + pos % bs;
-        out.clear(VOCAB);
+        out.clear(self.vocab);
         for e in batch {
             for (i, &t) in e.tokens.iter().enumerate() {
                 kv.slots[slot(e.block_table, e.start_pos + i)] = Some(t);
@@ -82,7 +85,7 @@ impl BatchModel for LoopModel {
                 let seen: Vec<u32> = (0..end)
                     .map(|p| kv.slots[slot(e.block_table, p)].expect("position computed"))
                     .collect();
-                out.push_row(&loop_logits(&seen));
+                out.push_row(&loop_logits(&seen, self.vocab));
             }
         }
         Ok(())
@@ -91,11 +94,11 @@ impl BatchModel for LoopModel {
         CONTEXT
     }
     fn vocab_size(&self) -> usize {
-        VOCAB
+        self.vocab
     }
 }
 
-fn config(num_blocks: usize, proposer: Proposer, prefix_caching: bool) -> EngineConfig {
+pub(super) fn config(num_blocks: usize, proposer: Proposer, prefix_caching: bool) -> EngineConfig {
     EngineConfig {
         block_size: 4,
         num_blocks,
@@ -114,17 +117,60 @@ fn config(num_blocks: usize, proposer: Proposer, prefix_caching: bool) -> Engine
     }
 }
 
-/// Everything a client sees of one token (the draft counters aside, which differ by design).
-type Seen = (u32, u32, Vec<(u32, u32)>, Option<StopReason>, u32);
+/// Everything a client sees of one token (the draft counters aside, which differ by design): id,
+/// logprob bits, alternatives, stop reason, index.
+pub(super) type Seen = (u32, u32, Vec<(u32, u32)>, Option<StopReason>, u32);
 
-/// A test request: id, prompt, its settings and its constraint regex.
+/// A test request: id, prompt, its settings and its constraint.
 #[derive(Clone)]
-struct Case {
-    request: EngineRequest,
-    regex: Option<&'static str>,
+pub(super) struct Case {
+    pub(super) request: EngineRequest,
+    pub(super) constraint: Option<ConstraintSpec<'static>>,
 }
 
-fn case(id: &str, prompt: Vec<u32>, max_new: u32) -> Case {
+/// The vocabulary of a run: the model's width and the constraints' compiler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Vocab {
+    /// 50 ids: `<eos>`, then `a`, `b`, ... ([`letters_compiler`]).
+    Letters,
+    /// 95 ids: `<eos>`, then every printable ASCII character but the space, id `c - 0x20`
+    /// ([`chars_compiler`]): JSON fits.
+    Chars,
+}
+
+impl Vocab {
+    fn size(self) -> usize {
+        match self {
+            Vocab::Letters => VOCAB,
+            Vocab::Chars => 95,
+        }
+    }
+
+    fn compiler(self) -> ConstraintCompiler {
+        match self {
+            Vocab::Letters => letters_compiler(),
+            Vocab::Chars => chars_compiler(),
+        }
+    }
+}
+
+/// [`Vocab::Chars`]'s compiler.
+pub(super) fn chars_compiler() -> ConstraintCompiler {
+    let mut tokens = vec!["<eos>".to_string()];
+    tokens.extend((0x21u8..=0x7e).map(|b| char::from(b).to_string()));
+    let mut types = vec![1; tokens.len()];
+    types[0] = 3;
+    ConstraintCompiler::new(VocabSource {
+        model: "gpt2",
+        tokens: &tokens,
+        token_types: &types,
+        vocab_size: tokens.len(),
+        eos_token_ids: &[0],
+    })
+    .unwrap()
+}
+
+pub(super) fn case(id: &str, prompt: Vec<u32>, max_new: u32) -> Case {
     Case {
         request: EngineRequest {
             request_id: id.into(),
@@ -133,12 +179,12 @@ fn case(id: &str, prompt: Vec<u32>, max_new: u32) -> Case {
             seed: 7,
             ..Default::default()
         },
-        regex: None,
+        constraint: None,
     }
 }
 
 /// A prompt that repeats a 4-token pattern (so n-gram lookup has something to find).
-fn looping_prompt(len: usize, salt: u32) -> Vec<u32> {
+pub(super) fn looping_prompt(len: usize, salt: u32) -> Vec<u32> {
     (0..len as u32)
         .map(|i| 1 + (i % 4 * 11 + salt) % 49)
         .collect()
@@ -181,7 +227,7 @@ fn cases() -> Vec<Case> {
     all.push(logprobs);
     let mut constrained = case("constrained", looping_prompt(9, 2), 40);
     constrained.request.stop_token_ids = vec![0];
-    constrained.regex = Some("(abcd){3}[a-e]{5}(xy|z)");
+    constrained.constraint = Some(ConstraintSpec::Regex("(abcd){3}[a-e]{5}(xy|z)"));
     all.push(constrained);
     let mut opted_out = case("opt-out", looping_prompt(9, 0), 30);
     opted_out.request.speculation_opt_out = true;
@@ -192,24 +238,32 @@ fn cases() -> Vec<Case> {
     all
 }
 
-struct Run {
-    outputs: HashMap<String, Vec<Seen>>,
-    stats: EngineStats,
+/// One run's outputs by request id, its end stats and its prefix cache.
+pub(super) struct Run {
+    pub(super) outputs: HashMap<String, Vec<Seen>>,
+    pub(super) stats: EngineStats,
     cached: Vec<u64>,
 }
 
-fn constraint(regex: Option<&str>) -> Option<Box<ConstraintState>> {
-    let regex = regex?;
+fn constraint(
+    compiler: &ConstraintCompiler,
+    spec: Option<ConstraintSpec<'_>>,
+) -> Option<Box<ConstraintState>> {
     Some(Box::new(
-        letters_compiler()
-            .compile(ConstraintSpec::Regex(regex))
-            .expect("regex compiles"),
+        compiler.compile(spec?).expect("constraint compiles"),
     ))
 }
 
-/// Runs `cases`, `at_once` at a time, on a fresh engine; returns every request's tokens.
-async fn run(config: EngineConfig, cases: &[Case], at_once: usize) -> Run {
-    let engine: EngineHandle = spawn_engine(LoopModel, config);
+/// Runs `cases`, `at_once` at a time, on a fresh engine over `vocab`; returns every request's
+/// tokens.
+async fn run(vocab: Vocab, config: EngineConfig, cases: &[Case], at_once: usize) -> Run {
+    let compiler = vocab.compiler();
+    let engine: EngineHandle = spawn_engine(
+        LoopModel {
+            vocab: vocab.size(),
+        },
+        config,
+    );
     let conn = engine.new_connection();
     let (tx, mut rx) = mpsc::unbounded_channel::<EngineOutput>();
     let mut outputs: HashMap<String, Vec<Seen>> = HashMap::new();
@@ -218,7 +272,7 @@ async fn run(config: EngineConfig, cases: &[Case], at_once: usize) -> Run {
             assert!(engine.send(Command::Add {
                 conn,
                 request: Box::new(c.request.clone()),
-                constraint: constraint(c.regex),
+                constraint: constraint(&compiler, c.constraint),
                 out: Box::new(tx.clone()),
             }));
         }
@@ -260,8 +314,32 @@ async fn run(config: EngineConfig, cases: &[Case], at_once: usize) -> Run {
 /// Runs `cases` with speculation off and with n-gram, asserts equal outputs and end states, and
 /// returns the n-gram run's stats.
 async fn assert_same(num_blocks: usize, cases: &[Case], at_once: usize) -> EngineStats {
-    let off = run(config(num_blocks, Proposer::Off, true), cases, at_once).await;
-    let ngram = run(config(num_blocks, Proposer::Ngram, true), cases, at_once).await;
+    assert_same_on(Vocab::Letters, num_blocks, cases, at_once)
+        .await
+        .stats
+}
+
+/// [`assert_same`] over `vocab`; returns the n-gram run.
+pub(super) async fn assert_same_on(
+    vocab: Vocab,
+    num_blocks: usize,
+    cases: &[Case],
+    at_once: usize,
+) -> Run {
+    let off = run(
+        vocab,
+        config(num_blocks, Proposer::Off, true),
+        cases,
+        at_once,
+    )
+    .await;
+    let ngram = run(
+        vocab,
+        config(num_blocks, Proposer::Ngram, true),
+        cases,
+        at_once,
+    )
+    .await;
     assert_eq!(off.outputs.len(), cases.len());
     for c in cases {
         let id = &c.request.request_id;
@@ -282,7 +360,8 @@ async fn assert_same(num_blocks: usize, cases: &[Case], at_once: usize) -> Engin
     );
     assert_eq!(off.stats.generated_tokens, ngram.stats.generated_tokens);
     assert_eq!(off.stats.speculative_draft_tokens, 0);
-    ngram.stats
+    assert_eq!(off.stats.speculative_forced_tokens, 0);
+    ngram
 }
 
 #[tokio::test]
@@ -326,7 +405,10 @@ async fn ngram_outputs_equal_plain_decoding_under_preemption() {
 
 #[tokio::test]
 async fn per_request_counters_reach_the_last_token() {
-    let engine = spawn_engine(LoopModel, config(64, Proposer::Ngram, false));
+    let engine = spawn_engine(
+        LoopModel { vocab: VOCAB },
+        config(64, Proposer::Ngram, false),
+    );
     let conn = engine.new_connection();
     let (tx, mut rx) = mpsc::unbounded_channel::<EngineOutput>();
     let c = case("r", looping_prompt(9, 1), 30);

@@ -28,7 +28,9 @@ pub(crate) struct Verified {
 /// committed tokens, the constraint's mask in the state after them, the stop policy); it is
 /// committed, and the next position is tried only when it equals the proposal there and did not
 /// end the sequence. Afterwards `seq.computed` counts the K/V of the accepted proposals too
-/// (their rows' K/V is plain decoding's), so the sequence again has exactly one uncomputed token.
+/// (their rows' K/V is plain decoding's), so the sequence again has exactly one uncomputed token;
+/// an accepted proposal that ends the sequence stays uncomputed, as the last token of plain
+/// decoding does, so the prefix cache ends exactly as plain decoding leaves it.
 ///
 /// The first position's constraint mask is the one computed during the forward pass; later
 /// positions compute theirs here, after the committed tokens advanced the constraint.
@@ -39,6 +41,8 @@ pub(crate) fn verify(seq: &mut Sequence, draft: &[u32], rows: &[&[f32]]) -> Veri
         accepted: 0,
         error: None,
     };
+    // The accepted proposals whose K/V now counts as computed (all but one that ends the sequence).
+    let mut computed = 0;
     for (i, row) in rows.iter().enumerate() {
         if i > 0 {
             if let Some(constraint) = seq.constraint.as_mut() {
@@ -56,6 +60,7 @@ pub(crate) fn verify(seq: &mut Sequence, draft: &[u32], rows: &[&[f32]]) -> Veri
                 if stop.is_some() {
                     break;
                 }
+                computed += 1;
             }
             Err(e) => {
                 out.error = Some(e);
@@ -63,6 +68,6 @@ pub(crate) fn verify(seq: &mut Sequence, draft: &[u32], rows: &[&[f32]]) -> Veri
             }
         }
     }
-    seq.computed += out.accepted;
+    seq.computed += computed;
     out
 }

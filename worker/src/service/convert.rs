@@ -214,6 +214,9 @@ pub fn wire_stats(stats: EngineStats) -> WireStats {
         speculative_draft_tokens,
         speculative_accepted_tokens,
         speculative_verifications,
+        // Not on the wire: the metrics' `proposer="grammar"` counters carry them.
+        speculative_forced_tokens: _,
+        speculative_forced_accepted_tokens: _,
     } = stats;
     WireStats {
         running_sequences,
@@ -506,6 +509,9 @@ mod tests {
             speculative_draft_tokens: 22,
             speculative_accepted_tokens: 23,
             speculative_verifications: 24,
+            // Not on the wire (see `wire_stats`).
+            speculative_forced_tokens: 25,
+            speculative_forced_accepted_tokens: 26,
         };
         assert_eq!(
             wire_stats(stats),
