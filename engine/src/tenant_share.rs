@@ -83,11 +83,7 @@ impl TenantShares {
     /// Where a tenant becoming active starts: the least counter of the active tenants, or the
     /// virtual time when none is.
     fn floor(&self) -> f64 {
-        self.active
-            .keys()
-            .map(|t| self.share.counter(t))
-            .min_by(f64::total_cmp)
-            .unwrap_or(self.share.virtual_time())
+        self.share.floor(self.active.keys().map(|t| &**t))
     }
 
     /// Every active tenant's rank (0 = served first; see the module docs).

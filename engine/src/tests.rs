@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 // The structured-output crate compiles the wire's `Constraint`: only the constraint test builds one.
-use structured_output::{ConstraintCompiler, ConstraintSpec, ConstraintState, VocabSource};
+use structured_output::{ConstraintCompiler, ConstraintSpec, ConstraintState};
 use tokio::sync::mpsc;
 
 use super::*;
@@ -409,18 +409,9 @@ async fn the_published_snapshot_is_current_when_outputs_arrive_and_marks_a_dead_
 /// [`SumModel`]'s vocabulary as text: id 0 is the control token `<eos>`, ids 1.. are the letters
 /// `a`, `b`, ... (so id `i` is the byte `b'a' + i - 1`).
 pub(crate) fn letters_compiler() -> ConstraintCompiler {
-    let mut tokens = vec!["<eos>".to_string()];
-    tokens.extend((1..VOCAB).map(|i| char::from(b'a' + (i - 1) as u8).to_string()));
-    let mut types = vec![1; tokens.len()];
-    types[0] = 3;
-    ConstraintCompiler::new(VocabSource {
-        model: "gpt2",
-        tokens: &tokens,
-        token_types: &types,
-        vocab_size: VOCAB as usize,
-        eos_token_ids: &[0],
-    })
-    .unwrap()
+    structured_output::testing::single_char_compiler(
+        (1..VOCAB).map(|i| char::from(b'a' + (i - 1) as u8)),
+    )
 }
 
 fn letters(ids: &[u32]) -> String {

@@ -61,6 +61,16 @@ impl FairShare {
             });
     }
 
+    /// Where a tenant returning from idle starts: the least counter of the `backlogged` tenants,
+    /// or the [`Self::virtual_time`] when there is none.
+    pub fn floor<'a>(&self, backlogged: impl IntoIterator<Item = &'a str>) -> f64 {
+        backlogged
+            .into_iter()
+            .map(|t| self.counter(t))
+            .min_by(f64::total_cmp)
+            .unwrap_or(self.virtual_time)
+    }
+
     /// Raises `tenant`'s counter to at least `floor` (a tenant returning from idle).
     pub fn lift(&mut self, tenant: &Arc<str>, floor: f64) {
         if let Some(share) = self.shares.get_mut(tenant) {
@@ -123,6 +133,8 @@ mod tests {
         assert_eq!((share.counter("a"), share.counter("b")), (100.0, 60.0));
         share.on_dispatch("b", 8);
         assert_eq!((share.virtual_time(), share.counter("b")), (60.0, 62.0));
+        assert_eq!(share.floor(["a", "b"]), 62.0);
+        assert_eq!(share.floor(Vec::<&str>::new()), 60.0);
         // Unknown tenants are not charged; a weight of 0 counts as 1.
         share.charge("c", 5);
         assert_eq!(share.counter("c"), 0.0);

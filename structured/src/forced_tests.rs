@@ -5,23 +5,12 @@
 use std::time::Instant;
 
 use crate::tests::{compiler, tiny, Tiny, EOS};
-use crate::{ConstraintCompiler, ConstraintSpec, ConstraintState, Progress, VocabSource};
+use crate::{ConstraintCompiler, ConstraintSpec, ConstraintState, Progress};
 
 /// `<eos>` (id 0) and every printable ASCII character but the space, one token each (id
 /// `c - 0x20`).
 fn chars_compiler() -> ConstraintCompiler {
-    let mut tokens = vec!["<eos>".to_string()];
-    tokens.extend((0x21u8..=0x7e).map(|b| char::from(b).to_string()));
-    let mut types = vec![1; tokens.len()];
-    types[0] = 3;
-    ConstraintCompiler::new(VocabSource {
-        model: "gpt2",
-        tokens: &tokens,
-        token_types: &types,
-        vocab_size: tokens.len(),
-        eos_token_ids: &[0],
-    })
-    .unwrap()
+    crate::testing::single_char_compiler((0x21u8..=0x7e).map(char::from))
 }
 
 fn ids(text: &str) -> Vec<u32> {

@@ -18,6 +18,7 @@ mod compiler;
 mod error;
 mod spec;
 mod state;
+pub mod testing;
 pub mod tool_call;
 pub mod vocab;
 

@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use structured_output::{ConstraintCompiler, ConstraintSpec, ConstraintState, VocabSource};
+use structured_output::{ConstraintCompiler, ConstraintSpec, ConstraintState};
 use tokio::sync::mpsc;
 
 use super::{Proposer, SpeculationConfig, SpeculationConfigError};
@@ -156,18 +156,7 @@ impl Vocab {
 
 /// [`Vocab::Chars`]'s compiler.
 pub(super) fn chars_compiler() -> ConstraintCompiler {
-    let mut tokens = vec!["<eos>".to_string()];
-    tokens.extend((0x21u8..=0x7e).map(|b| char::from(b).to_string()));
-    let mut types = vec![1; tokens.len()];
-    types[0] = 3;
-    ConstraintCompiler::new(VocabSource {
-        model: "gpt2",
-        tokens: &tokens,
-        token_types: &types,
-        vocab_size: tokens.len(),
-        eos_token_ids: &[0],
-    })
-    .unwrap()
+    structured_output::testing::single_char_compiler((0x21u8..=0x7e).map(char::from))
 }
 
 pub(super) fn case(id: &str, prompt: Vec<u32>, max_new: u32) -> Case {

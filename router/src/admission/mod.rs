@@ -252,11 +252,7 @@ impl<T> AdmissionQueue<T> {
     /// Where a tenant returning from idle starts: the least counter of the backlogged tenants,
     /// or the virtual time when none is.
     fn floor(&self) -> f64 {
-        self.waiting
-            .keys()
-            .map(|t| self.share.counter(t))
-            .min_by(f64::total_cmp)
-            .unwrap_or(self.share.virtual_time())
+        self.share.floor(self.waiting.keys().map(|t| &**t))
     }
 
     fn over_limits(&self, len: usize, tokens: u64, adding: u64) -> Option<QueueFull> {
