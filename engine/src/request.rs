@@ -34,7 +34,7 @@ pub struct EngineRequest {
     pub priority: i32,
     /// The tenant the request belongs to ([`crate::DEFAULT_TENANT`] when the caller names none):
     /// inside a priority class the scheduler serves prefill work tenant by tenant, least weighted
-    /// service first ([`crate::scheduler`]).
+    /// service first (the scheduler, `engine/src/scheduler/`).
     pub tenant: Arc<str>,
     /// The tenant's fair-share weight (at least 1; 0 counts as 1).
     pub tenant_weight: u32,

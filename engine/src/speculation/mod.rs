@@ -4,7 +4,7 @@
 //! its last committed token plus the draft as one batch entry that returns the logits of all k + 1
 //! positions ([`crate::backend::BatchEntry::logit_tokens`]). The backends' kernels are batch and
 //! chunk invariant, so each row is bitwise the row plain decoding computes at that position.
-//! [`verify`] then commits, position by position, exactly the token plain decoding would emit
+//! `verify` then commits, position by position, exactly the token plain decoding would emit
 //! there (same sampler, same draw index, penalties over the committed tokens before it, the
 //! constraint's mask in the state after them), while it equals the proposal; the first mismatch
 //! commits the model's own token, so every step commits at least one token and the committed tokens
@@ -22,9 +22,9 @@
 //! them like any proposal, so exactness does not depend on them being forced.
 //!
 //! - [`ngram`]: the prompt-lookup proposer.
-//! - [`plan`]: which sequences speculate in a step, and how far (the "never slower" policy), forced
+//! - `plan`: which sequences speculate in a step, and how far (the "never slower" policy), forced
 //!   tokens first.
-//! - [`verify`]: the acceptance rule.
+//! - `verify`: the acceptance rule.
 //! - [`metrics`]: the process-wide counters and histogram the worker exports.
 
 pub mod metrics;
