@@ -366,7 +366,8 @@ fn constraint(input: &mut Input) -> Constraint {
 struct Ledger {
     /// `add`s sent.
     adds: HashMap<String, u32>,
-    /// `cancel`s sent after an `add` of the id.
+    /// `cancel`s sent while an `add` of the id was open (not yet answered, as far as the answers
+    /// read so far tell, nor already cancelled): only those excuse a missing answer.
     cancels: HashMap<String, u32>,
     /// Request errors and finishing tokens received.
     answers: HashMap<String, u32>,
@@ -378,13 +379,17 @@ impl Ledger {
             Some(router_message::Kind::Add(add)) => {
                 *self.adds.entry(add.request_id.clone()).or_default() += 1;
             }
-            Some(router_message::Kind::Cancel(cancel))
-                if self.adds.contains_key(&cancel.request_id) =>
-            {
+            Some(router_message::Kind::Cancel(cancel)) if self.open(&cancel.request_id) => {
                 *self.cancels.entry(cancel.request_id.clone()).or_default() += 1;
             }
             Some(router_message::Kind::Cancel(_)) | None => {}
         }
+    }
+
+    /// Whether an `add` of `id` is still open: more adds than answers read and cancels counted.
+    fn open(&self, id: &str) -> bool {
+        let count = |m: &HashMap<String, u32>| m.get(id).copied().unwrap_or(0);
+        count(&self.adds) > count(&self.answers) + count(&self.cancels)
     }
 
     /// Takes every step message queued so far.
@@ -433,6 +438,13 @@ impl Ledger {
             *answered <= asked,
             "{what} for {id:?}: answer {answered} to {asked} adds"
         );
+        // A cancel counted while this answer was on its way came too late: it excuses nothing.
+        let answered = *answered;
+        if let Some(cancels) = self.cancels.get_mut(id) {
+            if answered + *cancels > asked {
+                *cancels -= 1;
+            }
+        }
     }
 
     /// Every `add` not cancelled has its answer.
@@ -446,5 +458,76 @@ impl Ledger {
                  neither answered nor cancelled"
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use inference_proto::worker::TokenOutput;
+
+    fn add(id: &str) -> RouterMessage {
+        RouterMessage {
+            kind: Some(router_message::Kind::Add(AddRequest {
+                request_id: id.into(),
+                ..Default::default()
+            })),
+        }
+    }
+
+    fn cancel(id: &str) -> RouterMessage {
+        RouterMessage {
+            kind: Some(router_message::Kind::Cancel(CancelRequest {
+                request_id: id.into(),
+            })),
+        }
+    }
+
+    fn finished(id: &str) -> StepOutput {
+        StepOutput {
+            tokens: vec![TokenOutput {
+                request_id: id.into(),
+                finished: true,
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    fn passes(ledger: &Ledger) -> bool {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| ledger.check())).is_ok()
+    }
+
+    #[test]
+    fn a_cancel_excuses_only_an_add_that_was_still_open() {
+        // Cancelled while open: excused.
+        let mut l = Ledger::default();
+        l.sent(&add("x"));
+        l.sent(&cancel("x"));
+        assert!(passes(&l));
+        // Answered, then cancelled: the cancel excuses nothing, so a second add without an
+        // answer is a lost request.
+        let mut l = Ledger::default();
+        l.sent(&add("x"));
+        l.step(&finished("x"));
+        l.sent(&cancel("x"));
+        assert!(passes(&l));
+        l.sent(&add("x"));
+        assert!(!passes(&l));
+        // A cancel overtaken by the answer (counted, then the answer arrived) excuses nothing
+        // either; a later add cancelled while open is excused.
+        let mut l = Ledger::default();
+        l.sent(&add("x"));
+        l.sent(&cancel("x"));
+        l.step(&finished("x"));
+        l.sent(&add("x"));
+        assert!(!passes(&l));
+        l.sent(&cancel("x"));
+        assert!(passes(&l));
+        // Cancels of ids never added are ignored.
+        let mut l = Ledger::default();
+        l.sent(&cancel("y"));
+        l.sent(&add("y"));
+        assert!(!passes(&l));
     }
 }
