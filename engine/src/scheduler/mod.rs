@@ -218,11 +218,12 @@ impl Scheduler {
             let Some((id, priority)) = self.waiting.front(rank_in(&ranks)) else {
                 break;
             };
+            let rank = self.rank_of(&ranks, id);
             let estimate = Candidate {
                 seq: id,
                 remaining: seqs[&id].tokens.len(),
                 priority,
-                rank: self.rank_of(&ranks, id),
+                rank,
             };
             let mut trial = candidates.clone();
             trial.push(estimate);
@@ -263,7 +264,7 @@ impl Scheduler {
                 seq: id,
                 remaining: seq.remaining(),
                 priority,
-                rank: self.rank_of(&ranks, id),
+                rank,
             });
         }
         if yielding && candidates.iter().all(|c| is_sheddable(c.priority)) {

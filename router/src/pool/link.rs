@@ -221,8 +221,8 @@ impl WorkerLink {
         let mut state = self.lock();
         let stalled = state.progress.as_ref().is_some_and(Progress::is_stalled);
         let sheddable = request.priority < 0;
-        let room = (state.occupancy()).has_room(cap, sheddable, tenant.map(|t| &**t));
-        if state.removed || !state.healthy || stalled || !room {
+        let unusable = state.removed || !state.healthy || stalled;
+        if unusable || !(state.occupancy()).has_room(cap, sheddable, tenant.map(|t| &**t)) {
             return None;
         }
         let sender = state.sender.clone()?;

@@ -399,19 +399,25 @@ async fn no_worker_left_means_unavailable_after_the_failover_timeout() {
     assert_eq!(err, RouteError::NoWorkerReady { configured: 1 });
 }
 
+/// A pool under `settings` over one fake worker (2 ms per token), once the worker is ready.
+async fn one_worker_pool(settings: PoolSettings) -> (FakeWorker, Arc<WorkerPool>) {
+    let a = FakeWorker::start(Duration::from_millis(2)).await;
+    let pool = WorkerPool::start(settings, std::slice::from_ref(&a.address));
+    wait_until("ready", || pool.ready_workers() == 1).await;
+    (a, pool)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queue_limits_refuse_at_once_and_waiters_run_in_order() {
-    let a = FakeWorker::start(Duration::from_millis(2)).await;
-    let s = PoolSettings {
+    let (a, pool) = one_worker_pool(PoolSettings {
         max_inflight_per_worker: 1,
         admission: AdmissionLimits {
             max_waiting_requests: 2,
             max_waiting_tokens: 1_000,
         },
         ..settings()
-    };
-    let pool = WorkerPool::start(s, std::slice::from_ref(&a.address));
-    wait_until("ready", || pool.ready_workers() == 1).await;
+    })
+    .await;
     let mut sessions: Vec<Session> = (0..3u32)
         .map(|i| start_session(&pool, request(vec![i + 10], 0, 20)).unwrap())
         .collect();
@@ -439,13 +445,11 @@ async fn queue_limits_refuse_at_once_and_waiters_run_in_order() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sheddable_work_in_flight_never_keeps_a_higher_priority_request_waiting() {
-    let a = FakeWorker::start(Duration::from_millis(2)).await;
-    let s = PoolSettings {
+    let (a, pool) = one_worker_pool(PoolSettings {
         max_inflight_per_worker: 2,
         ..settings()
-    };
-    let pool = WorkerPool::start(s, std::slice::from_ref(&a.address));
-    wait_until("ready", || pool.ready_workers() == 1).await;
+    })
+    .await;
     // Two sheddable requests fill the worker's slots; two more wait in the router.
     let mut shed: Vec<Session> = (0..4u32)
         .map(|i| start_session_at(&pool, request(vec![i + 10], 0, 2_000), -1).unwrap())
@@ -479,13 +483,11 @@ async fn sheddable_work_in_flight_never_keeps_a_higher_priority_request_waiting(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_below_its_share_goes_past_another_tenants_full_slots() {
-    let a = FakeWorker::start(Duration::from_millis(2)).await;
-    let s = PoolSettings {
+    let (a, pool) = one_worker_pool(PoolSettings {
         max_inflight_per_worker: 4,
         ..settings()
-    };
-    let pool = WorkerPool::start(s, std::slice::from_ref(&a.address));
-    wait_until("ready", || pool.ready_workers() == 1).await;
+    })
+    .await;
     // Tenant "flood" takes the 4 slots and queues 2 more.
     let mut flood: Vec<Session> = (0..6u32)
         .map(|i| start_session_of(&pool, request(vec![i + 10], 0, 1_000), 0, "flood").unwrap())
