@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use inference_proto::public::{GenerateRequest, ModelInfoRequest};
 use integration_tests::{
     authorized, free_port, greedy, run_to_exit, start_router_with_env, start_worker,
-    start_worker_with, tiny_model, tiny_model_with_context, Process, PublicClient,
+    start_worker_with, tiny_model, tiny_model_with_context, wait_idle, Process, PublicClient,
 };
 use serde_json::{json, Value};
 
@@ -249,9 +249,9 @@ async fn a_flooding_tenant_is_limited_and_another_is_served_ahead_of_its_backlog
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_tenants_backlog_in_the_worker_does_not_delay_another_tenants_prompt() {
-    // Steps of 20 tokens: A's 16 long prompts are ~160 steps of prefill work in the worker (the
+    // Steps of 24 tokens: A's 20 long prompts are ~170 steps of prefill work in the worker (the
     // router's default room lets all of them through); B's prompt arrives once A's first has
-    // streamed, and the worker computes it ahead of A's backlog.
+    // streamed and A has cancelled 4 of the rest, and the worker computes it ahead of A's backlog.
     let (_dir, model) = tiny_model_with_context(27, 2048);
     let files = tempfile::tempdir().unwrap();
     let tenants_file = files.path().join("tenants.toml");
@@ -263,7 +263,7 @@ async fn a_tenants_backlog_in_the_worker_does_not_delay_another_tenants_prompt()
     .unwrap();
     let (_worker, worker_addr) = start_worker_with(
         &model,
-        &["--max-batch-tokens", "20", "--max-num-seqs", "20"],
+        &["--max-batch-tokens", "24", "--max-num-seqs", "24"],
     )
     .await;
     let (_router, addr) = start_router_with_env(
@@ -274,7 +274,7 @@ async fn a_tenants_backlog_in_the_worker_does_not_delay_another_tenants_prompt()
     .await;
     let c = client(&addr).await;
     let long = |tag: &str| greedy(&format!("{tag} {}", "lorem ipsum ".repeat(80)), 2);
-    let backlog: Vec<_> = (0..16)
+    let mut backlog: Vec<_> = (0..20)
         .map(|i| tokio::spawn(run(c.clone(), "key-a", long(&format!("a{i}")))))
         .collect();
     // Wait for A's first token (bounded): the worker is busy with A's backlog.
@@ -282,6 +282,11 @@ async fn a_tenants_backlog_in_the_worker_does_not_delay_another_tenants_prompt()
     while !backlog.iter().any(|t| t.is_finished()) {
         assert!(Instant::now() < deadline, "no A request finished in 60 s");
         tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // A's client gives up on its 4 newest prompts (still waiting or prefilling): their
+    // cancellations reach the worker beside the rest of the backlog.
+    for task in backlog.drain(16..) {
+        task.abort();
     }
     let b = run(c.clone(), "key-b", long("b")).await;
     let mut a = Vec::new();
@@ -304,6 +309,9 @@ async fn a_tenants_backlog_in_the_worker_does_not_delay_another_tenants_prompt()
         before_b <= 6,
         "{before_b} of A's 16 prompts got their first token before B's"
     );
+    // The cancelled prompts left nothing behind.
+    let idle = wait_idle(&worker_addr, Duration::from_secs(30)).await;
+    assert_eq!(idle.kv_blocks_used, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
