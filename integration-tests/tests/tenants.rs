@@ -165,9 +165,11 @@ async fn a_flooding_tenant_is_limited_and_another_is_served_ahead_of_its_backlog
     )
     .await;
     let c = client(&s.addr).await;
-    // A floods: 20 requests at once; its bucket of 6 admits 6, the rest are refused at once.
+    // A floods: 20 requests at once; its bucket of 6 admits 6, the rest are refused at once. Each
+    // generates 200 tokens, so A's backlog outlasts the 30 ms before B arrives even on a loaded
+    // machine (at 24 tokens, 3 of A's requests once finished before B's first token under CI).
     let flood: Vec<_> = (0..20)
-        .map(|i| tokio::spawn(run(c.clone(), "key-a", greedy(&format!("flood {i}"), 24))))
+        .map(|i| tokio::spawn(run(c.clone(), "key-a", greedy(&format!("flood {i}"), 200))))
         .collect();
     // B arrives while A's admitted requests wait behind the one running.
     tokio::time::sleep(Duration::from_millis(30)).await;
