@@ -19,7 +19,7 @@ use super::calibrate::{fit_cost, relative_error};
 use super::outcome::FleetSummary;
 use super::real::{Fleet, FleetSpec};
 use super::sim::worker::{CostModel, WorkerLimits};
-use super::sim::{simulate, SimConfig, SimRequest};
+use super::sim::{simulate, SharedHost, SimConfig, SimRequest};
 use super::workload::{generate, ideal_hit_rate, Shape, WorkloadRequest, WorkloadSpec};
 
 /// `bench fleet`: fleet benchmark of the routing policies (real processes or simulation).
@@ -89,6 +89,11 @@ pub struct FleetArgs {
     /// Requests per simulated worker (the workload's groups scale with W).
     #[arg(long, default_value_t = 24)]
     pub sim_requests_per_worker: usize,
+    /// Cores that the real fleet's workers share, for the simulated replay of each real run
+    /// (calibration); default: this machine's (`available_parallelism`). The `--simulate` sweeps
+    /// give every worker its own cores.
+    #[arg(long)]
+    pub host_cores: Option<f64>,
     /// Where the processes' logs go.
     #[arg(long, default_value = "target/fleet-logs")]
     pub log_dir: PathBuf,
@@ -126,6 +131,7 @@ impl FleetArgs {
         routers: usize,
         routing: Routing,
         cost: CostModel,
+        host: Option<SharedHost>,
     ) -> SimConfig {
         SimConfig {
             workers,
@@ -141,6 +147,7 @@ impl FleetArgs {
             max_inflight_per_worker: 64,
             affinity_prefix_tokens: 64,
             load_factor: 0.5,
+            host,
         }
     }
 }
@@ -189,7 +196,7 @@ fn simulate_sweep(args: &FleetArgs, cost: CostModel) {
             let spec = args.spec(shape, groups);
             let saturating = sim_requests(&generate(&spec, 0.0), None);
             let capacity = simulate(
-                &args.sim_config(w, 1, Routing::RoundRobin, cost),
+                &args.sim_config(w, 1, Routing::RoundRobin, cost, None),
                 &saturating,
             )
             .summary()
@@ -198,7 +205,8 @@ fn simulate_sweep(args: &FleetArgs, cost: CostModel) {
                 for &load in &args.sim_loads {
                     let reqs = sim_requests(&generate(&spec, load * capacity), None);
                     for &routing in &args.routing {
-                        let s = simulate(&args.sim_config(w, r, routing, cost), &reqs).summary();
+                        let s =
+                            simulate(&args.sim_config(w, r, routing, cost, None), &reqs).summary();
                         let label = format!("{shape} W={w} R={r} load={load} {routing}");
                         println!("{}", s.render(&label));
                     }
@@ -234,12 +242,19 @@ async fn real_runs(args: &FleetArgs) -> anyhow::Result<()> {
         }
     };
     println!("fitted cost: {}", serde_json::to_string(&cost)?);
+    let host = SharedHost {
+        cores: args.host_cores.unwrap_or_else(|| {
+            std::thread::available_parallelism().map_or(1.0, |n| n.get() as f64)
+        }),
+        threads_per_worker: args.threads,
+    };
     println!(
-        "W={} R={} model {} threads {}",
+        "W={} R={} model {} threads {}; the simulated replays share {} cores among the workers",
         args.workers,
         args.routers,
         args.model.display(),
-        args.threads
+        args.threads,
+        host.cores
     );
     for &shape in &args.workload {
         let groups = if shape == Shape::NoSharing {
@@ -268,7 +283,7 @@ async fn real_runs(args: &FleetArgs) -> anyhow::Result<()> {
             // Simulate with the real send times (a turn's send time is when its previous turn ended
             // on the real fleet; the simulator re-derives it from its own finishes).
             let simulated = simulate(
-                &args.sim_config(args.workers, args.routers, routing, cost),
+                &args.sim_config(args.workers, args.routers, routing, cost, Some(host)),
                 &sim_requests(&requests, Some(&ids)),
             );
             let (m, s) = (measured.summary(), simulated.summary());

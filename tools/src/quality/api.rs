@@ -28,7 +28,7 @@ use serde_json::{json, Value};
 use super::evaluate::Progress;
 use super::metrics::QualityTally;
 use super::report::{ApiQualityReport, WindowRun};
-use super::text::windows;
+use super::text::WindowLayout;
 use crate::bench::openai::{connect, OpenAiServer};
 
 /// How long a server may take to list its model at the start.
@@ -57,6 +57,8 @@ pub struct ApiRun<'a> {
     pub score_from: usize,
     /// Only the first this many windows (`None`: all).
     pub max_windows: Option<usize>,
+    /// How the text is cut into windows.
+    pub layout: WindowLayout,
     /// Alternatives per position asked of each server (completions' `logprobs`, at least 1).
     pub top_logprobs: u32,
 }
@@ -341,7 +343,7 @@ pub async fn evaluate_api(
         );
     }
     let bos = server_bos(&baseline).await?;
-    let mut all = windows(&ids, run.window, bos)?;
+    let mut all = run.layout.cut(&ids, run.window, bos)?;
     if let Some(max) = run.max_windows {
         all.truncate(max.max(1));
     }
@@ -374,6 +376,7 @@ pub async fn evaluate_api(
         top1_by_id: by_id,
         text: run.text.display().to_string(),
         run: WindowRun::new(
+            run.layout,
             run.window,
             run.score_from,
             bos,

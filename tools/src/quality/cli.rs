@@ -18,6 +18,7 @@ use super::api::{evaluate_api, ApiRun};
 use super::evaluate::{evaluate, Progress, QualityRun};
 use super::prompts::{greedy_agreement, read_reference, render};
 use super::report::cpu_model_name;
+use super::text::WindowLayout;
 use super::QualityError;
 
 /// `bench quality`: perplexity, KL divergence and top-1 agreement of two numerics settings of the
@@ -44,10 +45,15 @@ pub struct QualityArgs {
     /// `vocab` f32 per setting).
     #[arg(long, default_value_t = 64)]
     pub chunk: usize,
-    /// Score each window from this token on (0: every token but the first; half the window, e.g.
-    /// 256, scores as `llama-perplexity` does).
-    #[arg(long, default_value_t = 0)]
-    pub score_from: usize,
+    /// Score each window from this token on (0: every token but the first). Default: 0, or
+    /// `window / 2 + 1` with `--layout llama-perplexity` (the tokens `llama-perplexity` scores).
+    #[arg(long)]
+    pub score_from: Option<usize>,
+    /// How the text is cut into windows: `consecutive` (text tokens in order, BOS in front of
+    /// each window when the model asks for one) or `llama-perplexity` (exactly as llama.cpp's
+    /// `llama-perplexity -c WINDOW` cuts and scores them, for a side-by-side perplexity).
+    #[arg(long, value_enum, default_value_t = WindowLayout::Consecutive)]
+    pub layout: WindowLayout,
     /// Only the first N windows (a quick look; the report says how many ran).
     #[arg(long)]
     pub max_windows: Option<usize>,
@@ -82,6 +88,14 @@ pub struct QualityArgs {
     /// Also write the report as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
+}
+
+impl QualityArgs {
+    /// The first token scored: `--score-from`, else the layout's default.
+    fn score_from(&self) -> usize {
+        self.score_from
+            .unwrap_or_else(|| self.layout.default_score_from(self.window))
+    }
 }
 
 /// `exact` or `fast` (clap lists both on a wrong value).
@@ -137,8 +151,9 @@ fn run_text(args: &QualityArgs) -> anyhow::Result<serde_json::Value> {
         candidate: args.candidate,
         window: args.window,
         chunk: args.chunk,
-        score_from: args.score_from,
+        score_from: args.score_from(),
         max_windows: args.max_windows,
+        layout: args.layout,
     };
     let mut show = show_progress;
     let report = evaluate(&quality, &mut show).with_context(|| {
@@ -166,8 +181,9 @@ async fn run_api(
         api_key: args.api_key.as_deref(),
         text: &args.text,
         window: args.window,
-        score_from: args.score_from,
+        score_from: args.score_from(),
         max_windows: args.max_windows,
+        layout: args.layout,
         top_logprobs: args.api_logprobs,
     };
     let mut show = show_progress;

@@ -9,7 +9,7 @@ use engine::backend::ModelError;
 use super::metrics::QualityTally;
 use super::report::{cpu_model_name, QualityReport, WindowRun};
 use super::score::SideBySide;
-use super::text::{windows, ModelTokenizer};
+use super::text::{ModelTokenizer, WindowLayout};
 use super::QualityError;
 
 /// What to measure.
@@ -32,6 +32,8 @@ pub struct QualityRun<'a> {
     pub score_from: usize,
     /// Only the first this many windows (`None`: all).
     pub max_windows: Option<usize>,
+    /// How the text is cut into windows.
+    pub layout: WindowLayout,
 }
 
 /// Where a run is: windows done of all, after `elapsed_s` seconds.
@@ -68,7 +70,7 @@ pub fn evaluate(
     let candidate = CpuModel::from_source(&file)?.with_numerics(run.candidate);
     let mut pair = SideBySide::new(&baseline, &candidate, run.window, run.chunk, run.score_from)?;
     let ids = tokenizer.encode(&text)?;
-    let mut all = windows(&ids, run.window, tokenizer.bos())?;
+    let mut all = run.layout.cut(&ids, run.window, tokenizer.bos())?;
     if let Some(max) = run.max_windows {
         all.truncate(max.max(1));
     }
@@ -97,6 +99,7 @@ pub fn evaluate(
         baseline: run.baseline.as_str(),
         candidate: run.candidate.as_str(),
         run: WindowRun::new(
+            run.layout,
             run.window,
             run.score_from,
             bos,

@@ -4,10 +4,13 @@
 use serde::Serialize;
 
 use super::metrics::QualitySummary;
+use super::text::WindowLayout;
 
 /// The windows of a quality run (in-process or through the API) and their wall time.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct WindowRun {
+    /// How the text was cut.
+    pub layout: WindowLayout,
     /// Tokens of model input per window.
     pub window: usize,
     /// The first token of each window that is scored (at least 1).
@@ -29,6 +32,7 @@ impl WindowRun {
     /// cut from a text of `text_tokens` tokens, each starting with `bos` when the model asks for
     /// it, run since `started`.
     pub fn new(
+        layout: WindowLayout,
         window: usize,
         score_from: usize,
         bos: Option<u32>,
@@ -37,6 +41,7 @@ impl WindowRun {
         started: std::time::Instant,
     ) -> Self {
         Self {
+            layout,
             window,
             score_from: score_from.max(1),
             bos,
@@ -50,10 +55,14 @@ impl WindowRun {
     /// The report's line about the text and the windows, with `scored` positions.
     fn render(&self, scored: usize) -> String {
         format!(
-            "text: {} tokens; {} windows of {} ({} text tokens); {} positions scored ({}); {:.0} s",
+            "text: {} tokens; {} windows of {}{} ({} text tokens); {} positions scored ({}); {:.0} s",
             self.text_tokens,
             self.windows,
             self.window,
+            match self.layout {
+                WindowLayout::Consecutive => "",
+                WindowLayout::LlamaPerplexity => " cut as llama-perplexity cuts them",
+            },
             self.text_tokens_used,
             scored,
             scored_what(self.bos, self.score_from),

@@ -8,7 +8,7 @@ use engine::backend::BatchEntry;
 
 use super::metrics::nll;
 use super::prompts::{greedy_agreement, read_reference};
-use super::text::{windows, ModelTokenizer};
+use super::text::{windows, ModelTokenizer, WindowLayout};
 use super::{evaluate, QualityError, QualityRun};
 
 const TEXT: &str = "It is a truth universally acknowledged, that a single man in possession \
@@ -37,6 +37,7 @@ fn quality_run<'a>(model: &'a Path, text: &'a Path, candidate: Numerics) -> Qual
         chunk: 16,
         score_from: 0,
         max_windows: None,
+        layout: WindowLayout::Consecutive,
     }
 }
 
@@ -291,4 +292,16 @@ fn scores_from_a_given_token_as_llama_perplexity_does() {
         ),
         "{err}"
     );
+}
+
+#[test]
+fn the_llama_perplexity_layout_scores_the_second_half_of_each_chunk() {
+    let (_dir, model, text) = fixture();
+    let mut run = quality_run(&model, &text, Numerics::Fast);
+    run.layout = WindowLayout::LlamaPerplexity;
+    run.score_from = WindowLayout::LlamaPerplexity.default_score_from(run.window);
+    let report = evaluate(&run, &mut |_| {}).unwrap();
+    // llama-perplexity: logits at positions 32..=62 of each 64-token chunk, 31 per chunk.
+    assert_eq!(report.summary.scored, report.run.windows * 31);
+    assert!(report.run.windows >= 2);
 }

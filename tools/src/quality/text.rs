@@ -7,6 +7,15 @@
 //! of the window is scored; otherwise a window is `window` text tokens and its first token is not
 //! scored (nothing predicts it). The text's tokens run through the windows in order without
 //! overlap; a remainder shorter than a window is left out, as `llama-perplexity` leaves it.
+//!
+//! [`WindowLayout::LlamaPerplexity`] cuts the windows exactly as llama.cpp's `llama-perplexity`
+//! does instead (`tools/perplexity/perplexity.cpp`, `perplexity()`, llama.cpp 0.3.36), so that its
+//! perplexity and ours are over the same scored tokens: the text is tokenized with the BOS in front
+//! (when the model asks for one), cut into consecutive `window`-token chunks, and each chunk's first
+//! token is replaced by the BOS (one text token per chunk after the first is lost, as there).
+//! `llama-perplexity` scores the second half of each chunk: the logits at positions
+//! `window/2 .. window-2` against the tokens after them, which is our `score_from = window/2 + 1`
+//! ([`WindowLayout::default_score_from`]).
 
 use std::path::Path;
 
@@ -69,6 +78,76 @@ impl ModelTokenizer {
     }
 }
 
+/// How a text's tokens become windows (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum WindowLayout {
+    /// Consecutive text tokens, each window with the BOS in front when the model asks for one
+    /// ([`windows`]).
+    #[default]
+    Consecutive,
+    /// As llama.cpp's `llama-perplexity` ([`llama_perplexity_windows`]).
+    LlamaPerplexity,
+}
+
+impl WindowLayout {
+    /// `ids` (the text's tokens, no BOS) cut into windows of `window` tokens of model input.
+    ///
+    /// Errors: those of [`windows`].
+    pub fn cut(
+        self,
+        ids: &[u32],
+        window: usize,
+        bos: Option<u32>,
+    ) -> Result<Vec<Vec<u32>>, QualityError> {
+        match self {
+            WindowLayout::Consecutive => windows(ids, window, bos),
+            WindowLayout::LlamaPerplexity => llama_perplexity_windows(ids, window, bos),
+        }
+    }
+
+    /// The first token scored when none is asked for: every token but the first
+    /// (`Consecutive`), the second half as `llama-perplexity` scores it (`window / 2 + 1`).
+    pub fn default_score_from(self, window: usize) -> usize {
+        match self {
+            WindowLayout::Consecutive => 0,
+            WindowLayout::LlamaPerplexity => window / 2 + 1,
+        }
+    }
+}
+
+/// `ids` cut as `llama-perplexity` cuts them (see the module docs): `bos` (when given) then `ids`,
+/// in chunks of `window`, each chunk's first token set to `bos`.
+///
+/// Errors: as [`windows`].
+pub fn llama_perplexity_windows(
+    ids: &[u32],
+    window: usize,
+    bos: Option<u32>,
+) -> Result<Vec<Vec<u32>>, QualityError> {
+    if window < 2 {
+        return Err(QualityError::WindowTooSmall { window });
+    }
+    let all: Vec<u32> = bos.into_iter().chain(ids.iter().copied()).collect();
+    let out: Vec<Vec<u32>> = all
+        .chunks_exact(window)
+        .map(|chunk| {
+            let mut w = chunk.to_vec();
+            if let Some(b) = bos {
+                w[0] = b;
+            }
+            w
+        })
+        .collect();
+    if out.is_empty() {
+        return Err(QualityError::TextTooShort {
+            tokens: ids.len(),
+            window,
+        });
+    }
+    Ok(out)
+}
+
 /// `ids` cut into windows of `window` tokens of model input, each starting with `bos` when given
 /// (see the module docs). Returns the windows in text order.
 ///
@@ -112,6 +191,18 @@ mod tests {
         let ids: Vec<u32> = (10..17).collect();
         let w = windows(&ids, 4, Some(1)).unwrap();
         assert_eq!(w, [vec![1, 10, 11, 12], vec![1, 13, 14, 15]]);
+    }
+
+    #[test]
+    fn llama_perplexity_windows_put_bos_over_each_chunks_first_token() {
+        let ids: Vec<u32> = (10..20).collect();
+        // BOS + 10 text tokens = 11, two chunks of 4 (the BOS, 10, 11, 12 | BOS over 13, 14..16).
+        let w = llama_perplexity_windows(&ids, 4, Some(1)).unwrap();
+        assert_eq!(w, [vec![1, 10, 11, 12], vec![1, 14, 15, 16]]);
+        let w = llama_perplexity_windows(&ids, 4, None).unwrap();
+        assert_eq!(w, [vec![10, 11, 12, 13], vec![14, 15, 16, 17]]);
+        assert_eq!(WindowLayout::LlamaPerplexity.default_score_from(512), 257);
+        assert_eq!(WindowLayout::Consecutive.default_score_from(512), 0);
     }
 
     #[test]

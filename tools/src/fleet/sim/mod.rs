@@ -15,6 +15,13 @@
 //!   worker's steps, without delay (one index per worker serves all routers, since all would hold the
 //!   same). A router's load of a worker adds what it sent since that report, as the router does.
 //! - Network and router processing time are not modelled (zero).
+//! - Each worker has its own cores unless [`SimConfig::host`] says that all of them share one
+//!   machine's cores (the real calibration runs: W single-thread workers on a 2-core machine). Then
+//!   the busy workers share the cores equally (processor sharing, as the OS scheduler approximately
+//!   does): with `b` workers mid-step, each of `t` threads, a step's work advances at
+//!   `min(1, cores / (b x t))` seconds per second, so a step's length depends on what else runs
+//!   while it runs. Every change of `b` moves every busy worker's end (O(W) per event: meant for the
+//!   calibration's few workers, not the 1,000-worker sweeps, which give each worker its own cores).
 
 pub mod worker;
 
@@ -50,6 +57,30 @@ pub struct SimConfig {
     pub affinity_prefix_tokens: usize,
     /// The load factor of both `affinity` and `kv_aware` (router default 0.5).
     pub load_factor: f64,
+    /// Cores shared by all workers (`None`: each worker has its own, its steps take exactly
+    /// [`CostModel::step_seconds`]).
+    pub host: Option<SharedHost>,
+}
+
+/// One machine's cores shared by every simulated worker (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct SharedHost {
+    /// The machine's cores (CPU threads the OS schedules on).
+    pub cores: f64,
+    /// Compute threads per worker (the worker setting `threads`).
+    pub threads_per_worker: usize,
+}
+
+impl SharedHost {
+    /// Seconds of step work done per second when `busy` workers are mid-step (at most 1).
+    pub fn rate(&self, busy: usize) -> f64 {
+        let demand = (busy * self.threads_per_worker.max(1)) as f64;
+        if demand <= self.cores {
+            1.0
+        } else {
+            self.cores / demand
+        }
+    }
 }
 
 /// One request as the simulator takes it: token ids, output length, arrival, dependency.
@@ -68,7 +99,8 @@ pub struct SimRequest {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Event {
     Arrival(usize),
-    StepEnd(usize),
+    /// Worker, and the generation of its step end (an older one is stale: the step was moved).
+    StepEnd(usize, u64),
 }
 
 #[derive(Debug)]
@@ -89,6 +121,10 @@ struct WorkerState {
     report: (usize, u64),
     /// The planned step in progress (chunks per running sequence).
     step: Option<Vec<usize>>,
+    /// Seconds of work (at full speed) left in the step in progress.
+    work_left_s: f64,
+    /// Bumped whenever the step's end is rescheduled; older `StepEnd`s are ignored.
+    generation: u64,
 }
 
 /// Runs `requests` through the simulated fleet and returns every request's timing and each
@@ -106,6 +142,10 @@ struct Simulation<'a> {
     events: BinaryHeap<Reverse<(u64, u64, Event)>>,
     scheduled: u64,
     now: u64,
+    /// Seconds of step work per second for every busy worker since `rate_since` (1 without a
+    /// shared host).
+    rate: f64,
+    rate_since: u64,
     /// Per request: (router, worker) once routed.
     placed: Vec<Option<(usize, usize)>>,
     timings: Vec<RequestTiming>,
@@ -148,11 +188,15 @@ impl<'a> Simulation<'a> {
                     index: BlockIndex::new(config.limits.kv_blocks),
                     report: (0, 0),
                     step: None,
+                    work_left_s: 0.0,
+                    generation: 0,
                 })
                 .collect(),
             events: BinaryHeap::new(),
             scheduled: 0,
             now: 0,
+            rate: 1.0,
+            rate_since: 0,
             placed: vec![None; requests.len()],
             timings: requests
                 .iter()
@@ -193,7 +237,13 @@ impl<'a> Simulation<'a> {
     /// Processes events until none is left (every request finished).
     fn run_events(&mut self) {
         while let Some(Reverse((at, _, event))) = self.events.pop() {
+            if let Event::StepEnd(w, generation) = event {
+                if generation != self.workers[w].generation {
+                    continue; // moved by a change of the shared host's rate
+                }
+            }
             self.now = at;
+            self.progress();
             match event {
                 Event::Arrival(i) => {
                     self.timings[i].arrival_s = at as f64 / 1e9;
@@ -201,7 +251,44 @@ impl<'a> Simulation<'a> {
                     self.routers[router].queue.push_back(i);
                     self.drain_queue(router);
                 }
-                Event::StepEnd(w) => self.end_step(w),
+                Event::StepEnd(w, _) => self.end_step(w),
+            }
+            self.reshare();
+        }
+    }
+
+    /// Charges the work every busy worker did since `rate_since` (shared host only).
+    fn progress(&mut self) {
+        if self.config.host.is_none() {
+            return;
+        }
+        let done = (self.now - self.rate_since) as f64 / 1e9 * self.rate;
+        for state in &mut self.workers {
+            if state.step.is_some() {
+                state.work_left_s = (state.work_left_s - done).max(0.0);
+            }
+        }
+        self.rate_since = self.now;
+    }
+
+    /// With a shared host: the rate for the workers now busy, and every busy worker's step end
+    /// rescheduled at it.
+    fn reshare(&mut self) {
+        let Some(host) = self.config.host else {
+            return;
+        };
+        let busy = self.workers.iter().filter(|s| s.step.is_some()).count();
+        self.rate = host.rate(busy);
+        self.rate_since = self.now;
+        for w in 0..self.workers.len() {
+            let state = &mut self.workers[w];
+            if state.step.is_some() {
+                state.generation += 1;
+                let (at, generation) = (
+                    self.now + nanos(state.work_left_s / self.rate).max(1),
+                    state.generation,
+                );
+                self.schedule(at, Event::StepEnd(w, generation));
             }
         }
     }
@@ -290,7 +377,14 @@ impl<'a> Simulation<'a> {
         if let Some((tokens, decodes, chunks)) = state.model.plan_step() {
             let seconds = self.config.cost.step_seconds(tokens, decodes);
             state.step = Some(chunks);
-            self.schedule(self.now + nanos(seconds).max(1), Event::StepEnd(w));
+            state.work_left_s = seconds;
+            if self.config.host.is_none() {
+                let generation = state.generation;
+                self.schedule(
+                    self.now + nanos(seconds).max(1),
+                    Event::StepEnd(w, generation),
+                );
+            } // else `reshare` schedules it once the event is done
         }
     }
 

@@ -26,6 +26,7 @@ fn config(workers: usize, routers: usize, routing: Routing) -> SimConfig {
         max_inflight_per_worker: 64,
         affinity_prefix_tokens: 64,
         load_factor: 0.5,
+        host: None,
     }
 }
 
@@ -165,5 +166,67 @@ fn the_routers_decode_horizon_is_the_workers() {
     assert_eq!(
         routing::kv_aware::DECODE_HORIZON_TOKENS,
         engine::DECODE_HORIZON_TOKENS
+    );
+}
+
+#[test]
+fn a_host_with_enough_cores_changes_nothing() {
+    let reqs = requests(Shape::MultiTurn, 8, 4, 40.0);
+    let alone = simulate(&config(4, 2, Routing::KvAware), &reqs);
+    let mut cfg = config(4, 2, Routing::KvAware);
+    cfg.host = Some(SharedHost {
+        cores: 8.0,
+        threads_per_worker: 2,
+    });
+    let shared = simulate(&cfg, &reqs);
+    assert_eq!(shared.worker_requests, alone.worker_requests);
+    for (a, b) in alone.requests.iter().zip(&shared.requests) {
+        // Equal up to the nanosecond rounding of a rescheduled step end.
+        assert!((a.finish_s.unwrap() - b.finish_s.unwrap()).abs() < 1e-6);
+    }
+}
+
+#[test]
+fn workers_sharing_too_few_cores_slow_each_other_while_both_are_busy() {
+    // Two equal requests at time 0 on two workers (round robin), one core for both: every step
+    // of each runs at half speed, so each ends at twice its time alone. A third request that
+    // arrives after both ended runs at full speed again.
+    let mut reqs = requests(Shape::NoSharing, 2, 1, 0.0);
+    let same = reqs[0].prompt.clone();
+    reqs[1].prompt = same;
+    let mut third = reqs[0].clone();
+    third.arrival_s = 10.0;
+    reqs.push(third);
+    let alone = simulate(&config(2, 1, Routing::RoundRobin), &reqs);
+    let mut cfg = config(2, 1, Routing::RoundRobin);
+    cfg.host = Some(SharedHost {
+        cores: 1.0,
+        threads_per_worker: 1,
+    });
+    let shared = simulate(&cfg, &reqs);
+    for i in 0..2 {
+        let (a, s) = (
+            alone.requests[i].finish_s.unwrap(),
+            shared.requests[i].finish_s.unwrap(),
+        );
+        assert!((s - 2.0 * a).abs() < 1e-6, "request {i}: {s} vs 2 x {a}");
+    }
+    let took = |o: &FleetOutcome| o.requests[2].finish_s.unwrap() - o.requests[2].arrival_s;
+    assert!((took(&shared) - took(&alone)).abs() < 1e-6);
+    assert_eq!(
+        SharedHost {
+            cores: 2.0,
+            threads_per_worker: 1
+        }
+        .rate(4),
+        0.5
+    );
+    assert_eq!(
+        SharedHost {
+            cores: 2.0,
+            threads_per_worker: 1
+        }
+        .rate(2),
+        1.0
     );
 }
