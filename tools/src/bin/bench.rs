@@ -13,6 +13,9 @@
 //! `bench fleet ...`: the fleet benchmark of the routing policies on real worker and router
 //! processes, and its simulator (`tools::fleet`; `bench fleet --help`).
 //!
+//! `bench resync ...`: how long a restarted `kv_aware` router takes until its index equals every
+//! worker's prefix cache, at 100k cached blocks per worker (`tools::fleet::resync`).
+//!
 //! `bench quality ...`: perplexity, KL divergence and top-1 agreement of the CPU backend's `fast`
 //! numerics against `exact` over a text, in-process (`tools::quality`; `bench quality --help`);
 //! `bench quality --api URL --candidate-api URL`: perplexity and top-1 agreement of two servers
@@ -30,7 +33,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Parser;
 use tools::bench::{run::run, BenchArgs};
-use tools::fleet::{self, cli::FleetArgs};
+use tools::fleet::{self, cli::FleetArgs, resync::ResyncArgs};
 use tools::quality::{self, cli::QualityArgs};
 use tools::soak::{self, cli::SoakArgs};
 
@@ -42,6 +45,16 @@ async fn main() -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("bench fleet: {e:#}");
+                ExitCode::from(2)
+            }
+        };
+    }
+    if std::env::args().nth(1).as_deref() == Some("resync") {
+        let args = ResyncArgs::parse_from(std::env::args().skip(1));
+        return match fleet::resync::run(&args).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("bench resync: {e:#}");
                 ExitCode::from(2)
             }
         };

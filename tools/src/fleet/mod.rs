@@ -7,11 +7,13 @@
 //!   modelled workers, to 1,000 workers and more;
 //! - [`calibrate`]: fits the simulator's step cost from a real worker and compares both;
 //! - [`outcome`]: a run's timings and its summary (TTFT, ITL, throughput, hit rate, balance);
-//! - [`cli`]: the `bench fleet` command line.
+//! - [`cli`]: the `bench fleet` command line;
+//! - [`resync`]: `bench resync`, a restarted router's resync time at 100k cached blocks per worker.
 
 pub mod calibrate;
 pub mod cli;
 pub mod outcome;
 pub mod real;
+pub mod resync;
 pub mod sim;
 pub mod workload;
