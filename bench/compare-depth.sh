@@ -22,7 +22,8 @@
 # llama-bench computes its depth for real. Neither is timed.
 #
 # Environment: THREADS (default: nproc), REPEATS (default 3), LLAMACPP_VERSION (default 0.3.36),
-# SMOLLM_MODEL (default: scripts/fetch-model's file), RESULTS (output folder).
+# SMOLLM_MODEL (default: scripts/fetch-model's file), RESULTS (output folder), THROUGHPUT_NUMERICS
+# (our numerics setting, `exact` by default; `fast` for the 8-bit activation kernels).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"

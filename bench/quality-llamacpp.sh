@@ -16,7 +16,8 @@
 #    |fast - exact| <= |llama.cpp - exact|.
 #
 # Environment: THREADS (default: nproc), WINDOW (default 512), TEXT (default the shipped
-# Pride and Prejudice chapters), LLAMACPP_VERSION (default 0.3.36). Exit status: 0 when both ran
+# Pride and Prejudice chapters), LLAMACPP_VERSION (default 0.3.36), RESULTS (the folder for the
+# logs and our JSON; default .cache/llamacpp-VERSION/quality-MODEL-TIME). Exit status: 0 when both ran
 # (whether the target holds is printed, not the status), 2 for a missing model.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -39,8 +40,8 @@ llamacpp_build llama-perplexity
 perplexity=$(llamacpp_bin llama-perplexity)
 cargo build --release -q -p tools --bin bench
 
-out=$(mktemp -d)
-trap 'rm -rf "$out"' EXIT
+out="${RESULTS:-$llamacpp_cache/quality-$(basename "$model" .gguf)-$(date -u +%Y%m%dT%H%M%SZ)}"
+mkdir -p "$out"
 echo "model: $model; text: $text; window: $window; threads: $threads"
 echo "cpu: $(lscpu | sed -n 's/^Model name: *//p' | head -n 1)"
 
@@ -58,10 +59,10 @@ python3 - "$out/ours.json" "$llama_ppl" "$llama_chunks" <<'EOF'
 import json, math, sys
 ours = json.load(open(sys.argv[1]))
 llama, chunks = float(sys.argv[2]), int(sys.argv[3])
-s = ours["summary"]
+s = ours  # the report's JSON: the run's and the summary's fields at the top level
 exact = math.exp(s["mean_nll_baseline"])
 fast = math.exp(s["mean_nll_candidate"])
-windows = ours["run"]["windows"]
+windows = ours["windows"]
 print()
 print(f"chunks: llama-perplexity {chunks}, ours {windows}" + ("" if chunks == windows else "  (DIFFERENT: the tokenizations differ)"))
 print(f"{'run':<28} {'perplexity':>10} {'vs our exact':>13}")
