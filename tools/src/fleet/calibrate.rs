@@ -10,6 +10,15 @@
 //!   sequence is `per_token_s + per_decode_s`, the intercept is the step's fixed cost
 //!   (`step_base_s`).
 //!
+//! # The shared host ([`fit_host_cores`])
+//!
+//! The real fleet's W workers share this machine's cores with each other and with the routers and
+//! the load generator, so the simulated replay of a real run models them as sharing a host
+//! ([`super::sim::SharedHost`]). How many cores the workers effectively get is fitted once per
+//! workload, on throughput only: the cores at which the simulator's saturating run (every request
+//! at time 0, `round_robin`) completes requests as fast as the real one did. The latency figures
+//! of the 80 % runs are then predictions, not fits.
+//!
 //! # The comparison ([`relative_error`])
 //!
 //! The same workload (the routers' token ids of the same texts, the same arrival times) runs on the
@@ -129,6 +138,28 @@ pub async fn fit_cost(
     })
 }
 
+/// The cores in `[lo, hi]` at which `capacity(cores)` (the simulator's saturating requests/s, not
+/// decreasing in cores) comes closest to `measured`: bisection to 0.01 cores; `lo` or `hi` when
+/// `measured` lies outside what the range can give.
+pub fn fit_host_cores(measured: f64, lo: f64, hi: f64, capacity: impl Fn(f64) -> f64) -> f64 {
+    if capacity(lo) >= measured {
+        return lo;
+    }
+    if capacity(hi) <= measured {
+        return hi;
+    }
+    let (mut lo, mut hi) = (lo, hi);
+    while hi - lo > 0.01 {
+        let mid = 0.5 * (lo + hi);
+        if capacity(mid) < measured {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    0.5 * (lo + hi)
+}
+
 /// `(simulated - measured) / measured` (0 when both are 0).
 pub fn relative_error(simulated: f64, measured: f64) -> f64 {
     if measured == 0.0 {
@@ -145,6 +176,15 @@ pub fn relative_error(simulated: f64, measured: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_fitted_cores_give_the_measured_capacity() {
+        // Capacity grows with cores up to 4 (4 single-thread workers), 1 req/s per core.
+        let capacity = |cores: f64| cores.min(4.0);
+        assert!((fit_host_cores(2.5, 1.0, 4.0, capacity) - 2.5).abs() < 0.01);
+        assert_eq!(fit_host_cores(0.5, 1.0, 4.0, capacity), 1.0);
+        assert_eq!(fit_host_cores(9.0, 1.0, 4.0, capacity), 4.0);
+    }
 
     #[test]
     fn relative_error_is_signed_and_total() {

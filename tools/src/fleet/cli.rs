@@ -15,7 +15,7 @@ use anyhow::Context;
 use clap::Parser;
 use routing::Routing;
 
-use super::calibrate::{fit_cost, relative_error};
+use super::calibrate::{fit_cost, fit_host_cores, relative_error};
 use super::outcome::FleetSummary;
 use super::real::{Fleet, FleetSpec};
 use super::sim::worker::{CostModel, WorkerLimits};
@@ -89,9 +89,14 @@ pub struct FleetArgs {
     /// Requests per simulated worker (the workload's groups scale with W).
     #[arg(long, default_value_t = 24)]
     pub sim_requests_per_worker: usize,
+    /// The routers' `affinity_load_factor` (the load bound of `affinity` and `kv_aware`: a hit is
+    /// taken only on a worker within `(1 + factor) x average load + prompt`), real and simulated.
+    #[arg(long, default_value_t = 0.5)]
+    pub load_factor: f64,
     /// Cores that the real fleet's workers share, for the simulated replay of each real run
-    /// (calibration); default: this machine's (`available_parallelism`). The `--simulate` sweeps
-    /// give every worker its own cores.
+    /// (calibration); default: fitted per workload so that the simulator's saturating run is as
+    /// fast as the real one (`fleet::calibrate::fit_host_cores`, between 1 and W x threads). The
+    /// `--simulate` sweeps give every worker its own cores.
     #[arg(long)]
     pub host_cores: Option<f64>,
     /// Where the processes' logs go.
@@ -146,7 +151,7 @@ impl FleetArgs {
             cost,
             max_inflight_per_worker: 64,
             affinity_prefix_tokens: 64,
-            load_factor: 0.5,
+            load_factor: self.load_factor,
             host,
         }
     }
@@ -225,7 +230,19 @@ async fn real_runs(args: &FleetArgs) -> anyhow::Result<()> {
         threads: args.threads,
         kv_blocks: args.kv_blocks,
         worker_args: Vec::new(),
+        router_args: Vec::new(),
         log_dir: args.log_dir.clone(),
+    };
+    let settings = tempfile::tempdir().context("a temporary folder")?;
+    let router_settings = settings.path().join("router.toml");
+    std::fs::write(
+        &router_settings,
+        format!("affinity_load_factor = {:?}\n", args.load_factor),
+    )
+    .context("writing the routers' settings")?;
+    let spec = FleetSpec {
+        router_args: vec!["--config".into(), router_settings.display().to_string()],
+        ..spec
     };
     let cost = match &args.cost {
         Some(json) => serde_json::from_str(json).context("parsing --cost")?,
@@ -242,19 +259,13 @@ async fn real_runs(args: &FleetArgs) -> anyhow::Result<()> {
         }
     };
     println!("fitted cost: {}", serde_json::to_string(&cost)?);
-    let host = SharedHost {
-        cores: args.host_cores.unwrap_or_else(|| {
-            std::thread::available_parallelism().map_or(1.0, |n| n.get() as f64)
-        }),
-        threads_per_worker: args.threads,
-    };
     println!(
-        "W={} R={} model {} threads {}; the simulated replays share {} cores among the workers",
+        "W={} R={} model {} threads {}; this machine has {} cores",
         args.workers,
         args.routers,
         args.model.display(),
         args.threads,
-        host.cores
+        std::thread::available_parallelism().map_or(0, |n| n.get())
     );
     for &shape in &args.workload {
         let groups = if shape == Shape::NoSharing {
@@ -273,6 +284,38 @@ async fn real_runs(args: &FleetArgs) -> anyhow::Result<()> {
             "{shape}: {} requests, capacity {capacity:.2} req/s (round_robin, saturating), rate {rate:.2} req/s, ideal hit {:.1}%",
             saturating.len(),
             ideal_hit_rate(&ids, 16) * 100.0
+        );
+        let sim_saturating = sim_requests(&saturating, Some(&ids));
+        let sim_capacity = |cores: f64| {
+            let host = SharedHost {
+                cores,
+                threads_per_worker: args.threads,
+            };
+            let config = args.sim_config(
+                args.workers,
+                args.routers,
+                Routing::RoundRobin,
+                cost,
+                Some(host),
+            );
+            simulate(&config, &sim_saturating).summary().requests_per_s
+        };
+        let all_cores = (args.workers * args.threads.max(1)) as f64;
+        let host = SharedHost {
+            cores: args.host_cores.unwrap_or_else(|| {
+                fit_host_cores(capacity, 1.0_f64.min(all_cores), all_cores, sim_capacity)
+            }),
+            threads_per_worker: args.threads,
+        };
+        println!(
+            "  simulated host: the workers share {:.2} cores ({}); simulated capacity {:.2} req/s",
+            host.cores,
+            if args.host_cores.is_some() {
+                "--host-cores"
+            } else {
+                "fitted to the saturating run's capacity"
+            },
+            sim_capacity(host.cores)
         );
         let requests = generate(&wspec, rate);
         for &routing in &args.routing {

@@ -44,6 +44,8 @@ pub struct FleetSpec {
     pub kv_blocks: usize,
     /// Extra worker flags.
     pub worker_args: Vec<String>,
+    /// Extra router flags.
+    pub router_args: Vec<String>,
     /// Where the processes' logs go.
     pub log_dir: PathBuf,
 }
@@ -144,7 +146,7 @@ impl Fleet {
         }
         for i in 0..spec.routers {
             let addr = format!("127.0.0.1:{}", free_port()?);
-            let args: Vec<String> = vec![
+            let mut args: Vec<String> = vec![
                 "--listen".into(),
                 addr.clone(),
                 "--workers".into(),
@@ -152,6 +154,7 @@ impl Fleet {
                 "--routing".into(),
                 routing.to_string(),
             ];
+            args.extend(spec.router_args.iter().cloned());
             let log = spec.log_dir.join(format!("router-{routing}-{i}.log"));
             fleet
                 .children

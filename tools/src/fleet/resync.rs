@@ -200,6 +200,7 @@ pub async fn run(args: &ResyncArgs) -> anyhow::Result<()> {
         // Room for the fill's overshoot (one prompt past the target) without evicting.
         kv_blocks: args.blocks + 4 * args.prompt_words + 8_192,
         worker_args: vec!["--config".into(), settings.display().to_string()],
+        router_args: Vec::new(),
         log_dir: args.log_dir.clone(),
     };
     let fleet = Fleet::start(&spec, Routing::RoundRobin).await?;
