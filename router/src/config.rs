@@ -221,6 +221,12 @@ pub struct RouterSettings {
     /// A request goes to its prefix's preferred worker while that worker's load is at most
     /// `(1 + affinity_load_factor) * average load + 1`; otherwise to the least loaded worker.
     pub affinity_load_factor: f64,
+    /// `kv_aware`'s weight of the tokens a worker would prefill against its load in tokens: a
+    /// worker holding the prompt's prefix keeps the request until its work ahead exceeds another
+    /// worker's by this many times the tokens the hit saves (within the load bound). 1 = the
+    /// request's own time to first token only; the default 4 also counts what a miss's
+    /// recomputation costs the requests behind it (see `routing::kv_aware`). At least 0.
+    pub kv_prefill_weight: f64,
     /// Most requests this router has in flight on one worker; more wait in the router's queue.
     pub max_inflight_per_worker: u32,
     /// Most requests waiting in the router's queue (accepted, not yet sent to a worker); beyond it
@@ -314,6 +320,7 @@ impl Default for RouterSettings {
             routing: Routing::Affinity,
             affinity_prefix_tokens: 64,
             affinity_load_factor: 0.5,
+            kv_prefill_weight: routing::kv_aware::DEFAULT_PREFILL_WEIGHT,
             max_inflight_per_worker: 64,
             max_waiting_requests: 256,
             max_waiting_tokens: 262_144,
@@ -387,6 +394,7 @@ impl RouterSettings {
             },
             kv_aware: KvAwarePolicy {
                 load_factor: self.affinity_load_factor.max(0.0),
+                prefill_weight: self.kv_prefill_weight,
             },
             failover_timeout: Duration::from_millis(self.failover_timeout_ms),
             max_failovers: self.max_failovers,
@@ -543,6 +551,9 @@ impl RouterSettings {
         }
         if self.replicas == 0 {
             return Err(SettingsError::NoReplicas);
+        }
+        if !(self.kv_prefill_weight.is_finite() && self.kv_prefill_weight >= 0.0) {
+            return Err(SettingsError::KvPrefillWeight(self.kv_prefill_weight));
         }
         for (setting, value) in [
             ("metrics_listen", &self.metrics_listen),

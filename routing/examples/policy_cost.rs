@@ -82,7 +82,7 @@ fn main() {
         "{workers} workers x {blocks} blocks built in {:.1} s; prompts of {prompt_tokens} tokens, blocks of {BLOCK_SIZE}",
         started.elapsed().as_secs_f64()
     );
-    let policy = KvAwarePolicy { load_factor: 0.5 };
+    let policy = KvAwarePolicy::default();
     let loads: Vec<u64> = (0..workers).map(|_| rng.random_range(0..20_000)).collect();
     let run = |rng: &mut rand_chacha::ChaCha8Rng| {
         let mut chain_times = Vec::with_capacity(REQUESTS);

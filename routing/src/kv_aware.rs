@@ -8,7 +8,7 @@
 //! ```text
 //! cached(w)  = min(c, (P - 1) / B) * B      tokens it will not prefill (it always computes the last)
 //! prefill(w) = P - cached(w)                tokens it must prefill
-//! cost(w)    = prefill(w) + L(w)            tokens of work ahead of the request's first token
+//! cost(w)    = a * prefill(w) + L(w)        a = prefill_weight (router `kv_prefill_weight`, 4)
 //! ```
 //!
 //! `L` is the work ahead of the worker in tokens, from its last load report (which counts every
@@ -19,6 +19,16 @@
 //! since that report. A prefill token and a decode token cost the worker about the same compute
 //! (one row of every matrix product), and both delay the request's first token and share its
 //! steps, so `prefill + L` is a first-order estimate of its time to first token in tokens of work.
+//!
+//! That estimate is the request's own wait. A miss also costs the fleet the tokens it recomputes:
+//! every request behind it on that worker waits for them, and the prefix now takes KV space on two
+//! workers. With `a = 1` a holder loses a request as soon as its work ahead exceeds another
+//! worker's by the tokens the hit would save; at high load that spreads a shared prefix over every
+//! worker and the extra prefill feeds the load that caused it (measured in `bench fleet`'s
+//! simulator at W = 4, 80 % load, 16 shared prompts: hit rate 56 % against 68 % with `a = 4`, TTFT
+//! p50 1.04 s against 0.17 s; BENCHMARKS.md). The weight `a` makes a holder keep the request until
+//! its work ahead exceeds another's by `a` times the tokens saved; the load bound below still
+//! caps how far a hit may load a worker.
 //!
 //! An earlier form took `L` as the KV demand (prompt plus generated tokens of every sequence): a
 //! worker holding the prompt's prefix while it ran one similar request then cost more than an idle
@@ -122,6 +132,21 @@ pub struct KvCandidate<'a> {
 pub struct KvAwarePolicy {
     /// Slack of the load bound above the average load (0.5 = 50 % above average, plus the prompt).
     pub load_factor: f64,
+    /// Weight of the tokens to prefill against the load in the cost (`a` in the module docs; at
+    /// least 0; [`DEFAULT_PREFILL_WEIGHT`] by default).
+    pub prefill_weight: f64,
+}
+
+/// The default of [`KvAwarePolicy::prefill_weight`] (router setting `kv_prefill_weight`).
+pub const DEFAULT_PREFILL_WEIGHT: f64 = 4.0;
+
+impl Default for KvAwarePolicy {
+    fn default() -> Self {
+        Self {
+            load_factor: 0.5,
+            prefill_weight: DEFAULT_PREFILL_WEIGHT,
+        }
+    }
 }
 
 /// A candidate's evaluation (for tests, metrics and the simulator's reports).
@@ -129,7 +154,7 @@ pub struct KvAwarePolicy {
 pub struct Evaluation {
     /// Tokens it would not prefill (0 when beyond the load bound).
     pub cached_tokens: usize,
-    /// `prefill + load`, in tokens.
+    /// `prefill_weight x prefill + load`, in tokens.
     pub cost: u64,
 }
 
@@ -145,9 +170,10 @@ impl KvAwarePolicy {
                 } else {
                     chain.cached_tokens(c.cached_blocks)
                 };
+                let prefill = (chain.tokens - cached) as f64 * self.prefill_weight.max(0.0);
                 Evaluation {
                     cached_tokens: cached,
-                    cost: (chain.tokens - cached) as u64 + c.load_tokens,
+                    cost: prefill.round() as u64 + c.load_tokens,
                 }
             })
             .collect()

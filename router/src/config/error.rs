@@ -47,6 +47,9 @@ pub enum SettingsError {
     /// An `allowed_origins` entry is not an origin.
     #[error(transparent)]
     AllowedOrigins(crate::openai::cors::NotAnOrigin),
+    /// `kv_prefill_weight` is negative or not a number.
+    #[error("kv_prefill_weight must be a number >= 0 (got {0})")]
+    KvPrefillWeight(f64),
     /// `replicas` is 0.
     #[error("replicas must be at least 1 (the router replicas sharing the tenant limits)")]
     NoReplicas,

@@ -322,3 +322,33 @@ fn routing_from_file_env_and_flag() {
         Ok(())
     });
 }
+
+#[test]
+fn the_kv_prefill_weight_is_a_number_of_at_least_zero() {
+    let ok = RouterSettings {
+        workers: vec!["a:1".into()],
+        ..Default::default()
+    };
+    assert_eq!(
+        ok.pool_settings().kv_aware.prefill_weight,
+        routing::kv_aware::DEFAULT_PREFILL_WEIGHT
+    );
+    for bad in [-1.0, f64::NAN, f64::INFINITY] {
+        let err = RouterSettings {
+            kv_prefill_weight: bad,
+            ..ok.clone()
+        }
+        .validate()
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("kv_prefill_weight must be a number >= 0"),
+            "{err}"
+        );
+    }
+    let zero = RouterSettings {
+        kv_prefill_weight: 0.0,
+        ..ok
+    };
+    assert!(zero.validate().is_ok());
+}

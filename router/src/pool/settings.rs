@@ -72,7 +72,7 @@ impl Default for PoolSettings {
                 prefix_tokens: 64,
                 load_factor: 0.5,
             },
-            kv_aware: KvAwarePolicy { load_factor: 0.5 },
+            kv_aware: KvAwarePolicy::default(),
             failover_timeout: Duration::from_secs(10),
             max_failovers: 3,
             chat_template: None,

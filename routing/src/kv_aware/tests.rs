@@ -2,7 +2,11 @@ use rand::{Rng, SeedableRng};
 
 use super::*;
 
-const POLICY: KvAwarePolicy = KvAwarePolicy { load_factor: 0.5 };
+/// The unweighted cost (`prefill + load`): the tests below state their thresholds in it.
+const POLICY: KvAwarePolicy = KvAwarePolicy {
+    load_factor: 0.5,
+    prefill_weight: 1.0,
+};
 const ADDRS: [&str; 3] = ["10.0.0.1:50061", "10.0.0.2:50061", "10.0.0.3:50061"];
 
 fn idle() -> Vec<KvCandidate<'static>> {
@@ -203,4 +207,34 @@ fn a_holder_running_a_similar_request_keeps_the_hit() {
     c[0].cached_blocks = 8;
     c[0].load_tokens = request_work_tokens(1, 8);
     assert_eq!(POLICY.pick(&chain, &c[..2]), Some(0));
+}
+
+#[test]
+fn the_prefill_weight_keeps_a_hit_until_the_holder_is_that_many_times_busier() {
+    // 160-token prompt; worker 0 holds 9 blocks (144 tokens saved, 16 to prefill).
+    let p = prompt(160, 5);
+    let chain = PromptChain::new(&p, 16);
+    let mut workers = idle();
+    workers[0].cached_blocks = 9;
+    // Worker 0 has 300 tokens of work more than the others: more than the 144 saved, less than
+    // 4 x 144 = 576 (all within the load bound: (1.5 x 100 + 160) = 310 >= 300).
+    workers[0].load_tokens = 300;
+    // Unweighted: 16 + 300 = 316 > 160 + 0, a miss on a less loaded worker.
+    let e = POLICY.evaluate(&chain, &workers);
+    assert_eq!((e[0].cost, e[1].cost), (316, 160));
+    assert_ne!(POLICY.pick(&chain, &workers), Some(0));
+    let weighted = KvAwarePolicy::default();
+    assert_eq!(weighted.prefill_weight, DEFAULT_PREFILL_WEIGHT);
+    let e = weighted.evaluate(&chain, &workers);
+    assert_eq!((e[0].cost, e[1].cost), (4 * 16 + 300, 4 * 160));
+    assert_eq!(weighted.pick(&chain, &workers), Some(0));
+    // Past 4 x 144 more work the holder loses it too (the load bound is raised by the others'
+    // load so that it does not decide).
+    for w in &mut workers[1..] {
+        w.load_tokens = 1_000;
+    }
+    workers[0].load_tokens = 1_000 + 4 * 144 + 1;
+    assert_ne!(weighted.pick(&chain, &workers), Some(0));
+    workers[0].load_tokens = 1_000 + 4 * 144 - 1;
+    assert_eq!(weighted.pick(&chain, &workers), Some(0));
 }

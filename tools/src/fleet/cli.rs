@@ -93,10 +93,15 @@ pub struct FleetArgs {
     /// taken only on a worker within `(1 + factor) x average load + prompt`), real and simulated.
     #[arg(long, default_value_t = 0.5)]
     pub load_factor: f64,
+    /// The routers' `kv_prefill_weight` (`kv_aware`'s weight of the tokens to prefill against
+    /// the load), real and simulated.
+    #[arg(long, default_value_t = routing::kv_aware::DEFAULT_PREFILL_WEIGHT)]
+    pub prefill_weight: f64,
     /// Cores that the real fleet's workers share, for the simulated replay of each real run
     /// (calibration); default: fitted per workload so that the simulator's saturating run is as
     /// fast as the real one (`fleet::calibrate::fit_host_cores`, between 1 and W x threads). The
-    /// `--simulate` sweeps give every worker its own cores.
+    /// `--simulate` sweeps give every worker its own cores unless this is given (to replay the
+    /// calibration machine's contention).
     #[arg(long)]
     pub host_cores: Option<f64>,
     /// Where the processes' logs go.
@@ -152,8 +157,19 @@ impl FleetArgs {
             max_inflight_per_worker: 64,
             affinity_prefix_tokens: 64,
             load_factor: self.load_factor,
+            prefill_weight: self.prefill_weight,
             host,
         }
+    }
+}
+
+impl FleetArgs {
+    /// The shared host of the `--simulate` sweeps: `--host-cores` when given.
+    fn sweep_host(&self) -> Option<SharedHost> {
+        self.host_cores.map(|cores| SharedHost {
+            cores,
+            threads_per_worker: self.threads,
+        })
     }
 }
 
@@ -201,7 +217,7 @@ fn simulate_sweep(args: &FleetArgs, cost: CostModel) {
             let spec = args.spec(shape, groups);
             let saturating = sim_requests(&generate(&spec, 0.0), None);
             let capacity = simulate(
-                &args.sim_config(w, 1, Routing::RoundRobin, cost, None),
+                &args.sim_config(w, 1, Routing::RoundRobin, cost, args.sweep_host()),
                 &saturating,
             )
             .summary()
@@ -210,8 +226,11 @@ fn simulate_sweep(args: &FleetArgs, cost: CostModel) {
                 for &load in &args.sim_loads {
                     let reqs = sim_requests(&generate(&spec, load * capacity), None);
                     for &routing in &args.routing {
-                        let s =
-                            simulate(&args.sim_config(w, r, routing, cost, None), &reqs).summary();
+                        let s = simulate(
+                            &args.sim_config(w, r, routing, cost, args.sweep_host()),
+                            &reqs,
+                        )
+                        .summary();
                         let label = format!("{shape} W={w} R={r} load={load} {routing}");
                         println!("{}", s.render(&label));
                     }
@@ -237,7 +256,10 @@ async fn real_runs(args: &FleetArgs) -> anyhow::Result<()> {
     let router_settings = settings.path().join("router.toml");
     std::fs::write(
         &router_settings,
-        format!("affinity_load_factor = {:?}\n", args.load_factor),
+        format!(
+            "affinity_load_factor = {:?}\nkv_prefill_weight = {:?}\n",
+            args.load_factor, args.prefill_weight
+        ),
     )
     .context("writing the routers' settings")?;
     let spec = FleetSpec {

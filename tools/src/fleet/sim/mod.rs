@@ -57,6 +57,8 @@ pub struct SimConfig {
     pub affinity_prefix_tokens: usize,
     /// The load factor of both `affinity` and `kv_aware` (router default 0.5).
     pub load_factor: f64,
+    /// `kv_aware`'s prefill weight (router `kv_prefill_weight`).
+    pub prefill_weight: f64,
     /// Cores shared by all workers (`None`: each worker has its own, its steps take exactly
     /// [`CostModel::step_seconds`]).
     pub host: Option<SharedHost>,
@@ -214,6 +216,7 @@ impl<'a> Simulation<'a> {
             },
             kv_aware: KvAwarePolicy {
                 load_factor: config.load_factor,
+                prefill_weight: config.prefill_weight,
             },
         };
         for (i, req) in requests.iter().enumerate() {

@@ -26,6 +26,7 @@ fn config(workers: usize, routers: usize, routing: Routing) -> SimConfig {
         max_inflight_per_worker: 64,
         affinity_prefix_tokens: 64,
         load_factor: 0.5,
+        prefill_weight: routing::kv_aware::DEFAULT_PREFILL_WEIGHT,
         host: None,
     }
 }
@@ -142,7 +143,9 @@ fn unrelated_requests_spread_evenly() {
 
 #[test]
 fn the_router_index_equals_each_worker_cache() {
-    let reqs = requests(Shape::MultiTurn, 10, 6, 50.0);
+    // Many groups, so that every worker holds some (multi-turn's one system prompt may leave a
+    // worker unused under the weighted prefill).
+    let reqs = requests(Shape::SharedPrefix, 24, 5, 50.0);
     let cfg = config(3, 1, Routing::KvAware);
     let mut sim = Simulation::new(&cfg, &reqs);
     sim.run_events();
