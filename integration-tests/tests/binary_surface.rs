@@ -34,7 +34,7 @@ async fn help_shows_the_defaults_of_settings() {
     let (ok, router) = run_to_exit("router", &["--help"], Duration::from_secs(30)).await;
     assert!(ok, "{router}");
     assert!(router.contains("[default: 127.0.0.1:50051]"), "{router}");
-    assert!(router.contains("[default: affinity]"), "{router}");
+    assert!(router.contains("[default: kv_aware]"), "{router}");
     assert!(router.contains("--api-key <API_KEY>"), "{router}");
     let (ok, worker) = run_to_exit("worker", &["--help"], Duration::from_secs(30)).await;
     assert!(ok, "{worker}");

@@ -209,11 +209,11 @@ pub struct RouterSettings {
     /// ends with `RESOURCE_EXHAUSTED` (HTTP: `client_too_slow`) naming this setting. Until then the
     /// worker generates on: a stuck client never stalls other requests.
     pub slow_client_timeout_ms: u64,
-    /// Which policy picks each request's worker: `affinity` (prefix affinity on the first
-    /// `affinity_prefix_tokens` tokens with a load bound; the default), `round_robin` (each request
-    /// to the next worker with room) or `kv_aware` (lowest `tokens to prefill + load in tokens` from
-    /// the workers' reported KV caches; its load bound uses `affinity_load_factor`). See the
-    /// `routing` crate.
+    /// Which policy picks each request's worker: `kv_aware` (the default: lowest
+    /// `kv_prefill_weight x tokens to prefill + load in tokens` from the workers' reported KV
+    /// caches; its load bound uses `affinity_load_factor`), `affinity` (prefix affinity on the
+    /// first `affinity_prefix_tokens` tokens with a load bound) or `round_robin` (each request to
+    /// the next worker with room). See the `routing` crate.
     pub routing: Routing,
     /// Leading prompt tokens that define a request's prefix-affinity key (0 = no affinity; 64 = the
     /// first four 16-token KV blocks).
@@ -317,7 +317,7 @@ impl Default for RouterSettings {
             stall_timeout_ms: 60_000,
             heartbeat_timeout_ms: 2_000,
             slow_client_timeout_ms: 30_000,
-            routing: Routing::Affinity,
+            routing: Routing::KvAware,
             affinity_prefix_tokens: 64,
             affinity_load_factor: 0.5,
             kv_prefill_weight: routing::kv_aware::DEFAULT_PREFILL_WEIGHT,

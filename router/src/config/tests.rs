@@ -302,7 +302,7 @@ fn routing_from_file_env_and_flag() {
     figment::Jail::expect_with(|jail| {
         let none = Cli::parse_from(["router"]);
         let s = RouterSettings::load(&none).map_err(|e| e.to_string())?;
-        assert_eq!(s.pool_settings().routing, Routing::Affinity, "the default");
+        assert_eq!(s.pool_settings().routing, Routing::KvAware, "the default");
         jail.create_file("r.toml", "routing = 'round_robin'")?;
         let file = Cli::parse_from(["router", "--config", "r.toml"]);
         let s = RouterSettings::load(&file).map_err(|e| e.to_string())?;
