@@ -117,6 +117,7 @@ impl<M: BatchModel> Engine<M> {
 
     fn run(mut self, mut rx: mpsc::UnboundedReceiver<Command>) {
         loop {
+            let had_work = !self.seqs.is_empty();
             if self.seqs.is_empty() {
                 // Idle: block until something arrives.
                 match rx.blocking_recv() {
@@ -134,7 +135,28 @@ impl<M: BatchModel> Engine<M> {
             self.publish(false);
             if !self.seqs.is_empty() {
                 self.step();
+            } else if had_work {
+                self.report_idle();
             }
+        }
+    }
+
+    /// The engine went idle between steps (cancels or a closed connection took its last
+    /// sequences): every connection hears the load (nothing ahead) and the cache changes now.
+    /// Without it a router would keep the last step's load report, which still counted those
+    /// sequences, until the next step, however long the worker stays idle (a KV-aware router then
+    /// routes around an idle worker).
+    fn report_idle(&mut self) {
+        let load = self.load();
+        let cache = self.cache_changes();
+        let conns: Vec<ConnId> = self.outputs.keys().copied().collect();
+        for conn in conns {
+            let out = EngineOutput {
+                load: Some(load),
+                cache: cache.clone(),
+                ..Default::default()
+            };
+            self.deliver(conn, out);
         }
     }
 

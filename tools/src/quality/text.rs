@@ -125,9 +125,7 @@ pub fn llama_perplexity_windows(
     window: usize,
     bos: Option<u32>,
 ) -> Result<Vec<Vec<u32>>, QualityError> {
-    if window < 2 {
-        return Err(QualityError::WindowTooSmall { window });
-    }
+    check_window(window)?;
     let all: Vec<u32> = bos.into_iter().chain(ids.iter().copied()).collect();
     let out: Vec<Vec<u32>> = all
         .chunks_exact(window)
@@ -139,11 +137,26 @@ pub fn llama_perplexity_windows(
             w
         })
         .collect();
+    at_least_one(out, ids.len(), window)
+}
+
+/// [`QualityError::WindowTooSmall`] for a window of fewer than 2 tokens (nothing to score).
+fn check_window(window: usize) -> Result<(), QualityError> {
+    if window < 2 {
+        return Err(QualityError::WindowTooSmall { window });
+    }
+    Ok(())
+}
+
+/// `out`, or [`QualityError::TextTooShort`] (`tokens` of text, `window` of them per window) when
+/// the text filled no window.
+fn at_least_one(
+    out: Vec<Vec<u32>>,
+    tokens: usize,
+    window: usize,
+) -> Result<Vec<Vec<u32>>, QualityError> {
     if out.is_empty() {
-        return Err(QualityError::TextTooShort {
-            tokens: ids.len(),
-            window,
-        });
+        return Err(QualityError::TextTooShort { tokens, window });
     }
     Ok(out)
 }
@@ -158,21 +171,13 @@ pub fn windows(
     window: usize,
     bos: Option<u32>,
 ) -> Result<Vec<Vec<u32>>, QualityError> {
-    if window < 2 {
-        return Err(QualityError::WindowTooSmall { window });
-    }
+    check_window(window)?;
     let text_per_window = window - usize::from(bos.is_some());
     let out: Vec<Vec<u32>> = ids
         .chunks_exact(text_per_window)
         .map(|chunk| bos.into_iter().chain(chunk.iter().copied()).collect())
         .collect();
-    if out.is_empty() {
-        return Err(QualityError::TextTooShort {
-            tokens: ids.len(),
-            window: text_per_window,
-        });
-    }
-    Ok(out)
+    at_least_one(out, ids.len(), text_per_window)
 }
 
 #[cfg(test)]
