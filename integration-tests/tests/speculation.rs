@@ -89,11 +89,49 @@ fn json_extraction() -> GenerateRequest {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ngram_streams_equal_speculation_off_on_smollm2() {
-    let model = real_model();
+    let (off, ngram) = streams_equal_speculation_off(&real_model(), &[]).await;
+    // The stop string ended the quote inside the text.
+    assert_eq!(off[2].stop_sequence, "notebook", "{:?}", off[2]);
+    // The opt-out did not speculate; the first quoting request accepted proposals.
+    assert_eq!(ngram[5].usage.unwrap().draft_tokens, 0);
+    let first = ngram[0].usage.unwrap();
+    assert!(first.accepted_draft_tokens > 0 && first.draft_tokens >= first.accepted_draft_tokens);
+    // The constrained requests (their draft counts, forced tokens included, for the log).
+    for g in &ngram[7..] {
+        eprintln!("{:?} {:?} {:?}", g.text, g.finish_reason, g.usage);
+    }
+}
+
+/// The same requests in the `fast` CPU numerics (8-bit activations): batch invariance makes the
+/// verify pass give the tokens a plain decode gives, as in `exact`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ngram_streams_equal_speculation_off_in_fast_numerics_on_smollm2() {
+    streams_equal_speculation_off(&real_model(), &["--numerics", "fast"]).await;
+}
+
+/// The same requests on Gemma 3 270M (another architecture, tokenizer and K-quant format).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ngram_streams_equal_speculation_off_on_gemma3() {
+    streams_equal_speculation_off(&integration_tests::gemma3_model(), &[]).await;
+}
+
+/// Runs [`requests`] on a worker of `model` (with `worker_args`) with speculation off, then on a
+/// fresh one with `ngram`, and checks every stream equal, KV blocks back to 0 on both, and that
+/// speculation drafted, accepted and took fewer steps. Returns the generations of both runs (off,
+/// ngram).
+async fn streams_equal_speculation_off(
+    model: &std::path::Path,
+    worker_args: &[&str],
+) -> (
+    Vec<integration_tests::Generation>,
+    Vec<integration_tests::Generation>,
+) {
     let requests = requests();
     let mut runs = Vec::new();
-    for args in [&["--speculation", "off"][..], &["--speculation", "ngram"]] {
-        let cluster = Cluster::start_with(&model, args).await;
+    for speculation in ["off", "ngram"] {
+        let mut args = vec!["--speculation", speculation];
+        args.extend_from_slice(worker_args);
+        let cluster = Cluster::start_with(model, &args).await;
         let client = cluster.client().await;
         let streamed = stream_all(&client, &requests, Arc::new(AtomicUsize::new(0))).await;
         let generations: Vec<_> = streamed
@@ -135,16 +173,9 @@ async fn ngram_streams_equal_speculation_off_on_smollm2() {
         ngram_stats.steps < off_stats.steps,
         "{off_stats:?} {ngram_stats:?}"
     );
-    // The opt-out did not speculate; the first quoting request accepted proposals.
-    assert_eq!(ngram[5].usage.unwrap().draft_tokens, 0);
-    let first = ngram[0].usage.unwrap();
-    assert!(first.accepted_draft_tokens > 0 && first.draft_tokens >= first.accepted_draft_tokens);
-    // The constrained requests (their draft counts, forced tokens included, for the log).
-    for g in &ngram[7..] {
-        eprintln!("{:?} {:?} {:?}", g.text, g.finish_reason, g.usage);
-    }
-    // The stop string ended the quote inside the text.
-    assert_eq!(off[2].stop_sequence, "notebook", "{:?}", off[2]);
+    let ngram = runs.pop().expect("the ngram run").0;
+    let off = runs.pop().expect("the off run").0;
+    (off, ngram)
 }
 
 #[tokio::test]
