@@ -147,16 +147,19 @@ impl<M: BatchModel> Engine<M> {
     /// sequences, until the next step, however long the worker stays idle (a KV-aware router then
     /// routes around an idle worker).
     fn report_idle(&mut self) {
-        let load = self.load();
-        let cache = self.cache_changes();
+        let out = EngineOutput {
+            load: Some(self.load()),
+            cache: self.cache_changes(),
+            ..Default::default()
+        };
+        self.send_to_all(out);
+    }
+
+    /// Delivers a copy of `out` to every connection.
+    fn send_to_all(&mut self, out: EngineOutput) {
         let conns: Vec<ConnId> = self.outputs.keys().copied().collect();
         for conn in conns {
-            let out = EngineOutput {
-                load: Some(load),
-                cache: cache.clone(),
-                ..Default::default()
-            };
-            self.deliver(conn, out);
+            self.deliver(conn, out.clone());
         }
     }
 
@@ -424,14 +427,10 @@ impl<M: BatchModel> Engine<M> {
         let Some(cache) = self.cache_changes() else {
             return;
         };
-        let conns: Vec<ConnId> = self.outputs.keys().copied().collect();
-        for conn in conns {
-            let out = EngineOutput {
-                cache: Some(cache.clone()),
-                ..Default::default()
-            };
-            self.deliver(conn, out);
-        }
+        self.send_to_all(EngineOutput {
+            cache: Some(cache),
+            ..Default::default()
+        });
     }
 
     /// Runs the batch, leaving in `self.logits` the logits of every chunk that ends its

@@ -7,8 +7,9 @@ use super::{EngineError, StopReason};
 use crate::kv::CacheEvents;
 use crate::sampler::SampledToken;
 
-/// Everything one engine step produced for one connection; or, sent between steps, the refusal of
-/// a request the engine could not admit (then `load` is `None` and `step` 0).
+/// Everything one engine step produced for one connection; or, sent between steps (`step` 0), the
+/// refusal of a request the engine could not admit (`load` `None`), the prefix cache's snapshot or
+/// changes, or the load of an engine that cancels just left idle.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct EngineOutput {
     /// The tokens generated for the connection's sequences, in batch order.

@@ -37,37 +37,30 @@ use tools::fleet::{self, cli::FleetArgs, resync::ResyncArgs};
 use tools::quality::{self, cli::QualityArgs};
 use tools::soak::{self, cli::SoakArgs};
 
+/// 0 when a subcommand's run succeeded; else its error on stderr and 2.
+fn exit_code(subcommand: &str, result: anyhow::Result<()>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("bench {subcommand}: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     if std::env::args().nth(1).as_deref() == Some("fleet") {
         let args = FleetArgs::parse_from(std::env::args().skip(1));
-        return match fleet::cli::run(&args).await {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("bench fleet: {e:#}");
-                ExitCode::from(2)
-            }
-        };
+        return exit_code("fleet", fleet::cli::run(&args).await);
     }
     if std::env::args().nth(1).as_deref() == Some("resync") {
         let args = ResyncArgs::parse_from(std::env::args().skip(1));
-        return match fleet::resync::run(&args).await {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("bench resync: {e:#}");
-                ExitCode::from(2)
-            }
-        };
+        return exit_code("resync", fleet::resync::run(&args).await);
     }
     if std::env::args().nth(1).as_deref() == Some("quality") {
         let args = QualityArgs::parse_from(std::env::args().skip(1));
-        return match quality::cli::run(&args).await {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("bench quality: {e:#}");
-                ExitCode::from(2)
-            }
-        };
+        return exit_code("quality", quality::cli::run(&args).await);
     }
     if std::env::args().nth(1).as_deref() == Some("soak") {
         let args = SoakArgs::parse_from(std::env::args().skip(1));

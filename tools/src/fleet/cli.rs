@@ -161,15 +161,18 @@ impl FleetArgs {
             host,
         }
     }
-}
 
-impl FleetArgs {
-    /// The shared host of the `--simulate` sweeps: `--host-cores` when given.
-    fn sweep_host(&self) -> Option<SharedHost> {
-        self.host_cores.map(|cores| SharedHost {
+    /// `cores` shared by the workers, each of `--threads` threads.
+    fn shared_host(&self, cores: f64) -> SharedHost {
+        SharedHost {
             cores,
             threads_per_worker: self.threads,
-        })
+        }
+    }
+
+    /// The shared host of the `--simulate` sweeps: `--host-cores` when given.
+    fn sweep_host(&self) -> Option<SharedHost> {
+        self.host_cores.map(|cores| self.shared_host(cores))
     }
 }
 
@@ -309,10 +312,7 @@ async fn real_runs(args: &FleetArgs) -> anyhow::Result<()> {
         );
         let sim_saturating = sim_requests(&saturating, Some(&ids));
         let sim_capacity = |cores: f64| {
-            let host = SharedHost {
-                cores,
-                threads_per_worker: args.threads,
-            };
+            let host = args.shared_host(cores);
             let config = args.sim_config(
                 args.workers,
                 args.routers,
@@ -323,12 +323,9 @@ async fn real_runs(args: &FleetArgs) -> anyhow::Result<()> {
             simulate(&config, &sim_saturating).summary().requests_per_s
         };
         let all_cores = (args.workers * args.threads.max(1)) as f64;
-        let host = SharedHost {
-            cores: args.host_cores.unwrap_or_else(|| {
-                fit_host_cores(capacity, 1.0_f64.min(all_cores), all_cores, sim_capacity)
-            }),
-            threads_per_worker: args.threads,
-        };
+        let host = args.shared_host(args.host_cores.unwrap_or_else(|| {
+            fit_host_cores(capacity, 1.0_f64.min(all_cores), all_cores, sim_capacity)
+        }));
         println!(
             "  simulated host: the workers share {:.2} cores ({}); simulated capacity {:.2} req/s",
             host.cores,
