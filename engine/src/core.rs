@@ -110,16 +110,17 @@ impl<M: BatchModel> Engine<M> {
 
     /// Publishes the engine's state; `stepped` when a step just finished.
     fn publish(&self, stepped: bool) {
-        let has_work = !self.seqs.is_empty();
+        let has_work = self.scheduler.has_work();
         self.publisher
             .publish(Instant::now(), stepped, has_work, self.current_stats());
     }
 
     fn run(mut self, mut rx: mpsc::UnboundedReceiver<Command>) {
         loop {
-            let had_work = !self.seqs.is_empty();
-            if self.seqs.is_empty() {
-                // Idle: block until something arrives.
+            let had_work = self.scheduler.has_work();
+            if !had_work {
+                // Idle (nothing runs or waits; held sequences wait for their resume): block until
+                // something arrives.
                 match rx.blocking_recv() {
                     Some(cmd) => self.handle(cmd),
                     None => return,
@@ -133,7 +134,7 @@ impl<M: BatchModel> Engine<M> {
                 }
             }
             self.publish(false);
-            if !self.seqs.is_empty() {
+            if self.scheduler.has_work() {
                 self.step();
             } else if had_work {
                 self.report_idle();
@@ -141,8 +142,8 @@ impl<M: BatchModel> Engine<M> {
         }
     }
 
-    /// The engine went idle between steps (cancels or a closed connection took its last
-    /// sequences): every connection hears the load (nothing ahead) and the cache changes now.
+    /// The engine went idle between steps (cancels, holds or a closed connection took its last
+    /// runnable sequences): every connection hears the load (nothing ahead) and the cache changes now.
     /// Without it a router would keep the last step's load report, which still counted those
     /// sequences, until the next step, however long the worker stays idle (a KV-aware router then
     /// routes around an idle worker).
@@ -204,6 +205,16 @@ impl<M: BatchModel> Engine<M> {
                 if let Some(id) = self.ids.get(&(conn, request_id)).copied() {
                     self.finish(id);
                     self.stats.cancelled_requests += 1;
+                }
+            }
+            Command::Hold { conn, request_id } => {
+                if let Some(id) = self.ids.get(&(conn, request_id)).copied() {
+                    self.scheduler.hold(id, &mut self.seqs, &mut self.pool);
+                }
+            }
+            Command::Resume { conn, request_id } => {
+                if let Some(id) = self.ids.get(&(conn, request_id)).copied() {
+                    self.scheduler.resume(id);
                 }
             }
             Command::CloseConnection { conn } => self.close_connection(conn),
@@ -657,7 +668,12 @@ impl<M: BatchModel> Engine<M> {
             free_kv_tokens: (self.pool.num_available() * self.pool.block_size()) as u64,
             ..EngineLoad::default()
         };
-        for s in self.seqs.values() {
+        // Held sequences hold no blocks and wait for their clients, not for the worker.
+        let live = self
+            .seqs
+            .iter()
+            .filter(|(id, _)| !self.scheduler.is_held(**id));
+        for (_, s) in live {
             load.kv_demand_tokens += s.tokens.len() as u64;
             load.prefill_backlog_tokens += s.remaining() as u64;
             load.decode_horizon_tokens += s.tokens_left().min(DECODE_HORIZON_TOKENS) as u64;
@@ -670,6 +686,7 @@ impl<M: BatchModel> Engine<M> {
         let mut stats = self.stats;
         stats.running_sequences = self.scheduler.num_running() as u32;
         stats.waiting_sequences = self.scheduler.num_waiting() as u32;
+        stats.held_sequences = self.scheduler.num_held() as u32;
         stats.kv_tokens_used = self.seqs.values().map(|s| s.computed as u64).sum();
         stats.kv_blocks_total = pool.total as u64;
         stats.kv_blocks_used = pool.used as u64;

@@ -73,6 +73,13 @@ pub enum Command {
     },
     /// Drop one request (no further output is sent for it).
     Cancel { conn: ConnId, request_id: String },
+    /// Take one request out of the batch until [`Command::Resume`]: its client stopped reading
+    /// (flow control). It is preempted by recompute (its full blocks stay in the prefix cache) and
+    /// generates nothing meanwhile; its output, once resumed, is exactly what it would have been.
+    /// Ignored for an id the engine does not run or already holds.
+    Hold { conn: ConnId, request_id: String },
+    /// Queue a held request again (ignored when it is not held).
+    Resume { conn: ConnId, request_id: String },
     /// Drop every request of a connection (the stream closed).
     CloseConnection { conn: ConnId },
     /// Report the engine's counters, in order with the other commands (answered between steps; use

@@ -79,11 +79,9 @@ impl<Id: Ord + Hash + Copy> WaitQueue<Id> {
         Some(front)
     }
 
-    /// Forgets `id` (no-op when it is not queued).
-    pub fn remove(&mut self, id: Id) {
-        let Some((priority, tenant)) = self.places.remove(&id) else {
-            return;
-        };
+    /// Forgets `id`; returns its priority (`None`, a no-op, when it is not queued).
+    pub fn remove(&mut self, id: Id) -> Option<Priority> {
+        let (priority, tenant) = self.places.remove(&id)?;
         let class = self
             .classes
             .get_mut(&Reverse(priority))
@@ -96,6 +94,7 @@ impl<Id: Ord + Hash + Copy> WaitQueue<Id> {
                 self.classes.remove(&Reverse(priority));
             }
         }
+        Some(priority)
     }
 
     /// Number of waiting sequences.

@@ -9,6 +9,9 @@ pub struct EngineStats {
     pub running_sequences: u32,
     /// Sequences waiting for admission.
     pub waiting_sequences: u32,
+    /// Sequences held because their clients stopped reading ([`crate::Command::Hold`]): no batch
+    /// slot, no KV blocks, until resumed.
+    pub held_sequences: u32,
     /// Steps run.
     pub steps: u64,
     /// Tokens generated.

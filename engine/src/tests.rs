@@ -620,6 +620,7 @@ async fn cache_events_replayed_on_the_snapshot_equal_the_cache() {
     assert!(evicted > 0);
 }
 
+mod hold;
 mod load_report;
 mod priority_and_salt;
 mod prompt_logprobs;

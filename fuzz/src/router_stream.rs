@@ -9,7 +9,8 @@
 //! - no panic, and the engine thread is alive;
 //! - every request is answered: each `add` gets exactly one answer for its id, a request error
 //!   (with a message and a refusal's code) or a token marked `finished`, unless a `cancel` of its
-//!   id followed it; nothing is answered that was not asked, nor answered twice;
+//!   id followed it (a `hold` only delays the answer: every id is resumed at the end); nothing is
+//!   answered that was not asked, nor answered twice;
 //! - no KV block leaks: once every request has finished or been cancelled and the engine is idle,
 //!   `kv_blocks_used` is 0 (and still 0 after the stream closes).
 
@@ -21,7 +22,8 @@ use engine::backend::BatchModel as _;
 use engine::EngineHandle;
 use inference_proto::public::{constraint::Kind, ChoiceList, Constraint};
 use inference_proto::worker::{
-    router_message, AddRequest, CancelRequest, RouterMessage, SamplingParams, StepOutput,
+    router_message, AddRequest, CancelRequest, HoldRequest, ResumeRequest, RouterMessage,
+    SamplingParams, StepOutput,
 };
 use prost::Message as _;
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -117,7 +119,9 @@ pub fn engine_worker() -> &'static EngineWorker {
 /// `router-stream`. The input is a sequence of operations, each chosen by a byte (modulo 8):
 /// 0-2 an `add` ([`add`]), 3 a `cancel` of one of [`IDS`], 4 a raw message (a length byte, then
 /// that many bytes through the protobuf decoder; what does not decode is dropped, as tonic drops
-/// it), 5 a message of no kind, 6-7 a pause until the engine has applied every command sent.
+/// it), 5 a message of no kind, 6 a pause until the engine has applied every command sent, 7 a
+/// `hold` or a `resume` (the next byte's low bit) of one of [`IDS`]. After the last operation
+/// every id is resumed (a client that reads again), so every held request has its answer.
 pub fn router_stream(data: &[u8]) {
     let worker = engine_worker();
     worker.runtime.block_on(run(worker, data));
@@ -143,6 +147,10 @@ async fn run(worker: &EngineWorker, data: &[u8]) {
                 RouterMessage::decode(input.bytes(len)).ok()
             }
             5 => Some(RouterMessage { kind: None }),
+            7 => {
+                let hold = input.byte().is_multiple_of(2);
+                Some(flow_control(hold, id(&mut input)))
+            }
             _ => {
                 worker
                     .engine
@@ -158,6 +166,13 @@ async fn run(worker: &EngineWorker, data: &[u8]) {
         }
         ledger.read(&mut steps);
     }
+    // Every client reads again.
+    for id in IDS {
+        assert!(
+            stream.handle(flow_control(false, id)).await,
+            "the engine thread stopped"
+        );
+    }
     // Every request is answered (or cancelled) and the engine is idle.
     let deadline = Instant::now() + IDLE_TIMEOUT;
     loop {
@@ -168,7 +183,7 @@ async fn run(worker: &EngineWorker, data: &[u8]) {
             .expect("the engine thread is alive");
         // The outputs of every step before the stats' answer are queued by now.
         ledger.read(&mut steps);
-        if stats.running_sequences + stats.waiting_sequences == 0 {
+        if stats.running_sequences + stats.waiting_sequences + stats.held_sequences == 0 {
             assert_eq!(
                 stats.kv_blocks_used, 0,
                 "KV blocks leaked: every request finished or was cancelled: {stats:?}"
@@ -190,10 +205,21 @@ async fn run(worker: &EngineWorker, data: &[u8]) {
         .expect("the engine thread is alive");
     assert_eq!(stats.kv_blocks_used, 0, "KV blocks leaked: {stats:?}");
     assert_eq!(
-        stats.running_sequences + stats.waiting_sequences,
+        stats.running_sequences + stats.waiting_sequences + stats.held_sequences,
         0,
         "{stats:?}"
     );
+}
+
+/// A `hold` (or a `resume`) of `request_id`.
+fn flow_control(hold: bool, request_id: &str) -> RouterMessage {
+    let request_id = request_id.to_string();
+    let kind = if hold {
+        router_message::Kind::Hold(HoldRequest { request_id })
+    } else {
+        router_message::Kind::Resume(ResumeRequest { request_id })
+    };
+    RouterMessage { kind: Some(kind) }
 }
 
 /// One of [`IDS`].
@@ -382,7 +408,12 @@ impl Ledger {
             Some(router_message::Kind::Cancel(cancel)) if self.open(&cancel.request_id) => {
                 *self.cancels.entry(cancel.request_id.clone()).or_default() += 1;
             }
-            Some(router_message::Kind::Cancel(_)) | None => {}
+            Some(
+                router_message::Kind::Cancel(_)
+                | router_message::Kind::Hold(_)
+                | router_message::Kind::Resume(_),
+            )
+            | None => {}
         }
     }
 

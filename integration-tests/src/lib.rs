@@ -304,7 +304,9 @@ pub async fn wait_idle(addr: &str, timeout: Duration) -> EngineStats {
     let deadline = Instant::now() + timeout;
     loop {
         let s = worker_stats(addr).await;
-        if s.running_sequences + s.waiting_sequences == 0 && s.kv_blocks_used == 0 {
+        if s.running_sequences + s.waiting_sequences + s.held_sequences == 0
+            && s.kv_blocks_used == 0
+        {
             return s;
         }
         assert!(

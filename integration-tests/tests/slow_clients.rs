@@ -1,16 +1,20 @@
 //! Slow and stuck clients (issue 31), with real router and worker processes on 127.0.0.1: 32
 //! streams whose client never reads them (an HTTP/2 stream window of 1 KiB, never released) beside
-//! 8 normal streams on another connection. The normal streams flow to their end with the same
-//! tokens as without the stuck ones; each stuck stream is cancelled once its buffer stayed full for
-//! `slow_client_timeout_ms` and ends with `RESOURCE_EXHAUSTED` naming the setting; the worker ends
-//! with every KV block free, and the router's memory stays bounded. (No ITL figure here: the tiny
-//! model streams its tokens in bursts, too fast for one.)
+//! 8 normal streams on another connection. Each stuck stream is held on the worker once its buffer
+//! is full (out of the batch, generating nothing); the normal streams flow to their end with the
+//! same tokens as without the stuck ones; each stuck stream is cancelled once its buffer stayed full
+//! for `slow_client_timeout_ms` and ends with `RESOURCE_EXHAUSTED` naming the setting; the worker
+//! ends with every KV block free, and the router's memory stays bounded. A client that pauses and
+//! reads again gets every token, exactly those of an uninterrupted stream. (No ITL figure here: the
+//! tiny model streams its tokens in bursts, too fast for one; `bench stuck-clients` measures it
+//! on SmolLM2.)
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use inference_proto::public::text_generation_client::TextGenerationClient;
 use inference_proto::public::GenerateRequest;
+use inference_proto::worker::EngineStats;
 use integration_tests::{
     connect_ready, greedy, start_router_with_env, start_worker_with, stream_all,
     tiny_model_with_context, wait_idle, worker_stats, PublicClient,
@@ -23,6 +27,27 @@ const NORMAL: usize = 8;
 const SLOW_CLIENT_TIMEOUT_MS: u64 = 3_000;
 /// Tokens each stuck request asks for: more than the worker makes within the timeout.
 const STUCK_TOKENS: u32 = 8_000;
+
+/// Most tokens a held stream may have received: the router's 64 messages, what its 1 KiB HTTP/2
+/// window and the transport's chunk hold, and the steps in flight when the hold reached the worker.
+const MAX_BUFFERED_TOKENS: usize = 256;
+
+/// Waits up to 60 s until the worker at `addr` holds `n` sequences.
+async fn wait_held(addr: &str, n: u32) -> EngineStats {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let stats = worker_stats(addr).await;
+        if stats.held_sequences == n {
+            return stats;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the worker holds {} sequences, not {n}: {stats:?}",
+            stats.held_sequences
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
 
 /// Runs the normal requests concurrently to their end: their token ids.
 async fn run_normal(client: &PublicClient, requests: &[GenerateRequest]) -> Vec<Vec<u32>> {
@@ -86,6 +111,9 @@ async fn stuck_clients_are_cancelled_after_the_timeout_and_never_hold_back_the_o
         );
     }
 
+    // Once its buffer is full, each stuck request is held on the worker: it generates nothing.
+    wait_held(&worker_addr, STUCK as u32).await;
+
     // Meanwhile the normal streams run to their end with the tokens they have alone.
     let got = run_normal(&client, &normal).await;
     let normal_took = opened.elapsed();
@@ -142,10 +170,62 @@ async fn stuck_clients_are_cancelled_after_the_timeout_and_never_hold_back_the_o
             status.message().contains("slow_client_timeout_ms"),
             "{status:?}"
         );
+        // What the router buffered (64 messages) and the stream's 1 KiB window held, and the
+        // steps in flight when the hold arrived: far from the 8,000 asked for.
         assert!(
-            tokens < STUCK_TOKENS as usize,
-            "stuck stream {i} got all its tokens"
+            tokens <= MAX_BUFFERED_TOKENS,
+            "stuck stream {i} got {tokens} tokens although it was held"
         );
     }
     assert_eq!(worker_stats(&worker_addr).await.kv_blocks_used, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_pauses_and_reads_again_gets_every_token_of_an_uninterrupted_stream() {
+    const TOKENS: u32 = 600;
+    let (_dir, model) = tiny_model_with_context(18, 4_096);
+    let (_worker, worker_addr) = start_worker_with(&model, &[]).await;
+    let (_router, router_addr) =
+        start_router_with_env(&[&worker_addr], &["--slow-client-timeout-ms", "60000"], &[]).await;
+    let client = connect_ready(&router_addr, Duration::from_secs(30)).await;
+    let request = GenerateRequest {
+        temperature: 1.0,
+        seed: Some(7),
+        ..greedy("A story told in two sittings", TOKENS)
+    };
+    let want = run_normal(&client, std::slice::from_ref(&request)).await;
+
+    // A client with a 1 KiB window that reads nothing for a while: the worker holds the request.
+    let paused_channel = Endpoint::from_shared(format!("http://{router_addr}"))
+        .unwrap()
+        .initial_stream_window_size(1024)
+        .connect()
+        .await
+        .unwrap();
+    let mut stream = TextGenerationClient::new(paused_channel)
+        .generate(request)
+        .await
+        .expect("the stream opens")
+        .into_inner();
+    let held = wait_held(&worker_addr, 1).await;
+    assert_eq!(held.running_sequences, 0, "{held:?}");
+    let generated = held.generated_tokens;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let still = worker_stats(&worker_addr).await;
+    assert_eq!(
+        still.generated_tokens, generated,
+        "a held request generated tokens: {still:?}"
+    );
+
+    // Reading again resumes it: every token, in order, those of the uninterrupted run.
+    let mut got = Vec::new();
+    let mut finish = 0;
+    while let Some(message) = stream.message().await.expect("the stream ends well") {
+        got.extend(message.tokens.iter().map(|t| t.id));
+        finish = message.finish_reason;
+    }
+    assert_eq!(got, want[0]);
+    assert_ne!(finish, 0, "the last message carries the finish reason");
+    let stats = wait_idle(&worker_addr, Duration::from_secs(30)).await;
+    assert_eq!(stats.held_sequences, 0);
 }

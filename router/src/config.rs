@@ -207,7 +207,8 @@ pub struct RouterSettings {
     /// A response stream holds at most 64 messages for its client (beside its HTTP/2 window); when
     /// they stay unread for this many ms the request is cancelled on its worker and the stream
     /// ends with `RESOURCE_EXHAUSTED` (HTTP: `client_too_slow`) naming this setting. Until then the
-    /// worker generates on: a stuck client never stalls other requests.
+    /// worker holds the request (out of its batch, generating nothing; `HoldRequest`), so a stuck
+    /// client never slows other requests down.
     pub slow_client_timeout_ms: u64,
     /// Which policy picks each request's worker: `kv_aware` (the default: lowest
     /// `kv_prefill_weight x tokens to prefill + load in tokens` from the workers' reported KV

@@ -17,9 +17,10 @@
 //! [`RESPONSE_BUFFER`] messages for its client (beside the HTTP/2 window of its stream); when they
 //! stay full for the pool's `slow_client_timeout` the request is cancelled on its worker (its KV
 //! blocks freed) and the stream ends with [`RouteError::ClientTooSlow`], which the last slot is
-//! kept for. Until then the worker generates on (a stuck stream never delays the batch of others)
-//! and the tokens wait in the request's event channel: at most what the worker generates for it
-//! within the timeout.
+//! kept for. As soon as the buffer is full the worker holds the request ([`Session::hold`]: out of
+//! its batch, generating nothing) until the client reads again ([`Session::resume`]), so a stuck
+//! stream never costs the batch of others any step time, and the tokens waiting in the request's
+//! event channel are at most those of the step or two in flight when the hold arrived.
 //!
 //! Errors are [`RouteError`]s throughout; each front maps them to its transport.
 
@@ -35,6 +36,7 @@ use inference_proto::worker::{
 use structured_output::tool_call::ToolSyntax;
 use tokenizer::IncrementalDetokenizer;
 use tokio::sync::mpsc;
+use tokio::sync::mpsc::error::TrySendError;
 use tracing::Instrument as _;
 
 use crate::admission::Placement;
@@ -318,9 +320,23 @@ impl TokenStream {
             let last = message.as_ref().map_or(true, |m| {
                 m.finish_reason != FinishReason::Unspecified as i32
             });
-            // Sent only while a second slot is free, so that the error below always fits.
+            // Sent only while a second slot is free, so that the error below always fits. A full
+            // buffer holds the request on its worker until the client reads again.
             let slow_client_timeout = self.service.pool.settings().slow_client_timeout;
-            let permit = match tokio::time::timeout(slow_client_timeout, tx.reserve_many(2)).await {
+            let reserved = match tx.try_reserve_many(2) {
+                Ok(permits) => Ok(Ok(permits)),
+                Err(TrySendError::Closed(())) => return, // the client went away
+                Err(TrySendError::Full(())) => {
+                    session.hold();
+                    let reserved =
+                        tokio::time::timeout(slow_client_timeout, tx.reserve_many(2)).await;
+                    if matches!(reserved, Ok(Ok(_))) {
+                        session.resume();
+                    }
+                    reserved
+                }
+            };
+            let permit = match reserved {
                 Ok(Ok(mut permits)) => permits.next().expect("two permits"),
                 Ok(Err(_)) => return, // the client went away
                 Err(_) => {

@@ -5,7 +5,7 @@
 //! `worker_waiting_sequences`, `worker_kv_blocks_capacity` (named so because a `_total` suffix means a counter), `worker_kv_blocks_used`,
 //! `worker_kv_blocks_free`, `worker_kv_block_size`, `worker_kv_tokens_used`,
 //! `worker_kv_tokens_capacity`, `worker_prefix_cache_blocks`, `worker_last_batch_tokens`,
-//! `worker_last_batch_sequences`, `worker_serving`, `worker_draining`; counters
+//! `worker_last_batch_sequences`, `worker_held_sequences`, `worker_serving`, `worker_draining`; counters
 //! `worker_steps_total`, `worker_prompt_tokens_total`, `worker_generated_tokens_total`,
 //! `worker_preemptions_total`, `worker_prefix_cache_query_tokens_total`,
 //! `worker_prefix_cache_hit_tokens_total`, `worker_finished_requests_total`,
@@ -195,7 +195,7 @@ impl Collector for StatsCollector {
         let Some(s) = *self.snapshot.lock().expect("stats lock") else {
             return Ok(());
         };
-        let gauges: [(&str, &str, u64); 11] = [
+        let gauges: [(&str, &str, u64); 12] = [
             (
                 "running_sequences",
                 "Sequences running (in the batch)",
@@ -246,6 +246,11 @@ impl Collector for StatsCollector {
                 "last_batch_sequences",
                 "Sequences in the last step's batch",
                 s.last_batch_sequences.into(),
+            ),
+            (
+                "held_sequences",
+                "Sequences held because their clients stopped reading (no batch slot, no KV blocks)",
+                s.held_sequences.into(),
             ),
         ];
         for (name, help, v) in gauges {

@@ -48,6 +48,12 @@
 //!      enough. A preempted sequence's chunk of this step is dropped and its tokens go back to the
 //!      budget.
 //!
+//! 3. **Held sequences sit out** ([`Scheduler::hold`]): a sequence whose client stopped reading is
+//!    preempted by recompute and kept out of both the running set and the queue (no batch slot, no
+//!    KV blocks, no step time) until [`Scheduler::resume`] queues it again at its place by
+//!    priority and arrival; its full blocks stay in the prefix cache meanwhile, so a resume
+//!    usually recomputes only the last partial block.
+//!
 //!    Every admitted prefill therefore progresses at least every step while it is the oldest, and a
 //!    request of `n` prompt tokens reaches its first token within a bounded number of steps: the
 //!    prefills shorter than it, plus its own `ceil(n / chunk)` steps.
@@ -107,8 +113,10 @@ pub struct Scheduler {
     config: SchedulerConfig,
     waiting: WaitQueue<SeqId>,
     running: RunningSet<SeqId>,
-    /// Each queued or running sequence's tenant.
+    /// Each queued, running or held sequence's tenant.
     tenant_of: HashMap<SeqId, Arc<str>>,
+    /// Held sequences (see [`Self::hold`]) and the priority they resume with.
+    held: HashMap<SeqId, Priority>,
     tenants: TenantShares,
 }
 
@@ -123,6 +131,7 @@ impl Scheduler {
             waiting: WaitQueue::default(),
             running: RunningSet::default(),
             tenant_of: HashMap::new(),
+            held: HashMap::new(),
             tenants: TenantShares::default(),
         }
     }
@@ -143,9 +152,61 @@ impl Scheduler {
     pub fn remove(&mut self, id: SeqId) {
         self.running.remove(id);
         self.waiting.remove(id);
+        self.held.remove(&id);
         if let Some(tenant) = self.tenant_of.remove(&id) {
             self.tenants.leave(&tenant);
         }
+    }
+
+    /// Takes a running or waiting sequence out of the schedule until [`Self::resume`] (its
+    /// client stopped reading): a running one is preempted by recompute (its blocks are released
+    /// to `pool`, whose prefix cache keeps the full ones, and `computed` restarts at 0), a waiting
+    /// one leaves the queue. Its tokens, sampler and constraint stay as they are, so a resumed
+    /// sequence continues exactly where it stopped. Returns false (and does nothing) for a
+    /// sequence that is unknown or already held.
+    pub fn hold(
+        &mut self,
+        id: SeqId,
+        seqs: &mut HashMap<SeqId, Sequence>,
+        pool: &mut BlockPool,
+    ) -> bool {
+        let Some(priority) = self.running.remove(id).or_else(|| self.waiting.remove(id)) else {
+            return false;
+        };
+        if let Some(seq) = seqs.get_mut(&id) {
+            if let Some(blocks) = seq.blocks.take() {
+                pool.release(blocks);
+            }
+            seq.computed = 0;
+        }
+        self.held.insert(id, priority);
+        true
+    }
+
+    /// Queues a held sequence again, at its place by priority and arrival (as a preempted one).
+    /// Returns false (and does nothing) for a sequence that is not held.
+    pub fn resume(&mut self, id: SeqId) -> bool {
+        let Some(priority) = self.held.remove(&id) else {
+            return false;
+        };
+        self.waiting.push(id, priority, self.tenant_of[&id].clone());
+        true
+    }
+
+    /// Whether `id` is held.
+    pub fn is_held(&self, id: SeqId) -> bool {
+        self.held.contains_key(&id)
+    }
+
+    /// Held sequences.
+    pub fn num_held(&self) -> usize {
+        self.held.len()
+    }
+
+    /// Whether a step has anything to run: a running or a waiting sequence (held ones do not
+    /// count).
+    pub fn has_work(&self) -> bool {
+        self.running.len() + self.waiting.len() > 0
     }
 
     /// Sequences waiting for admission.

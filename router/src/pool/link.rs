@@ -13,8 +13,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use inference_proto::worker::{
-    router_message, AddRequest, CancelRequest, HealthResponse, LoadReport, PromptLogprobs,
-    RouterMessage, StepOutput, TokenOutput,
+    router_message, AddRequest, CancelRequest, HealthResponse, HoldRequest, LoadReport,
+    PromptLogprobs, ResumeRequest, RouterMessage, StepOutput, TokenOutput,
 };
 use tokio::sync::mpsc;
 
@@ -111,13 +111,19 @@ impl WorkerSnapshot {
 }
 
 impl LinkState {
-    /// The requests in flight as the cap counts them.
+    /// The requests in flight as the cap counts them (held ones take no place in the worker's
+    /// batch, so they do not count).
     fn occupancy(&self) -> Occupancy {
         let mut o = Occupancy::default();
-        for r in self.inflight.values() {
+        for r in self.inflight.values().filter(|r| !r.held) {
             o.add(r.sheddable, r.tenant.as_ref());
         }
         o
+    }
+
+    /// Requests in flight that the worker runs or queues (not held).
+    fn active(&self) -> usize {
+        self.inflight.values().filter(|r| !r.held).count()
     }
 }
 
@@ -129,6 +135,9 @@ struct InFlight {
     sheddable: bool,
     /// Its tenant, when known (not for a failover).
     tenant: Option<Arc<str>>,
+    /// Held on the worker because its client stopped reading ([`WorkerLink::hold`]): the worker
+    /// runs no step for it, so it does not count as work for the stall rule.
+    held: bool,
 }
 
 /// One worker: its address and connection state.
@@ -200,7 +209,7 @@ impl WorkerLink {
             stalled: state.progress.as_ref().is_some_and(Progress::is_stalled),
             inflight: state.inflight.len(),
             occupancy: state.occupancy(),
-            load: state.inflight.len().max(reported_load as usize),
+            load: state.active().max(reported_load as usize),
             reported,
             last_report: state.reported.map(|(r, _)| r),
             last_error: state.last_error.clone(),
@@ -235,7 +244,7 @@ impl WorkerLink {
             return None;
         }
         let (tx, rx) = mpsc::unbounded_channel();
-        let inflight_before = state.inflight.len();
+        let inflight_before = state.active();
         if let Some(progress) = state.progress.as_mut() {
             progress.on_dispatch(Instant::now(), inflight_before);
         }
@@ -245,6 +254,7 @@ impl WorkerLink {
                 events: tx,
                 sheddable,
                 tenant: tenant.cloned(),
+                held: false,
             },
         );
         Some(rx)
@@ -262,6 +272,45 @@ impl WorkerLink {
                     request_id: request_id.to_string(),
                 })),
             });
+        }
+        true
+    }
+
+    /// Flow control: asks the worker to hold the request (its client stopped reading; see
+    /// `HoldRequest` in worker.proto). Returns whether it was in flight here.
+    pub(super) fn hold(&self, request_id: &str) -> bool {
+        self.set_held(request_id, true)
+    }
+
+    /// Flow control: asks the worker to resume a held request; the stall clock restarts when it
+    /// was the only work this router had there. Returns whether it was in flight here.
+    pub(super) fn resume(&self, request_id: &str) -> bool {
+        self.set_held(request_id, false)
+    }
+
+    fn set_held(&self, request_id: &str, held: bool) -> bool {
+        let mut state = self.lock();
+        let active_before = state.active();
+        let Some(request) = state.inflight.get_mut(request_id) else {
+            return false;
+        };
+        if request.held == held {
+            return true;
+        }
+        request.held = held;
+        if !held {
+            if let Some(progress) = state.progress.as_mut() {
+                progress.on_dispatch(Instant::now(), active_before);
+            }
+        }
+        if let Some(sender) = &state.sender {
+            let request_id = request_id.to_string();
+            let kind = if held {
+                router_message::Kind::Hold(HoldRequest { request_id })
+            } else {
+                router_message::Kind::Resume(ResumeRequest { request_id })
+            };
+            let _ = sender.send(RouterMessage { kind: Some(kind) });
         }
         true
     }
@@ -310,7 +359,7 @@ impl WorkerLink {
     pub(super) fn check_stall(&self) -> Option<(Duration, usize)> {
         let mut state = self.lock();
         let now = Instant::now();
-        let inflight = state.inflight.len();
+        let inflight = state.active();
         let progress = state.progress.as_mut()?;
         if progress.check(now, inflight) != Change::Stalled {
             return None;

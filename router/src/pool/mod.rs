@@ -563,6 +563,20 @@ impl Dispatched {
     pub fn worker_address(&self) -> &str {
         &self.link.address
     }
+
+    /// Flow control: the client stopped reading, so the worker holds the request (it generates
+    /// nothing and takes no place in the batch; `HoldRequest` in worker.proto). A held request
+    /// frees its place under `max_inflight_per_worker`, so the queue moves on.
+    pub fn hold(&self) {
+        if self.link.hold(&self.internal_id) {
+            self.pool.pump();
+        }
+    }
+
+    /// Flow control: the client reads again; the worker continues the request.
+    pub fn resume(&self) {
+        self.link.resume(&self.internal_id);
+    }
 }
 
 impl Drop for Dispatched {

@@ -86,6 +86,21 @@ impl Session {
         self.current.as_ref().map(Dispatched::worker_address)
     }
 
+    /// Flow control: the client stopped reading; the current worker (if any) holds the request
+    /// until [`Self::resume`]. A failover in between starts unheld on the next worker.
+    pub fn hold(&self) {
+        if let Some(current) = &self.current {
+            current.hold();
+        }
+    }
+
+    /// Flow control: the client reads again.
+    pub fn resume(&self) {
+        if let Some(current) = &self.current {
+            current.resume();
+        }
+    }
+
     /// The next generated token (the last one has `finished` set), waiting in the queue or for a
     /// failover first when needed.
     ///

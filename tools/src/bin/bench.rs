@@ -25,6 +25,10 @@
 //! `scripts/soak`; `bench soak --help`): exit 0 when every target holds, 1 when one fails, 2 for a
 //! bad command line.
 //!
+//! `bench stuck-clients ...`: the normal requests' ITL beside 32 streams whose client never reads,
+//! against their ITL alone (`tools::stuck_clients`; `bench stuck-clients --help`): exit 0 when
+//! the ratio meets `--max-ratio`, 1 when not, 2 when the run could not be carried out.
+//!
 //! Exit status: 0 when every measured request succeeded, 1 when any failed (the summary is still
 //! printed and written), 2 when the run could not start or the JSON could not be written.
 
@@ -36,6 +40,7 @@ use tools::bench::{run::run, BenchArgs};
 use tools::fleet::{self, cli::FleetArgs, resync::ResyncArgs};
 use tools::quality::{self, cli::QualityArgs};
 use tools::soak::{self, cli::SoakArgs};
+use tools::stuck_clients::{self, StuckArgs};
 
 /// 0 when a subcommand's run succeeded; else its error on stderr and 2.
 fn exit_code(subcommand: &str, result: anyhow::Result<()>) -> ExitCode {
@@ -61,6 +66,17 @@ async fn main() -> ExitCode {
     if std::env::args().nth(1).as_deref() == Some("quality") {
         let args = QualityArgs::parse_from(std::env::args().skip(1));
         return exit_code("quality", quality::cli::run(&args).await);
+    }
+    if std::env::args().nth(1).as_deref() == Some("stuck-clients") {
+        let args = StuckArgs::parse_from(std::env::args().skip(1));
+        return match stuck_clients::run(&args).await {
+            Ok(true) => ExitCode::SUCCESS,
+            Ok(false) => ExitCode::FAILURE,
+            Err(e) => {
+                eprintln!("bench stuck-clients: {e:#}");
+                ExitCode::from(2)
+            }
+        };
     }
     if std::env::args().nth(1).as_deref() == Some("soak") {
         let args = SoakArgs::parse_from(std::env::args().skip(1));

@@ -214,6 +214,7 @@ pub fn wire_stats(stats: EngineStats) -> WireStats {
         speculative_draft_tokens,
         speculative_accepted_tokens,
         speculative_verifications,
+        held_sequences,
         // Not on the wire: the metrics' `proposer="grammar"` counters carry them.
         speculative_forced_tokens: _,
         speculative_forced_accepted_tokens: _,
@@ -243,6 +244,7 @@ pub fn wire_stats(stats: EngineStats) -> WireStats {
         speculative_draft_tokens,
         speculative_accepted_tokens,
         speculative_verifications,
+        held_sequences,
     }
 }
 
@@ -509,6 +511,7 @@ mod tests {
             speculative_draft_tokens: 22,
             speculative_accepted_tokens: 23,
             speculative_verifications: 24,
+            held_sequences: 27,
             // Not on the wire (see `wire_stats`).
             speculative_forced_tokens: 25,
             speculative_forced_accepted_tokens: 26,
@@ -540,6 +543,7 @@ mod tests {
                 speculative_draft_tokens: 22,
                 speculative_accepted_tokens: 23,
                 speculative_verifications: 24,
+                held_sequences: 27,
             }
         );
     }

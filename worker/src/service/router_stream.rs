@@ -7,6 +7,8 @@
 //! - any other `add`: [`Command::Add`] (the engine validates the rest: ids, lengths, sampling, KV
 //!   room, and answers with a request error or tokens);
 //! - a `cancel`: [`Command::Cancel`] (a cancel of an id the engine does not run is ignored);
+//! - a `hold` or `resume` (flow control for a client that stopped reading): [`Command::Hold`],
+//!   [`Command::Resume`] (ignored for an id the engine does not run, or not in that state);
 //! - a message of no kind: ignored.
 //!
 //! [`WorkerService::open_stream`] opens one (the gRPC handler does, and so does the `router-stream`
@@ -116,6 +118,14 @@ impl RouterStream {
                     request_id: cancel.request_id,
                 }
             }
+            Some(router_message::Kind::Hold(hold)) => Command::Hold {
+                conn,
+                request_id: hold.request_id,
+            },
+            Some(router_message::Kind::Resume(resume)) => Command::Resume {
+                conn,
+                request_id: resume.request_id,
+            },
             None => return true,
         };
         self.engine.send(command)
