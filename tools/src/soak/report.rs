@@ -33,6 +33,17 @@ pub struct ProcSample {
     pub stats: Option<ProcStats>,
     /// Workers: `worker_kv_blocks_used` (`None`: no answer, e.g. stopped).
     pub kv_used: Option<f64>,
+    /// Workers: `worker_held_sequences`, requests held for clients that stopped reading (`None`:
+    /// no answer).
+    pub held: Option<f64>,
+}
+
+impl ProcSample {
+    /// A worker that holds nothing: every KV block free and no held request (each held request
+    /// is resumed or cancelled by its router within `slow_client_timeout_ms`).
+    pub fn holds_nothing(&self) -> bool {
+        self.kv_used == Some(0.0) && self.held == Some(0.0)
+    }
 }
 
 /// One sample.
@@ -49,12 +60,16 @@ pub async fn sample(cluster: &Cluster, http: &reqwest::Client, t: f64) -> Sample
     let mut procs = Vec::new();
     for p in &cluster.procs {
         let (pid, instance, started) = p.current();
-        let kv_used = match p.kind {
-            Kind::Worker => scrape(http, &p.metrics)
-                .await
-                .and_then(|page| metric(&page, "worker_kv_blocks_used", None)),
+        let page = match p.kind {
+            Kind::Worker => scrape(http, &p.metrics).await,
             Kind::Router => None,
         };
+        let kv_used = page
+            .as_deref()
+            .and_then(|page| metric(page, "worker_kv_blocks_used", None));
+        let held = page
+            .as_deref()
+            .and_then(|page| metric(page, "worker_held_sequences", None));
         procs.push(ProcSample {
             name: p.name.clone(),
             instance,
@@ -62,6 +77,7 @@ pub async fn sample(cluster: &Cluster, http: &reqwest::Client, t: f64) -> Sample
             age_s: started.elapsed().as_secs_f64(),
             stats: p.stats(),
             kv_used,
+            held,
         });
     }
     Sample { t, procs }
@@ -309,11 +325,8 @@ pub fn summary(f: &Finish<'_>) -> (String, bool) {
                 .iter()
                 .filter(|p| p.name.starts_with("worker"))
                 .map(|p| {
-                    format!(
-                        "{} {}",
-                        p.name,
-                        p.kv_used.map_or("?".into(), |k| k.to_string())
-                    )
+                    let value = |v: Option<f64>| v.map_or("?".into(), |k| k.to_string());
+                    format!("{} {} (held {})", p.name, value(p.kv_used), value(p.held))
                 })
                 .collect()
         })
@@ -322,11 +335,11 @@ pub fn summary(f: &Finish<'_>) -> (String, bool) {
         s.procs
             .iter()
             .filter(|p| p.name.starts_with("worker"))
-            .all(|p| p.kv_used == Some(0.0))
+            .all(ProcSample::holds_nothing)
     });
     let _ = writeln!(
         out,
-        "KV blocks used when idle at the end: {}",
+        "KV blocks used (and requests held) when idle at the end: {}",
         kv.join(", ")
     );
     let _ = writeln!(
@@ -350,7 +363,7 @@ pub fn summary(f: &Finish<'_>) -> (String, bool) {
         ),
         ("constrained outputs valid", invalid == 0),
         ("RSS, fds, threads flat after warm-up (5 %)", memory_ok),
-        ("KV blocks back to 0 when idle", kv_ok),
+        ("KV blocks (and held requests) back to 0 when idle", kv_ok),
         (
             "busy workers never reported not ready",
             f.violations.is_empty() && f.judged > 0,

@@ -18,7 +18,7 @@ use super::cli::SoakArgs;
 use super::faults::{self, FaultLog};
 use super::load::{Load, Prompt, Reference, Tag, GREEDY_NEW};
 use super::procs::{lazy_channel, Cluster};
-use super::report::{render_sample, sample, summary, Finish, Sample};
+use super::report::{render_sample, sample, summary, Finish, ProcSample, Sample};
 use crate::bench::prompt::build_prompts;
 use crate::bench::rng::SplitMix64;
 use crate::bench::target::RpcTokenizer;
@@ -188,7 +188,7 @@ async fn soak(args: &SoakArgs, cluster: &Cluster, dir: PathBuf) -> anyhow::Resul
             .procs
             .iter()
             .filter(|p| p.name.starts_with("worker"))
-            .all(|p| p.kv_used == Some(0.0));
+            .all(ProcSample::holds_nothing);
         if freed || Instant::now() > idle_until {
             break s;
         }
