@@ -20,6 +20,7 @@ use integration_tests::{
     worker_stats, Process, PublicClient,
 };
 use rand::{Rng, SeedableRng};
+use routing::index::{fingerprint_of, metric_fingerprint};
 
 /// Starts a worker on `addr` with a KV cache of `kv_blocks` blocks of 16 tokens.
 async fn start_worker_at(model: &std::path::Path, addr: &str, kv_blocks: &str) -> Process {
@@ -85,8 +86,8 @@ fn router_index(metrics: &str, worker: &str) -> (u64, u64, bool) {
 
 /// What the router's metrics show of a worker whose cache is `cache`.
 fn expected_index(cache: &[u64]) -> (u64, u64, bool) {
-    let xor = cache.iter().fold(0u64, |a, h| a ^ h);
-    (cache.len() as u64, xor & ((1 << 52) - 1), true)
+    let fingerprint = metric_fingerprint(fingerprint_of(cache));
+    (cache.len() as u64, fingerprint, true)
 }
 
 /// Waits until every router's index of every worker equals the worker's cache; returns how long it

@@ -20,9 +20,6 @@ use prometheus_client::metrics::MetricType;
 
 use crate::pool::{KvIndexState, PoolCounters, WorkerSnapshot};
 
-/// The fingerprint bits a Prometheus gauge (an f64) holds exactly.
-pub const FINGERPRINT_MASK: u64 = (1 << 52) - 1;
-
 /// Encodes the KV-aware routing metrics of `workers` and `counters`.
 pub fn encode(
     e: &mut DescriptorEncoder,
@@ -39,7 +36,7 @@ pub fn encode(
         (
             "worker_kv_index_fingerprint",
             "Low 52 bits of the XOR of the block hashes in this router's index of the worker",
-            |k| (k.fingerprint & FINGERPRINT_MASK) as i64,
+            |k| routing::index::metric_fingerprint(k.fingerprint) as i64,
         ),
         (
             "worker_kv_index_fresh",

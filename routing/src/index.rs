@@ -144,8 +144,7 @@ impl BlockIndex {
     }
 
     /// The XOR of every hash held, kept as events arrive: with [`BlockIndex::len`], a cheap check
-    /// that two views of a cache agree (the router's metrics expose its low 52 bits, which a
-    /// Prometheus gauge holds exactly).
+    /// that two views of a cache agree (the router's metrics expose [`metric_fingerprint`] of it).
     pub fn fingerprint(&self) -> u64 {
         self.xor
     }
@@ -156,6 +155,19 @@ impl BlockIndex {
         all.sort_unstable();
         all
     }
+}
+
+/// The fingerprint of a cache holding `hashes` (any order): the XOR of them all, what
+/// [`BlockIndex::fingerprint`] keeps for the same set.
+pub fn fingerprint_of(hashes: &[u64]) -> u64 {
+    hashes.iter().fold(0, |xor, h| xor ^ h)
+}
+
+/// What the router's `router_worker_kv_index_fingerprint` gauge shows for `fingerprint`: its low
+/// 52 bits, which a Prometheus gauge (an f64) holds exactly. A tool or test that knows a worker's
+/// cache compares `metric_fingerprint(fingerprint_of(cache))` with the gauge.
+pub fn metric_fingerprint(fingerprint: u64) -> u64 {
+    fingerprint & ((1 << 52) - 1)
 }
 
 #[cfg(test)]
@@ -173,6 +185,14 @@ mod tests {
         assert_eq!(index.prefix_blocks(&[1, 2, 3, 4]), 1);
         assert_eq!(index.sorted_hashes(), vec![1, 3, 4]);
         assert_eq!(index.fingerprint(), 1 ^ 3 ^ 4);
+        assert_eq!(index.fingerprint(), fingerprint_of(&[4, 3, 1]));
+    }
+
+    #[test]
+    fn the_metric_fingerprint_is_the_low_52_bits() {
+        assert_eq!(metric_fingerprint(u64::MAX), (1 << 52) - 1);
+        assert_eq!(metric_fingerprint(1 << 52 | 5), 5);
+        assert_eq!(fingerprint_of(&[]), 0);
     }
 
     #[test]

@@ -26,6 +26,7 @@ use inference_proto::public::text_generation_client::TextGenerationClient;
 use inference_proto::public::GenerateRequest;
 use inference_proto::worker::worker_client::WorkerClient;
 use inference_proto::worker::KvCacheBlocksRequest;
+use routing::index::{fingerprint_of, metric_fingerprint};
 use routing::Routing;
 
 use super::real::{free_port, spawn, Fleet, FleetSpec};
@@ -63,8 +64,8 @@ pub struct ResyncArgs {
 
 /// A worker's cache as the router's metrics show it: (blocks, fingerprint).
 fn expected(cache: &[u64]) -> (u64, u64) {
-    let xor = cache.iter().fold(0u64, |a, h| a ^ h);
-    (cache.len() as u64, xor & ((1 << 52) - 1))
+    let fingerprint = metric_fingerprint(fingerprint_of(cache));
+    (cache.len() as u64, fingerprint)
 }
 
 async fn worker_cache(addr: &str) -> anyhow::Result<Vec<u64>> {
