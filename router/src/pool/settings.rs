@@ -67,7 +67,7 @@ impl Default for PoolSettings {
                 max_waiting_requests: 256,
                 max_waiting_tokens: 262_144,
             },
-            routing: Routing::Affinity,
+            routing: Routing::KvAware,
             affinity: AffinityPolicy {
                 prefix_tokens: 64,
                 load_factor: 0.5,

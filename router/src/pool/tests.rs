@@ -29,6 +29,7 @@ use tonic::{Request, Response, Status, Streaming};
 use super::*;
 use crate::admission::{AdmissionLimits, QueueFull};
 use crate::affinity::AffinityPolicy;
+use routing::Routing;
 
 /// Token `index` of a request: what any worker would generate there.
 fn expected_token(prompt: &[u32], seed: u64, index: usize) -> u32 {
@@ -517,7 +518,9 @@ async fn same_prefix_goes_to_one_worker_and_unhealthy_workers_are_skipped() {
         FakeWorker::start(Duration::from_millis(1)).await,
     ];
     let addresses: Vec<String> = workers.iter().map(|w| w.address.clone()).collect();
+    // Prefix affinity (the fake workers report no KV cache for `kv_aware` to follow).
     let s = PoolSettings {
+        routing: Routing::Affinity,
         affinity: AffinityPolicy {
             prefix_tokens: 4,
             load_factor: 0.5,
