@@ -38,12 +38,17 @@ impl Keys<'_> {
     }
 }
 
+/// Most layers a model may declare (`{arch}.block_count`): the largest published models of the
+/// supported architectures have under 200, so a larger count is a corrupt file, refused before
+/// anything is allocated per layer.
+pub const MAX_LAYERS: usize = 4096;
+
 impl ModelDesc {
     /// Reads the description of the model in `src`.
     ///
     /// Errors: [`ArchError::MissingKey`] for `general.architecture` or a required `{arch}.*`
     /// key; [`ArchError::UnsupportedArchitecture`]; [`ArchError::InvalidConfig`] for sizes that
-    /// do not fit together, a partial RoPE (`rope.dimension_count != head size`), value heads of
+    /// do not fit together, a `block_count` above [`MAX_LAYERS`], a partial RoPE (`rope.dimension_count != head size`), value heads of
     /// another size than key heads, a RoPE scaling other than `linear`, or Phi-3's LongRoPE
     /// factor tensors; [`ArchError::Tensor`] for a `rope_freqs.weight` that is not `[head/2]`;
     /// [`ArchError::Source`] for unreadable metadata.
@@ -55,6 +60,13 @@ impl ModelDesc {
             .ok_or_else(|| ArchError::UnsupportedArchitecture(name.clone()))?;
         let m = Keys { src, arch };
         let n_layers = m.required("block_count")?;
+        if n_layers > MAX_LAYERS {
+            return Err(ArchError::InvalidConfig(format!(
+                "{} is {n_layers}, more than the {MAX_LAYERS} layers any supported model has \
+                 (a corrupt file?)",
+                m.key("block_count")
+            )));
+        }
         let hidden = m.required("embedding_length")?;
         let n_heads = m.required("attention.head_count")?;
         let n_kv_heads = m.usize("attention.head_count_kv")?.unwrap_or(n_heads);

@@ -192,6 +192,19 @@ fn bad_headers_say_which_key() {
         err.to_string(),
         "missing metadata key `qwen2.embedding_length`"
     );
+
+    // A corrupt layer count is refused before anything is allocated per layer (found by the
+    // `gguf` fuzz target: 4,294,967,288 layers asked for 96 GiB).
+    let mut w = GgufWriter::new();
+    w.add_string("general.architecture", "llama");
+    w.add_u32("llama.block_count", 0xFFFF_FFF8);
+    w.write(&path).unwrap();
+    let err = ModelDesc::from_source(&GgufFile::open(&path).unwrap()).unwrap_err();
+    assert!(matches!(err, ArchError::InvalidConfig(_)), "{err}");
+    assert!(
+        err.to_string().contains("llama.block_count is 4294967288"),
+        "{err}"
+    );
 }
 
 /// A plain Llama's plan is the Llama block and nothing else: no bias, q/k norm, post-norm,
