@@ -238,6 +238,30 @@ pub fn launch(
     Ok(rx)
 }
 
+/// Slots a held stream's client must free before its request resumes: half the buffer, so that a
+/// client reading slower than the worker generates makes one hold and one resume per half buffer,
+/// not one per message (each resume recomputes the sequence's last partial KV block).
+const RESUME_AFTER: usize = RESPONSE_BUFFER / 2;
+
+/// Waits, while the request is held, until the client has freed [`RESUME_AFTER`] slots of `tx`,
+/// each within `timeout` of the one before; returns their permits (none when the client went
+/// away), or `Err` when the client read nothing for `timeout` (the permits are given back, so
+/// the error fits).
+async fn drain(
+    tx: &ResponseSender,
+    timeout: std::time::Duration,
+) -> Result<Vec<mpsc::Permit<'_, Result<GenerateResponse, RouteError>>>, ()> {
+    let mut permits = Vec::with_capacity(RESUME_AFTER);
+    while permits.len() < RESUME_AFTER {
+        match tokio::time::timeout(timeout, tx.reserve()).await {
+            Ok(Ok(permit)) => permits.push(permit),
+            Ok(Err(_)) => return Ok(Vec::new()),
+            Err(_) => return Err(()),
+        }
+    }
+    Ok(permits)
+}
+
 /// The service one sequence receives, charged to its tenant as tokens stream: each token goes to
 /// the tenant's fair-share counter and uses up the quota reservation (the rest is given back when
 /// the stream ends, by the [`Lease`]).
@@ -321,25 +345,26 @@ impl TokenStream {
                 m.finish_reason != FinishReason::Unspecified as i32
             });
             // Sent only while a second slot is free, so that the error below always fits. A full
-            // buffer holds the request on its worker until the client reads again.
+            // buffer holds the request on its worker until the client has drained half of it.
             let slow_client_timeout = self.service.pool.settings().slow_client_timeout;
-            let reserved = match tx.try_reserve_many(2) {
-                Ok(permits) => Ok(Ok(permits)),
+            let drained = match tx.try_reserve_many(2) {
+                Ok(mut permits) => Ok(vec![permits.next().expect("two permits")]),
                 Err(TrySendError::Closed(())) => return, // the client went away
                 Err(TrySendError::Full(())) => {
                     session.hold();
-                    let reserved =
-                        tokio::time::timeout(slow_client_timeout, tx.reserve_many(2)).await;
-                    if matches!(reserved, Ok(Ok(_))) {
+                    let drained = drain(&tx, slow_client_timeout).await;
+                    if drained.as_ref().is_ok_and(|permits| !permits.is_empty()) {
                         session.resume();
                     }
-                    reserved
+                    drained
                 }
             };
-            let permit = match reserved {
-                Ok(Ok(mut permits)) => permits.next().expect("two permits"),
-                Ok(Err(_)) => return, // the client went away
-                Err(_) => {
+            let permit = match drained {
+                Ok(mut permits) => match permits.pop() {
+                    Some(permit) => permit,
+                    None => return, // the client went away
+                },
+                Err(()) => {
                     tracing::info!(
                         request_id = %self.request_id,
                         generated = self.generated,
@@ -483,4 +508,66 @@ fn top_logprobs(model: &ModelContext, alternatives: &[TokenLogprob]) -> Vec<TopL
             logprob: alt.logprob,
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// A response channel with every slot but one taken, as the stream loop leaves it when full.
+    fn full() -> (
+        ResponseSender,
+        mpsc::Receiver<Result<GenerateResponse, RouteError>>,
+    ) {
+        let (tx, rx) = mpsc::channel(RESPONSE_BUFFER);
+        for _ in 0..RESPONSE_BUFFER - 1 {
+            tx.try_send(Ok(GenerateResponse::default())).unwrap();
+        }
+        (tx, rx)
+    }
+
+    #[tokio::test]
+    async fn a_held_stream_resumes_only_after_its_client_read_half_the_buffer() {
+        let (tx, mut rx) = full();
+        let reader = tokio::spawn(async move {
+            // One message every 5 ms: within the timeout each time.
+            for _ in 0..RESUME_AFTER {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                let _ = rx.recv().await.expect("a message");
+            }
+            rx
+        });
+        let started = std::time::Instant::now();
+        let permits = drain(&tx, Duration::from_secs(1)).await.unwrap();
+        assert_eq!(permits.len(), RESUME_AFTER);
+        // The first permit was free at once; the other RESUME_AFTER - 1 waited for a read each.
+        let waited = started.elapsed();
+        assert!(
+            waited >= Duration::from_millis(5 * (RESUME_AFTER as u64 - 1)),
+            "{waited:?}"
+        );
+        drop(permits);
+        drop(reader.await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn a_client_that_stops_reading_while_held_times_out_and_the_error_fits() {
+        let (tx, mut rx) = full();
+        // The client reads 3 messages, then nothing.
+        for _ in 0..3 {
+            let _ = rx.recv().await.expect("a message");
+        }
+        assert!(drain(&tx, Duration::from_millis(50)).await.is_err());
+        // The permits taken while waiting were given back: the error has a slot.
+        assert!(tx.try_send(Ok(GenerateResponse::default())).is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_client_gone_while_held_gives_no_permit() {
+        let (tx, rx) = full();
+        drop(rx);
+        assert!(drain(&tx, Duration::from_secs(1)).await.unwrap().is_empty());
+    }
 }

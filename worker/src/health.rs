@@ -205,7 +205,10 @@ pub async fn watch_engine(
 
 /// Waits until the engine has no running or waiting sequence, or `timeout` passes; returns whether
 /// it went idle. Asks the engine itself (not its published state), so requests whose `Add` was
-/// sent before the drain began are counted.
+/// sent before the drain began are counted. Held sequences (`HoldRequest`: their clients stopped
+/// reading) are not waited for, since a client may never read again: when the worker stops, each
+/// continues on another worker with the tokens it has once its client reads again (the router's
+/// failover, as for any stream of a worker that goes away).
 pub async fn wait_idle(engine: &EngineHandle, timeout: Duration) -> bool {
     let deadline = Instant::now() + timeout;
     loop {

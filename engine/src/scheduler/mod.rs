@@ -37,7 +37,8 @@
 //!      of running decodes and the wait of a new arrival for the step in progress. A prompt alone on
 //!      the worker still takes the whole budget per step.
 //!    - *Admission is first come first served*: the head of the queue is admitted only when the
-//!      sequence cap allows, the blocks for all its known tokens plus a watermark are available
+//!      sequence cap allows, the blocks for all its known tokens plus a watermark (none for a
+//!      sequence that already generated: preempted, held or resumed) are available
 //!      (leading blocks found in the prefix cache are reused, not recomputed), and the ordering above
 //!      gives it tokens in this step (judged on its whole prompt, before prefix-cache hits). Admission
 //!      stops at the first request that does not qualify (no overtaking), so a request waiting at
@@ -107,14 +108,21 @@ pub struct Schedule {
     pub preempted: Vec<SeqId>,
 }
 
+/// A sequence's tenant and fair-share weight (0 counts as 1).
+#[derive(Debug, Clone)]
+struct Member {
+    tenant: Arc<str>,
+    weight: u32,
+}
+
 /// Waiting and running sequences.
 #[derive(Debug)]
 pub struct Scheduler {
     config: SchedulerConfig,
     waiting: WaitQueue<SeqId>,
     running: RunningSet<SeqId>,
-    /// Each queued, running or held sequence's tenant.
-    tenant_of: HashMap<SeqId, Arc<str>>,
+    /// Each queued, running or held sequence's tenant and fair-share weight.
+    tenant_of: HashMap<SeqId, Member>,
     /// Held sequences (see [`Self::hold`]) and the priority they resume with.
     held: HashMap<SeqId, Priority>,
     tenants: TenantShares,
@@ -145,16 +153,19 @@ impl Scheduler {
         }
         self.tenants.arrive(&tenant, weight);
         self.waiting.push(id, priority, tenant.clone());
-        self.tenant_of.insert(id, tenant);
+        self.tenant_of.insert(id, Member { tenant, weight });
     }
 
     /// Forgets a sequence (finished, failed or cancelled). The caller releases its blocks.
     pub fn remove(&mut self, id: SeqId) {
         self.running.remove(id);
         self.waiting.remove(id);
-        self.held.remove(&id);
-        if let Some(tenant) = self.tenant_of.remove(&id) {
-            self.tenants.leave(&tenant);
+        // A held sequence already left its tenant's share.
+        let held = self.held.remove(&id).is_some();
+        if let Some(member) = self.tenant_of.remove(&id) {
+            if !held {
+                self.tenants.leave(&member.tenant);
+            }
         }
     }
 
@@ -162,8 +173,10 @@ impl Scheduler {
     /// client stopped reading): a running one is preempted by recompute (its blocks are released
     /// to `pool`, whose prefix cache keeps the full ones, and `computed` restarts at 0), a waiting
     /// one leaves the queue. Its tokens, sampler and constraint stay as they are, so a resumed
-    /// sequence continues exactly where it stopped. Returns false (and does nothing) for a
-    /// sequence that is unknown or already held.
+    /// sequence continues exactly where it stopped. While held it leaves its tenant's fair share
+    /// (a tenant whose only sequences wait for their clients is idle, and banks no credit); it
+    /// rejoins on [`Self::resume`]. Returns false (and does nothing) for a sequence that is
+    /// unknown or already held.
     pub fn hold(
         &mut self,
         id: SeqId,
@@ -179,6 +192,7 @@ impl Scheduler {
             }
             seq.computed = 0;
         }
+        self.tenants.leave(&self.tenant_of[&id].tenant);
         self.held.insert(id, priority);
         true
     }
@@ -189,7 +203,9 @@ impl Scheduler {
         let Some(priority) = self.held.remove(&id) else {
             return false;
         };
-        self.waiting.push(id, priority, self.tenant_of[&id].clone());
+        let Member { tenant, weight } = self.tenant_of[&id].clone();
+        self.tenants.arrive(&tenant, weight);
+        self.waiting.push(id, priority, tenant);
         true
     }
 
@@ -294,12 +310,16 @@ impl Scheduler {
             let allocated = loop {
                 let seq = &seqs[&id];
                 let reusable = prompt_logprobs::reusable_prefix(seq);
-                match pool.allocate(
-                    &seq.tokens,
-                    seq.prefix_root,
-                    reusable,
-                    self.config.watermark_blocks,
-                ) {
+                // The watermark is headroom kept from new prompts for the running decodes; a
+                // sequence that already generated (preempted, held, resumed after a failover) had
+                // its room and must find it again, else one that grew to within the watermark of
+                // the whole cache could never come back.
+                let watermark = if seq.tokens.len() > seq.prompt_len {
+                    0
+                } else {
+                    self.config.watermark_blocks
+                };
+                match pool.allocate(&seq.tokens, seq.prefix_root, reusable, watermark) {
                     Ok(allocated) => break Some(allocated),
                     Err(short) => {
                         let mut step = StepState {
@@ -355,14 +375,14 @@ impl Scheduler {
         }
         for chunk in &out.chunks {
             self.tenants
-                .charge(&self.tenant_of[&chunk.seq], chunk.num_tokens);
+                .charge(&self.tenant_of[&chunk.seq].tenant, chunk.num_tokens);
         }
         out
     }
 
     /// The fair-share rank (in `ranks`) of `id`'s tenant.
     fn rank_of(&self, ranks: &HashMap<Arc<str>, usize>, id: SeqId) -> usize {
-        rank_in(ranks)(&self.tenant_of[&id])
+        rank_in(ranks)(&self.tenant_of[&id].tenant)
     }
 
     /// True when a non-sheddable sequence may prefill in this step: one running in prefill, or a
@@ -444,7 +464,8 @@ impl Scheduler {
             pool.release(blocks);
         }
         seq.computed = 0;
-        self.waiting.push(id, priority, self.tenant_of[&id].clone());
+        self.waiting
+            .push(id, priority, self.tenant_of[&id].tenant.clone());
         out.preempted.push(id);
     }
 

@@ -111,11 +111,12 @@ impl WorkerSnapshot {
 }
 
 impl LinkState {
-    /// The requests in flight as the cap counts them (held ones take no place in the worker's
-    /// batch, so they do not count).
+    /// The requests in flight as the cap counts them. Held ones count too: they take no place in
+    /// the worker's batch while held, but they come back when their clients read again, and a
+    /// worker that ignores holds (an older one) keeps running them.
     fn occupancy(&self) -> Occupancy {
         let mut o = Occupancy::default();
-        for r in self.inflight.values().filter(|r| !r.held) {
+        for r in self.inflight.values() {
             o.add(r.sheddable, r.tenant.as_ref());
         }
         o

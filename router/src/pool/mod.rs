@@ -565,12 +565,10 @@ impl Dispatched {
     }
 
     /// Flow control: the client stopped reading, so the worker holds the request (it generates
-    /// nothing and takes no place in the batch; `HoldRequest` in worker.proto). A held request
-    /// frees its place under `max_inflight_per_worker`, so the queue moves on.
+    /// nothing and takes no place in the batch; `HoldRequest` in worker.proto). It keeps its
+    /// place under `max_inflight_per_worker`.
     pub fn hold(&self) {
-        if self.link.hold(&self.internal_id) {
-            self.pool.pump();
-        }
+        self.link.hold(&self.internal_id);
     }
 
     /// Flow control: the client reads again; the worker continues the request.
