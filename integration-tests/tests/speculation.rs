@@ -3,15 +3,20 @@
 //! stop string) equals the stream of a worker with speculation off, on quoting prompts where
 //! prompt lookup accepts a lot, with seeded sampling and penalties, a stop string inside the quoted
 //! text, a short max_new_tokens, free writing and a per-request opt-out; the final usage reports the
-//! draft counts. Bad settings are refused with exit code 2 naming the setting.
+//! draft counts. The same holds with forced preemptions (a KV cache too small for the batch) and
+//! when a speculating worker is killed mid-stream and its streams continue on another one. Bad
+//! settings are refused with exit code 2 naming the setting.
 
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use inference_proto::public::{constraint::Kind, GenerateRequest};
+use inference_proto::public::{constraint::Kind, FinishReason, GenerateRequest};
+use inference_proto::worker::EngineStats;
+use integration_tests::ops::wait_ready_workers;
 use integration_tests::{
-    constrained, greedy, real_model, run_to_exit, stream_all, wait_idle, Cluster,
+    connect_ready, constrained, greedy, real_model, run_to_exit, start_router, start_worker_with,
+    stream_all, wait_idle, worker_stats, Cluster, Generation,
 };
 
 const PASSAGE: &str = "The lighthouse keeper climbed the spiral stairs every evening at dusk, \
@@ -89,7 +94,7 @@ fn json_extraction() -> GenerateRequest {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ngram_streams_equal_speculation_off_on_smollm2() {
-    let (off, ngram) = streams_equal_speculation_off(&real_model(), &[]).await;
+    let Runs { off, ngram, .. } = streams_equal_speculation_off(&real_model(), &[]).await;
     // The stop string ended the quote inside the text.
     assert_eq!(off[2].stop_sequence, "notebook", "{:?}", off[2]);
     // The opt-out did not speculate; the first quoting request accepted proposals.
@@ -115,17 +120,38 @@ async fn ngram_streams_equal_speculation_off_on_gemma3() {
     streams_equal_speculation_off(&integration_tests::gemma3_model(), &[]).await;
 }
 
+/// With a KV cache of 24 blocks (384 tokens: two or three of the requests at a time) the
+/// scheduler preempts sequences mid-answer and recomputes them, speculation's rollback included:
+/// still every stream equal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ngram_streams_equal_speculation_off_under_forced_preemption() {
+    let args = ["--kv-cache-blocks", "24", "--max-batch-tokens", "64"];
+    let Runs { ngram_stats, .. } = streams_equal_speculation_off(&real_model(), &args).await;
+    assert!(ngram_stats.preemptions > 0, "{ngram_stats:?}");
+}
+
+/// Both runs of [`streams_equal_speculation_off`]: the generations and the worker's stats after
+/// each.
+struct Runs {
+    off: Vec<Generation>,
+    ngram: Vec<Generation>,
+    ngram_stats: EngineStats,
+}
+
+/// The parts of a generation that must not depend on speculation.
+fn tokens_of(g: &Generation) -> (String, Vec<u32>, FinishReason, String) {
+    (
+        g.text.clone(),
+        g.token_ids.clone(),
+        g.finish_reason,
+        g.stop_sequence.clone(),
+    )
+}
+
 /// Runs [`requests`] on a worker of `model` (with `worker_args`) with speculation off, then on a
 /// fresh one with `ngram`, and checks every stream equal, KV blocks back to 0 on both, and that
-/// speculation drafted, accepted and took fewer steps. Returns the generations of both runs (off,
-/// ngram).
-async fn streams_equal_speculation_off(
-    model: &std::path::Path,
-    worker_args: &[&str],
-) -> (
-    Vec<integration_tests::Generation>,
-    Vec<integration_tests::Generation>,
-) {
+/// speculation drafted, accepted and took fewer steps.
+async fn streams_equal_speculation_off(model: &std::path::Path, worker_args: &[&str]) -> Runs {
     let requests = requests();
     let mut runs = Vec::new();
     for speculation in ["off", "ngram"] {
@@ -145,15 +171,7 @@ async fn streams_equal_speculation_off(
     let (off, off_stats) = &runs[0];
     let (ngram, ngram_stats) = &runs[1];
     for (i, (a, b)) in off.iter().zip(ngram).enumerate() {
-        let strip = |g: &integration_tests::Generation| {
-            (
-                g.text.clone(),
-                g.token_ids.clone(),
-                g.finish_reason,
-                g.stop_sequence.clone(),
-            )
-        };
-        assert_eq!(strip(a), strip(b), "request {i}");
+        assert_eq!(tokens_of(a), tokens_of(b), "request {i}");
         let usage = (a.usage.unwrap(), b.usage.unwrap());
         assert_eq!(
             usage.0.generated_tokens, usage.1.generated_tokens,
@@ -173,9 +191,88 @@ async fn streams_equal_speculation_off(
         ngram_stats.steps < off_stats.steps,
         "{off_stats:?} {ngram_stats:?}"
     );
-    let ngram = runs.pop().expect("the ngram run").0;
-    let off = runs.pop().expect("the off run").0;
-    (off, ngram)
+    let (ngram, ngram_stats) = runs.pop().expect("the ngram run");
+    let (off, _) = runs.pop().expect("the off run");
+    Runs {
+        off,
+        ngram,
+        ngram_stats,
+    }
+}
+
+/// Two speculating workers behind a router, [`requests`] twice over (18 streams, at most 3
+/// sequences at a time per worker); once 60 tokens have streamed the busier worker is killed -9.
+/// Its streams continue on the other worker, which prefills the tokens they had and speculates on:
+/// every stream equals speculation off on one worker, and the survivor ends with no KV block used.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_speculating_worker_killed_mid_stream_loses_nothing() {
+    let model = real_model();
+    let requests: Vec<GenerateRequest> = requests().into_iter().cycle().take(18).collect();
+    let off: Vec<Generation> = {
+        let cluster = Cluster::start_with(&model, &["--speculation", "off"]).await;
+        let client = cluster.client().await;
+        stream_all(&client, &requests, Arc::default())
+            .await
+            .into_iter()
+            .map(|s| s.expect("generation").generation)
+            .collect()
+    };
+
+    let args = [
+        "--speculation",
+        "ngram",
+        "--threads",
+        "1",
+        "--max-num-seqs",
+        "3",
+    ];
+    let mut workers = Vec::new();
+    for _ in 0..2 {
+        workers.push(start_worker_with(&model, &args).await);
+    }
+    let addrs: Vec<String> = workers.iter().map(|(_, a)| a.clone()).collect();
+    let refs: Vec<&str> = addrs.iter().map(String::as_str).collect();
+    let (_router, router_addr) = start_router(&refs, &[]).await;
+    let mut client = connect_ready(&router_addr, Duration::from_secs(30)).await;
+    wait_ready_workers(&mut client, 2, Duration::from_secs(30)).await;
+    let received = Arc::new(AtomicUsize::new(0));
+    let run = tokio::spawn({
+        let (client, requests, received) = (client.clone(), requests.clone(), received.clone());
+        async move { stream_all(&client, &requests, received).await }
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while received.load(Ordering::SeqCst) < 60 && !run.is_finished() {
+        assert!(Instant::now() < deadline, "the streams did not start");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let mut load = Vec::new();
+    for addr in &addrs {
+        let s = worker_stats(addr).await;
+        load.push(s.running_sequences + s.waiting_sequences);
+    }
+    let victim = usize::from(load[1] > load[0]);
+    workers[victim].0.kill().await;
+    let got = run.await.expect("the streams");
+
+    let mut failovers = 0;
+    for (i, (want, got)) in off.iter().zip(got).enumerate() {
+        let got = got.unwrap_or_else(|s| panic!("request {i} failed: {s:?}"));
+        assert_eq!(
+            tokens_of(&got.generation),
+            tokens_of(want),
+            "request {i} (moved {} times)",
+            got.failovers
+        );
+        failovers += got.failovers;
+    }
+    assert!(
+        load[victim] > 0 && failovers > 0,
+        "the kill hit running requests: load {load:?}, failovers {failovers}"
+    );
+    let survivor = wait_idle(&addrs[1 - victim], Duration::from_secs(30)).await;
+    assert_eq!(survivor.kv_blocks_used, 0, "{survivor:?}");
+    assert!(survivor.speculative_accepted_tokens > 0, "{survivor:?}");
+    eprintln!("killed worker {victim} with load {load:?}; {failovers} streams failed over");
 }
 
 #[tokio::test]

@@ -36,6 +36,7 @@ use tonic::transport::{Channel, Endpoint};
 use crate::bench::stats::Distribution;
 use crate::fleet::real::{free_port, spawn};
 use crate::fleet::workload::WORDS;
+use crate::soak::procs::wait_ready_workers;
 
 /// `bench stuck-clients`: normal requests' ITL beside clients that never read.
 #[derive(Debug, Clone, Parser)]
@@ -279,6 +280,7 @@ async fn measure(args: &StuckArgs, router_addr: &str, worker_addr: &str) -> anyh
         .connect()
         .await
         .context("connecting to the worker")?;
+    wait_ready_workers(router_addr, 1, Duration::from_secs(60)).await?;
     // Warm-up (first-touch of the weights, allocator), not measured.
     run_normal(&router, args).await?;
     let (mut alone, mut beside) = (Round::default(), Round::default());

@@ -299,7 +299,16 @@ pub fn lazy_channel(addr: &str) -> anyhow::Result<Channel> {
 
 /// Waits up to `limit` for `router`'s `ModelInfo` to count `workers` ready workers.
 pub async fn wait_all_ready(router: &Proc, workers: usize, limit: Duration) -> anyhow::Result<()> {
-    let mut client = TextGenerationClient::new(lazy_channel(&router.addr)?);
+    wait_ready_workers(&router.addr, workers, limit)
+        .await
+        .with_context(|| router.name.clone())
+}
+
+/// Waits up to `limit` for the router at `addr` to count `workers` ready workers in its
+/// `ModelInfo` (a router prints "router ready" before it has connected to its workers).
+/// Errors: the count still short when `limit` passes.
+pub async fn wait_ready_workers(addr: &str, workers: usize, limit: Duration) -> anyhow::Result<()> {
+    let mut client = TextGenerationClient::new(lazy_channel(addr)?);
     let deadline = Instant::now() + limit;
     loop {
         let call = client.model_info(ModelInfoRequest::default());
@@ -311,10 +320,7 @@ pub async fn wait_all_ready(router: &Proc, workers: usize, limit: Duration) -> a
             return Ok(());
         }
         if Instant::now() > deadline {
-            bail!(
-                "{} sees {ready} of {workers} workers ready after {limit:?}",
-                router.name
-            );
+            bail!("the router at {addr} sees {ready} of {workers} workers ready after {limit:?}");
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
