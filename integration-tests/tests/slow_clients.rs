@@ -229,3 +229,85 @@ async fn a_client_that_pauses_and_reads_again_gets_every_token_of_an_uninterrupt
     let stats = wait_idle(&worker_addr, Duration::from_secs(30)).await;
     assert_eq!(stats.held_sequences, 0);
 }
+
+/// A client that reads steadily, one message every 100 ms through a 1 KiB HTTP/2 window (far
+/// slower than the worker generates, so its buffer fills and the worker holds it again and again),
+/// is never taken for one that reads nothing: with `slow_client_timeout_ms` = 1 s it gets every
+/// token. (Before the router yielded one message per body chunk, the buffer drained only after the
+/// client had read up to 63 messages through its window, and the stream was cancelled.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_reading_steadily_through_a_small_window_is_never_cancelled() {
+    const TOKENS: u32 = 160;
+    let (_dir, model) = tiny_model_with_context(19, 4_096);
+    let (_worker, worker_addr) = start_worker_with(&model, &[]).await;
+    let (_router, router_addr) =
+        start_router_with_env(&[&worker_addr], &["--slow-client-timeout-ms", "1000"], &[]).await;
+    let client = connect_ready(&router_addr, Duration::from_secs(30)).await;
+    let request = greedy("A story read slowly", TOKENS);
+    let want = run_normal(&client, std::slice::from_ref(&request)).await;
+
+    let slow_channel = Endpoint::from_shared(format!("http://{router_addr}"))
+        .unwrap()
+        .initial_stream_window_size(1024)
+        .connect()
+        .await
+        .unwrap();
+    let mut stream = TextGenerationClient::new(slow_channel)
+        .generate(request)
+        .await
+        .expect("the stream opens")
+        .into_inner();
+    let mut got = Vec::new();
+    loop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        match stream.message().await {
+            Ok(Some(message)) => got.extend(message.tokens.iter().map(|t| t.id)),
+            Ok(None) => break,
+            Err(status) => panic!("cancelled after {} tokens: {status:?}", got.len()),
+        }
+    }
+    assert_eq!(got, want[0]);
+    let stats = wait_idle(&worker_addr, Duration::from_secs(30)).await;
+    assert_eq!((stats.held_sequences, stats.kv_blocks_used), (0, 0));
+}
+
+/// Held requests free their places under `max_inflight_per_worker`: with a cap of 2 and two
+/// streams whose clients stopped reading, a new request is served at once, not after the stuck
+/// ones are cancelled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_requests_do_not_block_the_queue_under_max_inflight_per_worker() {
+    let (_dir, model) = tiny_model_with_context(20, 8_192);
+    let (_worker, worker_addr) = start_worker_with(&model, &[]).await;
+    let (_router, router_addr) = start_router_with_env(
+        &[&worker_addr],
+        &["--slow-client-timeout-ms", "60000"],
+        &[("ROUTER_MAX_INFLIGHT_PER_WORKER", "2")],
+    )
+    .await;
+    let client = connect_ready(&router_addr, Duration::from_secs(30)).await;
+    let stuck_channel = Endpoint::from_shared(format!("http://{router_addr}"))
+        .unwrap()
+        .initial_stream_window_size(1024)
+        .connect()
+        .await
+        .unwrap();
+    let mut stuck = Vec::new();
+    for i in 0..2 {
+        let request = greedy(&format!("Stuck story {i}"), 4_000);
+        let mut c = TextGenerationClient::new(stuck_channel.clone());
+        stuck.push(c.generate(request).await.expect("opens").into_inner());
+    }
+    wait_held(&worker_addr, 2).await;
+    let started = Instant::now();
+    let got = tokio::time::timeout(
+        Duration::from_secs(10),
+        run_normal(&client, &[greedy("A new request", 16)]),
+    )
+    .await
+    .expect("a new request is served while two streams are held");
+    assert_eq!(got[0].len(), 16);
+    eprintln!("served in {:?} beside 2 held streams", started.elapsed());
+    drop(stuck);
+    let stats = wait_idle(&worker_addr, Duration::from_secs(30)).await;
+    assert_eq!((stats.held_sequences, stats.kv_blocks_used), (0, 0));
+}

@@ -208,7 +208,7 @@ pub struct RouterSettings {
     /// they stay unread for this many ms the request is cancelled on its worker and the stream
     /// ends with `RESOURCE_EXHAUSTED` (HTTP: `client_too_slow`) naming this setting. Until then the
     /// worker holds the request (out of its batch, generating nothing; `HoldRequest`), so a stuck
-    /// client never slows other requests down.
+    /// client never slows other requests down. 0 = never cancel.
     pub slow_client_timeout_ms: u64,
     /// Which policy picks each request's worker: `kv_aware` (the default: lowest
     /// `kv_prefill_weight x tokens to prefill + load in tokens` from the workers' reported KV
@@ -382,7 +382,11 @@ impl RouterSettings {
             stall_timeout: Duration::from_millis(self.stall_timeout_ms.max(1)),
             heartbeat_timeout: (self.heartbeat_timeout_ms > 0)
                 .then(|| Duration::from_millis(self.heartbeat_timeout_ms)),
-            slow_client_timeout: Duration::from_millis(self.slow_client_timeout_ms.max(1)),
+            // 0: never cancel (as `heartbeat_timeout_ms = 0` turns its check off).
+            slow_client_timeout: match self.slow_client_timeout_ms {
+                0 => Duration::MAX,
+                ms => Duration::from_millis(ms),
+            },
             max_inflight_per_worker: self.max_inflight_per_worker.max(1) as usize,
             admission: AdmissionLimits {
                 max_waiting_requests: self.max_waiting_requests as usize,

@@ -88,9 +88,19 @@ type ResponseStream = Pin<Box<dyn Stream<Item = Result<GenerateResponse, Status>
 /// and turns an error into its gRPC status. Once the drain timeout passes ([`ActiveCall::cut_off`])
 /// it ends with [`RouteError::DrainTimeout`], dropping its channel (which cancels the request on
 /// its worker).
+///
+/// It yields one message per poll (after each message it answers `Pending` once, with its waker
+/// woken): tonic's encoder otherwise takes every message ready in the buffer into one body chunk,
+/// and hyper asks for the next chunk only when the whole chunk went out within the client's
+/// HTTP/2 window. The router's response buffer then drained in bursts of up to 63 messages, as
+/// slowly as the client read all of them, and a client reading steadily through a small window
+/// looked as if it read nothing for `slow_client_timeout_ms`. One message per chunk makes the
+/// buffer drain at the pace the client reads.
 struct CountedStream {
     /// `None` once the stream was cut off.
     inner: Option<ReceiverStream<Result<GenerateResponse, RouteError>>>,
+    /// The last poll yielded a message (the next one answers `Pending` once).
+    yielded: bool,
     _call: ActiveCall,
     cut_off: CutOff,
     observer: Option<RequestObserver>,
@@ -103,6 +113,10 @@ impl Stream for CountedStream {
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         if self.inner.is_none() {
             return Poll::Ready(None);
+        }
+        if std::mem::take(&mut self.yielded) {
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
         }
         let mut item = match self.cut_off.as_mut().poll(cx) {
             Poll::Ready(error) => {
@@ -120,6 +134,7 @@ impl Stream for CountedStream {
         if let (Some(observer), Some(item)) = (self.observer.as_mut(), item.as_ref()) {
             observer.on_item(item);
         }
+        self.yielded = item.is_some();
         Poll::Ready(item.map(|item| item.map_err(Status::from)))
     }
 }
@@ -172,6 +187,7 @@ impl TextGeneration for TextGenerationService {
         };
         Ok(Response::new(Box::pin(CountedStream {
             inner: Some(ReceiverStream::new(started.responses)),
+            yielded: false,
             cut_off: call.cut_off(),
             _call: call,
             observer,

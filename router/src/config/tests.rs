@@ -45,6 +45,10 @@ fn precedence_file_env_flags() {
             s.pool_settings().slow_client_timeout,
             Duration::from_millis(750)
         );
+        // 0: never cancel.
+        jail.set_env("ROUTER_SLOW_CLIENT_TIMEOUT_MS", "0");
+        let s = RouterSettings::load(&cli).map_err(|e| e.to_string())?;
+        assert_eq!(s.pool_settings().slow_client_timeout, Duration::MAX);
         let cli = Cli::parse_from(["router", "--workers", "a:1", "--stall-timeout-ms", "1200"]);
         let s = RouterSettings::load(&cli).map_err(|e| e.to_string())?;
         assert_eq!(s.stall_timeout_ms, 1200);

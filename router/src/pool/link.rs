@@ -111,12 +111,14 @@ impl WorkerSnapshot {
 }
 
 impl LinkState {
-    /// The requests in flight as the cap counts them. Held ones count too: they take no place in
-    /// the worker's batch while held, but they come back when their clients read again, and a
-    /// worker that ignores holds (an older one) keeps running them.
+    /// The requests in flight as the cap counts them. Held ones do not count: they take no place
+    /// in the worker's batch, and counting them let a few clients that stopped reading block every
+    /// other request queued for the worker until `slow_client_timeout_ms` (measured with
+    /// `max_inflight_per_worker = 4`: new requests waited 28 s). When they resume, the worker's
+    /// own scheduler (`max_num_seqs`, KV preemption) absorbs the excess.
     fn occupancy(&self) -> Occupancy {
         let mut o = Occupancy::default();
-        for r in self.inflight.values() {
+        for r in self.inflight.values().filter(|r| !r.held) {
             o.add(r.sheddable, r.tenant.as_ref());
         }
         o

@@ -565,10 +565,12 @@ impl Dispatched {
     }
 
     /// Flow control: the client stopped reading, so the worker holds the request (it generates
-    /// nothing and takes no place in the batch; `HoldRequest` in worker.proto). It keeps its
-    /// place under `max_inflight_per_worker`.
+    /// nothing and takes no place in the batch; `HoldRequest` in worker.proto). A held request
+    /// frees its place under `max_inflight_per_worker`, so the queue moves on.
     pub fn hold(&self) {
-        self.link.hold(&self.internal_id);
+        if self.link.hold(&self.internal_id) {
+            self.pool.pump();
+        }
     }
 
     /// Flow control: the client reads again; the worker continues the request.
