@@ -19,7 +19,7 @@ use integration_tests::{
     connect_ready, greedy, start_router_with_env, start_worker_with, stream_all,
     tiny_model_with_context, wait_idle, worker_stats, PublicClient,
 };
-use tonic::transport::Endpoint;
+use tonic::transport::{Channel, Endpoint};
 use tonic::Code;
 
 const STUCK: usize = 32;
@@ -47,6 +47,17 @@ async fn wait_held(addr: &str, n: u32) -> EngineStats {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// A connection of its own to the router at `router_addr` whose HTTP/2 stream window is 1 KiB:
+/// a client that stops reading on it fills the router's buffer after a few messages.
+async fn small_window_channel(router_addr: &str) -> Channel {
+    Endpoint::from_shared(format!("http://{router_addr}"))
+        .unwrap()
+        .initial_stream_window_size(1024)
+        .connect()
+        .await
+        .unwrap()
 }
 
 /// Runs the normal requests concurrently to their end: their token ids.
@@ -90,12 +101,7 @@ async fn stuck_clients_are_cancelled_after_the_timeout_and_never_hold_back_the_o
     let rss_before = rss_kib(router_pid);
 
     // The stuck client: its own connection, 1 KiB per stream, never read.
-    let stuck_channel = Endpoint::from_shared(format!("http://{router_addr}"))
-        .unwrap()
-        .initial_stream_window_size(1024)
-        .connect()
-        .await
-        .unwrap();
+    let stuck_channel = small_window_channel(&router_addr).await;
     let stuck_client = TextGenerationClient::new(stuck_channel);
     let opened = Instant::now();
     let mut stuck = Vec::new();
@@ -196,12 +202,7 @@ async fn a_client_that_pauses_and_reads_again_gets_every_token_of_an_uninterrupt
     let want = run_normal(&client, std::slice::from_ref(&request)).await;
 
     // A client with a 1 KiB window that reads nothing for a while: the worker holds the request.
-    let paused_channel = Endpoint::from_shared(format!("http://{router_addr}"))
-        .unwrap()
-        .initial_stream_window_size(1024)
-        .connect()
-        .await
-        .unwrap();
+    let paused_channel = small_window_channel(&router_addr).await;
     let mut stream = TextGenerationClient::new(paused_channel)
         .generate(request)
         .await
@@ -246,12 +247,7 @@ async fn a_client_reading_steadily_through_a_small_window_is_never_cancelled() {
     let request = greedy("A story read slowly", TOKENS);
     let want = run_normal(&client, std::slice::from_ref(&request)).await;
 
-    let slow_channel = Endpoint::from_shared(format!("http://{router_addr}"))
-        .unwrap()
-        .initial_stream_window_size(1024)
-        .connect()
-        .await
-        .unwrap();
+    let slow_channel = small_window_channel(&router_addr).await;
     let mut stream = TextGenerationClient::new(slow_channel)
         .generate(request)
         .await
@@ -285,12 +281,7 @@ async fn held_requests_do_not_block_the_queue_under_max_inflight_per_worker() {
     )
     .await;
     let client = connect_ready(&router_addr, Duration::from_secs(30)).await;
-    let stuck_channel = Endpoint::from_shared(format!("http://{router_addr}"))
-        .unwrap()
-        .initial_stream_window_size(1024)
-        .connect()
-        .await
-        .unwrap();
+    let stuck_channel = small_window_channel(&router_addr).await;
     let mut stuck = Vec::new();
     for i in 0..2 {
         let request = greedy(&format!("Stuck story {i}"), 4_000);
