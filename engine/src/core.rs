@@ -27,6 +27,7 @@ use super::{
 use crate::backend::{BatchEntry, BatchModel, Logits};
 use crate::kv::BlockPool;
 use crate::sampler::Sampler;
+use crate::speculation::draft::{committed_draft_positions, Drafter};
 use crate::speculation::{self, SpeculationConfig};
 use sampling_limits::MAX_TOP_LOGPROBS;
 
@@ -47,13 +48,25 @@ pub struct EngineConfig {
 
 /// Starts the engine on its own thread and returns a handle to it.
 pub fn spawn_engine<M: BatchModel>(model: M, config: EngineConfig) -> EngineHandle {
+    spawn_engine_with_draft(model, None, config)
+}
+
+/// [`spawn_engine`] with a draft model for `speculation = draft` ([`crate::speculation::draft`]):
+/// its K/V gets as many blocks as the target's pool (`config.num_blocks`, sized by the caller for
+/// both models' bytes per token). The caller has checked that both models have the same
+/// vocabulary.
+pub fn spawn_engine_with_draft<M: BatchModel>(
+    model: M,
+    draft: Option<M>,
+    config: EngineConfig,
+) -> EngineHandle {
     let (tx, rx) = mpsc::unbounded_channel();
     let (publisher, state) = Publisher::new(EngineSnapshot::starting(initial_stats(&config)));
     std::thread::Builder::new()
         .name("engine".into())
         // The publisher lives on the thread: when the thread ends (or a panic unwinds it), its drop
         // publishes `alive = false`.
-        .spawn(move || Engine::new(model, config, publisher).run(rx))
+        .spawn(move || Engine::new(model, draft, config, publisher).run(rx))
         .expect("spawning the engine thread");
     EngineHandle { tx, state }
 }
@@ -72,6 +85,8 @@ fn initial_stats(config: &EngineConfig) -> EngineStats {
 struct Engine<M: BatchModel> {
     model: M,
     kv: M::Kv,
+    /// The draft model of `speculation = draft`, with its K/V.
+    drafter: Option<Drafter<M>>,
     /// The step's logits, written by the model and read by the sampler; kept from step to step.
     logits: Logits,
     pool: BlockPool,
@@ -88,12 +103,14 @@ struct Engine<M: BatchModel> {
 }
 
 impl<M: BatchModel> Engine<M> {
-    fn new(model: M, config: EngineConfig, publisher: Publisher) -> Self {
+    fn new(model: M, draft: Option<M>, config: EngineConfig, publisher: Publisher) -> Self {
         let kv = model.new_kv(config.num_blocks, config.block_size);
         let stats = initial_stats(&config);
+        let drafter = draft.map(|d| Drafter::new(d, config.num_blocks, config.block_size));
         Self {
             model,
             kv,
+            drafter,
             logits: Logits::new(),
             pool: BlockPool::new(config.num_blocks, config.block_size, config.prefix_caching),
             scheduler: Scheduler::new(config.scheduler),
@@ -378,6 +395,7 @@ impl<M: BatchModel> Engine<M> {
             &mut self.seqs,
             &mut self.pool,
             self.max_batch_tokens,
+            self.drafter.as_mut(),
         );
         // Structured output: the constrained sequences' masks are computed during the forward pass.
         let jobs = MaskJobs::take(&schedule.chunks, &mut self.seqs);
@@ -554,9 +572,14 @@ impl<M: BatchModel> Engine<M> {
             let verified = speculation::verify(seq, &draft, &rows);
             // Only committed, computed tokens are hashed; blocks that held only rejected
             // positions go back to the pool.
+            let draft_written = seq.speculation.draft_written.take();
             if let Some(blocks) = seq.blocks.as_mut() {
                 self.pool
                     .register_full_blocks(blocks, &seq.tokens, seq.computed);
+                if let Some(written) = draft_written {
+                    let positions = committed_draft_positions(written, seq.computed);
+                    self.pool.set_draft_computed(blocks, positions);
+                }
                 self.pool.truncate(blocks, seq.computed);
             }
             if !draft.is_empty() {

@@ -57,7 +57,7 @@ impl EngineError {
 
 /// `error`'s message followed by those of its sources, each after `": "` (what `anyhow`'s `{:#}`
 /// prints).
-pub(super) fn with_sources(error: &dyn std::error::Error) -> String {
+pub(crate) fn with_sources(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {

@@ -38,7 +38,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use structured_output::ConstraintState;
 use tokio::sync::{mpsc, oneshot, watch};
 
-pub use self::core::{spawn_engine, EngineConfig};
+pub use self::core::{spawn_engine, spawn_engine_with_draft, EngineConfig};
 pub use error::{EngineError, EngineErrorKind};
 pub use masks::mask_seconds;
 pub use monitor::EngineSnapshot;

@@ -8,6 +8,14 @@
 //!   and then evicts cached ones least-recently-used.
 //! - Only full blocks whose every token has been computed are ever cached, and a sequence only writes
 //!   into its own blocks past the shared prefix, so a shared block is never written (no copy-on-write).
+//! - With a draft model (speculative decoding, `crate::speculation::draft`), block `i` also holds
+//!   the draft model's K/V of the same positions, in the draft's own storage. The pool remembers
+//!   which blocks' draft part is complete (*draft-valid*): a block taken from the free list or
+//!   evicted is not; a block becomes valid once a sequence's draft has computed all its positions
+//!   ([`BlockPool::set_draft_computed`]). A prefix-cache hit on draft-valid blocks spares the draft
+//!   its recomputation too. The draft may fill in the draft part of a shared block that is not
+//!   draft-valid: the values it writes are bitwise those every sharer would write (same tokens,
+//!   same positions, batch-invariant kernels), and the target part is never touched.
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -32,6 +40,9 @@ pub struct SequenceBlocks {
     hashed: usize,
     /// Hash of block `hashed - 1`, or the chain's root (block 0's parent) while `hashed` is 0.
     parent: u64,
+    /// Leading positions whose draft-model K/V is in the blocks (speculative decoding with a draft
+    /// model; 0 without one).
+    draft_computed: usize,
 }
 
 impl SequenceBlocks {
@@ -68,6 +79,8 @@ pub struct BlockPool {
     ref_counts: Vec<u32>,
     /// Hash of each block registered in the prefix cache.
     block_hash: Vec<Option<u64>>,
+    /// Whether each block's draft-model part holds all its positions (see the module docs).
+    draft_valid: Vec<bool>,
     /// Last release tick of each evictable block (its key in `evictable`).
     released_at: Vec<u64>,
     /// Blocks with no references and no hash.
@@ -93,6 +106,7 @@ impl BlockPool {
             prefix_caching,
             ref_counts: vec![0; num_blocks],
             block_hash: vec![None; num_blocks],
+            draft_valid: vec![false; num_blocks],
             released_at: vec![0; num_blocks],
             free: (0..num_blocks as u32).rev().collect(),
             evictable: BTreeSet::new(),
@@ -160,6 +174,7 @@ impl BlockPool {
             table: Vec::with_capacity(needed_total),
             hashed: 0,
             parent: root,
+            draft_computed: 0,
         };
         for &(hash, block) in &hits {
             self.take_ref(block);
@@ -167,6 +182,7 @@ impl BlockPool {
             seq.parent = hash;
         }
         seq.hashed = hits.len();
+        seq.draft_computed = self.draft_valid_prefix(&seq, 0);
         while seq.table.len() < needed_total {
             let block = self.pop_free().expect("availability checked above");
             seq.table.push(block);
@@ -210,9 +226,40 @@ impl BlockPool {
                 break;
             };
             self.ref_counts[block as usize] = 1;
+            self.draft_valid[block as usize] = false;
             seq.table.push(block);
         }
         seq.table.len() * self.block_size
+    }
+
+    /// Leading positions of `seq` whose draft-model K/V is in its blocks: what its own draft
+    /// computed, extended over following full blocks that are draft-valid (filled by a sharer).
+    pub fn draft_computed(&self, seq: &SequenceBlocks) -> usize {
+        self.draft_valid_prefix(seq, seq.draft_computed)
+    }
+
+    /// Records that `seq`'s draft model has computed its first `positions` positions (the caller
+    /// passes at most its computed committed tokens), and marks the blocks they fill draft-valid.
+    pub fn set_draft_computed(&mut self, seq: &mut SequenceBlocks, positions: usize) {
+        let full = (positions / self.block_size).min(seq.table.len());
+        for &block in &seq.table[..full] {
+            self.draft_valid[block as usize] = true;
+        }
+        seq.draft_computed = positions;
+    }
+
+    /// `from` extended by whole draft-valid blocks of `seq` while it ends a block.
+    fn draft_valid_prefix(&self, seq: &SequenceBlocks, from: usize) -> usize {
+        let mut n = from;
+        while n.is_multiple_of(self.block_size)
+            && seq
+                .table
+                .get(n / self.block_size)
+                .is_some_and(|&b| self.draft_valid[b as usize])
+        {
+            n += self.block_size;
+        }
+        n
     }
 
     /// Shrinks `seq`'s table to the blocks that `num_tokens` tokens need, returning the tail blocks
@@ -346,6 +393,7 @@ impl BlockPool {
             }
         };
         self.ref_counts[block as usize] = 1;
+        self.draft_valid[block as usize] = false;
         Some(block)
     }
 }

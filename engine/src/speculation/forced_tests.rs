@@ -159,7 +159,8 @@ fn plan_one(
         proposer,
         ..Default::default()
     };
-    plan_drafts(&speculation, &chunks, &mut seqs, pool, 64);
+    let no_draft: Option<&mut super::draft::Drafter<super::tests::LoopModel>> = None;
+    plan_drafts(&speculation, &chunks, &mut seqs, pool, 64, no_draft);
     let mut seq = seqs.remove(&7).unwrap();
     let out = (
         std::mem::take(&mut seq.speculation.draft),

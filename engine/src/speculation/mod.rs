@@ -22,11 +22,13 @@
 //! them like any proposal, so exactness does not depend on them being forced.
 //!
 //! - [`ngram`]: the prompt-lookup proposer.
+//! - [`draft`]: the draft-model proposer (a second model whose K/V lives in the same block pool).
 //! - `plan`: which sequences speculate in a step, and how far (the "never slower" policy), forced
 //!   tokens first.
 //! - `verify`: the acceptance rule.
 //! - [`metrics`]: the process-wide counters and histogram the worker exports.
 
+pub mod draft;
 pub mod metrics;
 pub mod ngram;
 mod plan;
@@ -47,14 +49,18 @@ pub enum Proposer {
     /// Prompt lookup: the tokens that followed the most recent earlier occurrence of the last n
     /// tokens of the prompt and generated text ([`ngram::propose`]).
     Ngram,
+    /// A draft model with the target's vocabulary proposes greedily ([`draft`]).
+    Draft,
 }
 
 impl Proposer {
-    /// The setting's value for this proposer (`off`, `ngram`), also the metrics' `proposer` label.
+    /// The setting's value for this proposer (`off`, `ngram`, `draft`), also the metrics'
+    /// `proposer` label.
     pub fn name(self) -> &'static str {
         match self {
             Proposer::Off => "off",
             Proposer::Ngram => "ngram",
+            Proposer::Draft => "draft",
         }
     }
 }
@@ -137,6 +143,9 @@ pub struct SequenceSpeculation {
     pub draft_tokens: u64,
     /// Of those, tokens accepted.
     pub accepted_draft_tokens: u64,
+    /// With a draft model: the end of the positions whose draft K/V this step's draft passes
+    /// wrote (set while planning, taken by the verification).
+    pub draft_written: Option<usize>,
     /// Recent acceptance rate of the proposer's tokens (exponential moving average of accepted /
     /// proposed per step; forced tokens do not count), which sets how many tokens the next step
     /// proposes.
@@ -150,6 +159,7 @@ impl SequenceSpeculation {
             enabled,
             draft: Vec::new(),
             forced: 0,
+            draft_written: None,
             draft_tokens: 0,
             accepted_draft_tokens: 0,
             acceptance: 1.0,
@@ -174,6 +184,8 @@ impl SequenceSpeculation {
     }
 }
 
+#[cfg(test)]
+mod draft_tests;
 #[cfg(test)]
 mod forced_tests;
 #[cfg(test)]

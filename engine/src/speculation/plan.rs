@@ -25,9 +25,11 @@
 //!
 //! The two limits are first guesses for CPU decode of small models, not yet tuned by a benchmark.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
+use super::draft::{DraftJob, Drafter, MAX_CATCH_UP_TOKENS};
 use super::{ngram, Proposer, SpeculationConfig};
+use crate::backend::BatchModel;
 use crate::kv::BlockPool;
 use crate::scheduler::{Chunk, SeqId};
 use crate::sequence::Sequence;
@@ -40,13 +42,16 @@ pub const MAX_SPECULATIVE_STEP_TOKENS: usize = 48;
 
 /// Sets `speculation.draft` of the step's decoding sequences (and grows their block tables to hold
 /// it), or leaves every draft empty when the step should not speculate (see the module docs).
-/// `chunks` is the scheduled step; `max_batch_tokens` the scheduler's token budget.
-pub(crate) fn plan_drafts(
+/// `chunks` is the scheduled step; `max_batch_tokens` the scheduler's token budget; `drafter` the
+/// draft model (used when the proposer is [`Proposer::Draft`]; without one that proposer proposes
+/// only forced tokens).
+pub(crate) fn plan_drafts<M: BatchModel>(
     config: &SpeculationConfig,
     chunks: &[Chunk],
     seqs: &mut HashMap<SeqId, Sequence>,
     pool: &mut BlockPool,
     max_batch_tokens: usize,
+    drafter: Option<&mut Drafter<M>>,
 ) {
     if config.proposer == Proposer::Off || chunks.len() > MAX_SPECULATING_STREAMS {
         return;
@@ -57,6 +62,8 @@ pub(crate) fn plan_drafts(
     if !all_decodes {
         return;
     }
+    let draft_context = drafter.as_ref().map_or(0, |d| d.context_length());
+    let mut model_drafts = ModelDrafts::default();
     let mut budget = max_batch_tokens
         .min(MAX_SPECULATIVE_STEP_TOKENS)
         .saturating_sub(chunks.len());
@@ -83,6 +90,32 @@ pub(crate) fn plan_drafts(
         let wanted =
             (config.num_speculative_tokens as f64 * seq.speculation.acceptance).round() as usize;
         let k = wanted.clamp(1, config.num_speculative_tokens).min(cap);
+        if config.proposer == Proposer::Draft {
+            let Some(blocks) = seq.blocks.as_mut() else {
+                continue;
+            };
+            // Room first: the draft model writes the positions it proposes from.
+            let verified = seq.computed + 1;
+            let wanted_total = k
+                .max(forced)
+                .min(draft_context.saturating_sub(seq.computed));
+            let room = pool.grow_from_free(blocks, verified + wanted_total);
+            let total = wanted_total.min(room.saturating_sub(verified));
+            draft.truncate(total);
+            budget -= total;
+            seq.speculation.forced = draft.len();
+            let generate = total - draft.len();
+            let draft_computed = pool.draft_computed(blocks);
+            let job = (generate > 0).then(|| DraftJob {
+                table: blocks.table().to_vec(),
+                ..draft_job(&seq.tokens[..verified], draft_computed, &draft, generate)
+            });
+            if let Some(job) = job.filter(|job| model_drafts.claim(job, pool.block_size())) {
+                model_drafts.push(chunk.seq, job);
+            }
+            seq.speculation.draft = draft;
+            continue;
+        }
         if forced == 0 {
             draft = ngram::propose(&seq.tokens, config.ngram_min, config.ngram_max, k);
         } else if forced < k {
@@ -105,5 +138,87 @@ pub(crate) fn plan_drafts(
         budget -= draft.len();
         seq.speculation.forced = forced.min(draft.len());
         seq.speculation.draft = draft;
+    }
+    if let Some(drafter) = drafter {
+        model_drafts.run(drafter, seqs);
+    }
+}
+
+/// The draft model's jobs of a step, and the blocks their catch-ups write.
+#[derive(Default)]
+struct ModelDrafts {
+    owners: Vec<SeqId>,
+    jobs: Vec<DraftJob>,
+    /// Blocks written by the catch-up part of a job (the only part that can lie in blocks shared
+    /// through the prefix cache): two entries of one pass must not write one slot.
+    claimed: HashSet<u32>,
+}
+
+impl ModelDrafts {
+    /// Claims the blocks `job`'s committed tokens write; false (nothing claimed) when another job
+    /// of the step writes one of them (that sequence proposes only forced tokens this step).
+    fn claim(&mut self, job: &DraftJob, block_size: usize) -> bool {
+        let catch_up_end = job.start_pos + job.input.len();
+        let blocks: Vec<u32> = (job.start_pos / block_size..catch_up_end.div_ceil(block_size))
+            .map(|i| job.table[i])
+            .collect();
+        if blocks.iter().any(|b| self.claimed.contains(b)) {
+            return false;
+        }
+        self.claimed.extend(blocks);
+        true
+    }
+
+    fn push(&mut self, owner: SeqId, job: DraftJob) {
+        self.owners.push(owner);
+        self.jobs.push(job);
+    }
+
+    /// Runs the jobs and appends each sequence's proposals to its draft (after its forced tokens);
+    /// a failing draft model leaves the drafts as they are (forced tokens only) and is logged.
+    fn run<M: BatchModel>(self, drafter: &mut Drafter<M>, seqs: &mut HashMap<SeqId, Sequence>) {
+        if self.jobs.is_empty() {
+            return;
+        }
+        match drafter.propose(&self.jobs) {
+            Ok(drafted) => {
+                for (owner, d) in self.owners.iter().zip(drafted) {
+                    if let Some(seq) = seqs.get_mut(owner) {
+                        seq.speculation.draft.extend(d.tokens);
+                        seq.speculation.draft_written = Some(d.written);
+                    }
+                }
+            }
+            Err(e) => {
+                let error = crate::error::with_sources(&e);
+                tracing::warn!(%error, "draft model failed; this step proposes only forced tokens");
+            }
+        }
+    }
+}
+
+/// The draft model's job (its table left empty) for a sequence whose committed tokens are
+/// `tokens` (the last one not yet computed by the target): catch up from `draft_computed` (at most
+/// [`MAX_CATCH_UP_TOKENS`]; a longer backlog only catches up and generates nothing), then the
+/// `forced` tokens, then `generate` proposals.
+fn draft_job(tokens: &[u32], draft_computed: usize, forced: &[u32], generate: usize) -> DraftJob {
+    let committed = &tokens[draft_computed.min(tokens.len() - 1)..];
+    let start_pos = tokens.len() - committed.len();
+    if committed.len() > MAX_CATCH_UP_TOKENS {
+        return DraftJob {
+            table: Vec::new(),
+            start_pos,
+            input: committed[..MAX_CATCH_UP_TOKENS].to_vec(),
+            generate: 0,
+        };
+    }
+    let mut input = Vec::with_capacity(committed.len() + forced.len());
+    input.extend_from_slice(committed);
+    input.extend_from_slice(forced);
+    DraftJob {
+        table: Vec::new(),
+        start_pos,
+        input,
+        generate,
     }
 }

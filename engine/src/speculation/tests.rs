@@ -9,7 +9,9 @@
 //! rejected); it reads every earlier token back through the block table, so a wrong block table,
 //! a stale rejected position or a bad rollback changes the output.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use structured_output::{ConstraintCompiler, ConstraintSpec, ConstraintState};
@@ -21,29 +23,62 @@ use crate::kv::BlockPool;
 use crate::sampler::SamplingConfig;
 use crate::tests::letters_compiler;
 use crate::{
-    spawn_engine, Command, EngineConfig, EngineHandle, EngineOutput, EngineRequest, EngineStats,
-    SchedulerConfig, StopReason,
+    spawn_engine, spawn_engine_with_draft, Command, EngineConfig, EngineHandle, EngineOutput,
+    EngineRequest, EngineStats, SchedulerConfig, StopReason,
 };
 
-const VOCAB: usize = 50;
+pub(super) const VOCAB: usize = 50;
 pub(super) const CONTEXT: usize = 96;
 
 /// The fake model, over `vocab` ids.
-struct LoopModel {
-    vocab: usize,
+pub(super) struct LoopModel {
+    pub(super) vocab: usize,
+    /// Where the sum rule applies instead of repeating: `sum % 7 == rule` (3 for the target; a
+    /// draft model with another rule disagrees now and then).
+    pub(super) rule: u32,
+    /// What it did, for the tests to read.
+    pub(super) counters: Arc<LoopCounters>,
+    /// Keep every context it computed logits for in [`LoopCounters::reads`].
+    pub(super) record_reads: bool,
 }
 
-struct SlotKv {
+/// Counts of a [`LoopModel`]'s work.
+#[derive(Debug, Default)]
+pub(super) struct LoopCounters {
+    /// Tokens run (all passes).
+    pub(super) tokens: AtomicUsize,
+    /// Passes in which two tokens wrote one KV slot (a real backend refuses those).
+    pub(super) slot_conflicts: AtomicUsize,
+    /// With `record_reads`: the tokens read back through the block table for every logits row.
+    pub(super) reads: std::sync::Mutex<Vec<Vec<u32>>>,
+}
+
+impl LoopModel {
+    /// The target model of these tests.
+    pub(super) fn target(vocab: usize) -> LoopModel {
+        LoopModel {
+            vocab,
+            rule: TARGET_RULE,
+            counters: Arc::default(),
+            record_reads: false,
+        }
+    }
+}
+
+/// The target's [`LoopModel::rule`].
+pub(super) const TARGET_RULE: u32 = 3;
+
+pub(super) struct SlotKv {
     slots: Vec<Option<u32>>,
     block_size: usize,
 }
 
 /// The logits after `tokens` over `vocab` ids: a spread over the vocabulary plus a peak on the
-/// token four back (or a sum-chosen one every few positions).
-fn loop_logits(tokens: &[u32], vocab: usize) -> Vec<f32> {
+/// token four back (or a sum-chosen one every few positions, where `sum % 7 == rule`).
+fn loop_logits(tokens: &[u32], vocab: usize, rule: u32) -> Vec<f32> {
     let end = tokens.len();
     let sum: u32 = tokens.iter().sum();
-    let peak = if end >= 4 && sum % 7 != 3 {
+    let peak = if end >= 4 && sum % 7 != rule {
         tokens[end - 4]
     } else {
         (sum + end as u32) % vocab as u32
@@ -76,6 +111,17 @@ impl BatchModel for LoopModel {
         let bs = kv.block_size;
         let slot = |table: &[u32], pos: usize| table[pos / bs] as usize * bs + pos % bs;
         out.clear(self.vocab);
+        let written: Vec<usize> = batch
+            .iter()
+            .flat_map(|e| (0..e.tokens.len()).map(|i| slot(e.block_table, e.start_pos + i)))
+            .collect();
+        let distinct: HashSet<usize> = written.iter().copied().collect();
+        if distinct.len() < written.len() {
+            self.counters.slot_conflicts.fetch_add(1, Ordering::Relaxed);
+        }
+        self.counters
+            .tokens
+            .fetch_add(written.len(), Ordering::Relaxed);
         for e in batch {
             for (i, &t) in e.tokens.iter().enumerate() {
                 kv.slots[slot(e.block_table, e.start_pos + i)] = Some(t);
@@ -85,7 +131,10 @@ impl BatchModel for LoopModel {
                 let seen: Vec<u32> = (0..end)
                     .map(|p| kv.slots[slot(e.block_table, p)].expect("position computed"))
                     .collect();
-                out.push_row(&loop_logits(&seen, self.vocab));
+                out.push_row(&loop_logits(&seen, self.vocab, self.rule));
+                if self.record_reads {
+                    self.counters.reads.lock().unwrap().push(seen);
+                }
             }
         }
         Ok(())
@@ -181,7 +230,7 @@ pub(super) fn looping_prompt(len: usize, salt: u32) -> Vec<u32> {
 
 /// Greedy, sampled with penalties and logit_bias, top logprobs, stop tokens inside the loop,
 /// max_new_tokens, three samples of one prompt, a constraint: 12 requests.
-fn cases() -> Vec<Case> {
+pub(super) fn cases() -> Vec<Case> {
     let mut all = Vec::new();
     for i in 0..3u32 {
         all.push(case(
@@ -246,17 +295,35 @@ fn constraint(
 /// Runs `cases`, `at_once` at a time, on a fresh engine over `vocab`; returns every request's
 /// tokens.
 async fn run(vocab: Vocab, config: EngineConfig, cases: &[Case], at_once: usize) -> Run {
+    run_with_draft(vocab, config, None, cases, at_once).await
+}
+
+/// [`run`] with `draft` as the draft model (for `speculation = draft`).
+pub(super) async fn run_with_draft(
+    vocab: Vocab,
+    config: EngineConfig,
+    draft: Option<LoopModel>,
+    cases: &[Case],
+    at_once: usize,
+) -> Run {
+    let groups: Vec<&[Case]> = cases.chunks(at_once).collect();
+    run_groups(vocab, config, draft, &groups).await
+}
+
+/// Runs each group of cases at once, one group after the other, on one fresh engine.
+pub(super) async fn run_groups(
+    vocab: Vocab,
+    config: EngineConfig,
+    draft: Option<LoopModel>,
+    groups: &[&[Case]],
+) -> Run {
     let compiler = vocab.compiler();
-    let engine: EngineHandle = spawn_engine(
-        LoopModel {
-            vocab: vocab.size(),
-        },
-        config,
-    );
+    let engine: EngineHandle =
+        spawn_engine_with_draft(LoopModel::target(vocab.size()), draft, config);
     let conn = engine.new_connection();
     let (tx, mut rx) = mpsc::unbounded_channel::<EngineOutput>();
     let mut outputs: HashMap<String, Vec<Seen>> = HashMap::new();
-    for group in cases.chunks(at_once) {
+    for &group in groups {
         for c in group {
             assert!(engine.send(Command::Add {
                 conn,
@@ -315,6 +382,19 @@ pub(super) async fn assert_same_on(
     cases: &[Case],
     at_once: usize,
 ) -> Run {
+    assert_same_with(vocab, num_blocks, cases, at_once, Proposer::Ngram, None).await
+}
+
+/// Runs `cases` with speculation off and with `proposer` (and `draft` as the draft model), asserts
+/// equal outputs and end states, and returns the speculating run.
+pub(super) async fn assert_same_with(
+    vocab: Vocab,
+    num_blocks: usize,
+    cases: &[Case],
+    at_once: usize,
+    proposer: Proposer,
+    draft: Option<LoopModel>,
+) -> Run {
     let off = run(
         vocab,
         config(num_blocks, Proposer::Off, true),
@@ -322,9 +402,10 @@ pub(super) async fn assert_same_on(
         at_once,
     )
     .await;
-    let ngram = run(
+    let ngram = run_with_draft(
         vocab,
-        config(num_blocks, Proposer::Ngram, true),
+        config(num_blocks, proposer, true),
+        draft,
         cases,
         at_once,
     )
@@ -337,16 +418,20 @@ pub(super) async fn assert_same_on(
             "{id}: {num_blocks} blocks, {at_once} at once"
         );
     }
-    // The pool and the prefix cache end as the plain run leaves them; every block is free.
-    assert_eq!(off.cached, ngram.cached, "cached blocks");
+    // Every block is free; without preemptions the prefix cache ends as the plain run leaves it
+    // (with them, which blocks a preempted sequence left cached depends on the schedule, and
+    // speculation finishes in fewer steps).
     for s in [&off.stats, &ngram.stats] {
         assert_eq!((s.kv_blocks_used, s.running_sequences), (0, 0));
+        assert_eq!(s.kv_blocks_free, s.kv_blocks_total);
     }
-    assert_eq!(off.stats.kv_blocks_free, ngram.stats.kv_blocks_free);
-    assert_eq!(
-        off.stats.prefix_cache_blocks,
-        ngram.stats.prefix_cache_blocks
-    );
+    if off.stats.preemptions + ngram.stats.preemptions == 0 {
+        assert_eq!(off.cached, ngram.cached, "cached blocks");
+        assert_eq!(
+            off.stats.prefix_cache_blocks,
+            ngram.stats.prefix_cache_blocks
+        );
+    }
     assert_eq!(off.stats.generated_tokens, ngram.stats.generated_tokens);
     assert_eq!(off.stats.speculative_draft_tokens, 0);
     assert_eq!(off.stats.speculative_forced_tokens, 0);
@@ -394,10 +479,7 @@ async fn ngram_outputs_equal_plain_decoding_under_preemption() {
 
 #[tokio::test]
 async fn per_request_counters_reach_the_last_token() {
-    let engine = spawn_engine(
-        LoopModel { vocab: VOCAB },
-        config(64, Proposer::Ngram, false),
-    );
+    let engine = spawn_engine(LoopModel::target(VOCAB), config(64, Proposer::Ngram, false));
     let conn = engine.new_connection();
     let (tx, mut rx) = mpsc::unbounded_channel::<EngineOutput>();
     let c = case("r", looping_prompt(9, 1), 30);

@@ -1,0 +1,194 @@
+//! The draft-model proposer changes no output: every case of the n-gram tests (greedy, sampled
+//! with penalties, stops inside accepted runs, constraints, opt-out, the context's end) with a
+//! draft model that disagrees with the target now and then equals speculation off, alone,
+//! batched and under preemption; a draft equal to the target has every greedy proposal accepted
+//! (so its K/V, caught up lazily and shared through the prefix cache, is right); a prompt found
+//! in the prefix cache spares the draft its recomputation; no draft pass writes one slot twice.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::tests::{
+    assert_same_with, case, cases, config, looping_prompt, run_groups, run_with_draft, Case,
+    LoopCounters, LoopModel, Run, Vocab, TARGET_RULE, VOCAB,
+};
+use super::Proposer;
+
+/// A draft model over the letters with `rule` (the target's is [`TARGET_RULE`]) and its counters.
+fn draft(rule: u32) -> (LoopModel, Arc<LoopCounters>) {
+    let model = LoopModel {
+        rule,
+        record_reads: true,
+        ..LoopModel::target(VOCAB)
+    };
+    let counters = model.counters.clone();
+    (model, counters)
+}
+
+/// Runs `cases` off and with a draft model of `rule`; asserts equal outputs, no slot conflict.
+async fn assert_same(
+    rule: u32,
+    num_blocks: usize,
+    cases: &[Case],
+    at_once: usize,
+) -> crate::EngineStats {
+    let (model, counters) = draft(rule);
+    let run = assert_same_with(
+        Vocab::Letters,
+        num_blocks,
+        cases,
+        at_once,
+        Proposer::Draft,
+        Some(model),
+    )
+    .await;
+    assert_eq!(counters.slot_conflicts.load(Ordering::Relaxed), 0);
+    assert!(counters.tokens.load(Ordering::Relaxed) > 0, "the draft ran");
+    assert_draft_read_committed_tokens(cases, &run, &counters);
+    run.stats
+}
+
+/// Every context the draft model computed logits from is a request's committed tokens followed by
+/// at most a step's proposals: its K/V never keeps a rejected token (nor another sequence's).
+fn assert_draft_read_committed_tokens(cases: &[Case], run: &Run, counters: &LoopCounters) {
+    let full: Vec<Vec<u32>> = cases
+        .iter()
+        .map(|c| {
+            let mut t = c.request.prompt_ids.clone();
+            t.extend(run.outputs[&c.request.request_id].iter().map(|s| s.0));
+            t
+        })
+        .collect();
+    let reads = counters.reads.lock().unwrap();
+    assert!(!reads.is_empty());
+    for seen in reads.iter() {
+        // The last MAX_SPECULATIVE_TOKENS positions may be this step's proposals.
+        let head = &seen[..seen.len().saturating_sub(super::MAX_SPECULATIVE_TOKENS)];
+        assert!(
+            full.iter().any(|f| f.starts_with(head)),
+            "the draft read {seen:?}, which no request committed"
+        );
+    }
+}
+
+#[tokio::test]
+async fn draft_outputs_equal_plain_decoding_alone() {
+    let stats = assert_same(5, 256, &cases(), 1).await;
+    assert!(stats.speculative_accepted_tokens > 100, "{stats:?}");
+    assert!(
+        stats.speculative_accepted_tokens < stats.speculative_draft_tokens,
+        "a disagreeing draft is also rejected: {stats:?}"
+    );
+    assert!(stats.steps < stats.generated_tokens, "{stats:?}");
+}
+
+#[tokio::test]
+async fn draft_outputs_equal_plain_decoding_batched() {
+    let stats = assert_same(5, 256, &cases(), 6).await;
+    assert!(stats.speculative_accepted_tokens > 0, "{stats:?}");
+    // The same prompts twice at once: their drafts catch up over shared prefix blocks.
+    let mut twice = cases()[..4].to_vec();
+    twice.extend(cases()[..4].iter().cloned().map(|mut c| {
+        c.request.request_id.push_str("-again");
+        c
+    }));
+    assert_same(5, 256, &twice, 8).await;
+}
+
+#[tokio::test]
+async fn draft_outputs_equal_plain_decoding_under_preemption() {
+    let stats = assert_same(5, 20, &cases()[..10], 6).await;
+    assert!(stats.preemptions > 0, "{stats:?}");
+}
+
+/// Greedy unconstrained requests without stop tokens.
+fn greedy_cases() -> Vec<Case> {
+    (0..4u32)
+        .map(|i| case(&format!("g{i}"), looping_prompt(9 + i as usize, i), 40))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_draft_equal_to_the_target_is_always_accepted() {
+    for at_once in [1, 4] {
+        let stats = assert_same(TARGET_RULE, 256, &greedy_cases(), at_once).await;
+        assert!(stats.speculative_draft_tokens > 0, "{stats:?}");
+        assert_eq!(
+            stats.speculative_accepted_tokens, stats.speculative_draft_tokens,
+            "{at_once} at once: {stats:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_cached_prefix_spares_the_draft_its_recomputation() {
+    // One long prompt, generated twice one after the other: the second finds the prompt's full
+    // blocks in the prefix cache, draft part included.
+    let prompt = looping_prompt(60, 1);
+    let first = [case("first", prompt.clone(), 8)];
+    let second = [case("second", prompt, 8)];
+    let (model, counters) = draft(TARGET_RULE);
+    let engine_config = config(256, Proposer::Draft, true);
+    // One engine for both requests, so the second sees the first's cache.
+    let both = [first[0].clone(), second[0].clone()];
+    let run = run_with_draft(Vocab::Letters, engine_config, Some(model), &both, 1).await;
+    let ran_both = counters.tokens.load(Ordering::Relaxed);
+    let (alone_model, alone_counters) = draft(TARGET_RULE);
+    run_with_draft(
+        Vocab::Letters,
+        config(256, Proposer::Draft, true),
+        Some(alone_model),
+        &first,
+        1,
+    )
+    .await;
+    let ran_first = alone_counters.tokens.load(Ordering::Relaxed);
+    let ran_second = ran_both - ran_first;
+    // The first catches up the whole prompt (60 tokens) plus its proposals; the second only the
+    // part after the cached blocks (56 of 60 tokens are cached: 14 blocks of 4).
+    assert!(ran_first >= 60, "{ran_first}");
+    assert!(
+        ran_second + 50 <= ran_first,
+        "the second request's draft ran {ran_second} tokens, the first's {ran_first}"
+    );
+    assert_eq!(run.outputs["first"], run.outputs["second"]);
+}
+
+#[tokio::test]
+async fn two_drafts_catching_up_one_cached_prefix_in_one_step_do_not_collide() {
+    // The first request opts out of speculation, so its prompt's blocks enter the prefix cache
+    // without the draft's K/V; two requests with that prompt then arrive together and both find
+    // those blocks: their drafts have the same shared blocks to fill in at their first step.
+    let prompt = looping_prompt(40, 2);
+    let mut first = case("first", prompt.clone(), 6);
+    first.request.speculation_opt_out = true;
+    let first = [first];
+    let pair = [case("b", prompt.clone(), 30), case("c", prompt, 30)];
+    let groups: [&[Case]; 2] = [&first, &pair];
+    let off = run_groups(
+        Vocab::Letters,
+        config(256, Proposer::Off, true),
+        None,
+        &groups,
+    )
+    .await;
+    let (model, counters) = draft(TARGET_RULE);
+    let spec = run_groups(
+        Vocab::Letters,
+        config(256, Proposer::Draft, true),
+        Some(model),
+        &groups,
+    )
+    .await;
+    assert_eq!(counters.slot_conflicts.load(Ordering::Relaxed), 0);
+    for id in ["first", "b", "c"] {
+        assert_eq!(off.outputs[id], spec.outputs[id], "{id}");
+    }
+    let stats = spec.stats;
+    assert!(stats.prefix_cache_hit_tokens >= 2 * 36, "{stats:?}");
+    assert!(stats.speculative_draft_tokens > 0, "{stats:?}");
+    assert_eq!(
+        stats.speculative_accepted_tokens, stats.speculative_draft_tokens,
+        "{stats:?}"
+    );
+}
