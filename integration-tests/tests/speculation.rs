@@ -152,10 +152,19 @@ fn tokens_of(g: &Generation) -> (String, Vec<u32>, FinishReason, String) {
 /// fresh one with `ngram`, and checks every stream equal, KV blocks back to 0 on both, and that
 /// speculation drafted, accepted and took fewer steps.
 async fn streams_equal_speculation_off(model: &std::path::Path, worker_args: &[&str]) -> Runs {
+    streams_equal_with(model, &["--speculation", "ngram"], worker_args).await
+}
+
+/// [`streams_equal_speculation_off`] with `speculating` as the speculating worker's flags.
+async fn streams_equal_with(
+    model: &std::path::Path,
+    speculating: &[&str],
+    worker_args: &[&str],
+) -> Runs {
     let requests = requests();
     let mut runs = Vec::new();
-    for speculation in ["off", "ngram"] {
-        let mut args = vec!["--speculation", speculation];
+    for speculation in [&["--speculation", "off"][..], speculating] {
+        let mut args = speculation.to_vec();
         args.extend_from_slice(worker_args);
         let cluster = Cluster::start_with(model, &args).await;
         let client = cluster.client().await;
@@ -206,6 +215,12 @@ async fn streams_equal_speculation_off(model: &std::path::Path, worker_args: &[&
 /// every stream equals speculation off on one worker, and the survivor ends with no KV block used.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_speculating_worker_killed_mid_stream_loses_nothing() {
+    killed_mid_stream_loses_nothing(&["--speculation", "ngram"]).await;
+}
+
+/// [`a_speculating_worker_killed_mid_stream_loses_nothing`] with the workers' speculation given by
+/// `speculating` (flags).
+async fn killed_mid_stream_loses_nothing(speculating: &[&str]) {
     let model = real_model();
     let requests: Vec<GenerateRequest> = requests().into_iter().cycle().take(18).collect();
     let off: Vec<Generation> = {
@@ -218,14 +233,8 @@ async fn a_speculating_worker_killed_mid_stream_loses_nothing() {
             .collect()
     };
 
-    let args = [
-        "--speculation",
-        "ngram",
-        "--threads",
-        "1",
-        "--max-num-seqs",
-        "3",
-    ];
+    let mut args = speculating.to_vec();
+    args.extend(["--threads", "1", "--max-num-seqs", "3"]);
     let mut workers = Vec::new();
     for _ in 0..2 {
         workers.push(start_worker_with(&model, &args).await);
@@ -280,10 +289,14 @@ async fn bad_speculation_settings_name_the_setting() {
     let model = real_model();
     let model = model.to_str().unwrap();
     let timeout = Duration::from_secs(30);
-    let cases: [(&[&str], &str); 4] = [
+    let cases: [(&[&str], &str); 5] = [
+        (
+            &["--draft-model", model],
+            "draft_model is set but speculation = off",
+        ),
         (
             &["--speculation", "draft"],
-            "speculation = draft is not available",
+            "speculation = draft needs draft_model",
         ),
         (&["--speculation", "eagle"], "speculation"),
         (
@@ -308,4 +321,129 @@ async fn bad_speculation_settings_name_the_setting() {
     )
     .await;
     assert!(ok && text.contains("\"speculation\": \"ngram\""), "{text}");
+}
+
+/// `--speculation draft` with SmolLM2 as its own draft model (the same file: the vocabulary check
+/// passes and greedy proposals are accepted): every stream of [`requests`] equals speculation
+/// off; the sampled and constrained requests also reject proposals, so the rollback of the draft's
+/// K/V runs too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn draft_model_streams_equal_speculation_off_on_smollm2() {
+    let model = real_model();
+    let draft = [
+        "--speculation",
+        "draft",
+        "--draft-model",
+        model.to_str().unwrap(),
+    ];
+    let Runs {
+        ngram: drafted,
+        ngram_stats: stats,
+        ..
+    } = streams_equal_with(&model, &draft, &[]).await;
+    let first = drafted[0].usage.unwrap();
+    assert!(first.accepted_draft_tokens > 0, "{first:?}");
+    assert!(
+        stats.speculative_accepted_tokens < stats.speculative_draft_tokens,
+        "some proposals were rejected: {stats:?}"
+    );
+    assert_eq!(drafted[5].usage.unwrap().draft_tokens, 0, "the opt-out");
+}
+
+/// A draft model that disagrees with the model almost always (tiny random weights, another seed)
+/// in a KV cache small enough to preempt: streams equal speculation off, every block back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disagreeing_draft_model_under_forced_preemption_changes_nothing() {
+    let (_dir, model) = integration_tests::tiny_model(1);
+    let (_draft_dir, draft) = integration_tests::tiny_model(2);
+    let requests: Vec<GenerateRequest> = (0..8)
+        .map(|i| GenerateRequest {
+            temperature: if i % 2 == 0 { 0.0 } else { 0.9 },
+            seed: Some(i),
+            ..greedy(&format!("request {i}: a b c d e f g a b c d e f g"), 40)
+        })
+        .collect();
+    let mut outputs = Vec::new();
+    for speculation in [
+        vec!["--speculation", "off"],
+        vec![
+            "--speculation",
+            "draft",
+            "--draft-model",
+            draft.to_str().unwrap(),
+        ],
+    ] {
+        let mut args = speculation;
+        args.extend(["--kv-cache-blocks", "10"]);
+        let cluster = Cluster::start_with(&model, &args).await;
+        let client = cluster.client().await;
+        let streamed = stream_all(&client, &requests, Arc::default()).await;
+        let generations: Vec<_> = streamed
+            .into_iter()
+            .map(|s| tokens_of(&s.expect("generation").generation))
+            .collect();
+        let stats = wait_idle(&cluster.worker_addr, Duration::from_secs(30)).await;
+        assert_eq!(stats.kv_blocks_used, 0, "{stats:?}");
+        assert!(stats.preemptions > 0, "{stats:?}");
+        outputs.push((generations, stats));
+    }
+    for (i, (off, drafted)) in outputs[0].0.iter().zip(&outputs[1].0).enumerate() {
+        assert_eq!(off, drafted, "request {i}");
+    }
+    assert!(
+        outputs[1].1.speculative_draft_tokens > 0,
+        "{:?}",
+        outputs[1].1
+    );
+}
+
+/// Two workers speculating with a draft model, the busier one killed mid-stream: every stream
+/// continues on the other one and equals speculation off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_speculating_with_a_draft_model_killed_mid_stream_loses_nothing() {
+    let model = real_model();
+    let model = model.to_str().unwrap();
+    killed_mid_stream_loses_nothing(&["--speculation", "draft", "--draft-model", model]).await;
+}
+
+/// A draft model whose vocabulary is not the model's, or that does not exist: exit code 2 and
+/// one line naming `draft_model` and the first difference.
+#[tokio::test]
+async fn a_draft_model_with_another_vocabulary_is_refused() {
+    let model = real_model();
+    let gemma = integration_tests::gemma3_model();
+    let (_dir, tiny) = integration_tests::tiny_model(1);
+    let missing = std::path::PathBuf::from("/nonexistent/draft.gguf");
+    let cases = [
+        (gemma, "tokenizer is \"llama\", the model's is \"gpt2\""),
+        (tiny, "tokens, the model has 49152"),
+        (missing, "does not exist"),
+    ];
+    for (draft, needle) in cases {
+        let args = [
+            "--model",
+            model.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+            "--speculation",
+            "draft",
+            "--draft-model",
+            draft.to_str().unwrap(),
+        ];
+        let output = tokio::process::Command::new(integration_tests::bin_path("worker"))
+            .args(args)
+            .kill_on_drop(true)
+            .output();
+        let output = tokio::time::timeout(Duration::from_secs(60), output)
+            .await
+            .expect("the worker exits")
+            .expect("running the worker");
+        let text = String::from_utf8_lossy(&output.stderr);
+        let lines: Vec<&str> = text.lines().filter(|l| l.contains("draft_model")).collect();
+        assert_eq!(output.status.code(), Some(2), "{draft:?}: {text}");
+        assert!(
+            lines.len() == 1 && lines[0].contains(needle),
+            "{draft:?}: {text}"
+        );
+    }
 }

@@ -70,10 +70,16 @@ pub struct Cli {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_sheddable_batch_tokens: Option<usize>,
-    /// Speculative decoding: off or ngram (prompt lookup); outputs are identical either way.
+    /// Speculative decoding: off, ngram (prompt lookup) or draft (a draft model, `--draft-model`);
+    /// outputs are identical either way.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub speculation: Option<String>,
+    /// The draft model of `speculation = draft`: a GGUF file or Hugging Face folder with the
+    /// model's vocabulary.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub draft_model: Option<PathBuf>,
     /// Most tokens proposed per sequence and step (1..=16).
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -210,9 +216,12 @@ pub struct WorkerSettings {
     pub max_sheddable_batch_tokens: usize,
     /// Reuse cached prompt-prefix KV blocks.
     pub prefix_caching: bool,
-    /// Speculative decoding (issue 28): `off` (default) or `ngram` (prompt lookup, verified so
-    /// that every output is bitwise the same as with `off`); `draft` is refused (not built yet).
+    /// Speculative decoding (issue 28): `off` (default), `ngram` (prompt lookup) or `draft` (the
+    /// `draft_model` proposes), verified so that every output is bitwise the same as with `off`.
     pub speculation: SpeculationSetting,
+    /// The draft model of `speculation = draft` (a GGUF file or Hugging Face folder whose
+    /// vocabulary is the model's, checked at start-up); required by `draft`, refused otherwise.
+    pub draft_model: Option<PathBuf>,
     /// Most tokens proposed per sequence and step, 1..=16 (the engine picks 0 up to this).
     pub num_speculative_tokens: usize,
     /// Shortest suffix the n-gram proposer matches, in tokens (1 <= ngram_min <= ngram_max).
@@ -284,6 +293,7 @@ impl Default for WorkerSettings {
             max_sheddable_batch_tokens: 0,
             prefix_caching: true,
             speculation: SpeculationSetting::Off,
+            draft_model: None,
             num_speculative_tokens: 5,
             ngram_min: 1,
             ngram_max: 3,
@@ -400,6 +410,7 @@ impl WorkerSettings {
     ) -> Result<engine::speculation::SpeculationConfig, SettingsError> {
         Ok(speculation_config(
             self.speculation,
+            self.draft_model.as_deref(),
             self.num_speculative_tokens,
             self.ngram_min,
             self.ngram_max,

@@ -2,6 +2,7 @@
 //! health, metrics, telemetry, model inspection). The engine, the model description and the
 //! backends are crates of their own (`engine`, `model-desc`, `backend-cpu`, `backend-cuda`).
 pub mod config;
+pub mod draft_vocabulary;
 pub mod gie_metrics;
 pub mod health;
 pub mod inspect;

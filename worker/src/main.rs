@@ -17,7 +17,7 @@ use std::time::Duration;
 use backend_cpu::CpuModel;
 use backend_cuda::{Backend, CudaModel, CudaOptions};
 use engine::backend::BatchModel;
-use engine::{spawn_engine, EngineConfig};
+use engine::{spawn_engine_with_draft, EngineConfig};
 use inference_proto::worker::worker_server::WorkerServer;
 use observability::process::BadInput;
 use worker::config::{Cli, WorkerCommand, WorkerSettings};
@@ -183,7 +183,9 @@ async fn run(settings: WorkerSettings, backend: Backend) -> anyhow::Result<()> {
             load_and_serve(
                 prepared,
                 mode,
-                move |file: &gguf::GgufFile| CudaModel::from_source(file, gpu, options),
+                move |file: &gguf::GgufFile| {
+                    CudaModel::from_source(file, gpu.clone(), options.clone())
+                },
                 |model: &CudaModel, config: &EngineConfig| {
                     Ok(model.check_kv_fits(config.num_blocks, config.block_size)?)
                 },
@@ -218,8 +220,9 @@ struct RunMode {
 }
 
 /// Opens the model file, builds the model from it with `load` (on a blocking thread; a shutdown signal meanwhile ends the worker),
-/// checks the engine settings against it with `check`, then runs the engine and serves until shutdown;
-/// `mode` (the device and numeric mode) goes into `Info` and the ready line.
+/// and with `speculation = draft` the draft model too (its vocabulary checked against the
+/// model's), checks the engine settings against them with `check`, then runs the engine and
+/// serves until shutdown; `mode` (the device and numeric mode) goes into `Info` and the ready line.
 async fn load_and_serve<H, M, E, L, C>(
     p: Prepared<H>,
     mode: RunMode,
@@ -230,8 +233,8 @@ where
     H: tonic_health::pb::health_server::Health,
     M: BatchModel,
     E: Into<anyhow::Error>,
-    L: FnOnce(&gguf::GgufFile) -> Result<M, E> + Send + 'static,
-    C: FnOnce(&M, &EngineConfig) -> anyhow::Result<()>,
+    L: Fn(&gguf::GgufFile) -> Result<M, E> + Send + 'static,
+    C: Fn(&M, &EngineConfig) -> anyhow::Result<()>,
 {
     let Prepared {
         settings,
@@ -247,6 +250,10 @@ where
     let path = model_path.clone();
     let served_model_name = settings.served_model_name.trim().to_string();
     let (backend, numerics) = (mode.backend, mode.numerics);
+    let draft_path = match settings.speculation_config()?.proposer {
+        engine::speculation::Proposer::Draft => settings.draft_model.clone(),
+        _ => None,
+    };
     let load = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
         // A file that cannot be served is bad input (exit code 2), named in the message.
         let bad = |e: anyhow::Error| {
@@ -268,9 +275,13 @@ where
         }
         description.backend = backend.into();
         description.numerics = numerics.into();
-        Ok((model, description))
+        let draft = match &draft_path {
+            Some(draft_path) => Some(load_draft(draft_path, &file, &model, &load)?),
+            None => None,
+        };
+        Ok((model, draft, description))
     });
-    let (model, description) = tokio::select! {
+    let (model, draft, description) = tokio::select! {
         loaded = load => loaded??,
         () = shutdown_signal(&mut term) => {
             tracing::info!("shutdown requested while the model was loading");
@@ -282,12 +293,23 @@ where
         load_ms = started.elapsed().as_millis() as u64,
         "model loaded"
     );
+    // With a draft model each KV block holds both models' K/V of its positions.
+    let kv_bytes_per_token =
+        model.kv_bytes_per_token() + draft.as_ref().map_or(0, |d| d.kv_bytes_per_token());
     let engine_config = settings
-        .engine_config(model.kv_bytes_per_token())
+        .engine_config(kv_bytes_per_token)
         .map_err(|e| anyhow::anyhow!("invalid engine settings: {e}"))?;
     check(&model, &engine_config).map_err(|e| anyhow::anyhow!("invalid engine settings: {e}"))?;
+    if let Some(draft) = &draft {
+        check(draft, &engine_config)
+            .map_err(|e| anyhow::anyhow!("invalid engine settings (draft_model): {e}"))?;
+    }
     tracing::info!(?engine_config, "engine settings");
-    let engine = spawn_engine(model, engine_config);
+    let speculation_line = match (&settings.draft_model, draft.is_some()) {
+        (Some(path), true) => format!(", speculation draft {}", path.display()),
+        _ => String::new(),
+    };
+    let engine = spawn_engine_with_draft(model, draft, engine_config);
     if let Some(listener) = metrics_listener {
         let metrics = WorkerMetrics::new(engine.clone(), lifecycle.clone());
         tokio::spawn(metrics.clone().sample_steps());
@@ -316,7 +338,7 @@ where
         .local_addr()
         .map_err(|e| anyhow::anyhow!("reading the bound address: {e}"))?;
     println!(
-        "worker ready: serving {} on {}{} ({})",
+        "worker ready: serving {} on {}{} ({}{speculation_line})",
         model_path.display(),
         bound,
         if cert.is_some() { " over TLS" } else { "" },
@@ -365,6 +387,44 @@ where
         Err(_) => tracing::warn!("connections still open after shutdown; closing them"),
     }
     Ok(())
+}
+
+/// Loads the draft model of `speculation = draft` from `path` with `load` and checks that its
+/// vocabulary is the model's (`model`, opened from `model_file`).
+///
+/// Errors (all [`BadInput`], exit code 2, one line naming `draft_model` and the path): the file
+/// cannot be opened or loaded, or its vocabulary differs (the first difference).
+fn load_draft<M, E, L>(
+    path: &std::path::Path,
+    model_file: &gguf::GgufFile,
+    model: &M,
+    load: &L,
+) -> anyhow::Result<M>
+where
+    M: BatchModel,
+    E: Into<anyhow::Error>,
+    L: Fn(&gguf::GgufFile) -> Result<M, E>,
+{
+    let bad = |e: &dyn std::fmt::Display| {
+        BadInput(anyhow::anyhow!("draft_model {}: {e:#}", path.display()))
+    };
+    if !path.exists() {
+        return Err(bad(&"does not exist").into());
+    }
+    let file = model_files::open(path).map_err(|e| bad(&e))?;
+    let draft = load(&file).map_err(|e| bad(&format!("{:#}", e.into())))?;
+    let vocabulary = |f: &gguf::GgufFile| gguf::TokenizerMetadata::from_gguf(f);
+    let model_vocabulary = vocabulary(model_file).map_err(|e| bad(&format!("the model: {e}")))?;
+    let draft_vocabulary = vocabulary(&file).map_err(|e| bad(&e))?;
+    worker::draft_vocabulary::check_same_vocabulary(
+        &model_vocabulary,
+        model.vocab_size(),
+        &draft_vocabulary,
+        draft.vocab_size(),
+    )
+    .map_err(|e| bad(&e))?;
+    tracing::info!(draft_model = %path.display(), "draft model loaded; its vocabulary is the model's");
+    Ok(draft)
 }
 
 /// Resolves on SIGTERM (`term`) or Ctrl-C.

@@ -1,5 +1,8 @@
-//! The worker's speculative-decoding settings (`speculation`, `num_speculative_tokens`,
-//! `ngram_min`, `ngram_max`) and their translation into the engine's [`SpeculationConfig`].
+//! The worker's speculative-decoding settings (`speculation`, `draft_model`,
+//! `num_speculative_tokens`, `ngram_min`, `ngram_max`) and their translation into the engine's
+//! [`SpeculationConfig`].
+
+use std::path::Path;
 
 use engine::speculation::{Proposer, SpeculationConfig, SpeculationConfigError};
 use serde::{Deserialize, Serialize};
@@ -13,19 +16,25 @@ pub enum SpeculationSetting {
     Off,
     /// n-gram prompt lookup.
     Ngram,
-    /// A draft model: named by issue 28 but not built yet; refused at start-up.
+    /// A draft model (`draft_model`) proposes greedily.
     Draft,
 }
 
 /// Speculation settings the worker cannot run.
 #[derive(Debug, thiserror::Error)]
 pub enum SpeculationSettingError {
-    /// `speculation = draft` (not built yet).
+    /// `speculation = draft` without `draft_model`.
     #[error(
-        "speculation = draft is not available in this build (draft-model proposals are not \
-         implemented yet): use `speculation = ngram` or `off`"
+        "speculation = draft needs draft_model (--draft-model PATH, WORKER_DRAFT_MODEL): a GGUF \
+         file or Hugging Face folder with the model's vocabulary"
     )]
-    DraftNotBuilt,
+    DraftWithoutModel,
+    /// `draft_model` set while `speculation` is not `draft`.
+    #[error(
+        "draft_model is set but speculation = {0}: set speculation = draft to use it, or unset \
+         draft_model"
+    )]
+    DraftModelUnused(&'static str),
     /// A number out of range.
     #[error(transparent)]
     Numbers(#[from] SpeculationConfigError),
@@ -33,18 +42,31 @@ pub enum SpeculationSettingError {
 
 /// The engine's speculation settings from the worker's.
 ///
-/// Errors: [`SpeculationSettingError`] naming the setting (`speculation = draft`, a
-/// `num_speculative_tokens` of 0 or above the cap, a bad n-gram range).
+/// Errors: [`SpeculationSettingError`] naming the setting (`speculation = draft` without a
+/// `draft_model`, a `draft_model` that another setting leaves unused, a `num_speculative_tokens`
+/// of 0 or above the cap, a bad n-gram range).
 pub fn speculation_config(
     setting: SpeculationSetting,
+    draft_model: Option<&Path>,
     num_speculative_tokens: usize,
     ngram_min: usize,
     ngram_max: usize,
 ) -> Result<SpeculationConfig, SpeculationSettingError> {
-    let proposer = match setting {
-        SpeculationSetting::Off => Proposer::Off,
-        SpeculationSetting::Ngram => Proposer::Ngram,
-        SpeculationSetting::Draft => return Err(SpeculationSettingError::DraftNotBuilt),
+    let draft_model = draft_model.filter(|p| !p.as_os_str().is_empty());
+    let proposer = match (setting, draft_model) {
+        (SpeculationSetting::Off, None) => Proposer::Off,
+        (SpeculationSetting::Ngram, None) => Proposer::Ngram,
+        (SpeculationSetting::Draft, Some(_)) => Proposer::Draft,
+        (SpeculationSetting::Draft, None) => {
+            return Err(SpeculationSettingError::DraftWithoutModel)
+        }
+        (other, Some(_)) => {
+            let name = match other {
+                SpeculationSetting::Off => "off",
+                _ => "ngram",
+            };
+            return Err(SpeculationSettingError::DraftModelUnused(name));
+        }
     };
     let config = SpeculationConfig {
         proposer,
@@ -61,6 +83,7 @@ mod tests {
     use super::*;
     use crate::config::{Cli, WorkerSettings};
     use clap::Parser;
+    use std::path::Path;
 
     /// Defaults, file, environment and flags; `draft` and an unknown proposer fail naming the
     /// setting.
@@ -93,9 +116,24 @@ mod tests {
             let s = WorkerSettings::load(&flagged).map_err(|e| e.to_string())?;
             let err = s.validate().unwrap_err().to_string();
             assert!(
-                err.starts_with("speculation = draft is not available"),
+                err.starts_with("speculation = draft needs draft_model"),
                 "{err}"
             );
+            jail.set_env("WORKER_DRAFT_MODEL", "small.gguf");
+            let s = WorkerSettings::load(&flagged).map_err(|e| e.to_string())?;
+            assert_eq!(s.draft_model.as_deref(), Some(Path::new("small.gguf")));
+            assert_eq!(s.speculation_config().unwrap().proposer, Proposer::Draft);
+            // The file's `ngram` with a draft model set: refused, naming both settings.
+            let err = WorkerSettings::load(&cli)
+                .map_err(|e| e.to_string())?
+                .validate()
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.starts_with("draft_model is set but speculation = ngram"),
+                "{err}"
+            );
+            jail.set_env("WORKER_DRAFT_MODEL", "");
             let flagged = Cli::parse_from([
                 "worker",
                 "--config",
@@ -121,25 +159,37 @@ mod tests {
 
     #[test]
     fn settings_translate_or_name_the_setting() {
-        let ok = speculation_config(SpeculationSetting::Ngram, 5, 1, 3).unwrap();
+        let small = Some(Path::new("small.gguf"));
+        let ok = speculation_config(SpeculationSetting::Ngram, None, 5, 1, 3).unwrap();
         assert_eq!(ok.proposer, Proposer::Ngram);
         assert_eq!(
-            speculation_config(SpeculationSetting::Off, 5, 1, 3)
+            speculation_config(SpeculationSetting::Off, None, 5, 1, 3)
                 .unwrap()
                 .proposer,
             Proposer::Off
         );
-        let draft = speculation_config(SpeculationSetting::Draft, 5, 1, 3).unwrap_err();
+        let draft = speculation_config(SpeculationSetting::Draft, small, 5, 1, 3).unwrap();
+        assert_eq!(draft.proposer, Proposer::Draft);
+        let no_model = speculation_config(SpeculationSetting::Draft, None, 5, 1, 3).unwrap_err();
         assert!(
-            draft.to_string().starts_with("speculation = draft"),
-            "{draft}"
+            no_model
+                .to_string()
+                .starts_with("speculation = draft needs draft_model"),
+            "{no_model}"
         );
-        let zero = speculation_config(SpeculationSetting::Ngram, 0, 1, 3).unwrap_err();
+        let unused = speculation_config(SpeculationSetting::Off, small, 5, 1, 3).unwrap_err();
+        assert!(
+            unused
+                .to_string()
+                .starts_with("draft_model is set but speculation = off"),
+            "{unused}"
+        );
+        let zero = speculation_config(SpeculationSetting::Ngram, None, 0, 1, 3).unwrap_err();
         assert!(
             zero.to_string().contains("num_speculative_tokens"),
             "{zero}"
         );
-        let big = speculation_config(SpeculationSetting::Off, 99, 1, 3).unwrap_err();
+        let big = speculation_config(SpeculationSetting::Off, None, 99, 1, 3).unwrap_err();
         assert!(big.to_string().contains("got 99"), "{big}");
     }
 }

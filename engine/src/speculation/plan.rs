@@ -175,13 +175,17 @@ impl ModelDrafts {
     }
 
     /// Runs the jobs and appends each sequence's proposals to its draft (after its forced tokens);
-    /// a failing draft model leaves the drafts as they are (forced tokens only) and is logged.
+    /// a draft model that fails or panics leaves the drafts as they are (forced tokens only) and is
+    /// logged: speculation never fails a request.
     fn run<M: BatchModel>(self, drafter: &mut Drafter<M>, seqs: &mut HashMap<SeqId, Sequence>) {
         if self.jobs.is_empty() {
             return;
         }
-        match drafter.propose(&self.jobs) {
-            Ok(drafted) => {
+        let jobs = &self.jobs;
+        let proposed =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drafter.propose(jobs)));
+        match proposed {
+            Ok(Ok(drafted)) => {
                 for (owner, d) in self.owners.iter().zip(drafted) {
                     if let Some(seq) = seqs.get_mut(owner) {
                         seq.speculation.draft.extend(d.tokens);
@@ -189,9 +193,12 @@ impl ModelDrafts {
                     }
                 }
             }
-            Err(e) => {
+            Ok(Err(e)) => {
                 let error = crate::error::with_sources(&e);
                 tracing::warn!(%error, "draft model failed; this step proposes only forced tokens");
+            }
+            Err(_) => {
+                tracing::warn!("draft model panicked; this step proposes only forced tokens");
             }
         }
     }
