@@ -50,9 +50,10 @@ def metrics(addr):
     c.request("GET", "/metrics")
     text = c.getresponse().read().decode()
     out = {}
+    # Every proposer's counters (forced tokens are counted under their own label), summed.
     for name in ("draft_tokens", "accepted_tokens"):
-        m = re.search(r'^worker_speculative_%s_total\{proposer="ngram"\} (\d+)' % name, text, re.M)
-        out[name] = int(m.group(1)) if m else 0
+        found = re.findall(r'^worker_speculative_%s_total\{proposer="(ngram|draft)"\} (\d+)' % name, text, re.M)
+        out[name] = sum(int(v) for _, v in found)
     return out
 
 

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Speculative decoding side by side (issue 28): one worker + router with `--speculation off`, then one
-# with `--speculation ngram`, same model and threads, in one sitting; for each task (quote, story) and
-# each concurrency (1, and $streams) runs bench/speculation.py and prints a table of tokens/s per
-# stream, the acceptance rate and whether every output equals speculation off's.
+# per speculating mode (`ngram`, and `draft` when DRAFT_MODEL is set), same model and threads, in one
+# sitting; for each task (quote, story) and each concurrency (1, and $streams) runs
+# bench/speculation.py and prints a table of tokens/s per stream, the acceptance rate and whether
+# every output equals speculation off's.
 #
 # Usage: bench/speculation.sh [MODEL.gguf] (default: the fetched SmolLM2). Env: THREADS (default 2),
-# STREAMS (default 32), REQUESTS (default 8 per cell at 1 stream, STREAMS at STREAMS), MAX_NEW (96).
+# STREAMS (default 32), REQUESTS (default 8 per cell at 1 stream, STREAMS at STREAMS), MAX_NEW (96),
+# MODES (default "ngram", plus "draft" with DRAFT_MODEL), DRAFT_MODEL (the draft model's file).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 model=${1:-$root/.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf}
@@ -15,10 +17,13 @@ out=$(mktemp -d); echo "speculation: logs and outputs in $out" >&2
 bench_name=speculation
 # shellcheck source=bench/lib.sh
 source "$root/bench/lib.sh"
-for mode in off ngram; do
+modes=${MODES:-ngram${DRAFT_MODEL:+ draft}}
+for mode in off $modes; do
   wport=$(free_port); rport=$(free_port); hport=$(free_port); mport=$(free_port)
+  draft_args=(); [ "$mode" = draft ] && draft_args=(--draft-model "$DRAFT_MODEL")
   "$bin/worker" --threads "$threads" --model "$model" --listen "127.0.0.1:$wport" \
-    --speculation "$mode" --metrics-listen "127.0.0.1:$mport" >"$out/worker-$mode.log" 2>&1 &
+    --speculation "$mode" "${draft_args[@]}" --metrics-listen "127.0.0.1:$mport" \
+    >"$out/worker-$mode.log" 2>&1 &
   pids+=($!); wpid=$!
   wait_for "$out/worker-$mode.log" "worker ready" "$wpid"
   "$bin/router" --workers "127.0.0.1:$wport" --listen "127.0.0.1:$rport" \
@@ -35,17 +40,18 @@ for mode in off ngram; do
   done
   kill "$rpid" "$wpid"; wait "$rpid" "$wpid" 2>/dev/null || true
 done
-python3 - "$out" "$streams" <<'PY'
+python3 - "$out" "$streams" $modes <<'PY'
 import json, pathlib, sys
-out, streams = pathlib.Path(sys.argv[1]), sys.argv[2]
-print("| task | streams | tok/s/stream off | tok/s/stream ngram | speed-up | acceptance | outputs identical |")
-print("|---|---|---|---|---|---|---|")
+out, streams, modes = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3:]
+print("| task | streams | mode | tok/s/stream off | tok/s/stream mode | speed-up | acceptance | outputs identical |")
+print("|---|---|---|---|---|---|---|---|")
 for task in ("quote", "story"):
     for c in ("1", streams):
-        r = {m: json.loads((out / f"{task}-{c}-{m}.result").read_text()) for m in ("off", "ngram")}
-        same = json.loads((out / f"{task}-{c}-off.json").read_text()) == json.loads((out / f"{task}-{c}-ngram.json").read_text())
-        off, ngram = r["off"]["tokens_per_s_per_stream"], r["ngram"]["tokens_per_s_per_stream"]
-        acc = r["ngram"]["acceptance_rate"]
-        acc = "-" if acc is None else "%.0f%% of %d" % (100 * acc, r["ngram"]["draft_tokens"])
-        print("| %s | %s | %.1f | %.1f | %.2fx | %s | %s |" % (task, c, off, ngram, ngram / off, acc, "yes" if same else "NO"))
+        for mode in modes:
+            r = {m: json.loads((out / f"{task}-{c}-{m}.result").read_text()) for m in ("off", mode)}
+            same = json.loads((out / f"{task}-{c}-off.json").read_text()) == json.loads((out / f"{task}-{c}-{mode}.json").read_text())
+            off, spec = r["off"]["tokens_per_s_per_stream"], r[mode]["tokens_per_s_per_stream"]
+            acc = r[mode]["acceptance_rate"]
+            acc = "-" if acc is None else "%.0f%% of %d" % (100 * acc, r[mode]["draft_tokens"])
+            print("| %s | %s | %s | %.1f | %.1f | %.2fx | %s | %s |" % (task, c, mode, off, spec, spec / off, acc, "yes" if same else "NO"))
 PY

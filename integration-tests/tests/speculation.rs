@@ -447,3 +447,46 @@ async fn a_draft_model_with_another_vocabulary_is_refused() {
         );
     }
 }
+
+/// The pair: SmolLM2 at Q8_0 drafted by SmolLM2 at Q4_0, both made by llama.cpp's
+/// `llama-quantize` from the default Q4_1 file: every stream of [`requests`] equals speculation
+/// off, and the draft's greedy proposals are accepted.
+///
+/// Ignored in CI (`cargo test` without `--ignored`): the files are made by
+/// `scripts/check-draft-speculation`, which builds llama-quantize (minutes) and runs this test
+/// with `DRAFT_PAIR_DIR` set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the requantized files: run scripts/check-draft-speculation"]
+async fn smollm2_q8_0_drafted_by_q4_0_streams_equal_speculation_off() {
+    let dir = std::path::PathBuf::from(
+        std::env::var("DRAFT_PAIR_DIR").expect("DRAFT_PAIR_DIR (set by the script)"),
+    );
+    let model = dir.join("SmolLM2-135M-Instruct.Q8_0.gguf");
+    let draft = dir.join("SmolLM2-135M-Instruct.Q4_0.gguf");
+    let args = [
+        "--speculation",
+        "draft",
+        "--draft-model",
+        draft.to_str().unwrap(),
+    ];
+    let Runs {
+        ngram: drafted,
+        ngram_stats: stats,
+        ..
+    } = streams_equal_with(&model, &args, &[]).await;
+    for (i, g) in drafted.iter().enumerate() {
+        let u = g.usage.unwrap();
+        eprintln!(
+            "request {i}: {} tokens, {} drafted, {} accepted",
+            u.generated_tokens, u.draft_tokens, u.accepted_draft_tokens
+        );
+    }
+    eprintln!(
+        "worker: {} drafted, {} accepted, {} steps",
+        stats.speculative_draft_tokens, stats.speculative_accepted_tokens, stats.steps
+    );
+    assert!(
+        stats.speculative_accepted_tokens * 2 > stats.speculative_draft_tokens,
+        "a Q4_0 draft of the same model agrees more often than not: {stats:?}"
+    );
+}
