@@ -20,7 +20,7 @@
 //! the first generated proposal. Each further round runs the previous proposal of the sequences
 //! that want more. So a step runs at most `num_speculative_tokens` draft passes, each batched over
 //! the speculating sequences. The draft wrote K/V for positions up to (not including) the last
-//! proposal's: after verification, [`committed_draft_positions`] of them hold committed tokens.
+//! proposal's: after verification, those before the target's computed tokens hold committed tokens.
 //!
 //! The draft model's kernels are batch invariant like the target's, so its K/V and its proposals
 //! are a function of a sequence's committed tokens alone: acceptance does not depend on the batch.

@@ -8,6 +8,9 @@
 //! [`MAX_SPECULATIVE_STEP_TOKENS`] and the scheduler's token budget. Each sequence proposes
 //! `round(num_speculative_tokens * recent acceptance rate)` tokens (at least 1), never more than it
 //! may still generate; a sequence whose n-gram finds no match proposes nothing and costs nothing.
+//! With a draft model ([`super::draft`]) the sequence first gets the blocks for its proposals, then
+//! the draft model generates them, in passes batched over the step's speculating sequences; the
+//! draft's catch-up tokens are not counted in the step's token budget.
 //!
 //! The drafts' positions get KV blocks only from the truly free list (never evicting a cached block
 //! and never preempting); a draft that finds no room is shortened to what its blocks hold.
