@@ -36,7 +36,19 @@ pub struct Drafter<M: BatchModel> {
     model: M,
     kv: M::Kv,
     logits: Logits,
+    /// Seconds per draft pass (exponential moving average; 0 until measured).
+    pass_secs: f64,
+    /// Seconds per target step of decodes only (exponential moving average; 0 until measured).
+    target_step_secs: f64,
 }
+
+/// Weight of a new measurement in the moving averages of [`Drafter`]'s timings.
+const TIMING_WEIGHT: f64 = 0.2;
+
+/// Proposals of a sequence that has not speculated for this many planned steps (its expected
+/// gain was not worth the draft's cost): it proposes one token again, so that a change in its
+/// acceptance is seen.
+pub const PROBE_AFTER_STEPS: u32 = 8;
 
 /// One sequence's work for the draft model in a step.
 #[derive(Debug, Clone)]
@@ -70,7 +82,23 @@ impl<M: BatchModel> Drafter<M> {
             model,
             kv,
             logits: Logits::new(),
+            pass_secs: 0.0,
+            target_step_secs: 0.0,
         }
+    }
+
+    /// Records how long a target step of decodes only took (speculating or not), in seconds.
+    pub fn observe_target_step(&mut self, secs: f64) {
+        self.target_step_secs = moving_average(self.target_step_secs, secs);
+    }
+
+    /// A draft pass's time over a target decode step's (0 until both are measured: the first
+    /// steps propose as if the draft were free).
+    pub fn cost_ratio(&self) -> f64 {
+        if self.pass_secs == 0.0 || self.target_step_secs == 0.0 {
+            return 0.0;
+        }
+        self.pass_secs / self.target_step_secs
     }
 
     /// The draft model's vocabulary size.
@@ -106,8 +134,10 @@ impl<M: BatchModel> Drafter<M> {
                 logit_tokens: usize::from(j.generate > 0),
             })
             .collect();
+        let started = std::time::Instant::now();
         self.model
             .forward_batch(&entries, &mut self.kv, &mut self.logits)?;
+        let mut passes = 1;
         let mut rows = 0;
         for (j, d) in jobs.iter().zip(&mut out) {
             d.written = j.start_pos + j.input.len();
@@ -122,6 +152,9 @@ impl<M: BatchModel> Drafter<M> {
                 .filter(|&i| out[i].tokens.len() < jobs[i].generate)
                 .collect();
             if more.is_empty() {
+                // Catch-up tokens make the first pass longer; they are part of the draft's cost.
+                let per_pass = started.elapsed().as_secs_f64() / f64::from(passes);
+                self.pass_secs = moving_average(self.pass_secs, per_pass);
                 return Ok(out);
             }
             let inputs: Vec<[u32; 1]> = more
@@ -140,12 +173,45 @@ impl<M: BatchModel> Drafter<M> {
                 .collect();
             self.model
                 .forward_batch(&entries, &mut self.kv, &mut self.logits)?;
+            passes += 1;
             for (row, &i) in more.iter().enumerate() {
                 out[i].written += 1;
                 out[i].tokens.push(argmax(self.logits.row(row)));
             }
         }
     }
+}
+
+/// `average` moved towards `sample` (the sample itself when nothing was measured yet).
+fn moving_average(average: f64, sample: f64) -> f64 {
+    if average == 0.0 {
+        sample
+    } else {
+        (1.0 - TIMING_WEIGHT) * average + TIMING_WEIGHT * sample
+    }
+}
+
+/// How many tokens a draft model should propose for a sequence: the `k` in `0..=cap` that
+/// maximizes the expected tokens committed per unit of time, `(1 - a^(k+1)) / (1 - a)` tokens (each
+/// proposal accepted with probability `a`, independently, plus the target's own token) over
+/// `1 + k * cost_ratio` target-step times (a memory-bound verification of `k + 1` positions costs
+/// about one decode step; each proposal costs one draft pass). This is the expected-speedup
+/// analysis of Leviathan et al. (ICML 2023, section 3.3) with `a` the sequence's recent acceptance
+/// rate. 0 means speculating does not pay for this sequence now.
+pub fn draft_length(acceptance: f64, cost_ratio: f64, cap: usize) -> usize {
+    let a = acceptance.clamp(0.0, 0.999);
+    let mut best = (0, 1.0);
+    let mut expected = 1.0; // 1 + a + ... + a^k
+    let mut power = 1.0;
+    for k in 1..=cap {
+        power *= a;
+        expected += power;
+        let per_time = expected / (1.0 + k as f64 * cost_ratio);
+        if per_time > best.1 * (1.0 + 1e-9) {
+            best = (k, per_time);
+        }
+    }
+    best.0
 }
 
 /// How many leading positions of a sequence hold draft K/V of committed tokens after a
@@ -169,13 +235,28 @@ fn argmax(row: &[f32]) -> u32 {
 
 #[cfg(test)]
 mod tests {
-    use super::{argmax, committed_draft_positions};
+    use super::{argmax, committed_draft_positions, draft_length};
 
     #[test]
     fn argmax_takes_the_lowest_id_on_ties_and_skips_nan() {
         assert_eq!(argmax(&[1.0, 3.0, 3.0, 2.0]), 1);
         assert_eq!(argmax(&[f32::NAN, -1.0, -2.0]), 1);
         assert_eq!(argmax(&[0.5]), 0);
+    }
+
+    #[test]
+    fn the_draft_length_pays_for_the_drafts_cost() {
+        // A free draft: propose all that is allowed, whenever anything may be accepted.
+        assert_eq!(draft_length(0.5, 0.0, 5), 5);
+        // A draft at 60 % of the target's cost accepted 80 % of the time: one token (1.8 tokens
+        // per 1.6 steps) beats five (3.69 per 4).
+        assert_eq!(draft_length(0.8, 0.6, 5), 1);
+        // A cheap draft (5 %) accepted 80 %: long drafts pay.
+        assert_eq!(draft_length(0.8, 0.05, 5), 5);
+        // Nothing accepted, or a draft as costly as the target: no speculation.
+        assert_eq!(draft_length(0.0, 0.1, 5), 0);
+        assert_eq!(draft_length(0.9, 1.0, 5), 0);
+        assert_eq!(draft_length(0.8, 0.05, 0), 0);
     }
 
     #[test]

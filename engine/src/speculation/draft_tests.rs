@@ -14,11 +14,13 @@ use super::tests::{
 };
 use super::Proposer;
 
-/// A draft model over the letters with `rule` (the target's is [`TARGET_RULE`]) and its counters.
+/// A draft model over the letters with `rule` (the target's is [`TARGET_RULE`]) and its counters;
+/// its passes cost next to nothing (a real draft is much smaller than its target).
 fn draft(rule: u32) -> (LoopModel, Arc<LoopCounters>) {
     let model = LoopModel {
         rule,
         record_reads: true,
+        pass_micros: 0,
         ..LoopModel::target(VOCAB)
     };
     let counters = model.counters.clone();
@@ -191,4 +193,29 @@ async fn two_drafts_catching_up_one_cached_prefix_in_one_step_do_not_collide() {
         stats.speculative_accepted_tokens, stats.speculative_draft_tokens,
         "{stats:?}"
     );
+}
+
+#[tokio::test]
+async fn a_draft_that_costs_more_than_it_saves_is_only_probed() {
+    // A draft pass costs twice a target step: no acceptance rate makes it pay, so after the first
+    // measurements a sequence proposes only a probe token every PROBE_AFTER_STEPS steps.
+    let (mut model, counters) = draft(TARGET_RULE);
+    model.pass_micros = 600;
+    let run = assert_same_with(
+        Vocab::Letters,
+        256,
+        &greedy_cases(),
+        1,
+        Proposer::Draft,
+        Some(model),
+    )
+    .await;
+    assert_eq!(counters.slot_conflicts.load(Ordering::Relaxed), 0);
+    let stats = run.stats;
+    let probes = stats.generated_tokens / u64::from(super::draft::PROBE_AFTER_STEPS);
+    assert!(
+        stats.speculative_draft_tokens <= probes + 4 * 2,
+        "at most the first steps' and the probes' proposals: {stats:?}"
+    );
+    assert!(stats.speculative_draft_tokens > 0, "{stats:?}");
 }

@@ -146,6 +146,9 @@ pub struct SequenceSpeculation {
     /// With a draft model: the end of the positions whose draft K/V this step's draft passes
     /// wrote (set while planning, taken by the verification).
     pub draft_written: Option<usize>,
+    /// Planned steps in a row in which a draft model proposed nothing for this sequence (its
+    /// expected gain did not pay for the draft); see [`draft::PROBE_AFTER_STEPS`].
+    pub idle_steps: u32,
     /// Recent acceptance rate of the proposer's tokens (exponential moving average of accepted /
     /// proposed per step; forced tokens do not count), which sets how many tokens the next step
     /// proposes.
@@ -160,6 +163,7 @@ impl SequenceSpeculation {
             draft: Vec::new(),
             forced: 0,
             draft_written: None,
+            idle_steps: 0,
             draft_tokens: 0,
             accepted_draft_tokens: 0,
             acceptance: 1.0,

@@ -8,7 +8,11 @@
 //! [`MAX_SPECULATIVE_STEP_TOKENS`] and the scheduler's token budget. Each sequence proposes
 //! `round(num_speculative_tokens * recent acceptance rate)` tokens (at least 1), never more than it
 //! may still generate; a sequence whose n-gram finds no match proposes nothing and costs nothing.
-//! With a draft model ([`super::draft`]) the sequence first gets the blocks for its proposals, then
+//! With a draft model ([`super::draft`]) the number of proposals is instead the one that maximizes
+//! the expected tokens per unit of time given the acceptance rate and the measured cost of a
+//! draft pass against a target step ([`super::draft::draft_length`]; 0 when speculating does not
+//! pay, with a 1-token probe every [`super::draft::PROBE_AFTER_STEPS`] steps), and the sequence
+//! first gets the blocks for its proposals, then
 //! the draft model generates them, in passes batched over the step's speculating sequences; the
 //! draft's catch-up tokens are not counted in the step's token budget.
 //!
@@ -30,7 +34,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::draft::{DraftJob, Drafter, MAX_CATCH_UP_TOKENS};
+use super::draft::{draft_length, DraftJob, Drafter, MAX_CATCH_UP_TOKENS, PROBE_AFTER_STEPS};
 use super::{ngram, Proposer, SpeculationConfig};
 use crate::backend::BatchModel;
 use crate::kv::BlockPool;
@@ -66,6 +70,7 @@ pub(crate) fn plan_drafts<M: BatchModel>(
         return;
     }
     let draft_context = drafter.as_ref().map_or(0, |d| d.context_length());
+    let cost_ratio = drafter.as_ref().map_or(0.0, |d| d.cost_ratio());
     let mut model_drafts = ModelDrafts::default();
     let mut budget = max_batch_tokens
         .min(MAX_SPECULATIVE_STEP_TOKENS)
@@ -97,6 +102,14 @@ pub(crate) fn plan_drafts<M: BatchModel>(
             let Some(blocks) = seq.blocks.as_mut() else {
                 continue;
             };
+            // The draft costs a pass per proposal: propose what pays for it (probing now and
+            // then when nothing does).
+            let spec = &mut seq.speculation;
+            let mut k = draft_length(spec.acceptance, cost_ratio, cap);
+            if k == 0 && spec.idle_steps >= PROBE_AFTER_STEPS {
+                k = cap.min(1);
+            }
+            spec.idle_steps = if k == 0 { spec.idle_steps + 1 } else { 0 };
             // Room first: the draft model writes the positions it proposes from.
             let verified = seq.computed + 1;
             let wanted_total = k

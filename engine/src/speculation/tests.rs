@@ -40,6 +40,8 @@ pub(super) struct LoopModel {
     pub(super) counters: Arc<LoopCounters>,
     /// Keep every context it computed logits for in [`LoopCounters::reads`].
     pub(super) record_reads: bool,
+    /// What a pass costs, in microseconds slept.
+    pub(super) pass_micros: u64,
 }
 
 /// Counts of a [`LoopModel`]'s work.
@@ -61,6 +63,7 @@ impl LoopModel {
             rule: TARGET_RULE,
             counters: Arc::default(),
             record_reads: false,
+            pass_micros: 300,
         }
     }
 }
@@ -107,7 +110,7 @@ impl BatchModel for LoopModel {
         kv: &mut SlotKv,
         out: &mut Logits,
     ) -> Result<(), StepError> {
-        std::thread::sleep(Duration::from_micros(300));
+        std::thread::sleep(Duration::from_micros(self.pass_micros));
         let bs = kv.block_size;
         let slot = |table: &[u32], pos: usize| table[pos / bs] as usize * bs + pos % bs;
         out.clear(self.vocab);
