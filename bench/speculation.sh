@@ -7,7 +7,8 @@
 #
 # Usage: bench/speculation.sh [MODEL.gguf] (default: the fetched SmolLM2). Env: THREADS (default 2),
 # STREAMS (default 32), REQUESTS (default 8 per cell at 1 stream, STREAMS at STREAMS), MAX_NEW (96),
-# MODES (default "ngram", plus "draft" with DRAFT_MODEL), DRAFT_MODEL (the draft model's file).
+# MODES (default "ngram", plus "draft" with DRAFT_MODEL), DRAFT_MODEL (the draft model's file),
+# ORDER (the order the servers run in; default "off" then MODES).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 model=${1:-$root/.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf}
@@ -18,7 +19,8 @@ bench_name=speculation
 # shellcheck source=bench/lib.sh
 source "$root/bench/lib.sh"
 modes=${MODES:-ngram${DRAFT_MODEL:+ draft}}
-for mode in off $modes; do
+# ORDER: the order the servers run in (default off first); e.g. "draft off" to see an order effect.
+for mode in ${ORDER:-off $modes}; do
   wport=$(free_port); rport=$(free_port); hport=$(free_port); mport=$(free_port)
   draft_args=(); [ "$mode" = draft ] && draft_args=(--draft-model "$DRAFT_MODEL")
   "$bin/worker" --threads "$threads" --model "$model" --listen "127.0.0.1:$wport" \

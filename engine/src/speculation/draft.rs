@@ -50,6 +50,11 @@ const TIMING_WEIGHT: f64 = 0.2;
 /// acceptance is seen.
 pub const PROBE_AFTER_STEPS: u32 = 8;
 
+/// [`PROBE_AFTER_STEPS`] when the draft costs so much that not even a draft that is always right
+/// would pay: the probe then only re-measures that cost (its catch-up over the tokens it missed
+/// is the probe's price), so it comes rarely.
+pub const REMEASURE_AFTER_STEPS: u32 = 256;
+
 /// One sequence's work for the draft model in a step.
 #[derive(Debug, Clone)]
 pub(crate) struct DraftJob {

@@ -198,7 +198,7 @@ async fn two_drafts_catching_up_one_cached_prefix_in_one_step_do_not_collide() {
 #[tokio::test]
 async fn a_draft_that_costs_more_than_it_saves_is_only_probed() {
     // A draft pass costs twice a target step: no acceptance rate makes it pay, so after the first
-    // measurements a sequence proposes only a probe token every PROBE_AFTER_STEPS steps.
+    // measurements a sequence proposes only a probe token every REMEASURE_AFTER_STEPS steps.
     let (mut model, counters) = draft(TARGET_RULE);
     model.pass_micros = 600;
     let run = assert_same_with(
@@ -212,10 +212,12 @@ async fn a_draft_that_costs_more_than_it_saves_is_only_probed() {
     .await;
     assert_eq!(counters.slot_conflicts.load(Ordering::Relaxed), 0);
     let stats = run.stats;
-    let probes = stats.generated_tokens / u64::from(super::draft::PROBE_AFTER_STEPS);
+    // Each request's first speculating step measures (before the first measurement the draft is
+    // taken for free); then not even an always-right draft pays, so no probe comes within a
+    // request's 40 tokens.
     assert!(
-        stats.speculative_draft_tokens <= probes + 4 * 2,
-        "at most the first steps' and the probes' proposals: {stats:?}"
+        stats.speculative_draft_tokens <= 5 * 4,
+        "at most the first step's proposals per request: {stats:?}"
     );
     assert!(stats.speculative_draft_tokens > 0, "{stats:?}");
 }

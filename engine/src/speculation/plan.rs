@@ -11,7 +11,9 @@
 //! With a draft model ([`super::draft`]) the number of proposals is instead the one that maximizes
 //! the expected tokens per unit of time given the acceptance rate and the measured cost of a
 //! draft pass against a target step ([`super::draft::draft_length`]; 0 when speculating does not
-//! pay, with a 1-token probe every [`super::draft::PROBE_AFTER_STEPS`] steps), and the sequence
+//! pay, with a 1-token probe every [`super::draft::PROBE_AFTER_STEPS`] steps, or every
+//! [`super::draft::REMEASURE_AFTER_STEPS`] when not even a draft that is always right would pay),
+//! and the sequence
 //! first gets the blocks for its proposals, then
 //! the draft model generates them, in passes batched over the step's speculating sequences; the
 //! draft's catch-up tokens are not counted in the step's token budget.
@@ -34,7 +36,9 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::draft::{draft_length, DraftJob, Drafter, MAX_CATCH_UP_TOKENS, PROBE_AFTER_STEPS};
+use super::draft::{
+    draft_length, DraftJob, Drafter, MAX_CATCH_UP_TOKENS, PROBE_AFTER_STEPS, REMEASURE_AFTER_STEPS,
+};
 use super::{ngram, Proposer, SpeculationConfig};
 use crate::backend::BatchModel;
 use crate::kv::BlockPool;
@@ -106,8 +110,16 @@ pub(crate) fn plan_drafts<M: BatchModel>(
             // then when nothing does).
             let spec = &mut seq.speculation;
             let mut k = draft_length(spec.acceptance, cost_ratio, cap);
-            if k == 0 && spec.idle_steps >= PROBE_AFTER_STEPS {
-                k = cap.min(1);
+            if k == 0 {
+                // A probe tells whether the acceptance rate changed; when not even a draft that
+                // is always right would pay, only whether the draft's cost did (rarely).
+                let interval = match draft_length(1.0, cost_ratio, cap) {
+                    0 => REMEASURE_AFTER_STEPS,
+                    _ => PROBE_AFTER_STEPS,
+                };
+                if spec.idle_steps >= interval {
+                    k = cap.min(1);
+                }
             }
             spec.idle_steps = if k == 0 { spec.idle_steps + 1 } else { 0 };
             // Room first: the draft model writes the positions it proposes from.
