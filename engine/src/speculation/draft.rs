@@ -25,6 +25,7 @@
 //! The draft model's kernels are batch invariant like the target's, so its K/V and its proposals
 //! are a function of a sequence's committed tokens alone: acceptance does not depend on the batch.
 
+use super::draft_cost::DraftCosts;
 use crate::backend::{BatchEntry, BatchModel, Logits, StepError};
 
 /// Most committed tokens one sequence's draft catches up in a step (a longer backlog takes several
@@ -36,18 +37,13 @@ pub struct Drafter<M: BatchModel> {
     model: M,
     kv: M::Kv,
     logits: Logits,
-    /// Seconds per draft pass (exponential moving average; 0 until measured).
-    pass_secs: f64,
-    /// Seconds per target step of decodes only (exponential moving average; 0 until measured).
-    target_step_secs: f64,
+    /// What target steps and draft passes cost (see [`super::draft_cost`]).
+    costs: DraftCosts,
 }
 
-/// Weight of a new measurement in the moving averages of [`Drafter`]'s timings.
-const TIMING_WEIGHT: f64 = 0.2;
-
 /// Proposals of a sequence that has not speculated for this many planned steps (its expected
-/// gain was not worth the draft's cost): it proposes one token again, so that a change in its
-/// acceptance is seen.
+/// gain was not worth the draft's cost): it proposes two tokens again, so that a change in its
+/// acceptance rate (or, from the second, catch-up-free pass, in the draft's cost) is seen.
 pub const PROBE_AFTER_STEPS: u32 = 8;
 
 /// [`PROBE_AFTER_STEPS`] when the draft costs so much that not even a draft that is always right
@@ -87,23 +83,19 @@ impl<M: BatchModel> Drafter<M> {
             model,
             kv,
             logits: Logits::new(),
-            pass_secs: 0.0,
-            target_step_secs: 0.0,
+            costs: DraftCosts::default(),
         }
     }
 
-    /// Records how long a target step of decodes only took (speculating or not), in seconds.
-    pub fn observe_target_step(&mut self, secs: f64) {
-        self.target_step_secs = moving_average(self.target_step_secs, secs);
+    /// Records how long a target step of decodes only (speculating or not) that ran `tokens`
+    /// tokens took, in seconds.
+    pub fn observe_target_step(&mut self, tokens: usize, secs: f64) {
+        self.costs.step.observe(tokens as f64, secs);
     }
 
-    /// A draft pass's time over a target decode step's (0 until both are measured: the first
-    /// steps propose as if the draft were free).
-    pub fn cost_ratio(&self) -> f64 {
-        if self.pass_secs == 0.0 || self.target_step_secs == 0.0 {
-            return 0.0;
-        }
-        self.pass_secs / self.target_step_secs
+    /// The costs measured so far.
+    pub fn costs(&self) -> &DraftCosts {
+        &self.costs
     }
 
     /// The draft model's vocabulary size.
@@ -139,10 +131,15 @@ impl<M: BatchModel> Drafter<M> {
                 logit_tokens: usize::from(j.generate > 0),
             })
             .collect();
+        // Only passes of about one token per sequence measure the draft's cost per proposal
+        // (a first pass that catches up over many tokens is a prefill, not a proposal's price).
+        let mut timed = Timed::default();
         let started = std::time::Instant::now();
         self.model
             .forward_batch(&entries, &mut self.kv, &mut self.logits)?;
-        let mut passes = 1;
+        if jobs.iter().all(|j| j.input.len() <= 2) {
+            timed.add(jobs.len(), started.elapsed().as_secs_f64());
+        }
         let mut rows = 0;
         for (j, d) in jobs.iter().zip(&mut out) {
             d.written = j.start_pos + j.input.len();
@@ -157,9 +154,9 @@ impl<M: BatchModel> Drafter<M> {
                 .filter(|&i| out[i].tokens.len() < jobs[i].generate)
                 .collect();
             if more.is_empty() {
-                // Catch-up tokens make the first pass longer; they are part of the draft's cost.
-                let per_pass = started.elapsed().as_secs_f64() / f64::from(passes);
-                self.pass_secs = moving_average(self.pass_secs, per_pass);
+                for (sequences, secs) in timed.passes {
+                    self.costs.pass.observe(sequences as f64, secs);
+                }
                 return Ok(out);
             }
             let inputs: Vec<[u32; 1]> = more
@@ -176,9 +173,10 @@ impl<M: BatchModel> Drafter<M> {
                     logit_tokens: 1,
                 })
                 .collect();
+            let started = std::time::Instant::now();
             self.model
                 .forward_batch(&entries, &mut self.kv, &mut self.logits)?;
-            passes += 1;
+            timed.add(more.len(), started.elapsed().as_secs_f64());
             for (row, &i) in more.iter().enumerate() {
                 out[i].written += 1;
                 out[i].tokens.push(argmax(self.logits.row(row)));
@@ -187,36 +185,16 @@ impl<M: BatchModel> Drafter<M> {
     }
 }
 
-/// `average` moved towards `sample` (the sample itself when nothing was measured yet).
-fn moving_average(average: f64, sample: f64) -> f64 {
-    if average == 0.0 {
-        sample
-    } else {
-        (1.0 - TIMING_WEIGHT) * average + TIMING_WEIGHT * sample
-    }
+/// Draft passes timed in one [`Drafter::propose`]: (sequences, seconds) each.
+#[derive(Default)]
+struct Timed {
+    passes: Vec<(usize, f64)>,
 }
 
-/// How many tokens a draft model should propose for a sequence: the `k` in `0..=cap` that
-/// maximizes the expected tokens committed per unit of time, `(1 - a^(k+1)) / (1 - a)` tokens (each
-/// proposal accepted with probability `a`, independently, plus the target's own token) over
-/// `1 + k * cost_ratio` target-step times (a memory-bound verification of `k + 1` positions costs
-/// about one decode step; each proposal costs one draft pass). This is the expected-speedup
-/// analysis of Leviathan et al. (ICML 2023, section 3.3) with `a` the sequence's recent acceptance
-/// rate. 0 means speculating does not pay for this sequence now.
-pub fn draft_length(acceptance: f64, cost_ratio: f64, cap: usize) -> usize {
-    let a = acceptance.clamp(0.0, 0.999);
-    let mut best = (0, 1.0);
-    let mut expected = 1.0; // 1 + a + ... + a^k
-    let mut power = 1.0;
-    for k in 1..=cap {
-        power *= a;
-        expected += power;
-        let per_time = expected / (1.0 + k as f64 * cost_ratio);
-        if per_time > best.1 * (1.0 + 1e-9) {
-            best = (k, per_time);
-        }
+impl Timed {
+    fn add(&mut self, sequences: usize, secs: f64) {
+        self.passes.push((sequences, secs));
     }
-    best.0
 }
 
 /// How many leading positions of a sequence hold draft K/V of committed tokens after a
@@ -240,28 +218,13 @@ fn argmax(row: &[f32]) -> u32 {
 
 #[cfg(test)]
 mod tests {
-    use super::{argmax, committed_draft_positions, draft_length};
+    use super::{argmax, committed_draft_positions};
 
     #[test]
     fn argmax_takes_the_lowest_id_on_ties_and_skips_nan() {
         assert_eq!(argmax(&[1.0, 3.0, 3.0, 2.0]), 1);
         assert_eq!(argmax(&[f32::NAN, -1.0, -2.0]), 1);
         assert_eq!(argmax(&[0.5]), 0);
-    }
-
-    #[test]
-    fn the_draft_length_pays_for_the_drafts_cost() {
-        // A free draft: propose all that is allowed, whenever anything may be accepted.
-        assert_eq!(draft_length(0.5, 0.0, 5), 5);
-        // A draft at 60 % of the target's cost accepted 80 % of the time: one token (1.8 tokens
-        // per 1.6 steps) beats five (3.69 per 4).
-        assert_eq!(draft_length(0.8, 0.6, 5), 1);
-        // A cheap draft (5 %) accepted 80 %: long drafts pay.
-        assert_eq!(draft_length(0.8, 0.05, 5), 5);
-        // Nothing accepted, or a draft as costly as the target: no speculation.
-        assert_eq!(draft_length(0.0, 0.1, 5), 0);
-        assert_eq!(draft_length(0.9, 1.0, 5), 0);
-        assert_eq!(draft_length(0.8, 0.05, 0), 0);
     }
 
     #[test]

@@ -22,13 +22,15 @@
 //! them like any proposal, so exactness does not depend on them being forced.
 //!
 //! - [`ngram`]: the prompt-lookup proposer.
-//! - [`draft`]: the draft-model proposer (a second model whose K/V lives in the same block pool).
+//! - [`draft`]: the draft-model proposer (a second model whose K/V lives in the same block pool);
+//!   [`draft_cost`]: how long its drafts are, from measured costs.
 //! - `plan`: which sequences speculate in a step, and how far (the "never slower" policy), forced
 //!   tokens first.
 //! - `verify`: the acceptance rule.
 //! - [`metrics`]: the process-wide counters and histogram the worker exports.
 
 pub mod draft;
+pub mod draft_cost;
 pub mod metrics;
 pub mod ngram;
 mod plan;

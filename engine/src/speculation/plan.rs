@@ -8,10 +8,10 @@
 //! [`MAX_SPECULATIVE_STEP_TOKENS`] and the scheduler's token budget. Each sequence proposes
 //! `round(num_speculative_tokens * recent acceptance rate)` tokens (at least 1), never more than it
 //! may still generate; a sequence whose n-gram finds no match proposes nothing and costs nothing.
-//! With a draft model ([`super::draft`]) the number of proposals is instead the one that maximizes
-//! the expected tokens per unit of time given the acceptance rate and the measured cost of a
-//! draft pass against a target step ([`super::draft::draft_length`]; 0 when speculating does not
-//! pay, with a 1-token probe every [`super::draft::PROBE_AFTER_STEPS`] steps, or every
+//! With a draft model ([`super::draft`]) the number of proposals is instead one `k` for the step
+//! that maximizes the expected tokens per second given the sequences' acceptance rates and the
+//! measured costs of target steps and draft passes ([`super::draft_cost::best_draft_length`]; 0
+//! when speculating does not pay, with a 2-token probe every [`super::draft::PROBE_AFTER_STEPS`] steps, or every
 //! [`super::draft::REMEASURE_AFTER_STEPS`] when not even a draft that is always right would pay),
 //! and the sequence
 //! first gets the blocks for its proposals, then
@@ -37,8 +37,9 @@
 use std::collections::{HashMap, HashSet};
 
 use super::draft::{
-    draft_length, DraftJob, Drafter, MAX_CATCH_UP_TOKENS, PROBE_AFTER_STEPS, REMEASURE_AFTER_STEPS,
+    DraftJob, Drafter, MAX_CATCH_UP_TOKENS, PROBE_AFTER_STEPS, REMEASURE_AFTER_STEPS,
 };
+use super::draft_cost::best_draft_length;
 use super::{ngram, Proposer, SpeculationConfig};
 use crate::backend::BatchModel;
 use crate::kv::BlockPool;
@@ -74,7 +75,29 @@ pub(crate) fn plan_drafts<M: BatchModel>(
         return;
     }
     let draft_context = drafter.as_ref().map_or(0, |d| d.context_length());
-    let cost_ratio = drafter.as_ref().map_or(0.0, |d| d.cost_ratio());
+    // With a draft model: one draft length for the step, from the measured costs.
+    let (draft_k, always_right_k) = match &drafter {
+        Some(d) if config.proposer == Proposer::Draft => {
+            let caps: Vec<(f64, usize)> = chunks
+                .iter()
+                .filter_map(|c| seqs.get(&c.seq))
+                .filter(|s| s.speculation.enabled)
+                .map(|s| {
+                    let cap = config
+                        .num_speculative_tokens
+                        .min(s.tokens_left().saturating_sub(1));
+                    (s.speculation.acceptance, cap)
+                })
+                .collect();
+            let plain = chunks.len() - caps.len();
+            let always_right: Vec<(f64, usize)> = caps.iter().map(|&(_, c)| (1.0, c)).collect();
+            (
+                best_draft_length(&caps, plain, d.costs()),
+                best_draft_length(&always_right, plain, d.costs()),
+            )
+        }
+        _ => (0, 0),
+    };
     let mut model_drafts = ModelDrafts::default();
     let mut budget = max_batch_tokens
         .min(MAX_SPECULATIVE_STEP_TOKENS)
@@ -109,16 +132,17 @@ pub(crate) fn plan_drafts<M: BatchModel>(
             // The draft costs a pass per proposal: propose what pays for it (probing now and
             // then when nothing does).
             let spec = &mut seq.speculation;
-            let mut k = draft_length(spec.acceptance, cost_ratio, cap);
-            if k == 0 {
+            let mut k = draft_k.min(cap);
+            if k == 0 && cap > 0 {
                 // A probe tells whether the acceptance rate changed; when not even a draft that
-                // is always right would pay, only whether the draft's cost did (rarely).
-                let interval = match draft_length(1.0, cost_ratio, cap) {
+                // is always right would pay, only whether the costs did (rarely).
+                let interval = match always_right_k {
                     0 => REMEASURE_AFTER_STEPS,
                     _ => PROBE_AFTER_STEPS,
                 };
                 if spec.idle_steps >= interval {
-                    k = cap.min(1);
+                    // Two tokens: the second pass, free of catch-up, also re-measures the cost.
+                    k = cap.min(2);
                 }
             }
             spec.idle_steps = if k == 0 { spec.idle_steps + 1 } else { 0 };
