@@ -199,9 +199,16 @@ impl CudaModel {
     /// Errors: [`CudaError::KvCacheTooLarge`] with both sizes, or [`CudaError::Driver`] when the
     /// free memory cannot be read.
     pub fn check_kv_fits(&self, num_blocks: usize, block_size: usize) -> Result<(), CudaError> {
+        self.check_kv_bytes_fit(num_blocks * block_size * self.kv_bytes_per_token())
+    }
+
+    /// Checks that `need` bytes of KV storage (e.g. this model's pool and a draft model's on the
+    /// same GPU) fit in the GPU's free memory, keeping 512 MiB for step buffers and graphs.
+    ///
+    /// Errors: as [`Self::check_kv_fits`].
+    pub fn check_kv_bytes_fit(&self, need: usize) -> Result<(), CudaError> {
         let _ = self.gpu.ctx.bind_to_thread();
         let (free, _) = driver("reading free memory", self.gpu.ctx.mem_get_info())?;
-        let need = num_blocks * block_size * self.kv_bytes_per_token();
         let reserve = 512usize << 20;
         if need + reserve > free {
             return Err(CudaError::KvCacheTooLarge { need, free });

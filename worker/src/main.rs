@@ -144,7 +144,7 @@ async fn run(settings: WorkerSettings, backend: Backend) -> anyhow::Result<()> {
                     ),
                 },
             };
-            load_and_serve(prepared, mode, load, |_, _| Ok(())).await
+            load_and_serve(prepared, mode, load, |_, _, _| Ok(())).await
         }
         Backend::Cuda(gpu) => {
             // `device = auto` chose the GPU: `numerics = fast` (a CPU mode) cannot run there.
@@ -186,8 +186,9 @@ async fn run(settings: WorkerSettings, backend: Backend) -> anyhow::Result<()> {
                 move |file: &gguf::GgufFile| {
                     CudaModel::from_source(file, gpu.clone(), options.clone())
                 },
-                |model: &CudaModel, config: &EngineConfig| {
-                    Ok(model.check_kv_fits(config.num_blocks, config.block_size)?)
+                |model: &CudaModel, kv_bytes_per_token: usize, config: &EngineConfig| {
+                    let need = config.num_blocks * config.block_size * kv_bytes_per_token;
+                    Ok(model.check_kv_bytes_fit(need)?)
                 },
             )
             .await
@@ -221,7 +222,8 @@ struct RunMode {
 
 /// Opens the model file, builds the model from it with `load` (on a blocking thread; a shutdown signal meanwhile ends the worker),
 /// and with `speculation = draft` the draft model too (its vocabulary checked against the
-/// model's), checks the engine settings against them with `check`, then runs the engine and
+/// model's), checks the engine settings against them with `check` (given the model, the KV bytes
+/// per token of both models and the engine settings), then runs the engine and
 /// serves until shutdown; `mode` (the device and numeric mode) goes into `Info` and the ready line.
 async fn load_and_serve<H, M, E, L, C>(
     p: Prepared<H>,
@@ -234,7 +236,7 @@ where
     M: BatchModel,
     E: Into<anyhow::Error>,
     L: Fn(&gguf::GgufFile) -> Result<M, E> + Send + 'static,
-    C: Fn(&M, &EngineConfig) -> anyhow::Result<()>,
+    C: Fn(&M, usize, &EngineConfig) -> anyhow::Result<()>,
 {
     let Prepared {
         settings,
@@ -299,11 +301,8 @@ where
     let engine_config = settings
         .engine_config(kv_bytes_per_token)
         .map_err(|e| anyhow::anyhow!("invalid engine settings: {e}"))?;
-    check(&model, &engine_config).map_err(|e| anyhow::anyhow!("invalid engine settings: {e}"))?;
-    if let Some(draft) = &draft {
-        check(draft, &engine_config)
-            .map_err(|e| anyhow::anyhow!("invalid engine settings (draft_model): {e}"))?;
-    }
+    check(&model, kv_bytes_per_token, &engine_config)
+        .map_err(|e| anyhow::anyhow!("invalid engine settings: {e}"))?;
     tracing::info!(?engine_config, "engine settings");
     let speculation_line = match (&settings.draft_model, draft.is_some()) {
         (Some(path), true) => format!(", speculation draft {}", path.display()),

@@ -235,7 +235,8 @@ impl BlockPool {
     /// Leading positions of `seq` whose draft-model K/V is in its blocks: what its own draft
     /// computed, extended over following full blocks that are draft-valid (filled by a sharer).
     pub fn draft_computed(&self, seq: &SequenceBlocks) -> usize {
-        self.draft_valid_prefix(seq, seq.draft_computed)
+        let own = self.draft_valid_prefix(seq, seq.draft_computed);
+        own.max(self.draft_valid_prefix(seq, 0))
     }
 
     /// Records that `seq`'s draft model has computed its first `positions` positions (the caller

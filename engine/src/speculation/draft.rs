@@ -10,8 +10,8 @@
 //! shared through the prefix cache with them. Which positions of a sequence hold draft K/V is
 //! [`crate::kv::BlockPool::draft_computed`]; the draft catches up lazily: a step that speculates
 //! first runs, for each sequence, the committed tokens its draft has not seen (at most
-//! [`MAX_CATCH_UP_TOKENS`] per step; a sequence further behind only catches up that step and
-//! proposes nothing), then the tokens the constraint forces, and generates from there. Prefill
+//! [`MAX_CATCH_UP_TOKENS`] per step for all sequences together; a sequence further behind only
+//! catches up that step and proposes nothing), then the tokens the constraint forces, and generates from there. Prefill
 //! steps and steps that do not speculate never run the draft, so they cost what they cost without
 //! it.
 //!
@@ -28,8 +28,9 @@
 use super::draft_cost::DraftCosts;
 use crate::backend::{BatchEntry, BatchModel, Logits, StepError};
 
-/// Most committed tokens one sequence's draft catches up in a step (a longer backlog takes several
-/// speculating steps, proposing nothing until it is done).
+/// Most committed tokens the draft catches up over in a step, all sequences together (also at most
+/// the scheduler's `max_batch_tokens`); a sequence whose backlog does not fit catches up what is
+/// left of it and proposes nothing that step.
 pub const MAX_CATCH_UP_TOKENS: usize = 512;
 
 /// The draft model and its K/V storage.

@@ -197,10 +197,10 @@ async fn two_drafts_catching_up_one_cached_prefix_in_one_step_do_not_collide() {
 
 #[tokio::test]
 async fn a_draft_that_costs_more_than_it_saves_is_only_probed() {
-    // A draft pass costs twice a target step: no acceptance rate makes it pay, so after the first
+    // A draft pass costs ten target steps: no acceptance rate makes it pay, so after the first
     // measurements a sequence proposes only a probe token every REMEASURE_AFTER_STEPS steps.
     let (mut model, counters) = draft(TARGET_RULE);
-    model.pass_micros = 600;
+    model.pass_micros = 3000;
     let run = assert_same_with(
         Vocab::Letters,
         256,
@@ -220,4 +220,18 @@ async fn a_draft_that_costs_more_than_it_saves_is_only_probed() {
         "at most the first step's proposals per request: {stats:?}"
     );
     assert!(stats.speculative_draft_tokens > 0, "{stats:?}");
+}
+
+#[tokio::test]
+async fn long_backlogs_catch_up_within_the_steps_budget() {
+    // Four 80-token prompts at once: their drafts have 320 tokens to catch up, the step's budget
+    // (max_batch_tokens, 64 here) allows 64 per pass plus each sequence's own inputs.
+    let long: Vec<Case> = (0..4u32)
+        .map(|i| case(&format!("long{i}"), looping_prompt(80, i), 12))
+        .collect();
+    let (model, counters) = draft(5);
+    let run = assert_same_with(Vocab::Letters, 256, &long, 4, Proposer::Draft, Some(model)).await;
+    let most = counters.most_pass_tokens.load(Ordering::Relaxed);
+    assert!(most <= 64 + 4 * 6, "a draft pass ran {most} tokens");
+    assert!(run.stats.speculative_draft_tokens > 0, "{:?}", run.stats);
 }

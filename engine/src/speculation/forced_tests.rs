@@ -201,6 +201,13 @@ fn forced_tokens_are_not_throttled_and_keep_the_other_limits() {
         plan_one(Proposer::Ngram, &mut small, seq, 1.0),
         (abc[..4].to_vec(), 4)
     );
+    // The draft proposer without a draft model (or past the draft's context) still proposes
+    // the forced tokens: they need no model.
+    let seq = decoding(&mut pool, &prompt, regex, 40);
+    assert_eq!(
+        plan_one(Proposer::Draft, &mut pool, seq, 0.0),
+        (abc[..5].to_vec(), 5)
+    );
     // The n-gram fills the rest, looking up as if the forced tokens were committed: the prompt
     // `c x y t` has `x y` after `c`, so `abc` (forced) is followed by `x y`.
     let prompt = [3, 24, 25, 20];
@@ -225,4 +232,23 @@ fn forced_tokens_do_not_move_the_acceptance_rate() {
     s.record(6, 2, 3);
     assert_eq!((s.draft_tokens, s.accepted_draft_tokens), (10, 7));
     assert_eq!(s.acceptance, 0.5 * 0.5 + 0.5 * 0.25);
+}
+
+#[test]
+fn the_per_token_acceptance_counts_one_rejection_per_verification() {
+    let mut s = SequenceSpeculation::new(true);
+    assert_eq!(
+        s.token_acceptance_rate(),
+        1.0,
+        "optimistic before the first"
+    );
+    // 2 of 5 accepted: the third was rejected and the last two were never tried.
+    s.record(5, 0, 2);
+    assert!((s.token_acceptance_rate() - 2.0 / 3.0).abs() < 1e-12);
+    // All 5 accepted: no rejection. Decayed sums: (0.7 * 2 + 5) / (0.7 * 3 + 5).
+    s.record(5, 0, 5);
+    assert!((s.token_acceptance_rate() - 6.4 / 7.1).abs() < 1e-12);
+    // Forced tokens do not count.
+    s.record(3, 3, 3);
+    assert!((s.token_acceptance_rate() - 6.4 / 7.1).abs() < 1e-12);
 }

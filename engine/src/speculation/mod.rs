@@ -151,6 +151,11 @@ pub struct SequenceSpeculation {
     /// Planned steps in a row in which a draft model proposed nothing for this sequence (its
     /// expected gain did not pay for the draft); see [`draft::PROBE_AFTER_STEPS`].
     pub idle_steps: u32,
+    /// Recent per-token acceptance probability of the proposer's tokens, for the draft model's
+    /// cost model: accepted / (accepted + rejections), each verification counting one rejection
+    /// when it stopped at one (a verification stops at its first rejection, so accepted /
+    /// proposed per step would underestimate it). Decayed sums: (accepted, trials).
+    pub token_acceptance: (f64, f64),
     /// Recent acceptance rate of the proposer's tokens (exponential moving average of accepted /
     /// proposed per step; forced tokens do not count), which sets how many tokens the next step
     /// proposes.
@@ -158,6 +163,17 @@ pub struct SequenceSpeculation {
 }
 
 impl SequenceSpeculation {
+    /// The per-token acceptance probability (see [`SequenceSpeculation::token_acceptance`]); 1
+    /// before the first verification, so that a new sequence starts optimistic.
+    pub fn token_acceptance_rate(&self) -> f64 {
+        let (acc, trials) = self.token_acceptance;
+        if trials <= 0.0 {
+            1.0
+        } else {
+            acc / trials
+        }
+    }
+
     /// A request's state before its first step; `enabled` = it allows speculation.
     pub fn new(enabled: bool) -> Self {
         Self {
@@ -166,6 +182,7 @@ impl SequenceSpeculation {
             forced: 0,
             draft_written: None,
             idle_steps: 0,
+            token_acceptance: (0.0, 0.0),
             draft_tokens: 0,
             accepted_draft_tokens: 0,
             acceptance: 1.0,
@@ -186,6 +203,12 @@ impl SequenceSpeculation {
             let proposer_accepted = accepted.saturating_sub(forced);
             let rate = proposer_accepted as f64 / proposer_proposed as f64;
             self.acceptance = 0.5 * self.acceptance + 0.5 * rate;
+            let rejected = usize::from(proposer_accepted < proposer_proposed);
+            let (acc, trials) = self.token_acceptance;
+            self.token_acceptance = (
+                0.7 * acc + proposer_accepted as f64,
+                0.7 * trials + (proposer_accepted + rejected) as f64,
+            );
         }
     }
 }

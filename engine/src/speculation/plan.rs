@@ -86,7 +86,7 @@ pub(crate) fn plan_drafts<M: BatchModel>(
                     let cap = config
                         .num_speculative_tokens
                         .min(s.tokens_left().saturating_sub(1));
-                    (s.speculation.acceptance, cap)
+                    (s.speculation.token_acceptance_rate(), cap)
                 })
                 .collect();
             let plain = chunks.len() - caps.len();
@@ -99,6 +99,8 @@ pub(crate) fn plan_drafts<M: BatchModel>(
         _ => (0, 0),
     };
     let mut model_drafts = ModelDrafts::default();
+    // Committed tokens the draft may catch up over in this step, all sequences together.
+    let mut catch_up_budget = max_batch_tokens.min(MAX_CATCH_UP_TOKENS);
     let mut budget = max_batch_tokens
         .min(MAX_SPECULATIVE_STEP_TOKENS)
         .saturating_sub(chunks.len());
@@ -148,19 +150,28 @@ pub(crate) fn plan_drafts<M: BatchModel>(
             spec.idle_steps = if k == 0 { spec.idle_steps + 1 } else { 0 };
             // Room first: the draft model writes the positions it proposes from.
             let verified = seq.computed + 1;
-            let wanted_total = k
-                .max(forced)
-                .min(draft_context.saturating_sub(seq.computed));
+            let wanted_total = k.max(forced);
             let room = pool.grow_from_free(blocks, verified + wanted_total);
             let total = wanted_total.min(room.saturating_sub(verified));
             draft.truncate(total);
             budget -= total;
             seq.speculation.forced = draft.len();
-            let generate = total - draft.len();
+            // The draft model writes positions up to `computed + total - 1`: past its context it
+            // proposes nothing (forced tokens need no model).
+            let generate = match seq.computed + total <= draft_context {
+                true => total - draft.len(),
+                false => 0,
+            };
             let draft_computed = pool.draft_computed(blocks);
             let job = (generate > 0).then(|| DraftJob {
                 table: blocks.table().to_vec(),
-                ..draft_job(&seq.tokens[..verified], draft_computed, &draft, generate)
+                ..draft_job(
+                    &seq.tokens[..verified],
+                    draft_computed,
+                    &draft,
+                    generate,
+                    &mut catch_up_budget,
+                )
             });
             if let Some(job) = job.filter(|job| model_drafts.claim(job, pool.block_size())) {
                 model_drafts.push(chunk.seq, job);
@@ -257,20 +268,31 @@ impl ModelDrafts {
 }
 
 /// The draft model's job (its table left empty) for a sequence whose committed tokens are
-/// `tokens` (the last one not yet computed by the target): catch up from `draft_computed` (at most
-/// [`MAX_CATCH_UP_TOKENS`]; a longer backlog only catches up and generates nothing), then the
-/// `forced` tokens, then `generate` proposals.
-fn draft_job(tokens: &[u32], draft_computed: usize, forced: &[u32], generate: usize) -> DraftJob {
+/// `tokens` (the last one not yet computed by the target): catch up from `draft_computed` over
+/// what the step's `catch_up_budget` still allows (a longer backlog only catches up, as far as the
+/// budget goes, and generates nothing), then the `forced` tokens, then `generate` proposals.
+fn draft_job(
+    tokens: &[u32],
+    draft_computed: usize,
+    forced: &[u32],
+    generate: usize,
+    catch_up_budget: &mut usize,
+) -> DraftJob {
     let committed = &tokens[draft_computed.min(tokens.len() - 1)..];
     let start_pos = tokens.len() - committed.len();
-    if committed.len() > MAX_CATCH_UP_TOKENS {
+    // The last committed token is the proposal's own input, not a catch-up.
+    let catch_up = committed.len() - 1;
+    if catch_up > *catch_up_budget {
+        let take = (*catch_up_budget).max(1);
+        *catch_up_budget = 0;
         return DraftJob {
             table: Vec::new(),
             start_pos,
-            input: committed[..MAX_CATCH_UP_TOKENS].to_vec(),
+            input: committed[..take].to_vec(),
             generate: 0,
         };
     }
+    *catch_up_budget -= catch_up;
     let mut input = Vec::with_capacity(committed.len() + forced.len());
     input.extend_from_slice(committed);
     input.extend_from_slice(forced);

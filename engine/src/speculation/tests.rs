@@ -51,6 +51,8 @@ pub(super) struct LoopCounters {
     pub(super) tokens: AtomicUsize,
     /// Passes in which two tokens wrote one KV slot (a real backend refuses those).
     pub(super) slot_conflicts: AtomicUsize,
+    /// The most tokens one pass ran.
+    pub(super) most_pass_tokens: AtomicUsize,
     /// With `record_reads`: the tokens read back through the block table for every logits row.
     pub(super) reads: std::sync::Mutex<Vec<Vec<u32>>>,
 }
@@ -125,6 +127,9 @@ impl BatchModel for LoopModel {
         self.counters
             .tokens
             .fetch_add(written.len(), Ordering::Relaxed);
+        self.counters
+            .most_pass_tokens
+            .fetch_max(written.len(), Ordering::Relaxed);
         for e in batch {
             for (i, &t) in e.tokens.iter().enumerate() {
                 kv.slots[slot(e.block_table, e.start_pos + i)] = Some(t);
