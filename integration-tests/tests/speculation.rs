@@ -94,7 +94,11 @@ fn json_extraction() -> GenerateRequest {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ngram_streams_equal_speculation_off_on_smollm2() {
-    let Runs { off, ngram, .. } = streams_equal_speculation_off(&real_model(), &[]).await;
+    let Runs {
+        off,
+        speculating: ngram,
+        ..
+    } = streams_equal_speculation_off(&real_model(), &[]).await;
     // The stop string ended the quote inside the text.
     assert_eq!(off[2].stop_sequence, "notebook", "{:?}", off[2]);
     // The opt-out did not speculate; the first quoting request accepted proposals.
@@ -126,7 +130,10 @@ async fn ngram_streams_equal_speculation_off_on_gemma3() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ngram_streams_equal_speculation_off_under_forced_preemption() {
     let args = ["--kv-cache-blocks", "24", "--max-batch-tokens", "64"];
-    let Runs { ngram_stats, .. } = streams_equal_speculation_off(&real_model(), &args).await;
+    let Runs {
+        speculating_stats: ngram_stats,
+        ..
+    } = streams_equal_speculation_off(&real_model(), &args).await;
     assert!(ngram_stats.preemptions > 0, "{ngram_stats:?}");
 }
 
@@ -134,8 +141,9 @@ async fn ngram_streams_equal_speculation_off_under_forced_preemption() {
 /// each.
 struct Runs {
     off: Vec<Generation>,
-    ngram: Vec<Generation>,
-    ngram_stats: EngineStats,
+    /// The speculating worker's generations and its stats.
+    speculating: Vec<Generation>,
+    speculating_stats: EngineStats,
 }
 
 /// The parts of a generation that must not depend on speculation.
@@ -178,8 +186,8 @@ async fn streams_equal_with(
         runs.push((generations, stats));
     }
     let (off, off_stats) = &runs[0];
-    let (ngram, ngram_stats) = &runs[1];
-    for (i, (a, b)) in off.iter().zip(ngram).enumerate() {
+    let (spec, spec_stats) = &runs[1];
+    for (i, (a, b)) in off.iter().zip(spec).enumerate() {
         assert_eq!(tokens_of(a), tokens_of(b), "request {i}");
         let usage = (a.usage.unwrap(), b.usage.unwrap());
         assert_eq!(
@@ -192,20 +200,17 @@ async fn streams_equal_with(
         );
     }
     assert_eq!(off_stats.speculative_draft_tokens, 0);
+    assert!(spec_stats.speculative_accepted_tokens > 0, "{spec_stats:?}");
     assert!(
-        ngram_stats.speculative_accepted_tokens > 0,
-        "{ngram_stats:?}"
+        spec_stats.steps < off_stats.steps,
+        "{off_stats:?} {spec_stats:?}"
     );
-    assert!(
-        ngram_stats.steps < off_stats.steps,
-        "{off_stats:?} {ngram_stats:?}"
-    );
-    let (ngram, ngram_stats) = runs.pop().expect("the ngram run");
+    let (spec, spec_stats) = runs.pop().expect("the speculating run");
     let (off, _) = runs.pop().expect("the off run");
     Runs {
         off,
-        ngram,
-        ngram_stats,
+        speculating: spec,
+        speculating_stats: spec_stats,
     }
 }
 
@@ -330,17 +335,7 @@ async fn bad_speculation_settings_name_the_setting() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn draft_model_streams_equal_speculation_off_on_smollm2() {
     let model = real_model();
-    let draft = [
-        "--speculation",
-        "draft",
-        "--draft-model",
-        model.to_str().unwrap(),
-    ];
-    let Runs {
-        ngram: drafted,
-        ngram_stats: stats,
-        ..
-    } = streams_equal_with(&model, &draft, &[]).await;
+    let (drafted, stats) = drafted_streams_equal_speculation_off(&model, &model).await;
     let first = drafted[0].usage.unwrap();
     assert!(first.accepted_draft_tokens > 0, "{first:?}");
     assert!(
@@ -348,6 +343,18 @@ async fn draft_model_streams_equal_speculation_off_on_smollm2() {
         "some proposals were rejected: {stats:?}"
     );
     assert_eq!(drafted[5].usage.unwrap().draft_tokens, 0, "the opt-out");
+}
+
+/// [`streams_equal_with`] for `model` drafted by `draft`: the drafting worker's generations and
+/// stats.
+async fn drafted_streams_equal_speculation_off(
+    model: &std::path::Path,
+    draft: &std::path::Path,
+) -> (Vec<Generation>, EngineStats) {
+    let draft = draft.to_str().unwrap();
+    let args = ["--speculation", "draft", "--draft-model", draft];
+    let runs = streams_equal_with(model, &args, &[]).await;
+    (runs.speculating, runs.speculating_stats)
 }
 
 /// A draft model that disagrees with the model almost always (tiny random weights, another seed)
@@ -463,17 +470,7 @@ async fn smollm2_q8_0_drafted_by_q4_0_streams_equal_speculation_off() {
     );
     let model = dir.join("SmolLM2-135M-Instruct.Q8_0.gguf");
     let draft = dir.join("SmolLM2-135M-Instruct.Q4_0.gguf");
-    let args = [
-        "--speculation",
-        "draft",
-        "--draft-model",
-        draft.to_str().unwrap(),
-    ];
-    let Runs {
-        ngram: drafted,
-        ngram_stats: stats,
-        ..
-    } = streams_equal_with(&model, &args, &[]).await;
+    let (drafted, stats) = drafted_streams_equal_speculation_off(&model, &draft).await;
     for (i, g) in drafted.iter().enumerate() {
         let u = g.usage.unwrap();
         eprintln!(
