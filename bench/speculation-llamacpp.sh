@@ -43,18 +43,10 @@ for r in $(seq 1 "$rounds"); do
         run_tasks "$server" "$port"
         kill "$spid"; wait "$spid" 2>/dev/null || true ;;
       ours*)
-        wport=$(free_port); rport=$(free_port); hport=$(free_port); mport=$(free_port)
         mode=off; extra=()
         [ "$server" = ours-draft ] && mode=draft && extra=(--draft-model "$draft")
-        "$bin/worker" --threads "$threads" --model "$target" --listen "127.0.0.1:$wport" \
-          --speculation "$mode" "${extra[@]}" --metrics-listen "127.0.0.1:$mport" \
-          >"$out/$server-worker-$r.log" 2>&1 &
-        pids+=($!); wpid=$!
-        wait_for "$out/$server-worker-$r.log" "worker ready" "$wpid"
-        "$bin/router" --workers "127.0.0.1:$wport" --listen "127.0.0.1:$rport" \
-          --http-listen "127.0.0.1:$hport" >"$out/$server-router-$r.log" 2>&1 &
-        pids+=($!); rpid=$!
-        wait_for "$out/$server-router-$r.log" "router ready" "$rpid"
+        start_ours "$out/$server-$r" --threads "$threads" --model "$target" --speculation "$mode" \
+          "${extra[@]}"
         run_tasks "$server" "$hport" "$mport"
         kill "$rpid" "$wpid"; wait "$rpid" "$wpid" 2>/dev/null || true ;;
     esac

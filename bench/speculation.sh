@@ -21,17 +21,9 @@ source "$root/bench/lib.sh"
 modes=${MODES:-ngram${DRAFT_MODEL:+ draft}}
 # ORDER: the order the servers run in (default off first); e.g. "draft off" to see an order effect.
 for mode in ${ORDER:-off $modes}; do
-  wport=$(free_port); rport=$(free_port); hport=$(free_port); mport=$(free_port)
   draft_args=(); [ "$mode" = draft ] && draft_args=(--draft-model "$DRAFT_MODEL")
-  "$bin/worker" --threads "$threads" --model "$model" --listen "127.0.0.1:$wport" \
-    --speculation "$mode" "${draft_args[@]}" --metrics-listen "127.0.0.1:$mport" \
-    >"$out/worker-$mode.log" 2>&1 &
-  pids+=($!); wpid=$!
-  wait_for "$out/worker-$mode.log" "worker ready" "$wpid"
-  "$bin/router" --workers "127.0.0.1:$wport" --listen "127.0.0.1:$rport" \
-    --http-listen "127.0.0.1:$hport" >"$out/router-$mode.log" 2>&1 &
-  pids+=($!); rpid=$!
-  wait_for "$out/router-$mode.log" "router ready" "$rpid"
+  start_ours "$out/$mode" --threads "$threads" --model "$model" --speculation "$mode" \
+    "${draft_args[@]}"
   for task in quote story; do
     for c in 1 "$streams"; do
       n=$requests; [ "$c" -gt 1 ] && n=$c
