@@ -4,8 +4,10 @@
 //! prompt lookup accepts a lot, with seeded sampling and penalties, a stop string inside the quoted
 //! text, a short max_new_tokens, free writing and a per-request opt-out; the final usage reports the
 //! draft counts. The same holds with forced preemptions (a KV cache too small for the batch) and
-//! when a speculating worker is killed mid-stream and its streams continue on another one. Bad
-//! settings are refused with exit code 2 naming the setting.
+//! when a speculating worker is killed mid-stream and its streams continue on another one. The same
+//! with `--speculation draft` (a draft model: SmolLM2 drafted by itself, in both CPU numerics; a
+//! disagreeing tiny draft under preemption; a draft worker killed mid-stream). Bad settings, and a
+//! draft model of another vocabulary, are refused with exit code 2 naming the setting.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -343,6 +345,21 @@ async fn draft_model_streams_equal_speculation_off_on_smollm2() {
         "some proposals were rejected: {stats:?}"
     );
     assert_eq!(drafted[5].usage.unwrap().draft_tokens, 0, "the opt-out");
+}
+
+/// The same with both models in the `fast` CPU numerics (8-bit activations; the draft loads with
+/// the worker's numerics): the verification is batch invariant there too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn draft_model_streams_equal_speculation_off_in_fast_numerics_on_smollm2() {
+    let model = real_model();
+    let draft = [
+        "--speculation",
+        "draft",
+        "--draft-model",
+        model.to_str().unwrap(),
+    ];
+    let runs = streams_equal_with(&model, &draft, &["--numerics", "fast"]).await;
+    assert!(runs.speculating_stats.speculative_draft_tokens > 0);
 }
 
 /// [`streams_equal_with`] for `model` drafted by `draft`: the drafting worker's generations and
