@@ -68,11 +68,24 @@ async fn a_sigstopped_worker_is_failed_over_within_the_stall_timeout_and_rejoins
         assert!(Instant::now() < deadline, "the streams did not start");
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
-    let load: Vec<u32> = join_all(workers.iter().map(|w| worker_stats(w)))
-        .await
-        .iter()
-        .map(|s| s.running_sequences + s.waiting_sequences)
-        .collect();
+    // The victim must still be generating when it stops: the tiny model can finish its streams
+    // (or have them held, waiting for a client that reads behind) long before the client has
+    // read them, and a stopped worker with no work is not stalled. Sample until one runs.
+    let load = loop {
+        let load: Vec<u32> = join_all(workers.iter().map(|w| worker_stats(w)))
+            .await
+            .iter()
+            .map(|s| s.running_sequences + s.waiting_sequences)
+            .collect();
+        if load.iter().any(|&l| l > 0) {
+            break load;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no worker had running work to stop"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    };
     let victim = if load[0] >= load[1] { 0 } else { 1 };
     let victim_process = if victim == 0 { &a.0 } else { &b.0 };
     signal(victim_process, "STOP");
