@@ -50,7 +50,8 @@ def metrics(addr):
     c.request("GET", "/metrics")
     text = c.getresponse().read().decode()
     out = {}
-    # Every proposer's counters (forced tokens are counted under their own label), summed.
+    # The model proposers' counters (ngram, draft), summed; tokens a grammar forces have their own
+    # label (`grammar`) and are not counted here.
     for name in ("draft_tokens", "accepted_tokens"):
         found = re.findall(r'^worker_speculative_%s_total\{proposer="(ngram|draft)"\} (\d+)' % name, text, re.M)
         out[name] = sum(int(v) for _, v in found)

@@ -400,18 +400,20 @@ impl<M: BatchModel> Engine<M> {
         // Structured output: the constrained sequences' masks are computed during the forward pass.
         let jobs = MaskJobs::take(&schedule.chunks, &mut self.seqs);
         let lent = jobs.ids();
-        let step_tokens: usize = schedule
-            .chunks
-            .iter()
-            .map(|c| c.num_tokens + self.seqs[&c.seq].speculation.draft.len())
-            .sum();
         let started = Instant::now();
         let (executed, outcomes) = jobs.overlap(|| self.execute(&schedule.chunks));
         if let Some(drafter) = self.drafter.as_mut() {
-            // The draft's cost is weighed against decode steps (prefill steps never speculate).
+            // The draft's cost is weighed against decode steps (prefill steps never speculate);
+            // the drafts are still in place (the update takes them).
             let decodes_only = schedule.chunks.iter().all(|c| c.num_tokens == 1);
             if decodes_only && executed.is_ok() {
-                drafter.observe_target_step(step_tokens, started.elapsed().as_secs_f64());
+                let secs = started.elapsed().as_secs_f64();
+                let tokens: usize = schedule
+                    .chunks
+                    .iter()
+                    .map(|c| c.num_tokens + self.seqs[&c.seq].speculation.draft.len())
+                    .sum();
+                drafter.observe_target_step(tokens, secs);
             }
         }
         masks::restore(outcomes, &lent, &mut self.seqs);

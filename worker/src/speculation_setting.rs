@@ -53,21 +53,18 @@ pub fn speculation_config(
     ngram_max: usize,
 ) -> Result<SpeculationConfig, SpeculationSettingError> {
     let draft_model = draft_model.filter(|p| !p.as_os_str().is_empty());
-    let proposer = match (setting, draft_model) {
-        (SpeculationSetting::Off, None) => Proposer::Off,
-        (SpeculationSetting::Ngram, None) => Proposer::Ngram,
-        (SpeculationSetting::Draft, Some(_)) => Proposer::Draft,
-        (SpeculationSetting::Draft, None) => {
-            return Err(SpeculationSettingError::DraftWithoutModel)
-        }
-        (other, Some(_)) => {
-            let name = match other {
-                SpeculationSetting::Off => "off",
-                _ => "ngram",
-            };
-            return Err(SpeculationSettingError::DraftModelUnused(name));
-        }
+    let proposer = match setting {
+        SpeculationSetting::Off => Proposer::Off,
+        SpeculationSetting::Ngram => Proposer::Ngram,
+        SpeculationSetting::Draft => Proposer::Draft,
     };
+    match (proposer, draft_model) {
+        (Proposer::Draft, None) => return Err(SpeculationSettingError::DraftWithoutModel),
+        (other, Some(_)) if other != Proposer::Draft => {
+            return Err(SpeculationSettingError::DraftModelUnused(other.name()))
+        }
+        _ => {}
+    }
     let config = SpeculationConfig {
         proposer,
         num_speculative_tokens,

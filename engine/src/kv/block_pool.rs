@@ -182,7 +182,6 @@ impl BlockPool {
             seq.parent = hash;
         }
         seq.hashed = hits.len();
-        seq.draft_computed = self.draft_valid_prefix(&seq, 0);
         while seq.table.len() < needed_total {
             let block = self.pop_free().expect("availability checked above");
             seq.table.push(block);

@@ -11,9 +11,9 @@
 //! [`crate::kv::BlockPool::draft_computed`]; the draft catches up lazily: a step that speculates
 //! first runs, for each sequence, the committed tokens its draft has not seen (at most
 //! [`MAX_CATCH_UP_TOKENS`] per step for all sequences together; a sequence further behind only
-//! catches up that step and proposes nothing), then the tokens the constraint forces, and generates from there. Prefill
-//! steps and steps that do not speculate never run the draft, so they cost what they cost without
-//! it.
+//! catches up that step and proposes nothing), then the tokens the constraint forces, and
+//! generates from there. Prefill steps and steps that do not speculate never run the draft, so
+//! they cost what they cost without it.
 //!
 //! **A step.** Round 1 runs every speculating sequence's catch-up tokens, its last committed token
 //! and its forced tokens as one batch entry returning the last position's logits; its argmax is

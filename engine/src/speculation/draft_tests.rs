@@ -34,7 +34,19 @@ async fn assert_same(
     cases: &[Case],
     at_once: usize,
 ) -> crate::EngineStats {
-    let (model, counters) = draft(rule);
+    let (model, _) = draft(rule);
+    assert_same_drafted(model, num_blocks, cases, at_once).await
+}
+
+/// Runs `cases` off and with `model` as the draft model; asserts equal outputs, no slot conflict,
+/// that the draft ran and read only committed tokens.
+async fn assert_same_drafted(
+    model: LoopModel,
+    num_blocks: usize,
+    cases: &[Case],
+    at_once: usize,
+) -> crate::EngineStats {
+    let counters = model.counters.clone();
     let run = assert_same_with(
         Vocab::Letters,
         num_blocks,
@@ -199,19 +211,9 @@ async fn two_drafts_catching_up_one_cached_prefix_in_one_step_do_not_collide() {
 async fn a_draft_that_costs_more_than_it_saves_is_only_probed() {
     // A draft pass costs ten target steps: no acceptance rate makes it pay, so after the first
     // measurements a sequence proposes only a probe token every REMEASURE_AFTER_STEPS steps.
-    let (mut model, counters) = draft(TARGET_RULE);
+    let (mut model, _) = draft(TARGET_RULE);
     model.pass_micros = 3000;
-    let run = assert_same_with(
-        Vocab::Letters,
-        256,
-        &greedy_cases(),
-        1,
-        Proposer::Draft,
-        Some(model),
-    )
-    .await;
-    assert_eq!(counters.slot_conflicts.load(Ordering::Relaxed), 0);
-    let stats = run.stats;
+    let stats = assert_same_drafted(model, 256, &greedy_cases(), 1).await;
     // Each request's first speculating step measures (before the first measurement the draft is
     // taken for free); then not even an always-right draft pays, so no probe comes within a
     // request's 40 tokens.
@@ -230,8 +232,8 @@ async fn long_backlogs_catch_up_within_the_steps_budget() {
         .map(|i| case(&format!("long{i}"), looping_prompt(80, i), 12))
         .collect();
     let (model, counters) = draft(5);
-    let run = assert_same_with(Vocab::Letters, 256, &long, 4, Proposer::Draft, Some(model)).await;
+    let stats = assert_same_drafted(model, 256, &long, 4).await;
     let most = counters.most_pass_tokens.load(Ordering::Relaxed);
     assert!(most <= 64 + 4 * 6, "a draft pass ran {most} tokens");
-    assert!(run.stats.speculative_draft_tokens > 0, "{:?}", run.stats);
+    assert!(stats.speculative_draft_tokens > 0, "{stats:?}");
 }

@@ -11,12 +11,11 @@
 //! With a draft model ([`super::draft`]) the number of proposals is instead one `k` for the step
 //! that maximizes the expected tokens per second given the sequences' acceptance rates and the
 //! measured costs of target steps and draft passes ([`super::draft_cost::best_draft_length`]; 0
-//! when speculating does not pay, with a 2-token probe every [`super::draft::PROBE_AFTER_STEPS`] steps, or every
-//! [`super::draft::REMEASURE_AFTER_STEPS`] when not even a draft that is always right would pay),
-//! and the sequence
-//! first gets the blocks for its proposals, then
-//! the draft model generates them, in passes batched over the step's speculating sequences; the
-//! draft's catch-up tokens are not counted in the step's token budget.
+//! when speculating does not pay, with a 2-token probe every [`super::draft::PROBE_AFTER_STEPS`]
+//! steps, or every [`super::draft::REMEASURE_AFTER_STEPS`] when not even a draft that is always
+//! right would pay), and the sequence first gets the blocks for its proposals, then the draft
+//! model generates them, in passes batched over the step's speculating sequences; the draft's
+//! catch-up tokens are not counted in the step's token budget.
 //!
 //! The drafts' positions get KV blocks only from the truly free list (never evicting a cached block
 //! and never preempting); a draft that finds no room is shortened to what its blocks hold.
@@ -124,9 +123,6 @@ pub(crate) fn plan_drafts<M: BatchModel>(
             None => Vec::new(),
         };
         let forced = draft.len();
-        let wanted =
-            (config.num_speculative_tokens as f64 * seq.speculation.acceptance).round() as usize;
-        let k = wanted.clamp(1, config.num_speculative_tokens).min(cap);
         if config.proposer == Proposer::Draft {
             let Some(blocks) = seq.blocks.as_mut() else {
                 continue;
@@ -163,9 +159,9 @@ pub(crate) fn plan_drafts<M: BatchModel>(
                 false => 0,
             };
             let draft_computed = pool.draft_computed(blocks);
-            let job = (generate > 0).then(|| DraftJob {
-                table: blocks.table().to_vec(),
-                ..draft_job(
+            let job = (generate > 0).then(|| {
+                draft_job(
+                    blocks.table(),
                     &seq.tokens[..verified],
                     draft_computed,
                     &draft,
@@ -179,6 +175,9 @@ pub(crate) fn plan_drafts<M: BatchModel>(
             seq.speculation.draft = draft;
             continue;
         }
+        let wanted =
+            (config.num_speculative_tokens as f64 * seq.speculation.acceptance).round() as usize;
+        let k = wanted.clamp(1, config.num_speculative_tokens).min(cap);
         if forced == 0 {
             draft = ngram::propose(&seq.tokens, config.ngram_min, config.ngram_max, k);
         } else if forced < k {
@@ -267,11 +266,12 @@ impl ModelDrafts {
     }
 }
 
-/// The draft model's job (its table left empty) for a sequence whose committed tokens are
+/// The draft model's job for a sequence with block table `table` whose committed tokens are
 /// `tokens` (the last one not yet computed by the target): catch up from `draft_computed` over
 /// what the step's `catch_up_budget` still allows (a longer backlog only catches up, as far as the
 /// budget goes, and generates nothing), then the `forced` tokens, then `generate` proposals.
 fn draft_job(
+    table: &[u32],
     tokens: &[u32],
     draft_computed: usize,
     forced: &[u32],
@@ -286,7 +286,7 @@ fn draft_job(
         let take = (*catch_up_budget).max(1);
         *catch_up_budget = 0;
         return DraftJob {
-            table: Vec::new(),
+            table: table.to_vec(),
             start_pos,
             input: committed[..take].to_vec(),
             generate: 0,
@@ -297,7 +297,7 @@ fn draft_job(
     input.extend_from_slice(committed);
     input.extend_from_slice(forced);
     DraftJob {
-        table: Vec::new(),
+        table: table.to_vec(),
         start_pos,
         input,
         generate,
