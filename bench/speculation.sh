@@ -1,51 +1,83 @@
 #!/usr/bin/env bash
-# Speculative decoding side by side (issue 28): one worker + router with `--speculation off`, then one
-# per speculating mode (`ngram`, and `draft` when DRAFT_MODEL is set), same model and threads, in one
-# sitting; for each task (quote, story) and each concurrency (1, and $streams) runs
-# bench/speculation.py and prints a table of tokens/s per stream, the acceptance rate and whether
-# every output equals speculation off's.
+# Speculative decoding side by side (issue 28): for each server of SERVERS, in rounds that alternate
+# them, runs every task of bench/speculation_tasks.py (document, code, json, story) at each
+# sampling (greedy, seeded) and each concurrency of STREAMS with bench/speculation.py, then prints one
+# table per sampling and concurrency: decode tokens/s per stream (medians over rounds), our
+# acceptance rates, the ratios to speculation off and to llama.cpp's speculating servers, and how many
+# outputs equal the same engine's non-speculating output.
 #
-# Usage: bench/speculation.sh [MODEL.gguf] (default: the fetched SmolLM2). Env: THREADS (default 2),
-# STREAMS (default 32), REQUESTS (default 8 per cell at 1 stream, STREAMS at STREAMS), MAX_NEW (96),
-# MODES (default "ngram", plus "draft" with DRAFT_MODEL), DRAFT_MODEL (the draft model's file),
-# ORDER (the order the servers run in; default "off" then MODES).
+# Servers (2 threads each by default, same target model; ours with `--kv-cache-mib $KV_MIB`):
+#   ours-off, ours-ngram, ours-draft        worker + router with --speculation off|ngram|draft
+#   llama, llama-ngram, llama-draft         llama-server 0.3.36: plain; $LLAMA_NGRAM
+#                                           (default "--spec-type ngram-simple": its defaults); -md DRAFT at its
+#                                           defaults. Repacking on, --parallel = the concurrency.
+#
+# Usage: bench/speculation.sh [TARGET.gguf] (default: the fetched SmolLM2 Q4_1). Env:
+#   SERVERS   (default "ours-off ours-ngram", plus ours-draft with DRAFT_MODEL)
+#   DRAFT_MODEL (the draft's file, for ours-draft and llama-draft), TASKS ("document code json
+#   story"), SAMPLINGS ("greedy seeded"), STREAMS ("1 32"), REQUESTS (22 per cell at 1 stream; at
+#   N > 1 streams max(REQUESTS, N)), MAX_NEW (128), ROUNDS (1), THREADS (2), KV_MIB (4096),
+#   NUMERICS (exact), LLAMA_NGRAM (llama-server's n-gram arguments), OUT (the output folder; default a
+#   new temporary one; a later run may add servers to it, then the tables cover them all).
+# bench/speculation-llamacpp.sh runs all six servers.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-model=${1:-$root/.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf}
-threads=${THREADS:-2}; streams=${STREAMS:-32}; requests=${REQUESTS:-8}; max_new=${MAX_NEW:-96}
+target=${1:-$root/.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf}
+threads=${THREADS:-2}; requests=${REQUESTS:-22}; max_new=${MAX_NEW:-128}; rounds=${ROUNDS:-1}
+servers=${SERVERS:-ours-off ours-ngram${DRAFT_MODEL:+ ours-draft}}
+tasks=${TASKS:-document code json story}; samplings=${SAMPLINGS:-greedy seeded}; streams=${STREAMS:-1 32}
 bin=${BIN_DIR:-${CARGO_TARGET_DIR:-$root/target}/release}
-out=$(mktemp -d); echo "speculation: logs and outputs in $out" >&2
+out=${OUT:-$(mktemp -d)}; mkdir -p "$out"; echo "speculation: logs and outputs in $out" >&2
 bench_name=speculation
 # shellcheck source=bench/lib.sh
 source "$root/bench/lib.sh"
-modes=${MODES:-ngram${DRAFT_MODEL:+ draft}}
-# ORDER: the order the servers run in (default off first); e.g. "draft off" to see an order effect.
-for mode in ${ORDER:-off $modes}; do
-  draft_args=(); [ "$mode" = draft ] && draft_args=(--draft-model "$DRAFT_MODEL")
-  start_ours "$out/$mode" --threads "$threads" --model "$model" --speculation "$mode" \
-    "${draft_args[@]}"
-  for task in quote story; do
-    for c in 1 "$streams"; do
-      n=$requests; [ "$c" -gt 1 ] && n=$c
-      python3 "$root/bench/speculation.py" --url "127.0.0.1:$hport" \
-        --task "$task" --requests "$n" --concurrency "$c" --max-new-tokens "$max_new" \
-        --metrics "127.0.0.1:$mport" --outputs "$out/$task-$c-$mode.json" >"$out/$task-$c-$mode.result"
+case " $servers " in
+  *" llama"*)
+    # shellcheck source=bench/llamacpp-build.sh
+    source "$root/bench/llamacpp-build.sh"
+    llamacpp_build llama-server >&2
+    llama_server=$(llamacpp_bin llama-server) ;;
+esac
+
+run_tasks() { # SERVER ROUND CONCURRENCY HTTP_PORT [METRICS_PORT]
+  local n=$requests; [ "$3" -gt "$n" ] && n=$3
+  for task in $tasks; do
+    for sampling in $samplings; do
+      python3 "$root/bench/speculation.py" --url "127.0.0.1:$4" --task "$task" --sampling "$sampling" \
+        --requests "$n" --concurrency "$3" --max-new-tokens "$max_new" ${5:+--metrics "127.0.0.1:$5"} \
+        --outputs "$out/$1-$task-$sampling-$3-$2.json" >"$out/$1-$task-$sampling-$3-$2.result"
     done
   done
-  kill "$rpid" "$wpid"; wait "$rpid" "$wpid" 2>/dev/null || true
+}
+
+for r in $(seq 1 "$rounds"); do
+  for c in $streams; do
+    for server in $servers; do
+      echo "speculation: round $r, $c streams, $server" >&2
+      case $server in
+        llama*)
+          port=$(free_port); extra=()
+          case $server in
+            llama-draft) extra=(-md "${DRAFT_MODEL:?DRAFT_MODEL}" -td "$threads") ;;
+            # shellcheck disable=SC2206 # LLAMA_NGRAM is a list of arguments
+            llama-ngram) extra=(${LLAMA_NGRAM:---spec-type ngram-simple}) ;;
+          esac
+          "$llama_server" -m "$target" "${extra[@]}" -t "$threads" -c $((c * 2560)) --parallel "$c" \
+            --host 127.0.0.1 --port "$port" >"$out/$server-$c-$r.log" 2>&1 &
+          pids+=($!); spid=$!
+          wait_for "$out/$server-$c-$r.log" 'listening on\|server is listening' "$spid"
+          run_tasks "$server" "$r" "$c" "$port"
+          kill "$spid"; wait "$spid" 2>/dev/null || true ;;
+        ours-*)
+          mode=${server#ours-}; extra=()
+          [ "$mode" = draft ] && extra=(--draft-model "${DRAFT_MODEL:?DRAFT_MODEL}")
+          start_ours "$out/$server-$c-$r" --threads "$threads" --model "$target" --speculation "$mode" \
+            --kv-cache-mib "${KV_MIB:-4096}" --numerics "${NUMERICS:-exact}" "${extra[@]}"
+          run_tasks "$server" "$r" "$c" "$hport" "$mport"
+          kill "$rpid" "$wpid"; wait "$rpid" "$wpid" 2>/dev/null || true ;;
+        *) echo "speculation: unknown server $server" >&2; exit 2 ;;
+      esac
+    done
+  done
 done
-python3 - "$out" "$streams" $modes <<'PY'
-import json, pathlib, sys
-out, streams, modes = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3:]
-print("| task | streams | mode | tok/s/stream off | tok/s/stream mode | speed-up | acceptance | outputs identical |")
-print("|---|---|---|---|---|---|---|---|")
-for task in ("quote", "story"):
-    for c in ("1", streams):
-        for mode in modes:
-            r = {m: json.loads((out / f"{task}-{c}-{m}.result").read_text()) for m in ("off", mode)}
-            same = json.loads((out / f"{task}-{c}-off.json").read_text()) == json.loads((out / f"{task}-{c}-{mode}.json").read_text())
-            off, spec = r["off"]["tokens_per_s_per_stream"], r[mode]["tokens_per_s_per_stream"]
-            acc = r[mode]["acceptance_rate"]
-            acc = "-" if acc is None else "%.0f%% of %d" % (100 * acc, r[mode]["draft_tokens"])
-            print("| %s | %s | %s | %.1f | %.1f | %.2fx | %s | %s |" % (task, c, mode, off, spec, spec / off, acc, "yes" if same else "NO"))
-PY
+python3 "$root/bench/speculation_report.py" "$out" "$rounds" "$tasks" "$samplings" "$streams" $servers

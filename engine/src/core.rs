@@ -28,7 +28,8 @@ use crate::backend::{BatchEntry, BatchModel, Logits};
 use crate::kv::BlockPool;
 use crate::sampler::Sampler;
 use crate::speculation::draft::{committed_draft_positions, Drafter};
-use crate::speculation::{self, SpeculationConfig};
+use crate::speculation::draft_cost::DraftCosts;
+use crate::speculation::{self, Proposer, SpeculationConfig};
 use sampling_limits::MAX_TOP_LOGPROBS;
 
 /// Engine settings.
@@ -92,6 +93,8 @@ struct Engine<M: BatchModel> {
     pool: BlockPool,
     scheduler: Scheduler,
     speculation: SpeculationConfig,
+    /// What speculation costs, as this worker measured it (see [`speculation::draft_cost`]).
+    speculation_costs: DraftCosts,
     max_batch_tokens: usize,
     seqs: HashMap<SeqId, Sequence>,
     /// (connection, request id) -> sequence.
@@ -115,6 +118,7 @@ impl<M: BatchModel> Engine<M> {
             pool: BlockPool::new(config.num_blocks, config.block_size, config.prefix_caching),
             scheduler: Scheduler::new(config.scheduler),
             speculation: config.speculation,
+            speculation_costs: DraftCosts::default(),
             max_batch_tokens: config.scheduler.max_batch_tokens,
             seqs: HashMap::new(),
             ids: HashMap::new(),
@@ -395,6 +399,7 @@ impl<M: BatchModel> Engine<M> {
             &mut self.seqs,
             &mut self.pool,
             self.max_batch_tokens,
+            &mut self.speculation_costs,
             self.drafter.as_mut(),
         );
         // Structured output: the constrained sequences' masks are computed during the forward pass.
@@ -402,20 +407,7 @@ impl<M: BatchModel> Engine<M> {
         let lent = jobs.ids();
         let started = Instant::now();
         let (executed, outcomes) = jobs.overlap(|| self.execute(&schedule.chunks));
-        if let Some(drafter) = self.drafter.as_mut() {
-            // The draft's cost is weighed against decode steps (prefill steps never speculate);
-            // the drafts are still in place (the update takes them).
-            let decodes_only = schedule.chunks.iter().all(|c| c.num_tokens == 1);
-            if decodes_only && executed.is_ok() {
-                let secs = started.elapsed().as_secs_f64();
-                let tokens: usize = schedule
-                    .chunks
-                    .iter()
-                    .map(|c| c.num_tokens + self.seqs[&c.seq].speculation.draft.len())
-                    .sum();
-                drafter.observe_target_step(tokens, secs);
-            }
-        }
+        let step_ok = executed.is_ok();
         masks::restore(outcomes, &lent, &mut self.seqs);
         let mut per_conn: HashMap<ConnId, EngineOutput> = HashMap::new();
         match executed {
@@ -430,6 +422,18 @@ impl<M: BatchModel> Engine<M> {
                 }
             }
         }
+        let drafted = self
+            .stats
+            .speculative_draft_tokens
+            .saturating_sub(drafted_before) as usize;
+        // Speculation's price is weighed against decode steps (prefill steps never speculate),
+        // timed from the forward pass to the end of the sampling of every verified position.
+        let decodes_only = schedule.chunks.iter().all(|c| c.num_tokens == 1);
+        if self.speculation.proposer != Proposer::Off && decodes_only && step_ok {
+            let tokens = schedule.chunks.len() + drafted;
+            let secs = started.elapsed().as_secs_f64();
+            self.speculation_costs.step.observe(tokens, secs);
+        }
         self.stats.steps += 1;
         self.stats.last_batch_sequences = schedule.chunks.len() as u32;
         self.stats.last_batch_tokens = schedule
@@ -437,10 +441,7 @@ impl<M: BatchModel> Engine<M> {
             .iter()
             .map(|c| c.num_tokens as u32)
             .sum::<u32>()
-            + self
-                .stats
-                .speculative_draft_tokens
-                .saturating_sub(drafted_before) as u32;
+            + drafted as u32;
         let load = self.load();
         let cache = self.cache_changes();
         // Before the outputs: whoever sees a request finish reads counters that include it.

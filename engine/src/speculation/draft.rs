@@ -38,19 +38,7 @@ pub struct Drafter<M: BatchModel> {
     model: M,
     kv: M::Kv,
     logits: Logits,
-    /// What target steps and draft passes cost (see [`super::draft_cost`]).
-    costs: DraftCosts,
 }
-
-/// Proposals of a sequence that has not speculated for this many planned steps (its expected
-/// gain was not worth the draft's cost): it proposes two tokens again, so that a change in its
-/// acceptance rate (or, from the second, catch-up-free pass, in the draft's cost) is seen.
-pub const PROBE_AFTER_STEPS: u32 = 8;
-
-/// [`PROBE_AFTER_STEPS`] when the draft costs so much that not even a draft that is always right
-/// would pay: the probe then only re-measures that cost (its catch-up over the tokens it missed
-/// is the probe's price), so it comes rarely.
-pub const REMEASURE_AFTER_STEPS: u32 = 256;
 
 /// One sequence's work for the draft model in a step.
 #[derive(Debug, Clone)]
@@ -84,19 +72,7 @@ impl<M: BatchModel> Drafter<M> {
             model,
             kv,
             logits: Logits::new(),
-            costs: DraftCosts::default(),
         }
-    }
-
-    /// Records how long a target step of decodes only (speculating or not) that ran `tokens`
-    /// tokens took, in seconds.
-    pub fn observe_target_step(&mut self, tokens: usize, secs: f64) {
-        self.costs.step.observe(tokens as f64, secs);
-    }
-
-    /// The costs measured so far.
-    pub fn costs(&self) -> &DraftCosts {
-        &self.costs
     }
 
     /// The draft model's vocabulary size.
@@ -111,10 +87,17 @@ impl<M: BatchModel> Drafter<M> {
 
     /// Runs the draft model for `jobs` (see the module docs) and returns, per job, its greedy
     /// proposals (the argmax of the draft's logits, lowest id on ties) and how far its K/V goes.
+    /// Each pass of about one token per sequence is recorded in `costs.pass` (seconds by the
+    /// sequences it ran, the argmax included), and a first pass that caught up over more as
+    /// [`DraftCosts::observe_catch_up`], once all passes succeeded.
     ///
     /// Errors: the draft model's [`StepError`]; then no job has proposals and what the failed pass
     /// wrote is not counted (its sequences' draft K/V stays where it was before the pass).
-    pub(crate) fn propose(&mut self, jobs: &[DraftJob]) -> Result<Vec<Drafted>, StepError> {
+    pub(crate) fn propose(
+        &mut self,
+        jobs: &[DraftJob],
+        costs: &mut DraftCosts,
+    ) -> Result<Vec<Drafted>, StepError> {
         let mut out: Vec<Drafted> = jobs
             .iter()
             .map(|j| Drafted {
@@ -138,9 +121,6 @@ impl<M: BatchModel> Drafter<M> {
         let started = std::time::Instant::now();
         self.model
             .forward_batch(&entries, &mut self.kv, &mut self.logits)?;
-        if jobs.iter().all(|j| j.input.len() <= 2) {
-            timed.add(jobs.len(), started.elapsed().as_secs_f64());
-        }
         let mut rows = 0;
         for (j, d) in jobs.iter().zip(&mut out) {
             d.written = j.start_pos + j.input.len();
@@ -149,6 +129,11 @@ impl<M: BatchModel> Drafter<M> {
                 rows += 1;
             }
         }
+        let first_secs = started.elapsed().as_secs_f64();
+        let catch_up: usize = jobs.iter().map(|j| j.input.len()).sum();
+        if jobs.iter().all(|j| j.input.len() <= 2) {
+            timed.add(jobs.len(), first_secs);
+        }
         // Further rounds: the last proposal of every job that wants more.
         loop {
             let more: Vec<usize> = (0..jobs.len())
@@ -156,7 +141,10 @@ impl<M: BatchModel> Drafter<M> {
                 .collect();
             if more.is_empty() {
                 for (sequences, secs) in timed.passes {
-                    self.costs.pass.observe(sequences as f64, secs);
+                    costs.pass.observe(sequences, secs);
+                }
+                if jobs.iter().any(|j| j.input.len() > 2) {
+                    costs.observe_catch_up(catch_up, first_secs);
                 }
                 return Ok(out);
             }
@@ -177,11 +165,11 @@ impl<M: BatchModel> Drafter<M> {
             let started = std::time::Instant::now();
             self.model
                 .forward_batch(&entries, &mut self.kv, &mut self.logits)?;
-            timed.add(more.len(), started.elapsed().as_secs_f64());
             for (row, &i) in more.iter().enumerate() {
                 out[i].written += 1;
                 out[i].tokens.push(argmax(self.logits.row(row)));
             }
+            timed.add(more.len(), started.elapsed().as_secs_f64());
         }
     }
 }

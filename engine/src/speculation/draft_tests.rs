@@ -225,6 +225,30 @@ async fn a_draft_that_costs_more_than_it_saves_is_only_probed() {
 }
 
 #[tokio::test]
+async fn a_draft_catches_up_over_a_prompt_only_where_that_pays() {
+    // Each token a draft pass runs costs 0.1 ms, a target step 0.3 ms: an always-right draft of
+    // 5 commits 6 tokens in 0.8 ms (2.25x), but catching up over an 80-token prompt (8 ms) cannot
+    // pay back within 12 tokens (2 ms saved). Only the first request's catch-up runs, before its
+    // cost was measured; after it no sequence catches up over a prompt (distinct prompts: the
+    // prefix cache holds none of their draft K/V). Without the rule every request's draft would
+    // run its 80 tokens.
+    let long: Vec<Case> = (0..4u32)
+        .map(|i| case(&format!("long{i}"), looping_prompt(80, i), 12))
+        .collect();
+    let (mut model, counters) = draft(TARGET_RULE);
+    model.token_micros = 100;
+    let run = assert_same_with(Vocab::Letters, 256, &long, 1, Proposer::Draft, Some(model)).await;
+    let ran = counters.tokens.load(Ordering::Relaxed);
+    assert!(
+        ran <= 80 + 12 * 6,
+        "the draft ran {ran} tokens: {:?}",
+        run.stats
+    );
+    assert!(ran > 0, "the first catch-up measures");
+    assert_eq!(counters.slot_conflicts.load(Ordering::Relaxed), 0);
+}
+
+#[tokio::test]
 async fn long_backlogs_catch_up_within_the_steps_budget() {
     // Four 80-token prompts at once: their drafts have 320 tokens to catch up, the step's budget
     // (max_batch_tokens, 64 here) allows 64 per pass plus each sequence's own inputs.

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 
 use structured_output::ConstraintSpec;
 
+use super::draft_cost::DraftCosts;
 use super::tests::{assert_same_on, case, looping_prompt, Case, Vocab};
 use super::{metrics, plan_drafts, Proposer, SequenceSpeculation, SpeculationConfig};
 use crate::kv::BlockPool;
@@ -142,14 +143,26 @@ fn decoding(pool: &mut BlockPool, prompt: &[u32], regex: &str, max_new: usize) -
     seq
 }
 
-/// Plans one step for `seq` alone; returns its draft and forced count, and gives the blocks back.
+/// Plans one step for `seq` alone, nothing measured yet; returns its draft and forced count, and
+/// gives the blocks back.
 fn plan_one(
+    proposer: Proposer,
+    pool: &mut BlockPool,
+    seq: Sequence,
+    acceptance: f64,
+) -> (Vec<u32>, usize) {
+    plan_one_measured(proposer, pool, seq, acceptance, DraftCosts::default())
+}
+
+/// [`plan_one`] with the worker's measured `costs`.
+fn plan_one_measured(
     proposer: Proposer,
     pool: &mut BlockPool,
     mut seq: Sequence,
     acceptance: f64,
+    mut costs: DraftCosts,
 ) -> (Vec<u32>, usize) {
-    seq.speculation.acceptance = acceptance;
+    seq.speculation.token_acceptance = (acceptance, 1.0);
     let mut seqs = HashMap::from([(7, seq)]);
     let chunks = [Chunk {
         seq: 7,
@@ -160,7 +173,15 @@ fn plan_one(
         ..Default::default()
     };
     let no_draft: Option<&mut super::draft::Drafter<super::tests::LoopModel>> = None;
-    plan_drafts(&speculation, &chunks, &mut seqs, pool, 64, no_draft);
+    plan_drafts(
+        &speculation,
+        &chunks,
+        &mut seqs,
+        pool,
+        64,
+        &mut costs,
+        no_draft,
+    );
     let mut seq = seqs.remove(&7).unwrap();
     let out = (
         std::mem::take(&mut seq.speculation.draft),
@@ -209,46 +230,89 @@ fn forced_tokens_are_not_throttled_and_keep_the_other_limits() {
         (abc[..5].to_vec(), 5)
     );
     // The n-gram fills the rest, looking up as if the forced tokens were committed: the prompt
-    // `c x y t` has `x y` after `c`, so `abc` (forced) is followed by `x y`.
+    // `c x y t` has `x y` after `c`, so `abc` (forced) is followed by `x y` (where the measured
+    // costs say verification is nearly free).
     let prompt = [3, 24, 25, 20];
     let seq = decoding(&mut pool, &prompt, "abc[a-z]*", 40);
+    let memory_bound = measured(&[(1, 10.0), (6, 10.5)]);
     assert_eq!(
-        plan_one(Proposer::Ngram, &mut pool, seq, 1.0),
+        plan_one_measured(Proposer::Ngram, &mut pool, seq, 1.0, memory_bound),
         (vec![1, 2, 3, 24, 25], 3)
     );
+}
+
+/// Target steps measured at `points` (tokens, seconds).
+fn measured(points: &[(usize, f64)]) -> DraftCosts {
+    let mut costs = DraftCosts::default();
+    for &(tokens, secs) in points {
+        costs.step.observe(tokens, secs);
+    }
+    costs
+}
+
+#[test]
+fn the_ngram_proposes_what_the_measured_costs_pay_for() {
+    // `c` was followed by `x y t c`: the lookup finds four tokens.
+    let prompt = [3, 24, 25, 20, 3];
+    let mut pool = BlockPool::new(32, 4, false);
+    let found = |pool: &mut BlockPool, acceptance, costs| {
+        let seq = decoding(pool, &prompt, "[a-z]*", 40);
+        plan_one_measured(Proposer::Ngram, pool, seq, acceptance, costs).0
+    };
+    // Verification nearly free (10 ms a step, +0.1 ms a token): everything found.
+    let memory_bound = measured(&[(1, 10.0), (6, 10.5)]);
+    assert_eq!(
+        found(&mut pool, 0.9, memory_bound.clone()),
+        vec![24, 25, 20, 3]
+    );
+    // Each verified token costing a step: nothing.
+    let compute_bound = measured(&[(1, 10.0), (6, 60.0)]);
+    assert_eq!(found(&mut pool, 0.9, compute_bound), Vec::<u32>::new());
+    // Nothing accepted lately: nothing, even where verification is nearly free.
+    assert_eq!(
+        found(&mut pool, 0.0, memory_bound.clone()),
+        Vec::<u32>::new()
+    );
+    // A gain under MIN_GAIN (5 %) does not pay: one token at 4 % acceptance.
+    assert_eq!(found(&mut pool, 0.04, memory_bound), Vec::<u32>::new());
 }
 
 #[test]
 fn forced_tokens_do_not_move_the_acceptance_rate() {
     let mut s = SequenceSpeculation::new(true);
-    s.acceptance = 0.5;
+    s.token_acceptance = (1.0, 2.0);
     // All forced, all accepted: the totals grow, the rate stays.
     s.record(4, 4, 4);
     assert_eq!(
-        (s.draft_tokens, s.accepted_draft_tokens, s.acceptance),
+        (
+            s.draft_tokens,
+            s.accepted_draft_tokens,
+            s.token_acceptance_rate(1.0)
+        ),
         (4, 4, 0.5)
     );
-    // Two forced then four n-gram tokens of which one was accepted: the rate sees 1 of 4.
+    // Two forced then four n-gram tokens of which one was accepted: the rate sees 1 accepted and
+    // one rejection. Decayed sums: (0.7 * 1 + 1) / (0.7 * 2 + 2).
     s.record(6, 2, 3);
     assert_eq!((s.draft_tokens, s.accepted_draft_tokens), (10, 7));
-    assert_eq!(s.acceptance, 0.5 * 0.5 + 0.5 * 0.25);
+    assert!((s.token_acceptance_rate(1.0) - 1.7 / 3.4).abs() < 1e-12);
 }
 
 #[test]
 fn the_per_token_acceptance_counts_one_rejection_per_verification() {
     let mut s = SequenceSpeculation::new(true);
     assert_eq!(
-        s.token_acceptance_rate(),
+        s.token_acceptance_rate(1.0),
         1.0,
         "optimistic before the first"
     );
     // 2 of 5 accepted: the third was rejected and the last two were never tried.
     s.record(5, 0, 2);
-    assert!((s.token_acceptance_rate() - 2.0 / 3.0).abs() < 1e-12);
+    assert!((s.token_acceptance_rate(1.0) - 2.0 / 3.0).abs() < 1e-12);
     // All 5 accepted: no rejection. Decayed sums: (0.7 * 2 + 5) / (0.7 * 3 + 5).
     s.record(5, 0, 5);
-    assert!((s.token_acceptance_rate() - 6.4 / 7.1).abs() < 1e-12);
+    assert!((s.token_acceptance_rate(1.0) - 6.4 / 7.1).abs() < 1e-12);
     // Forced tokens do not count.
     s.record(3, 3, 3);
-    assert!((s.token_acceptance_rate() - 6.4 / 7.1).abs() < 1e-12);
+    assert!((s.token_acceptance_rate(1.0) - 6.4 / 7.1).abs() < 1e-12);
 }

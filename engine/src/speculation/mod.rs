@@ -22,8 +22,8 @@
 //! them like any proposal, so exactness does not depend on them being forced.
 //!
 //! - [`ngram`]: the prompt-lookup proposer.
-//! - [`draft`]: the draft-model proposer (a second model whose K/V lives in the same block pool);
-//!   [`draft_cost`]: how long its drafts are, from measured costs.
+//! - [`draft`]: the draft-model proposer (a second model whose K/V lives in the same block pool).
+//! - [`draft_cost`]: how long either proposer's drafts are, from measured costs.
 //! - `plan`: which sequences speculate in a step, and how far (the "never slower" policy), forced
 //!   tokens first.
 //! - `verify`: the acceptance rule.
@@ -148,27 +148,29 @@ pub struct SequenceSpeculation {
     /// With a draft model: the end of the positions whose draft K/V this step's draft passes
     /// wrote (set while planning, taken by the verification).
     pub draft_written: Option<usize>,
-    /// Planned steps in a row in which a draft model proposed nothing for this sequence (its
-    /// expected gain did not pay for the draft); see [`draft::PROBE_AFTER_STEPS`].
+    /// Planned steps in a row in which this sequence proposed nothing of the proposer's (its
+    /// expected gain did not pay for the proposals); see [`draft_cost::PROBE_AFTER_STEPS`].
     pub idle_steps: u32,
-    /// Recent per-token acceptance probability of the proposer's tokens, for the draft model's
-    /// cost model: accepted / (accepted + rejections), each verification counting one rejection
-    /// when it stopped at one (a verification stops at its first rejection, so accepted /
-    /// proposed per step would underestimate it). Decayed sums: (accepted, trials).
+    /// Idle steps after which this sequence probes: [`draft_cost::PROBE_AFTER_STEPS`], doubled by every
+    /// probe after which speculation still did not pay, up to [`draft_cost::REMEASURE_AFTER_STEPS`];
+    /// back to the first when the cost model chooses to speculate.
+    pub probe_interval: u32,
+    /// Recent per-token acceptance probability of the proposer's tokens, for the cost model
+    /// ([`draft_cost`]): accepted / (accepted + rejections), each verification counting one
+    /// rejection when it stopped at one (a verification stops at its first rejection, so accepted
+    /// / proposed per step would underestimate it); forced tokens do not count. Decayed sums:
+    /// (accepted, trials).
     pub token_acceptance: (f64, f64),
-    /// Recent acceptance rate of the proposer's tokens (exponential moving average of accepted /
-    /// proposed per step; forced tokens do not count), which sets how many tokens the next step
-    /// proposes.
-    pub acceptance: f64,
 }
 
 impl SequenceSpeculation {
-    /// The per-token acceptance probability (see [`SequenceSpeculation::token_acceptance`]); 1
-    /// before the first verification, so that a new sequence starts optimistic.
-    pub fn token_acceptance_rate(&self) -> f64 {
+    /// The per-token acceptance probability (see [`SequenceSpeculation::token_acceptance`]);
+    /// `prior` before the first verification (the worker's recent rate over all sequences,
+    /// [`draft_cost::DraftCosts::prior_acceptance`]).
+    pub fn token_acceptance_rate(&self, prior: f64) -> f64 {
         let (acc, trials) = self.token_acceptance;
         if trials <= 0.0 {
-            1.0
+            prior
         } else {
             acc / trials
         }
@@ -182,10 +184,10 @@ impl SequenceSpeculation {
             forced: 0,
             draft_written: None,
             idle_steps: 0,
+            probe_interval: draft_cost::PROBE_AFTER_STEPS,
             token_acceptance: (0.0, 0.0),
             draft_tokens: 0,
             accepted_draft_tokens: 0,
-            acceptance: 1.0,
         }
     }
 
@@ -198,19 +200,27 @@ impl SequenceSpeculation {
         }
         self.draft_tokens += proposed as u64;
         self.accepted_draft_tokens += accepted as u64;
-        let proposer_proposed = proposed.saturating_sub(forced);
-        if proposer_proposed > 0 {
-            let proposer_accepted = accepted.saturating_sub(forced);
-            let rate = proposer_accepted as f64 / proposer_proposed as f64;
-            self.acceptance = 0.5 * self.acceptance + 0.5 * rate;
-            let rejected = usize::from(proposer_accepted < proposer_proposed);
-            let (acc, trials) = self.token_acceptance;
-            self.token_acceptance = (
-                0.7 * acc + proposer_accepted as f64,
-                0.7 * trials + (proposer_accepted + rejected) as f64,
-            );
+        if let Some((accepted, trials)) = token_trials(proposed, forced, accepted) {
+            let (acc, all) = self.token_acceptance;
+            self.token_acceptance = (0.7 * acc + accepted, 0.7 * all + trials);
         }
     }
+}
+
+/// What a verification of `proposed` tokens, the first `forced` of them forced, the first
+/// `accepted` accepted, says of the proposer's per-token acceptance: (accepted, trials), where
+/// the trials are the proposer's accepted tokens plus one rejection when the verification stopped
+/// at one; `None` when the proposer proposed nothing.
+pub fn token_trials(proposed: usize, forced: usize, accepted: usize) -> Option<(f64, f64)> {
+    let proposer_proposed = proposed.saturating_sub(forced);
+    (proposer_proposed > 0).then(|| {
+        let proposer_accepted = accepted.saturating_sub(forced);
+        let rejected = usize::from(proposer_accepted < proposer_proposed);
+        (
+            proposer_accepted as f64,
+            (proposer_accepted + rejected) as f64,
+        )
+    })
 }
 
 #[cfg(test)]

@@ -5,17 +5,31 @@
 //! So a step speculates only when it is a pure decode step (no prefill chunk: a prefill makes the
 //! step compute-bound and its chunk would lose budget) with at most [`MAX_SPECULATING_STREAMS`]
 //! sequences, and all the step's tokens (one per decode plus the drafts) stay within
-//! [`MAX_SPECULATIVE_STEP_TOKENS`] and the scheduler's token budget. Each sequence proposes
-//! `round(num_speculative_tokens * recent acceptance rate)` tokens (at least 1), never more than it
-//! may still generate; a sequence whose n-gram finds no match proposes nothing and costs nothing.
-//! With a draft model ([`super::draft`]) the number of proposals is instead one `k` for the step
-//! that maximizes the expected tokens per second given the sequences' acceptance rates and the
-//! measured costs of target steps and draft passes ([`super::draft_cost::best_draft_length`]; 0
-//! when speculating does not pay, with a 2-token probe every [`super::draft::PROBE_AFTER_STEPS`]
-//! steps, or every [`super::draft::REMEASURE_AFTER_STEPS`] when not even a draft that is always
-//! right would pay), and the sequence first gets the blocks for its proposals, then the draft
-//! model generates them, in passes batched over the step's speculating sequences; the draft's
-//! catch-up tokens are not counted in the step's token budget.
+//! [`MAX_SPECULATIVE_STEP_TOKENS`] and the scheduler's token budget.
+//!
+//! How many tokens the step's sequences propose is one `k` for the step, chosen from what the
+//! worker measures ([`super::draft_cost::choose_draft_length`]): target decode steps are timed by
+//! the tokens they run (sampling included), draft-model passes by the sequences they run, and `k`
+//! maximizes the expected committed tokens per second at the sequences' per-token acceptance
+//! rates (a sequence not yet verified is assumed to have the worker's recent rate); it is 0 when
+//! speculating does not pay by [`super::draft_cost::MIN_GAIN`]. Each sequence proposes at most
+//! `k`, at most `num_speculative_tokens` and never more than it may still generate:
+//! - **n-gram**: the lookup runs first for every sequence, so that `k` is chosen over what it found
+//!   (a sequence without a match proposes nothing and costs nothing); its proposals cost no pass.
+//! - **draft model** ([`super::draft`]): the sequence first gets the blocks for its proposals, then
+//!   the draft model generates them, in passes batched over the step's speculating sequences; the
+//!   draft's catch-up tokens are not counted in the step's token budget. A sequence whose draft
+//!   is behind (a prompt it never saw) catches up only where that pays back within
+//!   [`super::draft_cost::CATCH_UP_HORIZON`] tokens at the step's expected gain
+//!   ([`super::draft_cost::catch_up_pays`]).
+//!
+//! A sequence that proposed nothing for [`super::draft_cost::PROBE_AFTER_STEPS`] steps while it
+//! could have probes with two tokens, so that a change of its acceptance rate is seen; each probe
+//! after which speculation still does not pay doubles its interval, up to
+//! [`super::draft_cost::REMEASURE_AFTER_STEPS`] (at once when not even a draft that is always
+//! right would pay). A draft-model probe also catches up over what the sequence decoded since,
+//! so it comes only while that costs at most [`super::draft_cost::PROBE_CATCH_UP_SHARE`] of the
+//! time since the worker last speculated.
 //!
 //! The drafts' positions get KV blocks only from the truly free list (never evicting a cached block
 //! and never preempting); a draft that finds no room is shortened to what its blocks hold.
@@ -23,22 +37,24 @@
 //! A constrained sequence's draft starts with the tokens its constraint forces
 //! ([`structured_output::ConstraintState::forced_tokens`]: positions whose mask allows a single
 //! token), up to `num_speculative_tokens` and the same limits (what it may still generate, the
-//! step's budget, free blocks), whatever its acceptance rate: the sampler can only choose them, so
-//! they are always accepted and cost one forward position each. The n-gram then fills the draft up
-//! to the throttled count, looking up as if the forced tokens were committed. Forced tokens do not
-//! move the acceptance rate (see [`super::SequenceSpeculation::record`]). Finding them runs on the
-//! engine thread before the forward pass: a copy of the matcher and a walk of its parser per
-//! constrained sequence, plus one mask per forced token where bytes are forced. With speculation
-//! `off` none of this runs.
+//! step's budget, free blocks), whatever `k` is: the sampler can only choose them, so they are
+//! always accepted and cost one forward position each. The proposer then fills the draft up to
+//! `k`, the n-gram looking up as if the forced tokens were committed. Forced tokens do not move the
+//! acceptance rate (see [`super::SequenceSpeculation::record`]). Finding them runs on the engine
+//! thread before the forward pass: a copy of the matcher and a walk of its parser per constrained
+//! sequence, plus one mask per forced token where bytes are forced. With speculation `off` none of
+//! this runs.
 //!
-//! The two limits are first guesses for CPU decode of small models, not yet tuned by a benchmark.
+//! The two step limits are first guesses for CPU decode of small models; the cost model decides
+//! within them.
 
 use std::collections::{HashMap, HashSet};
 
-use super::draft::{
-    DraftJob, Drafter, MAX_CATCH_UP_TOKENS, PROBE_AFTER_STEPS, REMEASURE_AFTER_STEPS,
+use super::draft::{DraftJob, Drafter, MAX_CATCH_UP_TOKENS};
+use super::draft_cost::{
+    catch_up_pays, choose_draft_length, DraftChoice, DraftCosts, PROBE_AFTER_STEPS,
+    REMEASURE_AFTER_STEPS,
 };
-use super::draft_cost::best_draft_length;
 use super::{ngram, Proposer, SpeculationConfig};
 use crate::backend::BatchModel;
 use crate::kv::BlockPool;
@@ -51,17 +67,37 @@ pub const MAX_SPECULATING_STREAMS: usize = 8;
 /// Most tokens (decodes plus drafts) in a step that speculates.
 pub const MAX_SPECULATIVE_STEP_TOKENS: usize = 48;
 
+/// A speculating sequence's candidates in a step, before `k` is chosen.
+struct Candidate {
+    seq: SeqId,
+    /// Most tokens it may propose (the setting, what it may still generate beyond the step's own
+    /// token, the step's budget).
+    cap: usize,
+    /// Its draft so far: the tokens its constraint forces, then (n-gram) what the lookup found.
+    draft: Vec<u32>,
+    /// How many of `draft`'s leading tokens are forced.
+    forced: usize,
+    /// How many tokens the proposer could propose, forced ones included: n-gram, the length of
+    /// `draft`; a draft model, `cap`; without a draft model, 0 (it proposes forced tokens only).
+    proposable: usize,
+    /// Committed tokens before the last one that the draft model has not computed (0 for the
+    /// n-gram).
+    backlog: usize,
+}
+
 /// Sets `speculation.draft` of the step's decoding sequences (and grows their block tables to hold
 /// it), or leaves every draft empty when the step should not speculate (see the module docs).
-/// `chunks` is the scheduled step; `max_batch_tokens` the scheduler's token budget; `drafter` the
-/// draft model (used when the proposer is [`Proposer::Draft`]; without one that proposer proposes
-/// only forced tokens).
+/// `chunks` is the scheduled step; `max_batch_tokens` the scheduler's token budget; `costs` what
+/// the worker measured (the draft model's passes are recorded into it); `drafter` the draft model
+/// (used when the proposer is [`Proposer::Draft`]; without one that proposer proposes only forced
+/// tokens).
 pub(crate) fn plan_drafts<M: BatchModel>(
     config: &SpeculationConfig,
     chunks: &[Chunk],
     seqs: &mut HashMap<SeqId, Sequence>,
     pool: &mut BlockPool,
     max_batch_tokens: usize,
+    costs: &mut DraftCosts,
     drafter: Option<&mut Drafter<M>>,
 ) {
     if config.proposer == Proposer::Off || chunks.len() > MAX_SPECULATING_STREAMS {
@@ -73,85 +109,74 @@ pub(crate) fn plan_drafts<M: BatchModel>(
     if !all_decodes {
         return;
     }
-    let draft_context = drafter.as_ref().map_or(0, |d| d.context_length());
-    // With a draft model: one draft length for the step, from the measured costs.
-    let (draft_k, always_right_k) = match &drafter {
-        Some(d) if config.proposer == Proposer::Draft => {
-            let caps: Vec<(f64, usize)> = chunks
-                .iter()
-                .filter_map(|c| seqs.get(&c.seq))
-                .filter(|s| s.speculation.enabled)
-                .map(|s| {
-                    let cap = config
-                        .num_speculative_tokens
-                        .min(s.tokens_left().saturating_sub(1));
-                    (s.speculation.token_acceptance_rate(), cap)
-                })
-                .collect();
-            let plain = chunks.len() - caps.len();
-            let always_right: Vec<(f64, usize)> = caps.iter().map(|&(_, c)| (1.0, c)).collect();
-            (
-                best_draft_length(&caps, plain, d.costs()),
-                best_draft_length(&always_right, plain, d.costs()),
-            )
-        }
-        _ => (0, 0),
-    };
-    let mut model_drafts = ModelDrafts::default();
-    // Committed tokens the draft may catch up over in this step, all sequences together.
-    let mut catch_up_budget = max_batch_tokens.min(MAX_CATCH_UP_TOKENS);
     let mut budget = max_batch_tokens
         .min(MAX_SPECULATIVE_STEP_TOKENS)
         .saturating_sub(chunks.len());
-    for chunk in chunks {
-        let Some(seq) = seqs.get_mut(&chunk.seq) else {
-            continue;
-        };
-        if !seq.speculation.enabled || budget == 0 {
-            continue;
+    let has_model = drafter.is_some();
+    let mut candidates: Vec<Candidate> = chunks
+        .iter()
+        .filter_map(|chunk| {
+            let seq = seqs.get(&chunk.seq)?;
+            candidate(config, has_model, chunk.seq, seq, pool, budget)
+        })
+        .collect();
+    // One k for the step, from the measured costs: over what each sequence may propose (n-gram:
+    // what its lookup found).
+    let (mut choice, mut always_right_k) = choose(&candidates, chunks.len(), seqs, costs);
+    // A draft model behind (a prompt it never saw, tokens decoded while it was idle) catches up
+    // only where that pays at the step's expected gain.
+    let mut excluded = false;
+    let behind = |c: &Candidate| c.backlog > 1 && c.proposable > 0;
+    for c in candidates.iter_mut().filter(|c| choice.k > 0 && behind(c)) {
+        let seq = &seqs[&c.seq];
+        if !catch_up_pays(c.backlog, seq.tokens_left(), &choice, costs) {
+            c.proposable = 0;
+            excluded = true;
         }
-        // The most this sequence may propose: the setting, what it may still generate beyond the
-        // step's own token, the step's budget.
-        let cap = config
-            .num_speculative_tokens
-            .min(seq.tokens_left().saturating_sub(1))
-            .min(budget);
-        // Tokens the constraint forces come first and are not throttled: they are always
-        // accepted.
-        let mut draft = match seq.constraint.as_deref() {
-            Some(constraint) => constraint.forced_tokens(cap),
-            None => Vec::new(),
+    }
+    if excluded {
+        (choice, always_right_k) = choose(&candidates, chunks.len(), seqs, costs);
+    }
+    let step_k = choice.k;
+    let mut speculated = false;
+
+    let draft_context = drafter.as_ref().map_or(0, |d| d.context_length());
+    let mut model_drafts = ModelDrafts::default();
+    // Committed tokens the draft may catch up over in this step, all sequences together.
+    let mut catch_up_budget = max_batch_tokens.min(MAX_CATCH_UP_TOKENS);
+    for Candidate {
+        seq: id,
+        cap,
+        mut draft,
+        forced,
+        proposable,
+        backlog,
+    } in candidates
+    {
+        let seq = seqs.get_mut(&id).expect("a candidate is a step's sequence");
+        // A probe of a draft model that is behind pays its catch-up: only where that is cheap.
+        let may_probe = backlog <= 1 || costs.probe_catch_up_pays(backlog, choice.plain_secs);
+        let k = sequence_k(
+            &mut seq.speculation,
+            step_k,
+            always_right_k,
+            proposable,
+            may_probe,
+        );
+        speculated |= k > 0;
+        // Forced tokens are not throttled: they are always accepted.
+        let wanted = k.max(forced).min(cap).min(budget);
+        let Some(blocks) = seq.blocks.as_mut().filter(|_| wanted > 0) else {
+            continue;
         };
-        let forced = draft.len();
+        // Room first: the verification (and a draft model) writes the proposals' positions.
+        let verified = seq.computed + 1;
+        let room = pool.grow_from_free(blocks, verified + wanted);
+        let total = wanted.min(room.saturating_sub(verified));
+        draft.truncate(total);
+        budget -= total;
+        seq.speculation.forced = forced.min(total);
         if config.proposer == Proposer::Draft {
-            let Some(blocks) = seq.blocks.as_mut() else {
-                continue;
-            };
-            // The draft costs a pass per proposal: propose what pays for it (probing now and
-            // then when nothing does).
-            let spec = &mut seq.speculation;
-            let mut k = draft_k.min(cap);
-            if k == 0 && cap > 0 {
-                // A probe tells whether the acceptance rate changed; when not even a draft that
-                // is always right would pay, only whether the costs did (rarely).
-                let interval = match always_right_k {
-                    0 => REMEASURE_AFTER_STEPS,
-                    _ => PROBE_AFTER_STEPS,
-                };
-                if spec.idle_steps >= interval {
-                    // Two tokens: the second pass, free of catch-up, also re-measures the cost.
-                    k = cap.min(2);
-                }
-            }
-            spec.idle_steps = if k == 0 { spec.idle_steps + 1 } else { 0 };
-            // Room first: the draft model writes the positions it proposes from.
-            let verified = seq.computed + 1;
-            let wanted_total = k.max(forced);
-            let room = pool.grow_from_free(blocks, verified + wanted_total);
-            let total = wanted_total.min(room.saturating_sub(verified));
-            draft.truncate(total);
-            budget -= total;
-            seq.speculation.forced = draft.len();
             // The draft model writes positions up to `computed + total - 1`: past its context it
             // proposes nothing (forced tokens need no model).
             let generate = match seq.computed + total <= draft_context {
@@ -170,40 +195,126 @@ pub(crate) fn plan_drafts<M: BatchModel>(
                 )
             });
             if let Some(job) = job.filter(|job| model_drafts.claim(job, pool.block_size())) {
-                model_drafts.push(chunk.seq, job);
+                model_drafts.push(id, job);
             }
-            seq.speculation.draft = draft;
-            continue;
         }
-        let wanted =
-            (config.num_speculative_tokens as f64 * seq.speculation.acceptance).round() as usize;
-        let k = wanted.clamp(1, config.num_speculative_tokens).min(cap);
-        if forced == 0 {
-            draft = ngram::propose(&seq.tokens, config.ngram_min, config.ngram_max, k);
-        } else if forced < k {
+        seq.speculation.draft = draft;
+    }
+    costs.steps_since_speculation = match speculated {
+        true => 0,
+        false => costs.steps_since_speculation + 1,
+    };
+    if let Some(drafter) = drafter {
+        model_drafts.run(drafter, costs, seqs);
+    }
+}
+
+/// The candidates of a decoding sequence that allows speculation, with `budget` tokens left in
+/// the step: its cap, its forced tokens and (n-gram) what the lookup finds after them;
+/// `has_model`: the worker has a draft model.
+fn candidate(
+    config: &SpeculationConfig,
+    has_model: bool,
+    id: SeqId,
+    seq: &Sequence,
+    pool: &BlockPool,
+    budget: usize,
+) -> Option<Candidate> {
+    let blocks = seq.blocks.as_ref()?;
+    if !seq.speculation.enabled || budget == 0 {
+        return None;
+    }
+    let cap = config
+        .num_speculative_tokens
+        .min(seq.tokens_left().saturating_sub(1))
+        .min(budget);
+    let mut draft = match seq.constraint.as_deref() {
+        Some(constraint) => constraint.forced_tokens(cap),
+        None => Vec::new(),
+    };
+    let forced = draft.len();
+    if config.proposer == Proposer::Ngram && forced < cap {
+        let more = if forced == 0 {
+            ngram::propose(&seq.tokens, config.ngram_min, config.ngram_max, cap)
+        } else {
             // The n-gram continues the forced tokens (looked up as if they were committed).
             let mut context = Vec::with_capacity(seq.tokens.len() + forced);
             context.extend_from_slice(&seq.tokens);
             context.extend_from_slice(&draft);
-            let more = ngram::propose(&context, config.ngram_min, config.ngram_max, k - forced);
-            draft.extend(more);
-        }
-        if draft.is_empty() {
-            continue;
-        }
-        let Some(blocks) = seq.blocks.as_mut() else {
-            continue;
+            ngram::propose(&context, config.ngram_min, config.ngram_max, cap - forced)
         };
-        let verified = seq.computed + 1;
-        let room = pool.grow_from_free(blocks, verified + draft.len());
-        draft.truncate(room.saturating_sub(verified));
-        budget -= draft.len();
-        seq.speculation.forced = forced.min(draft.len());
-        seq.speculation.draft = draft;
+        draft.extend(more);
     }
-    if let Some(drafter) = drafter {
-        model_drafts.run(drafter, seqs);
+    let (proposable, backlog) = match config.proposer {
+        Proposer::Draft if has_model => {
+            let seen = pool.draft_computed(blocks);
+            (cap, seq.computed.saturating_sub(seen))
+        }
+        Proposer::Draft | Proposer::Off => (0, 0),
+        Proposer::Ngram => (draft.len(), 0),
+    };
+    Some(Candidate {
+        seq: id,
+        cap,
+        draft,
+        forced,
+        proposable,
+        backlog,
+    })
+}
+
+/// The step's [`DraftChoice`] over the candidates that may propose, among `decodes` decoding
+/// sequences, and the `k` an always-right proposer would get.
+fn choose(
+    candidates: &[Candidate],
+    decodes: usize,
+    seqs: &HashMap<SeqId, Sequence>,
+    costs: &DraftCosts,
+) -> (DraftChoice, usize) {
+    let prior = costs.prior_acceptance();
+    let speculating: Vec<(f64, usize)> = candidates
+        .iter()
+        .filter(|c| c.proposable > 0)
+        .map(|c| {
+            (
+                seqs[&c.seq].speculation.token_acceptance_rate(prior),
+                c.proposable,
+            )
+        })
+        .collect();
+    let plain = decodes - speculating.len();
+    let always_right: Vec<(f64, usize)> = speculating.iter().map(|&(_, c)| (1.0, c)).collect();
+    (
+        choose_draft_length(&speculating, plain, costs),
+        choose_draft_length(&always_right, plain, costs).k,
+    )
+}
+
+/// The number of tokens a sequence that may propose `proposable` proposes when the step's cost
+/// model chose `step_k` (`always_right_k`: its choice were every proposal accepted): `step_k`, or
+/// a two-token probe after the sequence's probe interval of idle steps where `may_probe` (see the
+/// module docs). Updates the sequence's idle steps and probe interval.
+fn sequence_k(
+    spec: &mut super::SequenceSpeculation,
+    step_k: usize,
+    always_right_k: usize,
+    proposable: usize,
+    may_probe: bool,
+) -> usize {
+    let mut k = step_k.min(proposable);
+    if k > 0 {
+        spec.probe_interval = PROBE_AFTER_STEPS;
+    } else if proposable > 0 {
+        if always_right_k == 0 {
+            spec.probe_interval = REMEASURE_AFTER_STEPS;
+        }
+        if may_probe && spec.idle_steps >= spec.probe_interval {
+            k = proposable.min(2);
+            spec.probe_interval = (spec.probe_interval * 2).min(REMEASURE_AFTER_STEPS);
+        }
     }
+    spec.idle_steps = if k == 0 { spec.idle_steps + 1 } else { 0 };
+    k
 }
 
 /// The draft model's jobs of a step, and the blocks their catch-ups write.
@@ -239,13 +350,19 @@ impl ModelDrafts {
     /// Runs the jobs and appends each sequence's proposals to its draft (after its forced tokens);
     /// a draft model that fails or panics leaves the drafts as they are (forced tokens only) and is
     /// logged: speculation never fails a request.
-    fn run<M: BatchModel>(self, drafter: &mut Drafter<M>, seqs: &mut HashMap<SeqId, Sequence>) {
+    fn run<M: BatchModel>(
+        self,
+        drafter: &mut Drafter<M>,
+        costs: &mut DraftCosts,
+        seqs: &mut HashMap<SeqId, Sequence>,
+    ) {
         if self.jobs.is_empty() {
             return;
         }
         let jobs = &self.jobs;
-        let proposed =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drafter.propose(jobs)));
+        let proposed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            drafter.propose(jobs, costs)
+        }));
         match proposed {
             Ok(Ok(drafted)) => {
                 for (owner, d) in self.owners.iter().zip(drafted) {
@@ -301,5 +418,57 @@ fn draft_job(
         start_pos,
         input,
         generate,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::speculation::SequenceSpeculation;
+
+    /// The steps (of `steps`) at which a sequence that may propose 5 tokens speculates, when the
+    /// cost model chooses `step_k` and would choose `always_right_k` for an always-right draft.
+    fn speculating_steps(
+        spec: &mut SequenceSpeculation,
+        steps: u32,
+        step_k: usize,
+        always_right_k: usize,
+    ) -> Vec<u32> {
+        (0..steps)
+            .filter(|_| sequence_k(spec, step_k, always_right_k, 5, true) > 0)
+            .collect()
+    }
+
+    #[test]
+    fn probes_back_off_while_speculation_does_not_pay() {
+        let mut spec = SequenceSpeculation::new(true);
+        // Each probe doubles the interval of idle steps before the next: 8, 16, ..., 256.
+        assert_eq!(
+            speculating_steps(&mut spec, 600, 0, 3),
+            vec![8, 25, 58, 123, 252, 509]
+        );
+        assert_eq!(spec.probe_interval, REMEASURE_AFTER_STEPS);
+        // A probe proposes two tokens.
+        spec.idle_steps = REMEASURE_AFTER_STEPS;
+        assert_eq!(sequence_k(&mut spec, 0, 3, 5, true), 2);
+        // When speculation pays again the interval starts over.
+        assert_eq!(sequence_k(&mut spec, 3, 3, 5, true), 3);
+        assert_eq!(spec.probe_interval, PROBE_AFTER_STEPS);
+        assert_eq!(speculating_steps(&mut spec, 10, 0, 3), vec![8]);
+        // Not even an always-right draft would pay: the longest interval at once.
+        let mut spec = SequenceSpeculation::new(true);
+        assert_eq!(speculating_steps(&mut spec, 300, 0, 0), vec![256]);
+        // Nothing to propose: no probe.
+        let mut spec = SequenceSpeculation::new(true);
+        let probes: Vec<u32> = (0..20)
+            .filter(|_| sequence_k(&mut spec, 0, 3, 0, true) > 0)
+            .collect();
+        assert!(probes.is_empty());
+        // A draft model whose catch-up is costly: no probe.
+        let mut spec = SequenceSpeculation::new(true);
+        let probes: Vec<u32> = (0..300)
+            .filter(|_| sequence_k(&mut spec, 0, 3, 5, false) > 0)
+            .collect();
+        assert!(probes.is_empty());
     }
 }

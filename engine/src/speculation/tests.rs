@@ -42,6 +42,8 @@ pub(super) struct LoopModel {
     pub(super) record_reads: bool,
     /// What a pass costs, in microseconds slept.
     pub(super) pass_micros: u64,
+    /// What each token of a pass adds, in microseconds slept.
+    pub(super) token_micros: u64,
 }
 
 /// Counts of a [`LoopModel`]'s work.
@@ -66,6 +68,7 @@ impl LoopModel {
             counters: Arc::default(),
             record_reads: false,
             pass_micros: 300,
+            token_micros: 0,
         }
     }
 }
@@ -112,7 +115,9 @@ impl BatchModel for LoopModel {
         kv: &mut SlotKv,
         out: &mut Logits,
     ) -> Result<(), StepError> {
-        std::thread::sleep(Duration::from_micros(self.pass_micros));
+        let tokens: usize = batch.iter().map(|e| e.tokens.len()).sum();
+        let micros = self.pass_micros + self.token_micros * tokens as u64;
+        std::thread::sleep(Duration::from_micros(micros));
         let bs = kv.block_size;
         let slot = |table: &[u32], pos: usize| table[pos / bs] as usize * bs + pos % bs;
         out.clear(self.vocab);
