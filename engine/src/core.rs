@@ -602,6 +602,8 @@ impl<M: BatchModel> Engine<M> {
                 let forced = std::mem::take(&mut seq.speculation.forced);
                 seq.speculation
                     .record(draft.len(), forced, verified.accepted);
+                self.speculation_costs
+                    .observe_acceptance(draft.len(), forced, verified.accepted);
                 speculation::metrics::observe(
                     self.speculation.proposer,
                     draft.len(),

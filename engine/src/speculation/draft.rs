@@ -144,7 +144,9 @@ impl<M: BatchModel> Drafter<M> {
                     costs.pass.observe(sequences, secs);
                 }
                 if jobs.iter().any(|j| j.input.len() > 2) {
-                    costs.observe_catch_up(catch_up, first_secs);
+                    // The pass's own cost (reading the weights) is not the catch-up's.
+                    let pass = costs.pass.predict(jobs.len()).unwrap_or(0.0);
+                    costs.observe_catch_up(catch_up, (first_secs - pass).max(0.0));
                 }
                 return Ok(out);
             }

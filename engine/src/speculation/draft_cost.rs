@@ -39,7 +39,7 @@ impl CostCurve {
     /// Adds a measurement of `secs` seconds at size `x` (ignored when `x` is 0 or above
     /// [`CURVE_SIZES`]).
     pub fn observe(&mut self, x: usize, secs: f64) {
-        if x == 0 || x > CURVE_SIZES || !secs.is_finite() {
+        if x == 0 || x > CURVE_SIZES || !secs.is_finite() || secs <= 0.0 {
             return;
         }
         if self.means.len() <= x {
@@ -52,31 +52,46 @@ impl CostCurve {
     }
 
     /// The predicted seconds at size `x`: the mean there, else the line through the nearest
-    /// measured sizes on either side, else (beyond the measured range) the line through the two
-    /// measured sizes nearest it (never falling with size, never below 0). `None` when fewer
-    /// than two sizes were measured and `x` is not one of them: nothing says how cost grows.
+    /// measured sizes on either side, else (above the measured range) the line through the two
+    /// largest measured sizes (never falling with size). `None` below the smallest measured size
+    /// (nothing says what a smaller step saves), and when fewer than two sizes were measured and
+    /// `x` is not one of them (nothing says how cost grows).
     pub fn predict(&self, x: usize) -> Option<f64> {
         if let Some(Some(m)) = self.means.get(x) {
             return Some(*m);
         }
-        let known: Vec<(usize, f64)> = self
-            .means
-            .iter()
-            .enumerate()
-            .filter_map(|(i, m)| m.map(|m| (i, m)))
-            .collect();
-        if known.len() < 2 {
+        let known = self.known();
+        if known.len() < 2 || x < known[0].0 {
             return None;
         }
         let after = known.iter().position(|&(i, _)| i > x);
         let (a, b) = match after {
-            Some(0) => (known[0], known[1]),
             Some(j) => (known[j - 1], known[j]),
             None => (known[known.len() - 2], known[known.len() - 1]),
         };
         let slope = ((b.1 - a.1) / (b.0 - a.0) as f64).max(0.0);
         let anchor = if x > b.0 { b } else { a };
-        Some((anchor.1 + slope * (x as f64 - anchor.0 as f64)).max(0.0))
+        Some(anchor.1 + slope * (x as f64 - anchor.0 as f64))
+    }
+
+    /// The largest mean measured at a size of at most `x`: a lower bound of the cost at `x` where
+    /// [`CostCurve::predict`] has none (cost does not fall with size); `None` when no such size
+    /// was measured.
+    pub fn floor(&self, x: usize) -> Option<f64> {
+        self.known()
+            .into_iter()
+            .filter(|&(i, _)| i <= x)
+            .map(|(_, m)| m)
+            .reduce(f64::max)
+    }
+
+    /// The measured sizes and their means, smallest first.
+    fn known(&self) -> Vec<(usize, f64)> {
+        self.means
+            .iter()
+            .enumerate()
+            .filter_map(|(i, m)| m.map(|m| (i, m)))
+            .collect()
     }
 }
 
@@ -140,7 +155,7 @@ impl DraftCosts {
 
     /// Records a draft pass that caught up over `tokens` tokens in `secs` seconds.
     pub fn observe_catch_up(&mut self, tokens: usize, secs: f64) {
-        if tokens == 0 || !secs.is_finite() {
+        if tokens == 0 || !secs.is_finite() || secs <= 0.0 {
             return;
         }
         let per_token = secs / tokens as f64;
@@ -209,6 +224,9 @@ pub struct DraftChoice {
     /// Predicted committed tokens per second at `k` over those without speculation (1 at `k` = 0
     /// or when the costs are unknown and the step explores).
     pub gain: f64,
+    /// The costs could not predict the step: it explores (`k` is 0 to measure plain decoding, or
+    /// the largest cap to measure a verification).
+    pub explore: bool,
 }
 
 /// The draft length for a decode step of `plain` sequences that do not speculate and the
@@ -218,13 +236,15 @@ pub struct DraftChoice {
 /// predict a step's cost (see [`CostCurve::predict`]) the step explores: 0 when it is plain
 /// decoding's cost that is unknown, else the largest cap (that step measures it).
 pub fn best_draft_length(speculating: &[(f64, usize)], plain: usize, costs: &DraftCosts) -> usize {
-    choose_draft_length(speculating, plain, costs).k
+    choose_draft_length(speculating, plain, 0, costs).k
 }
 
-/// [`best_draft_length`] with the step's predicted plain time and gain.
+/// [`best_draft_length`] with the step's predicted plain time and gain, for a step that also
+/// verifies `fixed` tokens whatever `k` is (tokens a constraint forces).
 pub fn choose_draft_length(
     speculating: &[(f64, usize)],
     plain: usize,
+    fixed: usize,
     costs: &DraftCosts,
 ) -> DraftChoice {
     let most = speculating.iter().map(|&(_, cap)| cap).max().unwrap_or(0);
@@ -232,8 +252,9 @@ pub fn choose_draft_length(
         k,
         plain_secs,
         gain: 1.0,
+        explore: true,
     };
-    let step = |tokens: usize| costs.step.predict(tokens);
+    let step = |tokens: usize| costs.step.predict(fixed + tokens);
     let Some(plain_secs) = step(plain + speculating.len()) else {
         return explore(0, 0.0);
     };
@@ -250,7 +271,14 @@ pub fn choose_draft_length(
         let Some(step_secs) = step(plain + speculating.len() + proposals) else {
             return explore(most, plain_secs);
         };
-        let pass_secs = costs.pass.predict(drafting).unwrap_or(0.0);
+        // A measured larger step never costs less than a plain one (a stale mean may say so).
+        let step_secs = step_secs.max(plain_secs);
+        // An unmeasured pass size costs at least the largest smaller one measured.
+        let pass_secs = costs
+            .pass
+            .predict(drafting)
+            .or_else(|| costs.pass.floor(drafting))
+            .unwrap_or(0.0);
         let rate = tokens / (step_secs + k as f64 * pass_secs).max(1e-9);
         if rate > best.1 * (1.0 + 1e-9) {
             best = (k, rate);
@@ -264,6 +292,7 @@ pub fn choose_draft_length(
         } else {
             best.1 / plain_rate
         },
+        explore: false,
     }
 }
 
@@ -292,6 +321,9 @@ mod tests {
         c.observe(5, 14.0);
         assert_eq!(c.predict(3), Some(12.0), "between: the line");
         assert_eq!(c.predict(9), Some(18.0), "beyond: the last two sizes' line");
+        assert_eq!(c.floor(9), Some(14.0));
+        assert_eq!(c.floor(4), Some(10.0));
+        assert_eq!(c.floor(0), None);
         // Thousands of plain steps do not wash out what a larger step costs.
         for _ in 0..5000 {
             c.observe(1, 10.0);
@@ -300,14 +332,18 @@ mod tests {
         // One stalled step moves a mean by at most 10 % (clipped to twice the mean).
         c.observe(1, 1000.0);
         assert!((c.predict(1).unwrap() - 11.0).abs() < 1e-9);
-        // Cost never falls with size, and sizes past the curve's range are not kept.
+        // Extrapolated cost never falls with size; nothing is predicted below the smallest size;
+        // sizes past the curve's range, size 0 and times of 0 are not kept.
         let mut d = CostCurve::default();
         d.observe(2, 10.0);
         d.observe(4, 8.0);
         assert_eq!(d.predict(8), Some(8.0));
+        assert_eq!(d.predict(1), None);
         d.observe(CURVE_SIZES + 1, 1.0);
         d.observe(0, 1.0);
+        d.observe(6, 0.0);
         assert_eq!(d.predict(CURVE_SIZES + 1), Some(8.0));
+        assert_eq!(d.predict(6), Some(8.0));
     }
 
     #[test]
@@ -332,6 +368,13 @@ mod tests {
         // Only plain steps measured: nothing says what verification costs, so the step explores.
         let one_size = costs(&[(1, 10.0)], &[(1, 1.0)]);
         assert_eq!(best_draft_length(&[(0.9, 5)], 0, &one_size), 5);
+        // A stale mean of a verification size below the plain step's does not make speculation
+        // look free: at 0 % acceptance nothing pays.
+        let stale = costs(&[(1, 10.0), (3, 9.0), (6, 9.5)], &[]);
+        assert_eq!(best_draft_length(&[(0.0, 5)], 0, &stale), 0);
+        // Two streams when only one-stream passes were measured: each pass costs at least that.
+        let one_pass = costs(&[(1, 10.0), (2, 10.2), (12, 11.0)], &[(1, 10.0)]);
+        assert_eq!(best_draft_length(&[(0.8, 5), (0.8, 5)], 0, &one_pass), 0);
     }
 
     #[test]
@@ -381,6 +424,7 @@ mod tests {
             k: 3,
             plain_secs: 0.010,
             gain: 1.25,
+            explore: false,
         };
         let mut c = DraftCosts::default();
         assert!(catch_up_pays(1500, 10, &choice, &c), "unmeasured: free");

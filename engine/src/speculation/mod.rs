@@ -16,8 +16,8 @@
 //! Proposals come from the configured [`Proposer`] and, for a constrained sequence, from its
 //! constraint: the tokens it forces (the only token its mask allows at each of the next positions,
 //! [`structured_output::ConstraintState::forced_tokens`]) lead the draft. They cost nothing to
-//! propose but a lookahead on a copy of the constraint, are always accepted, and so are not
-//! throttled by the acceptance rate; they count in the request's `draft_tokens` and
+//! propose but a lookahead on a copy of the constraint, are always accepted, and so are proposed
+//! whatever number of proposals the cost model chooses; they count in the request's `draft_tokens` and
 //! `accepted_draft_tokens` and in the metrics under [`metrics::FORCED_LABEL`]. Verification treats
 //! them like any proposal, so exactness does not depend on them being forced.
 //!

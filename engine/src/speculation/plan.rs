@@ -77,8 +77,8 @@ struct Candidate {
     draft: Vec<u32>,
     /// How many of `draft`'s leading tokens are forced.
     forced: usize,
-    /// How many tokens the proposer could propose, forced ones included: n-gram, the length of
-    /// `draft`; a draft model, `cap`; without a draft model, 0 (it proposes forced tokens only).
+    /// How many tokens the proposer could propose after the forced ones: n-gram, what its lookup
+    /// found; a draft model, up to `cap`; without a draft model, 0 (forced tokens only).
     proposable: usize,
     /// Committed tokens before the last one that the draft model has not computed (0 for the
     /// n-gram).
@@ -124,17 +124,22 @@ pub(crate) fn plan_drafts<M: BatchModel>(
     // what its lookup found).
     let (mut choice, mut always_right_k) = choose(&candidates, chunks.len(), seqs, costs);
     // A draft model behind (a prompt it never saw, tokens decoded while it was idle) catches up
-    // only where that pays at the step's expected gain.
-    let mut excluded = false;
-    let behind = |c: &Candidate| c.backlog > 1 && c.proposable > 0;
-    for c in candidates.iter_mut().filter(|c| choice.k > 0 && behind(c)) {
-        let seq = &seqs[&c.seq];
-        if !catch_up_pays(c.backlog, seq.tokens_left(), &choice, costs) {
-            c.proposable = 0;
-            excluded = true;
+    // only where that pays at the step's expected gain (an exploring step has none: it measures),
+    // judged again at each lower gain until every catch-up left pays.
+    loop {
+        let mut excluded = false;
+        let behind = |c: &Candidate| c.backlog > 1 && c.proposable > 0;
+        let judged = choice.k > 0 && !choice.explore;
+        for c in candidates.iter_mut().filter(|c| judged && behind(c)) {
+            let seq = &seqs[&c.seq];
+            if !catch_up_pays(c.backlog, seq.tokens_left(), &choice, costs) {
+                c.proposable = 0;
+                excluded = true;
+            }
         }
-    }
-    if excluded {
+        if !excluded {
+            break;
+        }
         (choice, always_right_k) = choose(&candidates, chunks.len(), seqs, costs);
     }
     let step_k = choice.k;
@@ -163,9 +168,8 @@ pub(crate) fn plan_drafts<M: BatchModel>(
             proposable,
             may_probe,
         );
-        speculated |= k > 0;
         // Forced tokens are not throttled: they are always accepted.
-        let wanted = k.max(forced).min(cap).min(budget);
+        let wanted = (forced + k).min(cap).min(budget);
         let Some(blocks) = seq.blocks.as_mut().filter(|_| wanted > 0) else {
             continue;
         };
@@ -176,6 +180,7 @@ pub(crate) fn plan_drafts<M: BatchModel>(
         draft.truncate(total);
         budget -= total;
         seq.speculation.forced = forced.min(total);
+        speculated |= total > forced;
         if config.proposer == Proposer::Draft {
             // The draft model writes positions up to `computed + total - 1`: past its context it
             // proposes nothing (forced tokens need no model).
@@ -248,10 +253,10 @@ fn candidate(
     let (proposable, backlog) = match config.proposer {
         Proposer::Draft if has_model => {
             let seen = pool.draft_computed(blocks);
-            (cap, seq.computed.saturating_sub(seen))
+            (cap - forced, seq.computed.saturating_sub(seen))
         }
         Proposer::Draft | Proposer::Off => (0, 0),
-        Proposer::Ngram => (draft.len(), 0),
+        Proposer::Ngram => (draft.len() - forced, 0),
     };
     Some(Candidate {
         seq: id,
@@ -283,10 +288,12 @@ fn choose(
         })
         .collect();
     let plain = decodes - speculating.len();
+    // Forced tokens are verified whatever k is: they are in every size the choice compares.
+    let forced: usize = candidates.iter().map(|c| c.forced).sum();
     let always_right: Vec<(f64, usize)> = speculating.iter().map(|&(_, c)| (1.0, c)).collect();
     (
-        choose_draft_length(&speculating, plain, costs),
-        choose_draft_length(&always_right, plain, costs).k,
+        choose_draft_length(&speculating, plain, forced, costs),
+        choose_draft_length(&always_right, plain, forced, costs).k,
     )
 }
 
@@ -305,15 +312,22 @@ fn sequence_k(
     if k > 0 {
         spec.probe_interval = PROBE_AFTER_STEPS;
     } else if proposable > 0 {
-        if always_right_k == 0 {
-            spec.probe_interval = REMEASURE_AFTER_STEPS;
-        }
-        if may_probe && spec.idle_steps >= spec.probe_interval {
+        // Not even an always-right proposer would pay this step: only the longest interval.
+        let interval = match always_right_k {
+            0 => REMEASURE_AFTER_STEPS,
+            _ => spec.probe_interval,
+        };
+        if may_probe && spec.idle_steps >= interval {
             k = proposable.min(2);
             spec.probe_interval = (spec.probe_interval * 2).min(REMEASURE_AFTER_STEPS);
         }
     }
-    spec.idle_steps = if k == 0 { spec.idle_steps + 1 } else { 0 };
+    // Idle steps count the steps in which the sequence could have proposed and did not.
+    spec.idle_steps = match (k, proposable) {
+        (0, 0) => spec.idle_steps,
+        (0, _) => spec.idle_steps + 1,
+        _ => 0,
+    };
     k
 }
 
@@ -458,12 +472,18 @@ mod tests {
         // Not even an always-right draft would pay: the longest interval at once.
         let mut spec = SequenceSpeculation::new(true);
         assert_eq!(speculating_steps(&mut spec, 300, 0, 0), vec![256]);
-        // Nothing to propose: no probe.
+        // Nothing to propose: no probe, and no idle step counted (a first match is not a probe).
         let mut spec = SequenceSpeculation::new(true);
         let probes: Vec<u32> = (0..20)
             .filter(|_| sequence_k(&mut spec, 0, 3, 0, true) > 0)
             .collect();
         assert!(probes.is_empty());
+        assert_eq!(spec.idle_steps, 0);
+        // The longest interval applies while not even an always-right proposer pays, and the
+        // backoff's own interval again once one would.
+        let mut spec = SequenceSpeculation::new(true);
+        assert_eq!(speculating_steps(&mut spec, 20, 0, 0), Vec::<u32>::new());
+        assert_eq!(speculating_steps(&mut spec, 1, 0, 3), vec![0]);
         // A draft model whose catch-up is costly: no probe.
         let mut spec = SequenceSpeculation::new(true);
         let probes: Vec<u32> = (0..300)
