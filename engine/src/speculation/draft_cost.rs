@@ -107,7 +107,7 @@ pub struct DraftCosts {
     /// over the tokens it has not seen: a prefill), a moving average; `None` before the first.
     pub catch_up_per_token: Option<f64>,
     /// The proposer's per-token acceptance over all sequences, as decayed sums (accepted,
-    /// trials) of [`super::token_trials`]: the rate a sequence is assumed to have before its own
+    /// trials) of [`token_trials`]: the rate a sequence is assumed to have before its own
     /// first verification.
     pub acceptance: (f64, f64),
     /// Decode steps planned since one last proposed anything of the proposer's.
@@ -124,9 +124,9 @@ pub const PRIOR_DECAY: f64 = 0.95;
 pub const PROBE_CATCH_UP_SHARE: f64 = 0.05;
 
 impl DraftCosts {
-    /// Records a verification's [`super::token_trials`] in the worker-wide acceptance.
+    /// Records a verification's [`token_trials`] in the worker-wide acceptance.
     pub fn observe_acceptance(&mut self, proposed: usize, forced: usize, accepted: usize) {
-        if let Some((accepted, trials)) = super::token_trials(proposed, forced, accepted) {
+        if let Some((accepted, trials)) = token_trials(proposed, forced, accepted) {
             let (acc, all) = self.acceptance;
             self.acceptance = (PRIOR_DECAY * acc + accepted, PRIOR_DECAY * all + trials);
         }
@@ -164,6 +164,22 @@ impl DraftCosts {
             Some(m) => (1.0 - CURVE_WEIGHT) * m + CURVE_WEIGHT * per_token.clamp(0.5 * m, 2.0 * m),
         });
     }
+}
+
+/// What a verification of `proposed` tokens, the first `forced` of them forced, the first
+/// `accepted` accepted, says of the proposer's per-token acceptance: (accepted, trials), where
+/// the trials are the proposer's accepted tokens plus one rejection when the verification stopped
+/// at one; `None` when the proposer proposed nothing.
+pub fn token_trials(proposed: usize, forced: usize, accepted: usize) -> Option<(f64, f64)> {
+    let proposer_proposed = proposed.saturating_sub(forced);
+    (proposer_proposed > 0).then(|| {
+        let proposer_accepted = accepted.saturating_sub(forced);
+        let rejected = usize::from(proposer_accepted < proposer_proposed);
+        (
+            proposer_accepted as f64,
+            (proposer_accepted + rejected) as f64,
+        )
+    })
 }
 
 /// Most committed tokens ahead over which a draft model's catch-up is weighed against what

@@ -200,27 +200,11 @@ impl SequenceSpeculation {
         }
         self.draft_tokens += proposed as u64;
         self.accepted_draft_tokens += accepted as u64;
-        if let Some((accepted, trials)) = token_trials(proposed, forced, accepted) {
+        if let Some((accepted, trials)) = draft_cost::token_trials(proposed, forced, accepted) {
             let (acc, all) = self.token_acceptance;
             self.token_acceptance = (0.7 * acc + accepted, 0.7 * all + trials);
         }
     }
-}
-
-/// What a verification of `proposed` tokens, the first `forced` of them forced, the first
-/// `accepted` accepted, says of the proposer's per-token acceptance: (accepted, trials), where
-/// the trials are the proposer's accepted tokens plus one rejection when the verification stopped
-/// at one; `None` when the proposer proposed nothing.
-pub fn token_trials(proposed: usize, forced: usize, accepted: usize) -> Option<(f64, f64)> {
-    let proposer_proposed = proposed.saturating_sub(forced);
-    (proposer_proposed > 0).then(|| {
-        let proposer_accepted = accepted.saturating_sub(forced);
-        let rejected = usize::from(proposer_accepted < proposer_proposed);
-        (
-            proposer_accepted as f64,
-            (proposer_accepted + rejected) as f64,
-        )
-    })
 }
 
 #[cfg(test)]
