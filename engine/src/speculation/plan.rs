@@ -440,16 +440,30 @@ mod tests {
     use super::*;
     use crate::speculation::SequenceSpeculation;
 
-    /// The steps (of `steps`) at which a sequence that may propose 5 tokens speculates, when the
-    /// cost model chooses `step_k` and would choose `always_right_k` for an always-right draft.
+    /// The steps (of `steps`) at which a sequence that may propose 5 tokens, and probe,
+    /// speculates, when the cost model chooses `step_k` and would choose `always_right_k` for an
+    /// always-right draft.
     fn speculating_steps(
         spec: &mut SequenceSpeculation,
         steps: u32,
         step_k: usize,
         always_right_k: usize,
     ) -> Vec<u32> {
+        speculating_steps_with(spec, steps, step_k, always_right_k, 5, true)
+    }
+
+    /// [`speculating_steps`] for a sequence that may propose `proposable` tokens and probe where
+    /// `may_probe`.
+    fn speculating_steps_with(
+        spec: &mut SequenceSpeculation,
+        steps: u32,
+        step_k: usize,
+        always_right_k: usize,
+        proposable: usize,
+        may_probe: bool,
+    ) -> Vec<u32> {
         (0..steps)
-            .filter(|_| sequence_k(spec, step_k, always_right_k, 5, true) > 0)
+            .filter(|_| sequence_k(spec, step_k, always_right_k, proposable, may_probe) > 0)
             .collect()
     }
 
@@ -474,10 +488,7 @@ mod tests {
         assert_eq!(speculating_steps(&mut spec, 300, 0, 0), vec![256]);
         // Nothing to propose: no probe, and no idle step counted (a first match is not a probe).
         let mut spec = SequenceSpeculation::new(true);
-        let probes: Vec<u32> = (0..20)
-            .filter(|_| sequence_k(&mut spec, 0, 3, 0, true) > 0)
-            .collect();
-        assert!(probes.is_empty());
+        assert!(speculating_steps_with(&mut spec, 20, 0, 3, 0, true).is_empty());
         assert_eq!(spec.idle_steps, 0);
         // The longest interval applies while not even an always-right proposer pays, and the
         // backoff's own interval again once one would.
@@ -486,9 +497,6 @@ mod tests {
         assert_eq!(speculating_steps(&mut spec, 1, 0, 3), vec![0]);
         // A draft model whose catch-up is costly: no probe.
         let mut spec = SequenceSpeculation::new(true);
-        let probes: Vec<u32> = (0..300)
-            .filter(|_| sequence_k(&mut spec, 0, 3, 5, false) > 0)
-            .collect();
-        assert!(probes.is_empty());
+        assert!(speculating_steps_with(&mut spec, 300, 0, 3, 5, false).is_empty());
     }
 }
