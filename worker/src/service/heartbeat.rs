@@ -7,15 +7,18 @@
 
 use std::time::Duration;
 
-use futures::Stream;
+use futures::{Stream, StreamExt as _};
 use inference_proto::worker::{worker_message, Heartbeat, WorkerMessage};
 
-/// How often the worker sends a `Heartbeat` on each router stream (the first one after one
-/// interval, so that the prefix cache's snapshot stays the stream's first message).
+/// How often the worker sends a `Heartbeat` on each router stream (the first one right after the
+/// stream's first message, the prefix cache's snapshot, which stays first).
 pub const HEARTBEAT_INTERVAL: Duration = Duration::from_millis(500);
 
-/// The messages of `messages`, with a heartbeat every `every` between them; ends when `messages`
-/// ends.
+/// The messages of `messages`, with a heartbeat right after the first one and then every `every`
+/// between them; ends when `messages` ends. The first heartbeat comes at once because the router
+/// applies its silence limit only to streams that carried one, and a worker whose steps follow
+/// each other without a pause sends no timed heartbeat (a waiting step goes first): without it,
+/// a worker busy from the moment its stream opened would never be taken out when it froze.
 pub fn with_heartbeats(
     messages: impl Stream<Item = WorkerMessage> + Send + 'static,
     every: Duration,
@@ -28,24 +31,31 @@ pub fn with_heartbeats(
         })),
     };
     let messages = Box::pin(messages);
+    // Whether the heartbeat that follows the first message is still to be sent.
+    let first = true;
     futures::stream::unfold(
-        (messages, tick, heartbeat),
-        |(mut messages, mut tick, heartbeat)| async move {
-            use futures::StreamExt as _;
+        (messages, tick, heartbeat, first),
+        |(mut messages, mut tick, heartbeat, mut first)| async move {
             let next = tokio::select! {
                 biased;
                 message = messages.next() => message?,
                 _ = tick.tick() => heartbeat.clone(),
             };
-            Some((next, (messages, tick, heartbeat)))
+            let stream = if std::mem::take(&mut first) {
+                // The first message, then at once a heartbeat.
+                futures::stream::iter(vec![next, heartbeat.clone()])
+            } else {
+                futures::stream::iter(vec![next])
+            };
+            Some((stream, (messages, tick, heartbeat, first)))
         },
     )
+    .flatten()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use futures::StreamExt as _;
     use inference_proto::worker::StepOutput;
 
     fn is_heartbeat(message: &WorkerMessage) -> bool {
@@ -64,9 +74,12 @@ mod tests {
             kind: Some(worker_message::Kind::Step(StepOutput::default())),
         };
         tx.send(step.clone()).unwrap();
-        // The step (the snapshot) comes first, before any heartbeat.
+        // The step (the snapshot) comes first, then at once a heartbeat (which arms the router's
+        // silence limit even if steps never pause).
         let started = std::time::Instant::now();
         assert_eq!(stream.next().await.unwrap(), step);
+        assert!(is_heartbeat(&stream.next().await.unwrap()));
+        assert!(started.elapsed() < every, "the first heartbeat came late");
         // No step (the engine is in a long step): heartbeats, one interval apart at least.
         for n in 1..=4u32 {
             let message = stream.next().await.unwrap();
