@@ -36,30 +36,6 @@ impl AlignedVec {
         }
     }
 
-    /// `len` zeros, from zeroed memory: the pages of a large buffer (a KV
-    /// cache) are only committed when first written, as with `vec![0.0; len]`.
-    pub fn zeroed(len: usize) -> AlignedVec {
-        let lines = len.div_ceil(LINE);
-        if lines == 0 {
-            return AlignedVec::new();
-        }
-        let layout = std::alloc::Layout::array::<Line>(lines).expect("AlignedVec: size overflow");
-        // SAFETY: `layout` has a non-zero size; all-zero bytes are a valid `Line`
-        // (sixteen 0.0 floats); the allocation has `Line`'s size and alignment
-        // for `lines` elements, as `Vec<Line>` requires to own and free it.
-        let lines_vec = unsafe {
-            let ptr = std::alloc::alloc_zeroed(layout).cast::<Line>();
-            if ptr.is_null() {
-                std::alloc::handle_alloc_error(layout);
-            }
-            Vec::from_raw_parts(ptr, lines, lines)
-        };
-        AlignedVec {
-            lines: lines_vec,
-            len,
-        }
-    }
-
     /// Sets the length to `len` floats; new elements are `value`, existing ones are kept.
     pub fn resize(&mut self, len: usize, value: f32) {
         let old = self.len;
@@ -130,11 +106,6 @@ mod tests {
         assert_eq!(&v[..], &[1.5, 1.5, 7.0, 7.0]);
         v.clear();
         assert!(v.is_empty());
-        let z = AlignedVec::zeroed(100_003);
-        assert_eq!(z.len(), 100_003);
-        assert_eq!(z.as_ptr() as usize % 64, 0);
-        assert!(z.iter().all(|&v| v == 0.0));
-        assert!(AlignedVec::zeroed(0).is_empty());
         let mut big = AlignedVec::new();
         big.extend_from_slice(&vec![3.0; 10_000]);
         assert_eq!(big.as_ptr() as usize % 64, 0);

@@ -10,7 +10,7 @@
 //! `block_table[pos / block_size] * block_size + pos % block_size`. Two sequences with a common
 //! prefix can share the blocks holding it by listing the same block ids.
 
-use super::aligned::AlignedVec;
+use super::zeroed::ZeroedPages;
 
 /// Element type of the KV cache (setting `kv_cache_dtype`: `"f32"` or `"f16"`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
@@ -40,16 +40,17 @@ impl KvDtype {
 /// One layer's keys or values for every slot, in the cache's element type.
 #[derive(Debug, Clone)]
 enum Rows {
-    /// 64-byte aligned, so with `kv_dim` and `head_dim` multiples of 16 every head row is.
-    F32(AlignedVec),
-    F16(Vec<half::f16>),
+    /// Page aligned, so with `kv_dim` and `head_dim` multiples of 16 every head row is 64-byte
+    /// aligned.
+    F32(ZeroedPages<f32>),
+    F16(ZeroedPages<half::f16>),
 }
 
 impl Rows {
     fn zeroed(dtype: KvDtype, len: usize) -> Rows {
         match dtype {
-            KvDtype::F32 => Rows::F32(AlignedVec::zeroed(len)),
-            KvDtype::F16 => Rows::F16(vec![half::f16::ZERO; len]),
+            KvDtype::F32 => Rows::F32(ZeroedPages::new(len)),
+            KvDtype::F16 => Rows::F16(ZeroedPages::new(len)),
         }
     }
 

@@ -62,6 +62,7 @@ pub mod pool;
 mod tests;
 mod vexp;
 mod weights;
+mod zeroed;
 
 pub use aligned::AlignedVec;
 pub use attention::{attention, attention_into, AttnOptions, HeadShape, QueryPos};
