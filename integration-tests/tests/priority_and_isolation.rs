@@ -156,9 +156,12 @@ async fn run_as(
 async fn a_priority_request_preempts_a_sheddable_flood_whose_outputs_stay_identical() {
     let s = setup(&["--kv-cache-blocks", "16"]).await;
     let client = s.client().await;
-    // Ten sheddable streams of 12 prompt words + 60 generated tokens (blocks of 16 tokens):
-    // the 16 blocks hold three of them whole, so they fill the cache and queue behind it.
-    let flood: Vec<GenerateRequest> = (0..10).map(|i| words(100 * i, 12, 60)).collect();
+    // Thirty sheddable streams of 12 prompt words + 60 generated tokens (blocks of 16 tokens):
+    // the 16 blocks hold three of them whole, so they fill the cache and queue behind it. Thirty
+    // make a backlog of about ten rounds of 60 steps, so that streams are still waiting when the
+    // priority request arrives even on a loaded machine (with ten, the whole flood sometimes
+    // started before it did).
+    let flood: Vec<GenerateRequest> = (0..30).map(|i| words(100 * i, 12, 60)).collect();
     let mut solo = Vec::new();
     for r in &flood {
         let t = run_as(client.clone(), "sk-batch", r.clone(), Arc::default()).await;
