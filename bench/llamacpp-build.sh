@@ -18,6 +18,15 @@ llamacpp_bin() {
 }
 
 llamacpp_build() {
+  # GGML_NATIVE compiles for the CPU it builds on, and the cache outlives the machine: a build
+  # made on another machine kind (say AVX2 only, when this one has AVX-512 VNNI) would make a weak
+  # anchor or crash, so it is started over when the CPU's model name or SIMD flags differ.
+  local cpu_key
+  cpu_key=$(grep -E '^(model name|flags)' /proc/cpuinfo | sort -u | sha256sum | cut -c1-16)
+  if [[ -d "$llamacpp_build_dir" && "$(cat "$llamacpp_build_dir/.cpu-key" 2>/dev/null)" != "$cpu_key" ]]; then
+    echo "llama.cpp build: made for another CPU (or not recorded); rebuilding for this one" >&2
+    rm -rf "$llamacpp_build_dir"
+  fi
   local missing=() t
   for t in "$@"; do [[ -n "$(llamacpp_bin "$t")" ]] || missing+=("$t"); done
   [[ ${#missing[@]} -gt 0 ]] || return 0
@@ -52,4 +61,5 @@ llamacpp_build() {
   cmake -S "$llama_src" -B "$llamacpp_build_dir" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
     -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DBUILD_SHARED_LIBS=OFF
   cmake --build "$llamacpp_build_dir" --config Release -j "${THREADS:-$(nproc)}" --target "${missing[@]}"
+  echo "$cpu_key" >"$llamacpp_build_dir/.cpu-key"
 }

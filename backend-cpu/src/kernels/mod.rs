@@ -32,10 +32,14 @@
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod blocks512;
 mod dequant;
+mod interleave;
 mod simd_path;
+
+use std::sync::Arc;
 
 use gguf::{GgmlType, MappedBytes};
 
+pub use interleave::{Interleaved8, GROUP_ROWS};
 pub use simd_path::SimdPath;
 
 /// Storage of a [`QMatrix`]: F32 matrices as floats (used in place, so they need `f32` alignment),
@@ -90,6 +94,9 @@ pub struct QMatrix {
     cols: usize,
     row_bytes: usize,
     data: Storage,
+    /// The rows re-laid out for the 8-bit activation kernels ([`Self::interleave`]), shared by
+    /// clones.
+    interleaved: Option<Arc<Interleaved8>>,
 }
 
 impl QMatrix {
@@ -162,6 +169,7 @@ impl QMatrix {
             cols,
             row_bytes,
             data,
+            interleaved: None,
         })
     }
 
@@ -179,6 +187,7 @@ impl QMatrix {
             cols,
             row_bytes: cols * 4,
             data: Storage::F32(data),
+            interleaved: None,
         }
     }
 
@@ -212,6 +221,29 @@ impl QMatrix {
     /// on the heap.
     pub fn is_mapped(&self) -> bool {
         matches!(self.data, Storage::Mapped(_))
+    }
+
+    /// Also keeps a copy of the rows interleaved 8 at a time for the `fast` numerics' integer
+    /// kernels ([`Interleaved8`]: Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0; other formats are left as they are). The
+    /// copy takes [`Self::size_bytes`] more heap (rounded up to whole groups of 8 rows); the
+    /// file's bytes stay for the exact path and embedding lookups.
+    pub fn interleave(&mut self) {
+        if self.interleaved.is_none() {
+            if let Some(bytes) = self.encoded() {
+                self.interleaved =
+                    Interleaved8::new(self.format, self.rows, self.cols, bytes).map(Arc::new);
+            }
+        }
+    }
+
+    /// Drops the copy [`Self::interleave`] made (the `exact` numerics do not read it).
+    pub fn drop_interleaved(&mut self) {
+        self.interleaved = None;
+    }
+
+    /// The interleaved copy, if [`Self::interleave`] made one.
+    pub fn interleaved(&self) -> Option<&Interleaved8> {
+        self.interleaved.as_deref()
     }
 
     /// Rows `r0..r0 + count` as f32 values when the matrix is stored as F32.

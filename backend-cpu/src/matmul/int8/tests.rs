@@ -47,6 +47,17 @@ fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|f| f.to_bits()).collect()
 }
 
+/// `w` and, for the formats that have one, its interleaved copy ([`QMatrix::interleave`]): the
+/// kernels must give the same bits from either.
+fn layouts(w: QMatrix) -> Vec<QMatrix> {
+    let mut il = w.clone();
+    il.interleave();
+    match il.interleaved() {
+        Some(_) => vec![w, il],
+        None => vec![w],
+    }
+}
+
 /// The scalar reference of the whole product, element by element.
 fn reference_matmul(x: &[f32], n: usize, k: usize, w: &QMatrix) -> Vec<f32> {
     let kind = act_blocks(w.format()).unwrap();
@@ -93,13 +104,16 @@ fn every_path_and_format_equals_the_scalar_reference_bitwise() {
                 }
                 let x = data(n * k, (n + k) as u32);
                 let want = reference_matmul(&x, n, k, &w);
-                for &path in &paths {
-                    let got = fast(path, &x, n, k, std::slice::from_ref(&w));
-                    assert_eq!(
-                        bits(&got),
-                        bits(&want),
-                        "{format} {path:?} rows={rows} k={k} n={n}"
-                    );
+                for w in layouts(w.clone()) {
+                    let il = w.interleaved().is_some();
+                    for &path in &paths {
+                        let got = fast(path, &x, n, k, std::slice::from_ref(&w));
+                        assert_eq!(
+                            bits(&got),
+                            bits(&want),
+                            "{format} {path:?} interleaved={il} rows={rows} k={k} n={n}"
+                        );
+                    }
                 }
             }
         }
@@ -117,9 +131,13 @@ fn rows_are_independent_of_their_batch_and_parts() {
             160
         };
         let (n, rows) = (67, 20);
-        let w = matrix(format, rows, k, 7 + i as u64);
+        let plain = matrix(format, rows, k, 7 + i as u64);
         let x = data(n * k, 3);
-        for path in IntPath::available() {
+        for (w, path) in layouts(plain).into_iter().flat_map(|w| {
+            IntPath::available()
+                .into_iter()
+                .map(move |p| (w.clone(), p))
+        }) {
             let batch = fast(path, &x, n, k, std::slice::from_ref(&w));
             for t in [0, 1, 5, 33, 66] {
                 let solo = fast(path, &x[t * k..(t + 1) * k], 1, k, std::slice::from_ref(&w));
@@ -131,10 +149,13 @@ fn rows_are_independent_of_their_batch_and_parts() {
             }
             // Rows 0..8 and 8..20 as two parts.
             let bytes = |r0: usize, r1: usize| w.rows_encoded(r0, r1 - r0).to_vec();
-            let parts = [
+            let mut parts = [
                 QMatrix::from_bytes(format, 8, k, &bytes(0, 8)).unwrap(),
                 QMatrix::from_bytes(format, 12, k, &bytes(8, 20)).unwrap(),
             ];
+            if w.interleaved().is_some() {
+                parts.iter_mut().for_each(QMatrix::interleave);
+            }
             assert_eq!(
                 bits(&fast(path, &x, n, k, &parts)),
                 bits(&batch),

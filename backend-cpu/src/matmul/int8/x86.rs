@@ -21,6 +21,7 @@
 //! 2 · 128 · 127 = 32 512 < 2¹⁵.
 
 mod codes;
+mod interleaved;
 mod mac;
 mod per_row;
 
@@ -30,6 +31,8 @@ use super::acts::QRow;
 use super::reference::{term_k, Fmt32, FmtK, KMeta};
 use codes::codes32;
 use mac::{Avx2Mac, Mac, VnniMac};
+
+pub(super) use interleaved::{interleaved_avx2, interleaved_vnni};
 
 /// Sum of the 8 i32 lanes (exact).
 #[inline(always)]
@@ -73,41 +76,63 @@ unsafe fn transpose8(v: [__m256i; 8]) -> [__m256i; 8] {
     ]
 }
 
-/// `nrows` (1..=8) weight rows of a 32-block format `f` (`nb` blocks each, `rb` bytes apart
-/// from `rows`) against `T` activation rows: lane `r` of entry `t` is `Σ W_r · x_t`. Each block
-/// of the 8 rows is decoded and transposed once, then per token its exact integer sums land in
-/// lane `r`, and the block's term ([`super::reference::term32`], lane-wise) is added to
-/// accumulator `b % 8` in increasing block order, the 8 reduced at the end as
-/// [`super::reference::reduce8`] does. Lanes of missing rows are garbage.
-#[inline(always)]
-unsafe fn tile32<M: Mac, const T: usize>(
+/// Where [`tile32`] gets 8 weight rows' blocks: the file's row-major blocks decoded and
+/// transposed per block ([`RowMajor`]), or the load-time layout that is already transposed
+/// ([`interleaved::Tiles`]).
+trait Tile8 {
+    /// Block `b` of the 8 rows: the raw codes transposed (vector `i` holds, in lane `r`, dword
+    /// `i` of row `r`'s 32 codes in element order; Q8_0's signed), then the rows' `d` and (formats
+    /// with a minimum) `m` as f32 lanes.
+    unsafe fn block(&self, b: usize) -> ([__m256i; 8], __m256, __m256);
+}
+
+/// `nrows` (1..=8) rows of a 32-block format in the file's layout, `rb` bytes apart from `rows`.
+struct RowMajor {
     f: Fmt32,
     rows: *const u8,
     rb: usize,
     nrows: usize,
-    xs: &[QRow<'_>; T],
-    nb: usize,
-) -> [__m256; T] {
-    let bytes = f.bytes();
-    let signed = f == Fmt32::Q8_0;
-    let offset = if signed { M::Q8_OFFSET } else { f.offset() };
-    // Block `b` into accumulator `b % 8` of each token, as the reference's lanes.
-    let mut acc = [[_mm256_setzero_ps(); 8]; T];
-    for b in 0..nb {
+}
+
+impl Tile8 for RowMajor {
+    #[inline(always)]
+    unsafe fn block(&self, b: usize) -> ([__m256i; 8], __m256, __m256) {
+        let f = self.f;
         let mut codes = [_mm256_setzero_si256(); 8];
         let (mut dh, mut mh) = ([0u16; 8], [0u16; 8]);
-        for r in 0..nrows {
-            let p = rows.add(r * rb + b * bytes);
+        for r in 0..self.nrows {
+            let p = self.rows.add(r * self.rb + b * f.bytes());
             dh[r] = std::ptr::read_unaligned(p as *const u16);
             if f.has_min() {
                 mh[r] = std::ptr::read_unaligned(p.add(2) as *const u16);
             }
             codes[r] = codes32(f, p);
         }
-        let raw = transpose8(codes);
-        let u = M::prep(signed, raw);
         let dw = _mm256_cvtph_ps(_mm_loadu_si128(dh.as_ptr() as *const __m128i));
         let mw = _mm256_cvtph_ps(_mm_loadu_si128(mh.as_ptr() as *const __m128i));
+        (transpose8(codes), dw, mw)
+    }
+}
+
+/// 8 weight rows of a 32-block format `f` (`nb` blocks each, from `src`) against `T` activation
+/// rows: lane `r` of entry `t` is `Σ W_r · x_t`. Per token, block `b`'s exact integer sums land
+/// in lane `r`, and the block's term ([`super::reference::term32`], lane-wise) is added to
+/// accumulator `b % 8` in increasing block order, the 8 reduced at the end as
+/// [`super::reference::reduce8`] does. Lanes of missing rows are garbage.
+#[inline(always)]
+unsafe fn tile32<M: Mac, S: Tile8, const T: usize>(
+    f: Fmt32,
+    src: &S,
+    xs: &[QRow<'_>; T],
+    nb: usize,
+) -> [__m256; T] {
+    let signed = f == Fmt32::Q8_0;
+    let offset = if signed { M::Q8_OFFSET } else { f.offset() };
+    // Block `b` into accumulator `b % 8` of each token, as the reference's lanes.
+    let mut acc = [[_mm256_setzero_ps(); 8]; T];
+    for b in 0..nb {
+        let (raw, dw, mw) = src.block(b);
+        let u = M::prep(signed, raw);
         for t in 0..T {
             let x = xs[t];
             let mut s = M::dot8(&u, &raw, signed, x.qs.as_ptr().add(32 * b));
@@ -133,6 +158,18 @@ unsafe fn tile32<M: Mac, const T: usize>(
     out
 }
 
+/// Lanes `0..o.len()` of each token's `acc` into the rows `o` (`o[r][t]` = lane `r` of `acc[t]`).
+#[inline(always)]
+unsafe fn store_lanes<const T: usize>(acc: &[__m256; T], o: &mut [[f32; T]]) {
+    for t in 0..T {
+        let mut lanes = [0.0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), acc[t]);
+        for (r, o) in o.iter_mut().enumerate() {
+            o[t] = lanes[r];
+        }
+    }
+}
+
 /// Every row of `rows` (`out.len()` rows of `rb` bytes, format `f`, `nb` blocks) against `xs`
 /// through [`tile32`], 8 rows at a time, or for tiles of fewer than 4 tokens one row at a time
 /// through [`per_row::row32`] (the same bits).
@@ -152,20 +189,25 @@ unsafe fn rows32<M: Mac, const T: usize>(
         return;
     }
     for (c, o) in out.chunks_mut(8).enumerate() {
-        let p = rows.as_ptr().add(8 * c * rb);
+        let rows = rows.as_ptr().add(8 * c * rb);
         // A constant 8 unrolls the decoding loop (codes and scales in registers).
         let acc = if o.len() == 8 {
-            tile32::<M, T>(f, p, rb, 8, &xs, nb)
+            tile32::<M, RowMajor, T>(
+                f,
+                &RowMajor {
+                    f,
+                    rows,
+                    rb,
+                    nrows: 8,
+                },
+                &xs,
+                nb,
+            )
         } else {
-            tile32::<M, T>(f, p, rb, o.len(), &xs, nb)
+            let nrows = o.len();
+            tile32::<M, RowMajor, T>(f, &RowMajor { f, rows, rb, nrows }, &xs, nb)
         };
-        for t in 0..T {
-            let mut lanes = [0.0f32; 8];
-            _mm256_storeu_ps(lanes.as_mut_ptr(), acc[t]);
-            for (r, o) in o.iter_mut().enumerate() {
-                o[t] = lanes[r];
-            }
-        }
+        store_lanes(&acc, o);
     }
 }
 

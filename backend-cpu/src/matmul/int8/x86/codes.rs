@@ -6,7 +6,7 @@ use super::super::reference::Fmt32;
 
 /// 32 bytes, `0xFF` where bit `i` of `bits` is set (ggml's `bytes_from_bits_32`).
 #[inline(always)]
-unsafe fn bytes_from_bits(bits: u32) -> __m256i {
+pub(super) unsafe fn bytes_from_bits(bits: u32) -> __m256i {
     let v = _mm256_set1_epi32(bits as i32);
     let shuf = _mm256_setr_epi64x(
         0x0000_0000_0000_0000,
