@@ -131,28 +131,38 @@ fn dequantize_k4_k5(block: &[u8], qh: Option<&[u8]>, qs: &[u8], out: &mut [f32])
     }
 }
 
+/// The 256 six-bit codes (0..=63, before ggml's `- 32`) of a 210-byte `Q6_K` super-block, in
+/// element order: element `128h + 32k + l` (half `h`, quarter `k`, `l < 32`) takes its low 4 bits
+/// from `ql[64h + l + 32 (k & 1)]` (low nibble for `k < 2`, high for `k >= 2`) and its top 2
+/// bits from bits `2k..2k + 2` of `qh[32h + l]` (ggml's `dequantize_row_q6_K`).
+///
+/// Panics if `block` is shorter than 210 bytes.
+pub fn q6_k_codes(block: &[u8]) -> [u8; 256] {
+    let mut c = [0u8; 256];
+    for h in 0..2 {
+        let ql = &block[64 * h..64 * h + 64];
+        let qh = &block[128 + 32 * h..128 + 32 * h + 32];
+        let y = &mut c[128 * h..128 * h + 128];
+        for l in 0..32 {
+            y[l] = (ql[l] & 0x0F) | ((qh[l] & 3) << 4);
+            y[l + 32] = (ql[l + 32] & 0x0F) | (((qh[l] >> 2) & 3) << 4);
+            y[l + 64] = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
+            y[l + 96] = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
+        }
+    }
+    c
+}
+
 /// Decodes one 210-byte `Q6_K` super-block into `out[..256]`.
 ///
 /// Panics if `block` is shorter than 210 bytes or `out` than 256 values.
 pub fn dequantize_block_q6_k(block: &[u8], out: &mut [f32]) {
     let d = f16_at(block, 208);
-    for half in 0..2 {
-        let ql = &block[64 * half..64 * half + 64];
-        let qh = &block[128 + 32 * half..128 + 32 * half + 32];
-        let sc = &block[192 + 8 * half..192 + 8 * half + 8];
-        let y = &mut out[128 * half..128 * half + 128];
-        let scale = |i: usize| d * (sc[i] as i8) as f32;
-        for l in 0..32 {
-            let is = l / 16;
-            let q1 = ((ql[l] & 0x0F) | ((qh[l] & 3) << 4)) as i32 - 32;
-            let q2 = ((ql[l + 32] & 0x0F) | (((qh[l] >> 2) & 3) << 4)) as i32 - 32;
-            let q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) as i32 - 32;
-            let q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i32 - 32;
-            y[l] = scale(is) * q1 as f32;
-            y[l + 32] = scale(is + 2) * q2 as f32;
-            y[l + 64] = scale(is + 4) * q3 as f32;
-            y[l + 96] = scale(is + 6) * q4 as f32;
-        }
+    let codes = q6_k_codes(block);
+    // Element e has scale (sub-block of 16) e / 16.
+    for (e, (y, &c)) in out[..256].iter_mut().zip(&codes).enumerate() {
+        let scale = d * (block[192 + e / 16] as i8) as f32;
+        *y = scale * (i32::from(c) - 32) as f32;
     }
 }
 

@@ -1,4 +1,5 @@
-//! Weights of the 32-value block formats Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 re-laid out for the 8-bit activation
+//! Weights of the 32-value block formats Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 (and the k-quants Q4_K
+//! and Q6_K, [`KLayout`]) re-laid out for the 8-bit activation
 //! kernels of `fast` numerics: 8 rows interleaved per block, so that one 32-byte load holds the
 //! same 4 codes of 8 rows ([`Interleaved8`]).
 //!
@@ -93,10 +94,108 @@ fn parts(format: GgmlType) -> Option<BlockParts> {
     })
 }
 
+/// The k-quant layouts (super-blocks of 256 values; tile = 8 rows × one super-block):
+///
+/// - Q4_K (1,184 bytes, 8 × 144 + 32): `d` and `dmin` of the 8 rows (f16, 16 bytes each); the
+///   6-bit scales then the mins of the 8 sub-blocks of 32 as bytes `[j][r]` (64 bytes each); the
+///   nibble bytes in 32 chunks of 32, chunk `8c + i` holding in lane `r` the bytes
+///   `32c + 4i..32c + 4i + 4` of row `r`'s 128 (low nibbles: elements `64c + 4i..`, sub-block
+///   `2c`; high nibbles: elements `64c + 32 + 4i..`, sub-block `2c + 1`).
+/// - Q6_K (2,192 bytes, 8 × 210 + 512): `d` of the 8 rows (f16, 16 bytes); the signed scales of
+///   the 16 sub-blocks of 16 as bytes `[g][r]` (128 bytes); the 6-bit codes decoded to bytes
+///   ([`gguf::kquant::q6_k_codes`]) in 64 chunks of 32, chunk `i` holding in lane `r` elements
+///   `4i..4i + 4` of row `r`. Decoded codes cost 30 % more bytes than the file's, for these
+///   tensors only, and save the kernel the 6-bit unpacking.
+#[derive(Debug, Clone, Copy)]
+enum KLayout {
+    Q4K,
+    Q6K,
+}
+
+impl KLayout {
+    fn of(format: GgmlType) -> Option<KLayout> {
+        match format {
+            GgmlType::Q4_K => Some(KLayout::Q4K),
+            GgmlType::Q6_K => Some(KLayout::Q6K),
+            _ => None,
+        }
+    }
+
+    /// (file bytes per super-block, tile bytes)
+    fn sizes(self) -> (usize, usize) {
+        match self {
+            KLayout::Q4K => (144, 1184),
+            KLayout::Q6K => (210, 2192),
+        }
+    }
+
+    /// Row `r`'s super-block `block` into `tile`.
+    fn put(self, block: &[u8], r: usize, tile: &mut [u8]) {
+        // Lane r of 32-byte chunk i (at `at`) gets `bytes`.
+        let lane = |tile: &mut [u8], at: usize, i: usize, bytes: &[u8]| {
+            tile[at + 32 * i + 4 * r..at + 32 * i + 4 * r + 4].copy_from_slice(bytes);
+        };
+        match self {
+            KLayout::Q4K => {
+                tile[2 * r..2 * r + 2].copy_from_slice(&block[0..2]);
+                tile[16 + 2 * r..18 + 2 * r].copy_from_slice(&block[2..4]);
+                for j in 0..8 {
+                    let (sc, mn) = gguf::kquant::scale_min_k4(j, &block[4..16]);
+                    tile[32 + 8 * j + r] = sc;
+                    tile[96 + 8 * j + r] = mn;
+                }
+                for i in 0..32 {
+                    lane(tile, 160, i, &block[16 + 4 * i..20 + 4 * i]);
+                }
+            }
+            KLayout::Q6K => {
+                tile[2 * r..2 * r + 2].copy_from_slice(&block[208..210]);
+                for g in 0..16 {
+                    tile[16 + 8 * g + r] = block[192 + g];
+                }
+                let codes = gguf::kquant::q6_k_codes(block);
+                for i in 0..64 {
+                    lane(tile, 144, i, &codes[4 * i..4 * i + 4]);
+                }
+            }
+        }
+    }
+
+    fn interleave(
+        self,
+        format: GgmlType,
+        rows: usize,
+        cols: usize,
+        encoded: &[u8],
+    ) -> Interleaved8 {
+        let (bytes, tile_bytes) = self.sizes();
+        assert!(cols.is_multiple_of(256), "interleave: partial super-block");
+        let nb = cols / 256;
+        let row_bytes = nb * bytes;
+        assert_eq!(encoded.len(), rows * row_bytes, "interleave: wrong size");
+        let groups = rows.div_ceil(GROUP_ROWS);
+        let mut out = vec![0u8; groups * nb * tile_bytes];
+        for (g, group) in out.chunks_exact_mut(nb * tile_bytes).enumerate() {
+            for (b, tile) in group.chunks_exact_mut(tile_bytes).enumerate() {
+                for r in 0..(rows - GROUP_ROWS * g).min(GROUP_ROWS) {
+                    let at = (GROUP_ROWS * g + r) * row_bytes + b * bytes;
+                    self.put(&encoded[at..at + bytes], r, tile);
+                }
+            }
+        }
+        Interleaved8 {
+            format,
+            bytes: out,
+            nb,
+            tile_bytes,
+        }
+    }
+}
+
 impl Interleaved8 {
-    /// Whether `format` has an interleaved layout (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0).
+    /// Whether `format` has an interleaved layout (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K).
     pub fn supports(format: GgmlType) -> bool {
-        parts(format).is_some()
+        parts(format).is_some() || matches!(format, GgmlType::Q4_K | GgmlType::Q6_K)
     }
 
     /// The `rows` encoded rows `encoded` (each `cols / 32` blocks of `format`) interleaved, or
@@ -104,6 +203,9 @@ impl Interleaved8 {
     ///
     /// Panics if `encoded` is not `rows` whole rows of `cols` values.
     pub fn new(format: GgmlType, rows: usize, cols: usize, encoded: &[u8]) -> Option<Interleaved8> {
+        if let Some(k) = KLayout::of(format) {
+            return Some(k.interleave(format, rows, cols, encoded));
+        }
         let p = parts(format)?;
         assert!(cols.is_multiple_of(32), "interleave: partial block");
         let nb = cols / 32;
@@ -155,12 +257,13 @@ impl Interleaved8 {
         self.format
     }
 
-    /// Bytes of one tile (8 rows × one block): 8 times the format's block.
+    /// Bytes of one tile (8 rows × one block): 8 times the format's block (more for the
+    /// k-quants, see [`KLayout`]).
     pub fn tile_bytes(&self) -> usize {
         self.tile_bytes
     }
 
-    /// Blocks per row.
+    /// Blocks (super-blocks for the k-quants) per row.
     pub fn blocks(&self) -> usize {
         self.nb
     }
@@ -236,6 +339,54 @@ mod tests {
                 }
             }
         }
-        assert!(Interleaved8::new(GgmlType::Q4_K, 1, 256, &[0; 144]).is_none());
+        assert!(Interleaved8::new(GgmlType::Q5_K, 1, 256, &[0; 176]).is_none());
+    }
+
+    /// The k-quant tiles: each row's scales, mins and codes where [`KLayout`] says.
+    #[test]
+    fn k_quant_tiles_hold_each_rows_constants_and_codes() {
+        let (rows, cols) = (9, 512);
+        for format in [GgmlType::Q4_K, GgmlType::Q6_K] {
+            let encoded = gguf::testing::random_encoding(format, rows * cols, 8);
+            let il = Interleaved8::new(format, rows, cols, &encoded).unwrap();
+            let (bytes, tb) = KLayout::of(format).unwrap().sizes();
+            assert_eq!(il.size_bytes(), 2 * 2 * tb);
+            for row in 0..16 {
+                let (g, r) = (row / 8, row % 8);
+                for b in 0..2 {
+                    let tile = &il.groups(g, 1)[b * tb..(b + 1) * tb];
+                    let lane =
+                        |at: usize, i: usize| &tile[at + 32 * i + 4 * r..at + 32 * i + 4 * r + 4];
+                    let Some(block) =
+                        (row < rows).then(|| &encoded[(row * 2 + b) * bytes..][..bytes])
+                    else {
+                        let codes_at = if format == GgmlType::Q4_K { 160 } else { 144 };
+                        assert_eq!(lane(codes_at, 1), [0; 4], "padding row {row}");
+                        assert_eq!(&tile[2 * r..2 * r + 2], [0; 2], "padding row {row}");
+                        continue;
+                    };
+                    if format == GgmlType::Q4_K {
+                        assert_eq!(&tile[2 * r..2 * r + 2], &block[0..2]);
+                        assert_eq!(&tile[16 + 2 * r..18 + 2 * r], &block[2..4]);
+                        for j in 0..8 {
+                            let (sc, mn) = gguf::kquant::scale_min_k4(j, &block[4..16]);
+                            assert_eq!((tile[32 + 8 * j + r], tile[96 + 8 * j + r]), (sc, mn));
+                        }
+                        for i in 0..32 {
+                            assert_eq!(lane(160, i), &block[16 + 4 * i..20 + 4 * i]);
+                        }
+                    } else {
+                        assert_eq!(&tile[2 * r..2 * r + 2], &block[208..210]);
+                        let codes = gguf::kquant::q6_k_codes(block);
+                        for i in 0..64 {
+                            assert_eq!(lane(144, i), &codes[4 * i..4 * i + 4]);
+                        }
+                        for g in 0..16 {
+                            assert_eq!(tile[16 + 8 * g + r], block[192 + g]);
+                        }
+                    }
+                }
+            }
+        }
     }
 }

@@ -177,25 +177,23 @@ fn rows_t<const T: usize>(
     }
 }
 
-/// [`rows_t`] for rows interleaved at load time ([`Interleaved8`]): `out.len()` rows from the
-/// groups `tiles` of format `f` (`nb` blocks per row). SIMD paths only (the portable one reads
-/// the row-major bytes).
+/// [`rows_t`] for rows interleaved at load time ([`Interleaved8`]): `out.len()` rows from group
+/// `g0` on. SIMD paths only (the portable one reads the row-major bytes).
 #[inline(always)]
 fn interleaved_t<const T: usize>(
     path: IntPath,
-    f: Fmt32,
     il: &Interleaved8,
     g0: usize,
     xs: [QRow<'_>; T],
     out: &mut [[f32; T]],
 ) {
     let tiles = il.groups(g0, out.len().div_ceil(GROUP_ROWS));
-    let (tile_bytes, nb) = (il.tile_bytes(), il.blocks());
+    let (f, tile_bytes, nb) = (il.format(), il.tile_bytes(), il.blocks());
     match path {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Avx2` comes only from `IntPath::available`, which detected AVX2, FMA and F16C;
-        // `tiles` holds the groups of `out`'s rows and `xs` were quantized from rows of
-        // `32 * nb` values.
+        // `tiles` holds the groups of `out`'s rows and `xs` were quantized from rows of `nb`
+        // blocks of the format.
         IntPath::Avx2 => unsafe { x86::interleaved_avx2::<T>(f, tiles, tile_bytes, nb, xs, out) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above, after detecting AVX-512F/BW/VL/VNNI.
@@ -226,31 +224,34 @@ fn token_tile<const T: usize>(
     let xs: [QRow<'_>; T] = std::array::from_fn(|i| x.row(t0 + i));
     let mut buf = [[0.0f32; T]; CHUNK_R];
     // The interleaved copy where there is one (SIMD paths; the portable one is the reference).
-    let interleaved = match (w.interleaved(), Fmt32::of(w.format())) {
-        (Some(il), Some(f)) if path != IntPath::Portable => Some((il, f)),
-        _ => None,
-    };
+    let interleaved = w.interleaved().filter(|_| path != IntPath::Portable);
     let mut r = cols.start;
     while r < cols.end {
         let count = (cols.end - r).min(CHUNK_R);
         match interleaved {
-            Some((il, f)) => {
+            Some(il) => {
                 // Tasks and sweeps start at multiples of CHUNK_R, a multiple of the group.
                 assert!(
                     (r0 + r).is_multiple_of(GROUP_ROWS),
                     "int8: row not at a group"
                 );
                 let g0 = (r0 + r) / GROUP_ROWS;
-                interleaved_t::<T>(path, f, il, g0, xs, &mut buf[..count]);
+                interleaved_t::<T>(path, il, g0, xs, &mut buf[..count]);
             }
             None => {
                 let rows = w.rows_encoded(r0 + r, count);
                 rows_t::<T>(path, w.format(), rows, xs, w.cols(), &mut buf[..count]);
             }
         }
-        for (i, v) in buf[..count].iter().enumerate() {
-            let col: [[f32; 1]; T] = std::array::from_fn(|t| [v[t]]);
-            out.put(t0, r + i, &col);
+        if count == CHUNK_R {
+            // One bounds check and T contiguous runs of CHUNK_R outputs.
+            let tile: [[f32; CHUNK_R]; T] = std::array::from_fn(|t| buf.map(|v| v[t]));
+            out.put(t0, r, &tile);
+        } else {
+            for (i, v) in buf[..count].iter().enumerate() {
+                let col: [[f32; 1]; T] = std::array::from_fn(|t| [v[t]]);
+                out.put(t0, r + i, &col);
+            }
         }
         r += count;
     }

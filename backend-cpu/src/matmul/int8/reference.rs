@@ -7,7 +7,7 @@
 //! lane `b % 8`, in increasing `b`) reduced by [`reduce8`]; super-blocks of 256 accumulate in one
 //! sequential sum.
 
-use gguf::kquant::scale_min_k4;
+use gguf::kquant::{q6_k_codes, scale_min_k4};
 use gguf::GgmlType;
 
 use super::acts::QRow;
@@ -267,16 +267,8 @@ fn codes_k(f: FmtK, block: &[u8]) -> [i32; 256] {
             }
         }
         FmtK::Q6K => {
-            for h in 0..2 {
-                let ql = &block[64 * h..64 * h + 64];
-                let qh = &block[128 + 32 * h..128 + 32 * h + 32];
-                let y = &mut c[128 * h..128 * h + 128];
-                for l in 0..32 {
-                    y[l] = i32::from((ql[l] & 0x0F) | ((qh[l] & 3) << 4));
-                    y[l + 32] = i32::from((ql[l + 32] & 0x0F) | (((qh[l] >> 2) & 3) << 4));
-                    y[l + 64] = i32::from((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
-                    y[l + 96] = i32::from((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
-                }
+            for (v, q) in c.iter_mut().zip(q6_k_codes(block)) {
+                *v = i32::from(q);
             }
         }
     }

@@ -83,7 +83,7 @@ trait Tile8 {
     /// Block `b` of the 8 rows: the raw codes transposed (vector `i` holds, in lane `r`, dword
     /// `i` of row `r`'s 32 codes in element order; Q8_0's signed), then the rows' `d` and (formats
     /// with a minimum) `m` as f32 lanes.
-    unsafe fn block(&self, b: usize) -> ([__m256i; 8], __m256, __m256);
+    unsafe fn block<M: Mac>(&self, b: usize) -> ([__m256i; 8], __m256, __m256);
 }
 
 /// `nrows` (1..=8) rows of a 32-block format in the file's layout, `rb` bytes apart from `rows`.
@@ -96,7 +96,7 @@ struct RowMajor {
 
 impl Tile8 for RowMajor {
     #[inline(always)]
-    unsafe fn block(&self, b: usize) -> ([__m256i; 8], __m256, __m256) {
+    unsafe fn block<M: Mac>(&self, b: usize) -> ([__m256i; 8], __m256, __m256) {
         let f = self.f;
         let mut codes = [_mm256_setzero_si256(); 8];
         let (mut dh, mut mh) = ([0u16; 8], [0u16; 8]);
@@ -131,7 +131,7 @@ unsafe fn tile32<M: Mac, S: Tile8, const T: usize>(
     // Block `b` into accumulator `b % 8` of each token, as the reference's lanes.
     let mut acc = [[_mm256_setzero_ps(); 8]; T];
     for b in 0..nb {
-        let (raw, dw, mw) = src.block(b);
+        let (raw, dw, mw) = src.block::<M>(b);
         let u = M::prep(signed, raw);
         for t in 0..T {
             let x = xs[t];

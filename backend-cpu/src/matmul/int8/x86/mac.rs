@@ -3,6 +3,8 @@
 
 use std::arch::x86_64::*;
 
+use super::codes::bytes_from_bits;
+
 /// The integer products of a tile of 8 weight rows (lane `r` = row `r`) with one activation
 /// block, for the transposed codes of [`super::transpose8`].
 pub(super) trait Mac {
@@ -18,6 +20,14 @@ pub(super) trait Mac {
     /// `Q8_OFFSET · Σ x` for Q8_0; exact. Codes are below 32 unless `signed`, so 4 `vpmaddubsw`
     /// pairs of sums (each at most 2 · 31 · 127) add in i16 without overflow.
     unsafe fn dot8(u: &[__m256i; 8], raw: &[__m256i; 8], signed: bool, xq: *const i8) -> __m256i;
+
+    /// `0x10` in each byte `j` of the result whose bit `j` of `bits` is set, else 0 (a 5-bit
+    /// format's fifth bits as code bytes).
+    unsafe fn fifth_bits(bits: u32) -> __m256i;
+
+    /// `acc + Σ_j u_r[j] · x[j]` per dword lane `r` (the 4 bytes of `u`'s lane against the
+    /// activation dword at `xq`, broadcast; exact for codes up to 63).
+    unsafe fn mac1(acc: __m256i, u: __m256i, xq: *const i8) -> __m256i;
 
     /// Lane partial sums of `u[i] * x[i]` (`u` unsigned, `x` signed bytes; exact, which lane holds
     /// which partial differs between implementations, the total does not).
@@ -48,6 +58,18 @@ impl Mac for Avx2Mac {
         } else {
             raw
         }
+    }
+
+    #[inline(always)]
+    unsafe fn fifth_bits(bits: u32) -> __m256i {
+        _mm256_and_si256(bytes_from_bits(bits), _mm256_set1_epi8(0x10))
+    }
+
+    #[inline(always)]
+    unsafe fn mac1(acc: __m256i, u: __m256i, xq: *const i8) -> __m256i {
+        // A `vpmaddubsw` pair is at most 2 · 63 · 127 < 2¹⁵: no saturation.
+        let p = _mm256_maddubs_epi16(u, bcast(xq, 0));
+        _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)))
     }
 
     #[inline(always)]
@@ -94,6 +116,17 @@ impl Mac for VnniMac {
         } else {
             raw
         }
+    }
+
+    #[inline(always)]
+    unsafe fn fifth_bits(bits: u32) -> __m256i {
+        // AVX-512BW/VL: the mask selects bytes directly.
+        _mm256_maskz_mov_epi8(bits, _mm256_set1_epi8(0x10))
+    }
+
+    #[inline(always)]
+    unsafe fn mac1(acc: __m256i, u: __m256i, xq: *const i8) -> __m256i {
+        _mm256_dpbusd_epi32(acc, u, bcast(xq, 0))
     }
 
     #[inline(always)]
