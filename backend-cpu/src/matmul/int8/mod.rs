@@ -224,7 +224,9 @@ fn token_tile<const T: usize>(
     let xs: [QRow<'_>; T] = std::array::from_fn(|i| x.row(t0 + i));
     let mut buf = [[0.0f32; T]; CHUNK_R];
     // The interleaved copy where there is one (SIMD paths; the portable one is the reference).
-    let interleaved = w.interleaved().filter(|_| path != IntPath::Portable);
+    let interleaved = w.interleaved().filter(|_| {
+        path == IntPath::Vnni || (path == IntPath::Avx2 && (T < 4 || w.format() != GgmlType::Q8_0))
+    });
     let mut r = cols.start;
     while r < cols.end {
         let count = (cols.end - r).min(CHUNK_R);
