@@ -2,6 +2,11 @@
 //! block-quantized weights with 8-bit activations and integer dot products, as llama.cpp's CPU
 //! kernels do (`ggml_vec_dot_q4_1_q8_1`, `ggml_vec_dot_q4_K_q8_K`, ...), but batch invariant.
 //!
+//! Weights: [`crate::CpuModel::with_numerics`] keeps a copy of every block-format matrix but
+//! Q5_K interleaved 8 rows per block ([`crate::kernels::Interleaved8`]), which the SIMD kernels
+//! read ([`x86`]); the file's row-major bytes serve the portable path (the reference) and any
+//! matrix without the copy. Either layout gives the same bits.
+//!
 //! Each step's activation rows are quantized once per matmul call ([`acts`]): in blocks of 32 for
 //! Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 weights (an f32 scale, the block's integer sum and the scale
 //! times it), in blocks of 256 with per-16 sums for Q4_K, Q5_K and Q6_K. A call covers every part
@@ -184,7 +189,7 @@ fn interleaved_t<const T: usize>(
     path: IntPath,
     il: &Interleaved8,
     g0: usize,
-    xs: [QRow<'_>; T],
+    xs: &[QRow<'_>; T],
     out: &mut [[f32; T]],
 ) {
     let tiles = il.groups(g0, out.len().div_ceil(GROUP_ROWS));
@@ -223,7 +228,9 @@ fn token_tile<const T: usize>(
 ) {
     let xs: [QRow<'_>; T] = std::array::from_fn(|i| x.row(t0 + i));
     let mut buf = [[0.0f32; T]; CHUNK_R];
-    // The interleaved copy where there is one (SIMD paths; the portable one is the reference).
+    // The interleaved copy where there is one (SIMD paths; the portable one is the reference),
+    // except for Q8_0 tiles of 4+ tokens on AVX2, where the row-major kernel measured 10 % faster
+    // at 32 streams (16 vector registers; BENCHMARKS.md, 2026-12-06).
     let interleaved = w.interleaved().filter(|_| {
         path == IntPath::Vnni || (path == IntPath::Avx2 && (T < 4 || w.format() != GgmlType::Q8_0))
     });
@@ -238,7 +245,7 @@ fn token_tile<const T: usize>(
                     "int8: row not at a group"
                 );
                 let g0 = (r0 + r) / GROUP_ROWS;
-                interleaved_t::<T>(path, il, g0, xs, &mut buf[..count]);
+                interleaved_t::<T>(path, il, g0, &xs, &mut buf[..count]);
             }
             None => {
                 let rows = w.rows_encoded(r0 + r, count);
@@ -247,7 +254,12 @@ fn token_tile<const T: usize>(
         }
         if count == CHUNK_R {
             // One bounds check and T contiguous runs of CHUNK_R outputs.
-            let tile: [[f32; CHUNK_R]; T] = std::array::from_fn(|t| buf.map(|v| v[t]));
+            let mut tile = [[0.0f32; CHUNK_R]; T];
+            for (i, v) in buf.iter().enumerate() {
+                for t in 0..T {
+                    tile[t][i] = v[t];
+                }
+            }
             out.put(t0, r, &tile);
         } else {
             for (i, v) in buf[..count].iter().enumerate() {

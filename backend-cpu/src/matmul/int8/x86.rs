@@ -2,6 +2,11 @@
 //! the fast path: one weight row against `T` quantized activation rows, bitwise equal to
 //! [`super::reference`].
 //!
+//! Weights interleaved at load time ([`interleaved`], every format but Q5_K, every tile height):
+//! the [`tile32`] arithmetic below on codes and scales loaded already transposed, and for Q4_K
+//! and Q6_K a lane-wise super-block kernel. The row-major kernels that follow serve matrices
+//! without the interleaved copy (and AVX2's Q8_0 tiles of 4+ tokens).
+//!
 //! Blocks of 32, tiles of 4 or more tokens ([`tile32`], prefill and batched decode): 8 weight
 //! rows' block `b` is decoded once into 8 vectors of 32 codes and transposed (an 8 × 8 dword
 //! transpose), so that vector `i` holds elements `4i..4i + 4` of each row, lane `r` = row `r`;

@@ -70,7 +70,7 @@ unsafe fn rows<M: Mac, const T: usize>(
     tiles: &[u8],
     tile_bytes: usize,
     nb: usize,
-    xs: [QRow<'_>; T],
+    xs: &[QRow<'_>; T],
     out: &mut [[f32; T]],
 ) {
     let group = nb * tile_bytes;
@@ -84,7 +84,7 @@ unsafe fn rows<M: Mac, const T: usize>(
             tiles: tiles.as_ptr().add(g * group),
             tile_bytes,
         };
-        let acc = tile32::<M, Tiles, T>(f, &src, &xs, nb);
+        let acc = tile32::<M, Tiles, T>(f, &src, xs, nb);
         store_lanes(&acc, o);
     }
 }
@@ -209,7 +209,7 @@ unsafe fn rows_k<M: Mac, const T: usize>(
     tiles: &[u8],
     tile_bytes: usize,
     nsb: usize,
-    xs: [QRow<'_>; T],
+    xs: &[QRow<'_>; T],
     out: &mut [[f32; T]],
 ) {
     let group = nsb * tile_bytes;
@@ -218,7 +218,7 @@ unsafe fn rows_k<M: Mac, const T: usize>(
         "interleaved: too few groups"
     );
     for (g, o) in out.chunks_mut(8).enumerate() {
-        let acc = tile_k::<M, T>(f, tiles.as_ptr().add(g * group), tile_bytes, nsb, &xs);
+        let acc = tile_k::<M, T>(f, tiles.as_ptr().add(g * group), tile_bytes, nsb, xs);
         store_lanes(&acc, o);
     }
 }
@@ -251,7 +251,7 @@ pub(in super::super) unsafe fn interleaved_avx2<const T: usize>(
     tiles: &[u8],
     tile_bytes: usize,
     nb: usize,
-    xs: [QRow<'_>; T],
+    xs: &[QRow<'_>; T],
     out: &mut [[f32; T]],
 ) {
     dispatch!(Avx2Mac, f, tiles, tile_bytes, nb, xs, out)
@@ -267,7 +267,7 @@ pub(in super::super) unsafe fn interleaved_vnni<const T: usize>(
     tiles: &[u8],
     tile_bytes: usize,
     nb: usize,
-    xs: [QRow<'_>; T],
+    xs: &[QRow<'_>; T],
     out: &mut [[f32; T]],
 ) {
     dispatch!(VnniMac, f, tiles, tile_bytes, nb, xs, out)
