@@ -29,6 +29,8 @@ mod codes;
 mod interleaved;
 mod mac;
 mod per_row;
+mod tiles;
+mod wide;
 
 use std::arch::x86_64::*;
 
