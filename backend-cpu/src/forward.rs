@@ -81,9 +81,10 @@ impl CpuModel {
     /// This model multiplying its quantized weights in numeric mode `numerics` (default
     /// [`Numerics::Exact`]; [`Numerics::Fast`]: 8-bit activations, see [`crate::matmul::int8`]).
     ///
-    /// `Fast` also interleaves the Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 matrices that the forward pass multiplies
-    /// (every layer's and the LM head, [`QMatrix::interleave`]): a heap copy of those weights,
-    /// made once here (e.g. 97 MB for SmolLM2-135M Q4_1, a few hundred ms); `Exact` drops it.
+    /// `Fast` also interleaves the block-quantized matrices that the forward pass multiplies
+    /// (every layer's and the LM head; every block format but Q5_K, [`QMatrix::interleave`]): a
+    /// heap copy of those weights, made once here (about 100 MB for SmolLM2-135M Q4_1, 245 MB
+    /// for Gemma 3 270M Q4_K_M, 0.2 s); `Exact` drops it.
     pub fn with_numerics(mut self, numerics: Numerics) -> CpuModel {
         self.numerics = numerics;
         let w = &mut self.weights;

@@ -198,7 +198,8 @@ impl Interleaved8 {
         parts(format).is_some() || matches!(format, GgmlType::Q4_K | GgmlType::Q6_K)
     }
 
-    /// The `rows` encoded rows `encoded` (each `cols / 32` blocks of `format`) interleaved, or
+    /// The `rows` encoded rows `encoded` (each `cols / 32` blocks of `format`, or `cols / 256`
+    /// super-blocks for the k-quants) interleaved, or
     /// `None` for a format without this layout. Takes about as long as reading the matrix once.
     ///
     /// Panics if `encoded` is not `rows` whole rows of `cols` values.

@@ -224,9 +224,10 @@ impl QMatrix {
     }
 
     /// Also keeps a copy of the rows interleaved 8 at a time for the `fast` numerics' integer
-    /// kernels ([`Interleaved8`]: Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0; other formats are left as they are). The
-    /// copy takes [`Self::size_bytes`] more heap (rounded up to whole groups of 8 rows); the
-    /// file's bytes stay for the exact path and embedding lookups.
+    /// kernels ([`Interleaved8`]: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K; other formats are
+    /// left as they are). The copy takes [`Self::size_bytes`] more heap (rounded up to whole
+    /// groups of 8 rows; 3 % more for Q4_K, 30 % more for Q6_K, whose codes it decodes to bytes);
+    /// the file's bytes stay for the exact path and embedding lookups.
     pub fn interleave(&mut self) {
         if self.interleaved.is_none() {
             if let Some(bytes) = self.encoded() {

@@ -94,7 +94,7 @@ fn every_path_and_format_equals_the_scalar_reference_bitwise() {
     for (i, format) in BLOCK_FORMATS.into_iter().enumerate() {
         let shapes: &[(usize, usize)] = match format.block_size() {
             Some(256) => &[(7, 256), (5, 768), (130, 512)],
-            _ => &[(7, 32), (9, 96), (5, 288), (130, 576)],
+            _ => &[(7, 32), (9, 96), (15, 160), (5, 288), (130, 576)],
         };
         for &(rows, k) in shapes {
             let w = matrix(format, rows, k, 100 + i as u64);

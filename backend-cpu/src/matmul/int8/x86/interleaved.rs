@@ -13,11 +13,19 @@ use super::mac::{Avx2Mac, Mac, VnniMac};
 use super::tiles::Tiles;
 use super::{store_lanes, tile32, wide};
 
+/// Which kernel a group of interleaved rows takes: the 32-block one ([`tile32`]) or the k-quant
+/// one ([`tile_k`]). A constant at every call site, so the match folds away.
+#[derive(Clone, Copy)]
+enum Kind {
+    B32(Fmt32),
+    K(FmtK),
+}
+
 /// Every row of `out` (`out.len()` rows, at most `8 * groups` of the interleaved `tiles`, whose
-/// groups of `nb` tiles of `tile_bytes` lie consecutive) against `xs`.
+/// groups of `nb` tiles of `tile_bytes` lie consecutive) against `xs`, 8 rows per kernel call.
 #[inline(always)]
 unsafe fn rows<M: Mac, const T: usize>(
-    f: Fmt32,
+    kind: Kind,
     tiles: &[u8],
     tile_bytes: usize,
     nb: usize,
@@ -30,18 +38,24 @@ unsafe fn rows<M: Mac, const T: usize>(
         "interleaved: too few groups"
     );
     for (g, o) in out.chunks_mut(8).enumerate() {
-        let src = Tiles {
-            f,
-            tiles: tiles.as_ptr().add(g * group),
-            tile_bytes,
+        let at = tiles.as_ptr().add(g * group);
+        let acc = match kind {
+            Kind::B32(f) => {
+                let src = Tiles {
+                    f,
+                    tiles: at,
+                    tile_bytes,
+                };
+                tile32::<M, Tiles, T>(f, &src, xs, nb)
+            }
+            Kind::K(f) => tile_k::<M, T>(f, at, tile_bytes, nb, xs),
         };
-        let acc = tile32::<M, Tiles, T>(f, &src, xs, nb);
         store_lanes(&acc, o);
     }
 }
 
-/// [`rows`] on the VNNI path: pairs of groups through [`wide::tile16`], a last lone group through
-/// the 8-row kernel. Same arguments and bits.
+/// [`rows`] on the VNNI path for the 32-block formats: pairs of groups through
+/// [`wide::tile16`], a last lone group through the 8-row kernel. Same bits.
 #[inline(always)]
 unsafe fn rows16<const T: usize>(
     f: Fmt32,
@@ -59,7 +73,7 @@ unsafe fn rows16<const T: usize>(
     for (p, o) in out.chunks_mut(16).enumerate() {
         let at = 2 * p * group;
         if o.len() <= 8 {
-            rows::<VnniMac, T>(f, &tiles[at..], tile_bytes, nb, xs, o);
+            rows::<VnniMac, T>(Kind::B32(f), &tiles[at..], tile_bytes, nb, xs, o);
             continue;
         }
         let tiles_at = |g: usize| Tiles {
@@ -191,38 +205,39 @@ unsafe fn tile_k<M: Mac, const T: usize>(
     acc
 }
 
-/// [`rows`] for the k-quants: every row of `out` from interleaved groups of `nsb` tiles.
-#[inline(always)]
-unsafe fn rows_k<M: Mac, const T: usize>(
-    f: FmtK,
-    tiles: &[u8],
-    tile_bytes: usize,
-    nsb: usize,
-    xs: &[QRow<'_>; T],
-    out: &mut [[f32; T]],
-) {
-    let group = nsb * tile_bytes;
-    assert!(
-        tiles.len() >= out.len().div_ceil(8) * group,
-        "interleaved: too few groups"
-    );
-    for (g, o) in out.chunks_mut(8).enumerate() {
-        let acc = tile_k::<M, T>(f, tiles.as_ptr().add(g * group), tile_bytes, nsb, xs);
-        store_lanes(&acc, o);
-    }
-}
-
-/// Dispatches on the format with it a constant in each arm (so the kernel is specialized).
-macro_rules! dispatch {
-    ($mac:ty, $rows:path, $f:expr, $tiles:expr, $tile_bytes:expr, $nb:expr, $xs:expr, $out:expr) => {
+/// Runs `$body` with `$k` bound to the [`Kind`] of format `$f`, a constant in each arm (so the
+/// kernels are specialized per format).
+macro_rules! per_format {
+    ($f:expr, $k:ident => $body:expr) => {
         match $f {
-            GgmlType::Q4_0 => $rows(Fmt32::Q4_0, $tiles, $tile_bytes, $nb, $xs, $out),
-            GgmlType::Q4_1 => $rows(Fmt32::Q4_1, $tiles, $tile_bytes, $nb, $xs, $out),
-            GgmlType::Q5_0 => $rows(Fmt32::Q5_0, $tiles, $tile_bytes, $nb, $xs, $out),
-            GgmlType::Q5_1 => $rows(Fmt32::Q5_1, $tiles, $tile_bytes, $nb, $xs, $out),
-            GgmlType::Q8_0 => $rows(Fmt32::Q8_0, $tiles, $tile_bytes, $nb, $xs, $out),
-            GgmlType::Q4_K => rows_k::<$mac, T>(FmtK::Q4K, $tiles, $tile_bytes, $nb, $xs, $out),
-            GgmlType::Q6_K => rows_k::<$mac, T>(FmtK::Q6K, $tiles, $tile_bytes, $nb, $xs, $out),
+            GgmlType::Q4_0 => {
+                let $k = Kind::B32(Fmt32::Q4_0);
+                $body
+            }
+            GgmlType::Q4_1 => {
+                let $k = Kind::B32(Fmt32::Q4_1);
+                $body
+            }
+            GgmlType::Q5_0 => {
+                let $k = Kind::B32(Fmt32::Q5_0);
+                $body
+            }
+            GgmlType::Q5_1 => {
+                let $k = Kind::B32(Fmt32::Q5_1);
+                $body
+            }
+            GgmlType::Q8_0 => {
+                let $k = Kind::B32(Fmt32::Q8_0);
+                $body
+            }
+            GgmlType::Q4_K => {
+                let $k = Kind::K(FmtK::Q4K);
+                $body
+            }
+            GgmlType::Q6_K => {
+                let $k = Kind::K(FmtK::Q6K);
+                $body
+            }
             other => unreachable!("int8: {other} is not interleaved"),
         }
     };
@@ -243,16 +258,7 @@ pub(in super::super) unsafe fn interleaved_avx2<const T: usize>(
     xs: &[QRow<'_>; T],
     out: &mut [[f32; T]],
 ) {
-    dispatch!(
-        Avx2Mac,
-        rows::<Avx2Mac, T>,
-        f,
-        tiles,
-        tile_bytes,
-        nb,
-        xs,
-        out
-    )
+    per_format!(f, k => rows::<Avx2Mac, T>(k, tiles, tile_bytes, nb, xs, out))
 }
 
 /// [`interleaved_avx2`] on the VNNI path.
@@ -271,18 +277,8 @@ pub(in super::super) unsafe fn interleaved_vnni<const T: usize>(
     // 512-bit vectors, 16 rows per kernel call, for the 32-block formats in tiles of 4+ tokens
     // (for fewer, joining two groups' codes costs more than it saves: single-stream Gemma 3
     // decode measured 20 % slower with it).
-    if T >= 4 {
-        dispatch!(VnniMac, rows16::<T>, f, tiles, tile_bytes, nb, xs, out)
-    } else {
-        dispatch!(
-            VnniMac,
-            rows::<VnniMac, T>,
-            f,
-            tiles,
-            tile_bytes,
-            nb,
-            xs,
-            out
-        )
-    }
+    per_format!(f, k => match k {
+        Kind::B32(f) if T >= 4 => rows16::<T>(f, tiles, tile_bytes, nb, xs, out),
+        _ => rows::<VnniMac, T>(k, tiles, tile_bytes, nb, xs, out),
+    })
 }
