@@ -27,6 +27,7 @@
 
 mod codes;
 mod interleaved;
+mod lanes;
 mod mac;
 mod per_row;
 mod tiles;

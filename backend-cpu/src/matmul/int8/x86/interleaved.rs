@@ -9,6 +9,7 @@ use gguf::GgmlType;
 
 use super::super::acts::QRow;
 use super::super::reference::{Fmt32, FmtK};
+use super::lanes::{Group16, Group8, Lanes};
 use super::mac::{Avx2Mac, Mac, VnniMac};
 use super::tiles::Tiles;
 use super::{store_lanes, tile32, wide};
@@ -48,7 +49,10 @@ unsafe fn rows<M: Mac, const T: usize>(
                 };
                 tile32::<M, Tiles, T>(f, &src, xs, nb)
             }
-            Kind::K(f) => tile_k::<M, T>(f, at, tile_bytes, nb, xs),
+            Kind::K(f) => {
+                let l = Group8::<M>::new();
+                tile_k::<Group8<M>, T>(f, &l, at, tile_bytes, nb, xs)
+            }
         };
         store_lanes(&acc, o);
     }
@@ -92,77 +96,73 @@ unsafe fn rows16<const T: usize>(
     }
 }
 
-/// 8 interleaved rows of a k-quant format `f` (Q4_K or Q6_K; `nsb` tiles of `tile_bytes` from
-/// `tiles`, layout in [`crate::kernels::Interleaved8`]) against `T` activation rows: lane `r` of
-/// entry `t` is [`super::super::reference::dot_k`] of row `r`, bitwise. Per super-block and
-/// token the exact integer sums of every sub-block land in lane `r`, are scaled by the row's
-/// integer sub-block scales (`vpmulld`) and summed in i32 (exact, any order), with Q4_K's min
-/// correction beside them (Q6_K's `-32 · Σ scale · bsum` folded into its sub-block sums, the same
-/// integer); then [`super::super::reference::term_k`]'s f32 operations run lane-wise and the
-/// term is added to the token's accumulator in super-block order.
+/// `L::ROWS` interleaved rows (one group, or two for [`Group16`]) of a k-quant format `f` (Q4_K
+/// or Q6_K; `nsb` tiles of `tile_bytes` from `tiles`, layout in
+/// [`crate::kernels::Interleaved8`]) against `T` activation rows: lane `r` of entry `t` is
+/// [`super::super::reference::dot_k`] of row `r`, bitwise. Per super-block and token the exact
+/// integer sums of every sub-block land in lane `r`, are scaled by the row's integer sub-block
+/// scales (`vpmulld`) and summed in i32 (exact, any order), with Q4_K's min correction beside
+/// them (Q6_K's `-32 · Σ scale · bsum` folded into its sub-block sums, the same integer); then
+/// [`super::super::reference::term_k`]'s f32 operations run lane-wise and the term is added to
+/// the token's accumulator in super-block order.
 #[inline(always)]
-unsafe fn tile_k<M: Mac, const T: usize>(
+unsafe fn tile_k<L: Lanes, const T: usize>(
     f: FmtK,
+    l: &L,
     tiles: *const u8,
     tile_bytes: usize,
     nsb: usize,
     xs: &[QRow<'_>; T],
-) -> [__m256; T] {
-    let z = _mm256_setzero_si256();
-    let m4 = _mm256_set1_epi8(0x0F);
-    // Row r's byte j of the 8 bytes at `p`, as lane r's i32 (unsigned or signed).
-    let bytes_u = |p: *const u8| _mm256_cvtepu8_epi32(_mm_loadl_epi64(p as *const __m128i));
-    let bytes_i = |p: *const u8| _mm256_cvtepi8_epi32(_mm_loadl_epi64(p as *const __m128i));
-    let mut acc = [_mm256_setzero_ps(); T];
+) -> [L::F; T] {
+    let z = L::zero();
+    let mut acc = [L::fzero(); T];
     for sb in 0..nsb {
         let p = tiles.add(sb * tile_bytes);
-        let dw = _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i));
+        let dw = l.f16(p);
         let mut isum = [z; T];
         match f {
             FmtK::Q4K => {
-                let dmw = _mm256_cvtph_ps(_mm_loadu_si128(p.add(16) as *const __m128i));
+                let dmw = l.f16(p.add(16));
                 let mut corr = [z; T];
                 for c in 0..4 {
                     let (mut lo, mut hi) = ([z; 8], [z; 8]);
                     for i in 0..8 {
-                        let v = _mm256_loadu_si256(p.add(160 + 256 * c + 32 * i) as *const __m256i);
-                        lo[i] = _mm256_and_si256(v, m4);
-                        hi[i] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4);
+                        (lo[i], hi[i]) = L::nibbles(l.load(p.add(160 + 256 * c + 32 * i)));
                     }
                     // Sub-blocks 2c (low nibbles) and 2c + 1 (high): scales, then mins.
-                    let (sc_lo, sc_hi) = (bytes_u(p.add(32 + 16 * c)), bytes_u(p.add(40 + 16 * c)));
-                    let (mn_lo, mn_hi) =
-                        (bytes_u(p.add(96 + 16 * c)), bytes_u(p.add(104 + 16 * c)));
+                    let (sc_lo, sc_hi) = (
+                        l.bytes(p.add(32 + 16 * c), false),
+                        l.bytes(p.add(40 + 16 * c), false),
+                    );
+                    let (mn_lo, mn_hi) = (
+                        l.bytes(p.add(96 + 16 * c), false),
+                        l.bytes(p.add(104 + 16 * c), false),
+                    );
                     for t in 0..T {
                         let xq = xs[t].qs.as_ptr().add(256 * sb + 64 * c);
                         let (mut dl, mut dh) = ([z; 2], [z; 2]);
                         for i in 0..8 {
-                            dl[i % 2] = M::mac1(dl[i % 2], lo[i], xq.add(4 * i));
-                            dh[i % 2] = M::mac1(dh[i % 2], hi[i], xq.add(32 + 4 * i));
+                            dl[i % 2] = L::mac1(dl[i % 2], lo[i], xq.add(4 * i));
+                            dh[i % 2] = L::mac1(dh[i % 2], hi[i], xq.add(32 + 4 * i));
                         }
-                        let dl = _mm256_add_epi32(dl[0], dl[1]);
-                        let dh = _mm256_add_epi32(dh[0], dh[1]);
-                        let scaled = _mm256_add_epi32(
-                            _mm256_mullo_epi32(sc_lo, dl),
-                            _mm256_mullo_epi32(sc_hi, dh),
+                        let scaled = L::add(
+                            L::mullo(sc_lo, L::add(dl[0], dl[1])),
+                            L::mullo(sc_hi, L::add(dh[0], dh[1])),
                         );
-                        isum[t] = _mm256_add_epi32(isum[t], scaled);
+                        isum[t] = L::add(isum[t], scaled);
                         let bs = &xs[t].bsums[16 * sb + 4 * c..16 * sb + 4 * c + 4];
-                        let b_lo = _mm256_set1_epi32(i32::from(bs[0]) + i32::from(bs[1]));
-                        let b_hi = _mm256_set1_epi32(i32::from(bs[2]) + i32::from(bs[3]));
-                        let mins = _mm256_add_epi32(
-                            _mm256_mullo_epi32(mn_lo, b_lo),
-                            _mm256_mullo_epi32(mn_hi, b_hi),
-                        );
-                        corr[t] = _mm256_add_epi32(corr[t], mins);
+                        let b_lo = L::set1(i32::from(bs[0]) + i32::from(bs[1]));
+                        let b_hi = L::set1(i32::from(bs[2]) + i32::from(bs[3]));
+                        let mins = L::add(L::mullo(mn_lo, b_lo), L::mullo(mn_hi, b_hi));
+                        corr[t] = L::add(corr[t], mins);
                     }
                 }
                 for t in 0..T {
                     // (dx * d) * isum - (dx * dmin) * corr, lane-wise.
-                    let dx = _mm256_set1_ps(xs[t].d[sb]);
-                    let a = _mm256_mul_ps(_mm256_mul_ps(dx, dw), _mm256_cvtepi32_ps(isum[t]));
-                    let b = _mm256_mul_ps(_mm256_mul_ps(dx, dmw), _mm256_cvtepi32_ps(corr[t]));
-                    acc[t] = _mm256_add_ps(acc[t], _mm256_sub_ps(a, b));
+                    let dx = L::fset1(xs[t].d[sb]);
+                    let a = L::fmul(L::fmul(dx, dw), L::to_f(isum[t]));
+                    let b = L::fmul(L::fmul(dx, dmw), L::to_f(corr[t]));
+                    acc[t] = L::fadd(acc[t], L::fsub(a, b));
                 }
             }
             FmtK::Q6K => {
@@ -170,39 +170,74 @@ unsafe fn tile_k<M: Mac, const T: usize>(
                 for pass in 0..4 {
                     let mut v = [z; 16];
                     for (i, v) in v.iter_mut().enumerate() {
-                        *v =
-                            _mm256_loadu_si256(p.add(144 + 32 * (16 * pass + i)) as *const __m256i);
+                        *v = l.load(p.add(144 + 32 * (16 * pass + i)));
                     }
-                    let sc: [__m256i; 4] =
-                        std::array::from_fn(|k| bytes_i(p.add(16 + 8 * (4 * pass + k))));
+                    let sc: [L::I; 4] =
+                        std::array::from_fn(|k| l.bytes(p.add(16 + 8 * (4 * pass + k)), true));
                     for t in 0..T {
                         let xq = xs[t].qs.as_ptr().add(256 * sb + 64 * pass);
                         let bs = &xs[t].bsums[16 * sb + 4 * pass..16 * sb + 4 * pass + 4];
                         for k in 0..4 {
                             let mut d = [z; 2];
                             for i in 0..4 {
-                                d[i % 2] = M::mac1(d[i % 2], v[4 * k + i], xq.add(16 * k + 4 * i));
+                                d[i % 2] = L::mac1(d[i % 2], v[4 * k + i], xq.add(16 * k + 4 * i));
                             }
                             // Σ c·q - 32 · Σ q: the sub-block's part of isum + corr.
-                            let d = _mm256_sub_epi32(
-                                _mm256_add_epi32(d[0], d[1]),
-                                _mm256_set1_epi32(32 * i32::from(bs[k])),
-                            );
-                            isum[t] = _mm256_add_epi32(isum[t], _mm256_mullo_epi32(sc[k], d));
+                            let d = L::sub(L::add(d[0], d[1]), L::set1(32 * i32::from(bs[k])));
+                            isum[t] = L::add(isum[t], L::mullo(sc[k], d));
                         }
                     }
                 }
                 for t in 0..T {
                     // (dx * d) * (isum + corr), lane-wise.
-                    let dx = _mm256_set1_ps(xs[t].d[sb]);
-                    let term = _mm256_mul_ps(_mm256_mul_ps(dx, dw), _mm256_cvtepi32_ps(isum[t]));
-                    acc[t] = _mm256_add_ps(acc[t], term);
+                    let dx = L::fset1(xs[t].d[sb]);
+                    acc[t] = L::fadd(acc[t], L::fmul(L::fmul(dx, dw), L::to_f(isum[t])));
                 }
             }
             FmtK::Q5K => unreachable!("int8: Q5_K is not interleaved"),
         }
     }
     acc
+}
+
+/// `o[r][t]` = lane `r` of `acc[t]` for the rows of `o` (at most `L::ROWS`).
+#[inline(always)]
+unsafe fn store_rows<L: Lanes, const T: usize>(acc: &[L::F; T], o: &mut [[f32; T]]) {
+    for t in 0..T {
+        let mut lanes = [0.0f32; 16];
+        L::store(acc[t], &mut lanes[..L::ROWS]);
+        for (r, o) in o.iter_mut().enumerate() {
+            o[t] = lanes[r];
+        }
+    }
+}
+
+/// The k-quant rows of `out` on the VNNI path in tiles of 4+ tokens: 16 rows per kernel call
+/// ([`Group16`]), a last lone group through the 8-row kernel. Same bits as [`rows`].
+#[inline(always)]
+unsafe fn rows_k16<const T: usize>(
+    f: FmtK,
+    tiles: &[u8],
+    tile_bytes: usize,
+    nsb: usize,
+    xs: &[QRow<'_>; T],
+    out: &mut [[f32; T]],
+) {
+    let group = nsb * tile_bytes;
+    assert!(
+        tiles.len() >= out.len().div_ceil(8) * group,
+        "interleaved: too few groups"
+    );
+    for (p, o) in out.chunks_mut(16).enumerate() {
+        let at = 2 * p * group;
+        if o.len() <= 8 {
+            rows::<VnniMac, T>(Kind::K(f), &tiles[at..], tile_bytes, nsb, xs, o);
+            continue;
+        }
+        let l = Group16 { group };
+        let acc = tile_k::<Group16, T>(f, &l, tiles.as_ptr().add(at), tile_bytes, nsb, xs);
+        store_rows::<Group16, T>(&acc, o);
+    }
 }
 
 /// Runs `$body` with `$k` bound to the [`Kind`] of format `$f`, a constant in each arm (so the
@@ -279,6 +314,7 @@ pub(in super::super) unsafe fn interleaved_vnni<const T: usize>(
     // decode measured 20 % slower with it).
     per_format!(f, k => match k {
         Kind::B32(f) if T >= 4 => rows16::<T>(f, tiles, tile_bytes, nb, xs, out),
+        Kind::K(f) if T >= 4 => rows_k16::<T>(f, tiles, tile_bytes, nb, xs, out),
         _ => rows::<VnniMac, T>(k, tiles, tile_bytes, nb, xs, out),
     })
 }

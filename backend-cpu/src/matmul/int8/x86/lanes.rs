@@ -1,0 +1,233 @@
+//! The vector widths of the k-quant kernel ([`super::interleaved`]'s `tile_k`): one interleaved
+//! group of 8 rows in 256-bit vectors ([`Group8`], AVX2 or VNNI), or two consecutive groups in
+//! 512-bit ones ([`Group16`], VNNI: lanes 0-7 the first group's rows, 8-15 the second's). The
+//! kernel is written once against [`Lanes`]; every operation is lane-wise, so both widths give
+//! each row the same bits.
+
+use std::arch::x86_64::*;
+use std::marker::PhantomData;
+
+use super::mac::Mac;
+
+/// Lane-wise i32 and f32 operations over `ROWS` rows, and loads of their interleaved bytes.
+pub(super) trait Lanes {
+    /// `ROWS` i32 lanes.
+    type I: Copy;
+    /// `ROWS` f32 lanes.
+    type F: Copy;
+    /// Rows (lanes) per vector.
+    const ROWS: usize;
+    unsafe fn zero() -> Self::I;
+    unsafe fn add(a: Self::I, b: Self::I) -> Self::I;
+    unsafe fn sub(a: Self::I, b: Self::I) -> Self::I;
+    unsafe fn mullo(a: Self::I, b: Self::I) -> Self::I;
+    unsafe fn set1(v: i32) -> Self::I;
+    /// Low nibbles of each byte, then high nibbles.
+    unsafe fn nibbles(v: Self::I) -> (Self::I, Self::I);
+    unsafe fn to_f(a: Self::I) -> Self::F;
+    unsafe fn fzero() -> Self::F;
+    unsafe fn fadd(a: Self::F, b: Self::F) -> Self::F;
+    unsafe fn fsub(a: Self::F, b: Self::F) -> Self::F;
+    unsafe fn fmul(a: Self::F, b: Self::F) -> Self::F;
+    unsafe fn fset1(v: f32) -> Self::F;
+    /// `acc + Σ_j u_r[j] · x[j]` per dword lane against the activation dword at `xq`.
+    unsafe fn mac1(acc: Self::I, u: Self::I, xq: *const i8) -> Self::I;
+    /// The 32 bytes at `p` of each group (lane `r` = dword `r` of its group's 32 bytes).
+    unsafe fn load(&self, p: *const u8) -> Self::I;
+    /// The 8 f16 at `p` of each group, widened.
+    unsafe fn f16(&self, p: *const u8) -> Self::F;
+    /// The 8 bytes at `p` of each group as i32 lanes: unsigned, or signed.
+    unsafe fn bytes(&self, p: *const u8, signed: bool) -> Self::I;
+    /// Lanes `0..out.len()` of `v` (at most `ROWS`).
+    unsafe fn store(v: Self::F, out: &mut [f32]);
+}
+
+/// One group of 8 rows, 256-bit vectors, products by `M`.
+pub(super) struct Group8<M>(PhantomData<M>);
+
+impl<M> Group8<M> {
+    pub(super) fn new() -> Group8<M> {
+        Group8(PhantomData)
+    }
+}
+
+impl<M: Mac> Lanes for Group8<M> {
+    type I = __m256i;
+    type F = __m256;
+    const ROWS: usize = 8;
+    #[inline(always)]
+    unsafe fn zero() -> __m256i {
+        _mm256_setzero_si256()
+    }
+    #[inline(always)]
+    unsafe fn add(a: __m256i, b: __m256i) -> __m256i {
+        _mm256_add_epi32(a, b)
+    }
+    #[inline(always)]
+    unsafe fn sub(a: __m256i, b: __m256i) -> __m256i {
+        _mm256_sub_epi32(a, b)
+    }
+    #[inline(always)]
+    unsafe fn mullo(a: __m256i, b: __m256i) -> __m256i {
+        _mm256_mullo_epi32(a, b)
+    }
+    #[inline(always)]
+    unsafe fn set1(v: i32) -> __m256i {
+        _mm256_set1_epi32(v)
+    }
+    #[inline(always)]
+    unsafe fn nibbles(v: __m256i) -> (__m256i, __m256i) {
+        let m4 = _mm256_set1_epi8(0x0F);
+        (
+            _mm256_and_si256(v, m4),
+            _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4),
+        )
+    }
+    #[inline(always)]
+    unsafe fn to_f(a: __m256i) -> __m256 {
+        _mm256_cvtepi32_ps(a)
+    }
+    #[inline(always)]
+    unsafe fn fzero() -> __m256 {
+        _mm256_setzero_ps()
+    }
+    #[inline(always)]
+    unsafe fn fadd(a: __m256, b: __m256) -> __m256 {
+        _mm256_add_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn fsub(a: __m256, b: __m256) -> __m256 {
+        _mm256_sub_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn fmul(a: __m256, b: __m256) -> __m256 {
+        _mm256_mul_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn fset1(v: f32) -> __m256 {
+        _mm256_set1_ps(v)
+    }
+    #[inline(always)]
+    unsafe fn mac1(acc: __m256i, u: __m256i, xq: *const i8) -> __m256i {
+        M::mac1(acc, u, xq)
+    }
+    #[inline(always)]
+    unsafe fn load(&self, p: *const u8) -> __m256i {
+        _mm256_loadu_si256(p as *const __m256i)
+    }
+    #[inline(always)]
+    unsafe fn f16(&self, p: *const u8) -> __m256 {
+        _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+    }
+    #[inline(always)]
+    unsafe fn bytes(&self, p: *const u8, signed: bool) -> __m256i {
+        let b = _mm_loadl_epi64(p as *const __m128i);
+        if signed {
+            _mm256_cvtepi8_epi32(b)
+        } else {
+            _mm256_cvtepu8_epi32(b)
+        }
+    }
+    #[inline(always)]
+    unsafe fn store(v: __m256, out: &mut [f32]) {
+        let mut lanes = [0.0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), v);
+        out.copy_from_slice(&lanes[..out.len()]);
+    }
+}
+
+/// Two consecutive groups (`group` bytes apart), 512-bit vectors, `vpdpbusd` (AVX-512 VNNI/BW).
+pub(super) struct Group16 {
+    pub(super) group: usize,
+}
+
+impl Lanes for Group16 {
+    type I = __m512i;
+    type F = __m512;
+    const ROWS: usize = 16;
+    #[inline(always)]
+    unsafe fn zero() -> __m512i {
+        _mm512_setzero_si512()
+    }
+    #[inline(always)]
+    unsafe fn add(a: __m512i, b: __m512i) -> __m512i {
+        _mm512_add_epi32(a, b)
+    }
+    #[inline(always)]
+    unsafe fn sub(a: __m512i, b: __m512i) -> __m512i {
+        _mm512_sub_epi32(a, b)
+    }
+    #[inline(always)]
+    unsafe fn mullo(a: __m512i, b: __m512i) -> __m512i {
+        _mm512_mullo_epi32(a, b)
+    }
+    #[inline(always)]
+    unsafe fn set1(v: i32) -> __m512i {
+        _mm512_set1_epi32(v)
+    }
+    #[inline(always)]
+    unsafe fn nibbles(v: __m512i) -> (__m512i, __m512i) {
+        let m4 = _mm512_set1_epi8(0x0F);
+        (
+            _mm512_and_si512(v, m4),
+            _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4),
+        )
+    }
+    #[inline(always)]
+    unsafe fn to_f(a: __m512i) -> __m512 {
+        _mm512_cvtepi32_ps(a)
+    }
+    #[inline(always)]
+    unsafe fn fzero() -> __m512 {
+        _mm512_setzero_ps()
+    }
+    #[inline(always)]
+    unsafe fn fadd(a: __m512, b: __m512) -> __m512 {
+        _mm512_add_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn fsub(a: __m512, b: __m512) -> __m512 {
+        _mm512_sub_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn fmul(a: __m512, b: __m512) -> __m512 {
+        _mm512_mul_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn fset1(v: f32) -> __m512 {
+        _mm512_set1_ps(v)
+    }
+    #[inline(always)]
+    unsafe fn mac1(acc: __m512i, u: __m512i, xq: *const i8) -> __m512i {
+        let x = _mm512_set1_epi32(std::ptr::read_unaligned(xq as *const i32));
+        _mm512_dpbusd_epi32(acc, u, x)
+    }
+    #[inline(always)]
+    unsafe fn load(&self, p: *const u8) -> __m512i {
+        let lo = _mm512_castsi256_si512(_mm256_loadu_si256(p as *const __m256i));
+        _mm512_inserti64x4::<1>(lo, _mm256_loadu_si256(p.add(self.group) as *const __m256i))
+    }
+    #[inline(always)]
+    unsafe fn f16(&self, p: *const u8) -> __m512 {
+        let lo = _mm_loadu_si128(p as *const __m128i);
+        let hi = _mm_loadu_si128(p.add(self.group) as *const __m128i);
+        _mm512_cvtph_ps(_mm256_inserti128_si256::<1>(_mm256_castsi128_si256(lo), hi))
+    }
+    #[inline(always)]
+    unsafe fn bytes(&self, p: *const u8, signed: bool) -> __m512i {
+        let lo = _mm_loadl_epi64(p as *const __m128i);
+        let hi = _mm_loadl_epi64(p.add(self.group) as *const __m128i);
+        let b = _mm_unpacklo_epi64(lo, hi);
+        if signed {
+            _mm512_cvtepi8_epi32(b)
+        } else {
+            _mm512_cvtepu8_epi32(b)
+        }
+    }
+    #[inline(always)]
+    unsafe fn store(v: __m512, out: &mut [f32]) {
+        let mut lanes = [0.0f32; 16];
+        _mm512_storeu_ps(lanes.as_mut_ptr(), v);
+        out.copy_from_slice(&lanes[..out.len()]);
+    }
+}
