@@ -131,10 +131,8 @@ impl KLayout {
 
     /// Row `r`'s super-block `block` into `tile`.
     fn put(self, block: &[u8], r: usize, tile: &mut [u8]) {
-        // Lane r of 32-byte chunk i (at `at`) gets `bytes`.
-        let lane = |tile: &mut [u8], at: usize, i: usize, bytes: &[u8]| {
-            tile[at + 32 * i + 4 * r..at + 32 * i + 4 * r + 4].copy_from_slice(bytes);
-        };
+        let lane =
+            |tile: &mut [u8], at: usize, i: usize, bytes: &[u8]| put_lane(tile, at, i, r, bytes);
         match self {
             KLayout::Q4K => {
                 tile[2 * r..2 * r + 2].copy_from_slice(&block[0..2]);
@@ -160,44 +158,74 @@ impl KLayout {
             }
         }
     }
+}
 
-    fn interleave(
-        self,
-        format: GgmlType,
-        rows: usize,
-        cols: usize,
-        encoded: &[u8],
-    ) -> Interleaved8 {
-        let (bytes, tile_bytes) = self.sizes();
-        assert!(cols.is_multiple_of(256), "interleave: partial super-block");
-        let nb = cols / 256;
-        let row_bytes = nb * bytes;
-        assert_eq!(encoded.len(), rows * row_bytes, "interleave: wrong size");
-        let groups = rows.div_ceil(GROUP_ROWS);
-        let mut out = vec![0u8; groups * nb * tile_bytes];
-        for (g, group) in out.chunks_exact_mut(nb * tile_bytes).enumerate() {
-            for (b, tile) in group.chunks_exact_mut(tile_bytes).enumerate() {
-                for r in 0..(rows - GROUP_ROWS * g).min(GROUP_ROWS) {
-                    let at = (GROUP_ROWS * g + r) * row_bytes + b * bytes;
-                    self.put(&encoded[at..at + bytes], r, tile);
-                }
+/// Dword lane `r` of the 32-byte chunk `i` of the chunks at `at` in `tile` gets the 4 `bytes`.
+fn put_lane(tile: &mut [u8], at: usize, i: usize, r: usize, bytes: &[u8]) {
+    let dst = at + 32 * i + 4 * r;
+    tile[dst..dst + 4].copy_from_slice(bytes);
+}
+
+/// Lays `rows` encoded rows (`encoded`, each `nb` blocks of `block_bytes`) out in groups of
+/// [`GROUP_ROWS`], each group's `nb` tiles of `tile_bytes` consecutive: `put(block, r, tile)`
+/// writes row `r`'s block into its group's tile. Padding rows stay zero.
+///
+/// Panics if `encoded` is not `rows * nb` blocks.
+fn build(
+    format: GgmlType,
+    rows: usize,
+    nb: usize,
+    (block_bytes, tile_bytes): (usize, usize),
+    encoded: &[u8],
+    put: impl Fn(&[u8], usize, &mut [u8]),
+) -> Interleaved8 {
+    let row_bytes = nb * block_bytes;
+    assert_eq!(encoded.len(), rows * row_bytes, "interleave: wrong size");
+    let groups = rows.div_ceil(GROUP_ROWS);
+    let mut bytes = vec![0u8; groups * nb * tile_bytes];
+    for (g, group) in bytes.chunks_exact_mut(nb * tile_bytes).enumerate() {
+        for (b, tile) in group.chunks_exact_mut(tile_bytes).enumerate() {
+            for r in 0..(rows - GROUP_ROWS * g).min(GROUP_ROWS) {
+                let at = (GROUP_ROWS * g + r) * row_bytes + b * block_bytes;
+                put(&encoded[at..at + block_bytes], r, tile);
             }
         }
-        Interleaved8 {
-            format,
-            bytes: out,
-            nb,
-            tile_bytes,
+    }
+    Interleaved8 {
+        format,
+        bytes,
+        nb,
+        tile_bytes,
+    }
+}
+
+impl BlockParts {
+    /// Row `r`'s block `block` into `tile` (module docs).
+    fn put(&self, block: &[u8], r: usize, tile: &mut [u8]) {
+        tile[2 * r..2 * r + 2].copy_from_slice(&block[..2]);
+        let mut codes_at = 16;
+        if let Some(m) = self.min {
+            tile[16 + 2 * r..18 + 2 * r].copy_from_slice(&block[m..m + 2]);
+            codes_at = 32;
+        }
+        if let Some(qh) = self.qh {
+            let bits = u32::from_le_bytes(block[qh..qh + 4].try_into().unwrap());
+            for i in 0..8 {
+                let at = codes_at + 4 * i;
+                let mask = u32::from_le_bytes(tile[at..at + 4].try_into().unwrap())
+                    | (((bits >> (4 * i)) & 0xF) << (4 * r));
+                tile[at..at + 4].copy_from_slice(&mask.to_le_bytes());
+            }
+            codes_at += 32;
+        }
+        for i in 0..self.code_bytes / 4 {
+            let src = self.codes + 4 * i;
+            put_lane(tile, codes_at, i, r, &block[src..src + 4]);
         }
     }
 }
 
 impl Interleaved8 {
-    /// Whether `format` has an interleaved layout (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K).
-    pub fn supports(format: GgmlType) -> bool {
-        parts(format).is_some() || matches!(format, GgmlType::Q4_K | GgmlType::Q6_K)
-    }
-
     /// The `rows` encoded rows `encoded` (each `cols / 32` blocks of `format`, or `cols / 256`
     /// super-blocks for the k-quants) interleaved, or
     /// `None` for a format without this layout. Takes about as long as reading the matrix once.
@@ -205,52 +233,15 @@ impl Interleaved8 {
     /// Panics if `encoded` is not `rows` whole rows of `cols` values.
     pub fn new(format: GgmlType, rows: usize, cols: usize, encoded: &[u8]) -> Option<Interleaved8> {
         if let Some(k) = KLayout::of(format) {
-            return Some(k.interleave(format, rows, cols, encoded));
+            assert!(cols.is_multiple_of(256), "interleave: partial super-block");
+            let put = |block: &[u8], r, tile: &mut [u8]| k.put(block, r, tile);
+            return Some(build(format, rows, cols / 256, k.sizes(), encoded, put));
         }
         let p = parts(format)?;
         assert!(cols.is_multiple_of(32), "interleave: partial block");
-        let nb = cols / 32;
-        let row_bytes = nb * p.bytes;
-        assert_eq!(encoded.len(), rows * row_bytes, "interleave: wrong size");
-        let tile_bytes = GROUP_ROWS * p.bytes;
-        let groups = rows.div_ceil(GROUP_ROWS);
-        let mut bytes = vec![0u8; groups * nb * tile_bytes];
-        for (g, group) in bytes.chunks_exact_mut(nb * tile_bytes).enumerate() {
-            for (b, tile) in group.chunks_exact_mut(tile_bytes).enumerate() {
-                let rows_here = (rows - GROUP_ROWS * g).min(GROUP_ROWS);
-                for r in 0..rows_here {
-                    let at = (GROUP_ROWS * g + r) * row_bytes + b * p.bytes;
-                    let block = &encoded[at..at + p.bytes];
-                    tile[2 * r..2 * r + 2].copy_from_slice(&block[..2]);
-                    let mut codes_at = 16;
-                    if let Some(m) = p.min {
-                        tile[16 + 2 * r..18 + 2 * r].copy_from_slice(&block[m..m + 2]);
-                        codes_at = 32;
-                    }
-                    if let Some(qh) = p.qh {
-                        let bits = u32::from_le_bytes(block[qh..qh + 4].try_into().unwrap());
-                        for i in 0..8 {
-                            let at = codes_at + 4 * i;
-                            let mask = u32::from_le_bytes(tile[at..at + 4].try_into().unwrap())
-                                | (((bits >> (4 * i)) & 0xF) << (4 * r));
-                            tile[at..at + 4].copy_from_slice(&mask.to_le_bytes());
-                        }
-                    }
-                    let codes_at = codes_at + if p.qh.is_some() { 32 } else { 0 };
-                    for i in 0..p.code_bytes / 4 {
-                        let dst = codes_at + 32 * i + 4 * r;
-                        let src = p.codes + 4 * i;
-                        tile[dst..dst + 4].copy_from_slice(&block[src..src + 4]);
-                    }
-                }
-            }
-        }
-        Some(Interleaved8 {
-            format,
-            bytes,
-            nb,
-            tile_bytes,
-        })
+        let sizes = (p.bytes, GROUP_ROWS * p.bytes);
+        let put = |block: &[u8], r, tile: &mut [u8]| p.put(block, r, tile);
+        Some(build(format, rows, cols / 32, sizes, encoded, put))
     }
 
     /// The format of the blocks.
