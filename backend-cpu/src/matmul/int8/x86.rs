@@ -38,6 +38,7 @@ use std::arch::x86_64::*;
 use super::acts::QRow;
 use super::reference::{term_k, Fmt32, FmtK, KMeta};
 use codes::codes32;
+use lanes::{store_rows, Group8};
 use mac::{Avx2Mac, Mac, VnniMac};
 
 pub(super) use interleaved::{interleaved_avx2, interleaved_vnni};
@@ -166,18 +167,6 @@ unsafe fn tile32<M: Mac, S: Tile8, const T: usize>(
     out
 }
 
-/// Lanes `0..o.len()` of each token's `acc` into the rows `o` (`o[r][t]` = lane `r` of `acc[t]`).
-#[inline(always)]
-unsafe fn store_lanes<const T: usize>(acc: &[__m256; T], o: &mut [[f32; T]]) {
-    for t in 0..T {
-        let mut lanes = [0.0f32; 8];
-        _mm256_storeu_ps(lanes.as_mut_ptr(), acc[t]);
-        for (r, o) in o.iter_mut().enumerate() {
-            o[t] = lanes[r];
-        }
-    }
-}
-
 /// Every row of `rows` (`out.len()` rows of `rb` bytes, format `f`, `nb` blocks) against `xs`
 /// through [`tile32`], 8 rows at a time, or for tiles of fewer than 4 tokens one row at a time
 /// through [`per_row::row32`] (the same bits).
@@ -215,7 +204,7 @@ unsafe fn rows32<M: Mac, const T: usize>(
             let nrows = o.len();
             tile32::<M, RowMajor, T>(f, &RowMajor { f, rows, rb, nrows }, &xs, nb)
         };
-        store_lanes(&acc, o);
+        store_rows::<Group8<M>, T>(&acc, o);
     }
 }
 

@@ -3,16 +3,14 @@
 //! instead of decoded and transposed per block, for every tile height (single-stream decode
 //! included, which then needs no horizontal reduction). Bitwise the row-major kernels' results.
 
-use std::arch::x86_64::*;
-
 use gguf::GgmlType;
 
 use super::super::acts::QRow;
 use super::super::reference::{Fmt32, FmtK};
-use super::lanes::{Group16, Group8, Lanes};
+use super::lanes::{store_rows, Group16, Group8, Lanes};
 use super::mac::{Avx2Mac, Mac, VnniMac};
 use super::tiles::Tiles;
-use super::{store_lanes, tile32, wide};
+use super::{tile32, wide};
 
 /// Which kernel a group of interleaved rows takes: the 32-block one ([`tile32`]) or the k-quant
 /// one ([`tile_k`]). A constant at every call site, so the match folds away.
@@ -54,15 +52,16 @@ unsafe fn rows<M: Mac, const T: usize>(
                 tile_k::<Group8<M>, T>(f, &l, at, tile_bytes, nb, xs)
             }
         };
-        store_lanes(&acc, o);
+        store_rows::<Group8<M>, T>(&acc, o);
     }
 }
 
-/// [`rows`] on the VNNI path for the 32-block formats: pairs of groups through
-/// [`wide::tile16`], a last lone group through the 8-row kernel. Same bits.
+/// [`rows`] on the VNNI path: pairs of groups in 512-bit vectors ([`wide::tile16`] for the
+/// 32-block formats, [`tile_k`] on [`Group16`] for the k-quants), a last lone group through the
+/// 8-row kernel. Same bits.
 #[inline(always)]
 unsafe fn rows16<const T: usize>(
-    f: Fmt32,
+    kind: Kind,
     tiles: &[u8],
     tile_bytes: usize,
     nb: usize,
@@ -77,22 +76,24 @@ unsafe fn rows16<const T: usize>(
     for (p, o) in out.chunks_mut(16).enumerate() {
         let at = 2 * p * group;
         if o.len() <= 8 {
-            rows::<VnniMac, T>(Kind::B32(f), &tiles[at..], tile_bytes, nb, xs, o);
+            rows::<VnniMac, T>(kind, &tiles[at..], tile_bytes, nb, xs, o);
             continue;
         }
-        let tiles_at = |g: usize| Tiles {
-            f,
-            tiles: tiles.as_ptr().add(at + g * group),
-            tile_bytes,
-        };
-        let acc = wide::tile16::<T>(f, &tiles_at(0), &tiles_at(1), xs, nb);
-        for t in 0..T {
-            let mut lanes = [0.0f32; 16];
-            _mm512_storeu_ps(lanes.as_mut_ptr(), acc[t]);
-            for (r, o) in o.iter_mut().enumerate() {
-                o[t] = lanes[r];
+        let acc = match kind {
+            Kind::B32(f) => {
+                let tiles_at = |g: usize| Tiles {
+                    f,
+                    tiles: tiles.as_ptr().add(at + g * group),
+                    tile_bytes,
+                };
+                wide::tile16::<T>(f, &tiles_at(0), &tiles_at(1), xs, nb)
             }
-        }
+            Kind::K(f) => {
+                let l = Group16 { group };
+                tile_k::<Group16, T>(f, &l, tiles.as_ptr().add(at), tile_bytes, nb, xs)
+            }
+        };
+        store_rows::<Group16, T>(&acc, o);
     }
 }
 
@@ -200,46 +201,6 @@ unsafe fn tile_k<L: Lanes, const T: usize>(
     acc
 }
 
-/// `o[r][t]` = lane `r` of `acc[t]` for the rows of `o` (at most `L::ROWS`).
-#[inline(always)]
-unsafe fn store_rows<L: Lanes, const T: usize>(acc: &[L::F; T], o: &mut [[f32; T]]) {
-    for t in 0..T {
-        let mut lanes = [0.0f32; 16];
-        L::store(acc[t], &mut lanes[..L::ROWS]);
-        for (r, o) in o.iter_mut().enumerate() {
-            o[t] = lanes[r];
-        }
-    }
-}
-
-/// The k-quant rows of `out` on the VNNI path in tiles of 4+ tokens: 16 rows per kernel call
-/// ([`Group16`]), a last lone group through the 8-row kernel. Same bits as [`rows`].
-#[inline(always)]
-unsafe fn rows_k16<const T: usize>(
-    f: FmtK,
-    tiles: &[u8],
-    tile_bytes: usize,
-    nsb: usize,
-    xs: &[QRow<'_>; T],
-    out: &mut [[f32; T]],
-) {
-    let group = nsb * tile_bytes;
-    assert!(
-        tiles.len() >= out.len().div_ceil(8) * group,
-        "interleaved: too few groups"
-    );
-    for (p, o) in out.chunks_mut(16).enumerate() {
-        let at = 2 * p * group;
-        if o.len() <= 8 {
-            rows::<VnniMac, T>(Kind::K(f), &tiles[at..], tile_bytes, nsb, xs, o);
-            continue;
-        }
-        let l = Group16 { group };
-        let acc = tile_k::<Group16, T>(f, &l, tiles.as_ptr().add(at), tile_bytes, nsb, xs);
-        store_rows::<Group16, T>(&acc, o);
-    }
-}
-
 /// Runs `$body` with `$k` bound to the [`Kind`] of format `$f`, a constant in each arm (so the
 /// kernels are specialized per format).
 macro_rules! per_format {
@@ -312,9 +273,9 @@ pub(in super::super) unsafe fn interleaved_vnni<const T: usize>(
     // 512-bit vectors, 16 rows per kernel call, for the 32-block formats in tiles of 4+ tokens
     // (for fewer, joining two groups' codes costs more than it saves: single-stream Gemma 3
     // decode measured 20 % slower with it).
-    per_format!(f, k => match k {
-        Kind::B32(f) if T >= 4 => rows16::<T>(f, tiles, tile_bytes, nb, xs, out),
-        Kind::K(f) if T >= 4 => rows_k16::<T>(f, tiles, tile_bytes, nb, xs, out),
-        _ => rows::<VnniMac, T>(k, tiles, tile_bytes, nb, xs, out),
+    per_format!(f, k => if T >= 4 {
+        rows16::<T>(k, tiles, tile_bytes, nb, xs, out)
+    } else {
+        rows::<VnniMac, T>(k, tiles, tile_bytes, nb, xs, out)
     })
 }

@@ -231,3 +231,15 @@ impl Lanes for Group16 {
         out.copy_from_slice(&lanes[..out.len()]);
     }
 }
+
+/// `o[r][t]` = lane `r` of `acc[t]` for the rows of `o` (at most `L::ROWS`).
+#[inline(always)]
+pub(super) unsafe fn store_rows<L: Lanes, const T: usize>(acc: &[L::F; T], o: &mut [[f32; T]]) {
+    for t in 0..T {
+        let mut lanes = [0.0f32; 16];
+        L::store(acc[t], &mut lanes[..L::ROWS]);
+        for (r, o) in o.iter_mut().enumerate() {
+            o[t] = lanes[r];
+        }
+    }
+}
