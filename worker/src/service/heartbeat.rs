@@ -31,26 +31,34 @@ pub fn with_heartbeats(
         })),
     };
     let messages = Box::pin(messages);
-    // Whether the heartbeat that follows the first message is still to be sent.
-    let first = true;
     futures::stream::unfold(
-        (messages, tick, heartbeat, first),
-        |(mut messages, mut tick, heartbeat, mut first)| async move {
+        (messages, tick, heartbeat, Stage::First),
+        |(mut messages, mut tick, heartbeat, stage)| async move {
+            if stage == Stage::HeartbeatDue {
+                let next = heartbeat.clone();
+                return Some((next, (messages, tick, heartbeat, Stage::Steady)));
+            }
             let next = tokio::select! {
                 biased;
                 message = messages.next() => message?,
                 _ = tick.tick() => heartbeat.clone(),
             };
-            let stream = if std::mem::take(&mut first) {
-                // The first message, then at once a heartbeat.
-                futures::stream::iter(vec![next, heartbeat.clone()])
-            } else {
-                futures::stream::iter(vec![next])
+            let stage = match stage {
+                Stage::First => Stage::HeartbeatDue,
+                _ => Stage::Steady,
             };
-            Some((stream, (messages, tick, heartbeat, first)))
+            Some((next, (messages, tick, heartbeat, stage)))
         },
     )
-    .flatten()
+}
+
+/// Where [`with_heartbeats`] is: before the first message, owing the heartbeat that follows it,
+/// or sending messages and timed heartbeats.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    First,
+    HeartbeatDue,
+    Steady,
 }
 
 #[cfg(test)]
