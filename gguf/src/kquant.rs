@@ -159,10 +159,16 @@ pub fn q6_k_codes(block: &[u8]) -> [u8; 256] {
 pub fn dequantize_block_q6_k(block: &[u8], out: &mut [f32]) {
     let d = f16_at(block, 208);
     let codes = q6_k_codes(block);
-    // Element e has scale (sub-block of 16) e / 16.
-    for (e, (y, &c)) in out[..256].iter_mut().zip(&codes).enumerate() {
-        let scale = d * (block[192 + e / 16] as i8) as f32;
-        *y = scale * (i32::from(c) - 32) as f32;
+    // Sub-block g (16 values) has scale g.
+    for (g, (ys, cs)) in out[..256]
+        .chunks_exact_mut(16)
+        .zip(codes.chunks_exact(16))
+        .enumerate()
+    {
+        let scale = d * (block[192 + g] as i8) as f32;
+        for (y, &c) in ys.iter_mut().zip(cs) {
+            *y = scale * (i32::from(c) - 32) as f32;
+        }
     }
 }
 
