@@ -207,9 +207,11 @@ fn interleaved_t<const T: usize>(
     }
 }
 
-/// Tokens per kernel call: the SIMD kernels decode (and for blocks of 32, transpose) each weight
-/// block once per tile, so a taller tile spreads that work over more tokens.
-const TILE_T: usize = 8;
+/// Tokens per kernel call: the SIMD kernels load (and for the row-major blocks of 32, decode and
+/// transpose) each weight block once per tile, so a taller tile spreads that work over more
+/// tokens. 16 measured 3-5 % faster than 8 for prefill and 32-stream decode on the VNNI path
+/// (Gemma 3, SmolLM2; BENCHMARKS.md, 2026-12-06) and no slower on the AVX2 path.
+const TILE_T: usize = 16;
 
 /// Weight rows per kernel call.
 const CHUNK_R: usize = 16;
