@@ -9,6 +9,8 @@
 
 use std::fmt;
 
+use crate::pool::{self, DisjointSlice};
+
 /// Values per block of the 32-block kind (the legacy formats' block).
 pub(super) const QK32: usize = 32;
 /// Values per block of the 256-block kind (the k-quants' super-block).
@@ -93,6 +95,68 @@ fn quantize_block(x: &[f32], q: &mut [i8]) -> f32 {
     d
 }
 
+/// Values below which a step's activations are quantized on the calling thread alone (a pool
+/// region costs a few microseconds; single-stream decode quantizes under a thousand values).
+const PARALLEL_MIN_VALUES: usize = 8 * 1024;
+
+/// The output buffers of a run of whole rows ([`QuantActs`]' fields, sliced to those rows).
+struct BlocksMut<'a> {
+    qs: &'a mut [i8],
+    d: &'a mut [f32],
+    sums: &'a mut [i32],
+    dsums: &'a mut [f32],
+    bsums: &'a mut [i16],
+}
+
+impl BlocksMut<'_> {
+    /// Quantizes `x` (the rows these buffers hold) into blocks of `kind`, compiled for AVX2 when
+    /// `simd` and the CPU has it (bitwise the same result either way).
+    fn fill(self, kind: ActBlocks, x: &[f32], simd: bool) {
+        #[cfg(target_arch = "x86_64")]
+        if simd && std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: AVX2 was just detected.
+            unsafe { self.fill_avx2(kind, x) };
+            return;
+        }
+        self.fill_portable(kind, x);
+    }
+
+    /// [`Self::fill_portable`] compiled for AVX2, where `round_ties_even` is one `vroundps` and
+    /// the loops vectorize: the same operations, so bitwise the same codes, scales and sums.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn fill_avx2(self, kind: ActBlocks, x: &[f32]) {
+        self.fill_portable(kind, x);
+    }
+
+    /// Quantizes every block of `x` into the buffers (sized for `x`).
+    #[inline(always)]
+    fn fill_portable(self, kind: ActBlocks, x: &[f32]) {
+        let block = kind.len();
+        let blocks = x.chunks_exact(block).zip(self.qs.chunks_exact_mut(block));
+        for (b, (xb, qb)) in blocks.enumerate() {
+            let d = quantize_block(xb, qb);
+            self.d[b] = d;
+            match kind {
+                ActBlocks::B32 => {
+                    let s: i32 = qb.iter().map(|&q| i32::from(q)).sum();
+                    self.sums[b] = s;
+                    self.dsums[b] = d * s as f32;
+                }
+                ActBlocks::B256 => {
+                    for (j, g) in qb.chunks_exact(16).enumerate() {
+                        // |Σ| <= 16 * 127, well inside i16.
+                        self.bsums[16 * b + j] = g.iter().map(|&q| i16::from(q)).sum();
+                    }
+                }
+            }
+        }
+    }
+}
+
 impl QuantActs {
     /// Quantizes `x` (`[n, k]` row-major) into blocks of `kind`, replacing the contents.
     ///
@@ -102,7 +166,9 @@ impl QuantActs {
     }
 
     /// [`Self::quantize`], compiled for AVX2 when `simd` and the CPU has it (bitwise the same
-    /// result either way; `false` is for the tests that check so).
+    /// result either way; `false` is for the tests that check so). Steps of at least
+    /// [`PARALLEL_MIN_VALUES`] values are split by rows over the compute pool; a row's blocks
+    /// depend on that row alone, so the split changes no value.
     pub(super) fn quantize_with(
         &mut self,
         kind: ActBlocks,
@@ -128,48 +194,43 @@ impl QuantActs {
         self.sums.resize(n_sums, 0);
         self.dsums.resize(n_sums, 0.0);
         self.bsums.resize(n_bsums, 0);
-        #[cfg(target_arch = "x86_64")]
-        if simd && std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: AVX2 was just detected.
-            unsafe { self.blocks_avx2(kind, x) };
+        let pool = pool::global();
+        if n < 2 || n * k < PARALLEL_MIN_VALUES || pool.threads() < 2 {
+            let all = BlocksMut {
+                qs: &mut self.qs,
+                d: &mut self.d,
+                sums: &mut self.sums,
+                dsums: &mut self.dsums,
+                bsums: &mut self.bsums,
+            };
+            all.fill(kind, x, simd);
             return;
         }
-        self.blocks(kind, x);
-    }
-
-    /// [`Self::blocks`] compiled for AVX2, where `round_ties_even` is one `vroundps` and the
-    /// loops vectorize: the same operations, so bitwise the same codes, scales and sums.
-    ///
-    /// # Safety
-    /// The CPU must support AVX2.
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    unsafe fn blocks_avx2(&mut self, kind: ActBlocks, x: &[f32]) {
-        self.blocks(kind, x);
-    }
-
-    /// Quantizes every block of `x` into the (already sized) buffers.
-    #[inline(always)]
-    fn blocks(&mut self, kind: ActBlocks, x: &[f32]) {
-        let block = kind.len();
-        let blocks = x.chunks_exact(block).zip(self.qs.chunks_exact_mut(block));
-        for (b, (xb, qb)) in blocks.enumerate() {
-            let d = quantize_block(xb, qb);
-            self.d[b] = d;
-            match kind {
-                ActBlocks::B32 => {
-                    let s: i32 = qb.iter().map(|&q| i32::from(q)).sum();
-                    self.sums[b] = s;
-                    self.dsums[b] = d * s as f32;
+        // Per row: k codes, k / block scales, and the sums of its kind.
+        let (per_d, per_sums, per_bsums) = (k / block, n_sums / n, n_bsums / n);
+        let rows_per_task = n.div_ceil(pool.threads());
+        let (qs, d) = (DisjointSlice::new(&mut self.qs), DisjointSlice::new(&mut self.d));
+        let (sums, dsums) = (
+            DisjointSlice::new(&mut self.sums),
+            DisjointSlice::new(&mut self.dsums),
+        );
+        let bsums = DisjointSlice::new(&mut self.bsums);
+        pool.run(n.div_ceil(rows_per_task), &|i| {
+            let rows = i * rows_per_task..((i + 1) * rows_per_task).min(n);
+            let of = |per: usize| rows.start * per..rows.end * per;
+            // SAFETY: `run` calls each task once and tasks take disjoint row ranges, so the
+            // pieces of every buffer are disjoint.
+            let piece = unsafe {
+                BlocksMut {
+                    qs: qs.piece(of(k)),
+                    d: d.piece(of(per_d)),
+                    sums: sums.piece(of(per_sums)),
+                    dsums: dsums.piece(of(per_sums)),
+                    bsums: bsums.piece(of(per_bsums)),
                 }
-                ActBlocks::B256 => {
-                    for (j, g) in qb.chunks_exact(16).enumerate() {
-                        // |Σ| <= 16 * 127, well inside i16.
-                        self.bsums[16 * b + j] = g.iter().map(|&q| i16::from(q)).sum();
-                    }
-                }
-            }
-        }
+            };
+            piece.fill(kind, &x[of(k)], simd);
+        });
     }
 
     /// Row `t`. Panics if `t` is not below the row count.

@@ -270,6 +270,30 @@ fn activation_quantization_is_the_same_on_every_path() {
     assert_eq!(row, [127, -14, -14, -12]);
 }
 
+/// A step large enough to be quantized on several pool threads (split by rows) gives every row
+/// exactly what quantizing that row alone gives, on both paths and both block kinds.
+#[test]
+fn rows_quantized_together_equal_each_row_alone() {
+    let (n, k) = (67, 768);
+    let x = data(n * k, 11);
+    for kind in [ActBlocks::B32, ActBlocks::B256] {
+        for simd in [false, true] {
+            let mut all = QuantActs::default();
+            all.quantize_with(kind, &x, n, k, simd);
+            for t in 0..n {
+                let mut one = QuantActs::default();
+                one.quantize_with(kind, &x[t * k..(t + 1) * k], 1, k, simd);
+                let (a, b) = (all.row(t), one.row(0));
+                assert_eq!(a.qs, b.qs, "{kind:?} simd={simd} row {t}");
+                assert_eq!(bits(a.d), bits(b.d));
+                assert_eq!(a.sums, b.sums);
+                assert_eq!(bits(a.dsums), bits(b.dsums));
+                assert_eq!(a.bsums, b.bsums);
+            }
+        }
+    }
+}
+
 /// Float weights have no integer kernel: the call says so and leaves the output alone.
 #[test]
 fn float_weights_are_left_to_the_exact_path() {
