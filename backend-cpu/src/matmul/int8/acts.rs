@@ -209,7 +209,10 @@ impl QuantActs {
         // Per row: k codes, k / block scales, and the sums of its kind.
         let (per_d, per_sums, per_bsums) = (k / block, n_sums / n, n_bsums / n);
         let rows_per_task = n.div_ceil(pool.threads());
-        let (qs, d) = (DisjointSlice::new(&mut self.qs), DisjointSlice::new(&mut self.d));
+        let (qs, d) = (
+            DisjointSlice::new(&mut self.qs),
+            DisjointSlice::new(&mut self.d),
+        );
         let (sums, dsums) = (
             DisjointSlice::new(&mut self.sums),
             DisjointSlice::new(&mut self.dsums),

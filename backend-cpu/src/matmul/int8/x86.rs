@@ -93,6 +93,11 @@ trait Tile8 {
     /// `i` of row `r`'s 32 codes in element order; Q8_0's signed), then the rows' `d` and (formats
     /// with a minimum) `m` as f32 lanes.
     unsafe fn block<M: Mac>(&self, b: usize) -> ([__m256i; 8], __m256, __m256);
+
+    /// Fetches part `b` of `nb` of the next 8 rows' bytes ahead of their kernel call
+    /// ([`tiles::prefetch_part`]); nothing for layouts whose next rows are not consecutive.
+    #[inline(always)]
+    unsafe fn prefetch_next(&self, _b: usize, _nb: usize) {}
 }
 
 /// `nrows` (1..=8) rows of a 32-block format in the file's layout, `rb` bytes apart from `rows`.
@@ -140,6 +145,7 @@ unsafe fn tile32<M: Mac, S: Tile8, const T: usize>(
     // Block `b` into accumulator `b % 8` of each token, as the reference's lanes.
     let mut acc = [[_mm256_setzero_ps(); 8]; T];
     for b in 0..nb {
+        src.prefetch_next(b, nb);
         let (raw, dw, mw) = src.block::<M>(b);
         let u = M::prep(signed, raw);
         for t in 0..T {

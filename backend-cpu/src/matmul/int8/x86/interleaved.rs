@@ -9,7 +9,7 @@ use super::super::acts::QRow;
 use super::super::reference::{Fmt32, FmtK};
 use super::lanes::{store_rows, Group16, Group8, Lanes};
 use super::mac::{Avx2Mac, Mac, VnniMac};
-use super::tiles::Tiles;
+use super::tiles::{prefetch_part, Tiles};
 use super::{tile32, wide};
 
 /// Which kernel a group of interleaved rows takes: the 32-block one ([`tile32`]) or the k-quant
@@ -117,7 +117,11 @@ unsafe fn tile_k<L: Lanes, const T: usize>(
 ) -> [L::F; T] {
     let z = L::zero();
     let mut acc = [L::fzero(); T];
+    // The next `L::ROWS` rows' tiles follow these ([`prefetch_part`]).
+    let span = L::ROWS / 8 * tile_bytes;
+    let next = tiles.wrapping_add(nsb * span);
     for sb in 0..nsb {
+        prefetch_part(next, span, sb);
         let p = tiles.add(sb * tile_bytes);
         let dw = l.f16(p);
         let mut isum = [z; T];

@@ -9,7 +9,7 @@ use std::arch::x86_64::*;
 use super::super::acts::QRow;
 use super::super::reference::Fmt32;
 use super::mac::{Mac, VnniMac};
-use super::tiles::Tiles;
+use super::tiles::{prefetch_part, Tiles};
 use super::Tile8;
 
 /// `a` in lanes 0-7, `b` in lanes 8-15.
@@ -43,7 +43,10 @@ pub(super) unsafe fn tile16<const T: usize>(
         f.offset()
     };
     let mut acc = [[_mm512_setzero_ps(); 8]; T];
+    // The next pair of groups follows these two ([`prefetch_part`]).
+    let next = hi.tiles.wrapping_add(nb * lo.tile_bytes);
     for b in 0..nb {
+        prefetch_part(next, 2 * lo.tile_bytes, b);
         let (ra, dwa, mwa) = lo.block::<VnniMac>(b);
         let (rb, dwb, mwb) = hi.block::<VnniMac>(b);
         let (ua, ub) = (VnniMac::prep(signed, ra), VnniMac::prep(signed, rb));
