@@ -182,27 +182,33 @@ fn rows_t<const T: usize>(
     }
 }
 
-/// [`rows_t`] for rows interleaved at load time ([`Interleaved8`]): `out.len()` rows from group
-/// `g0` on. SIMD paths only (the portable one reads the row-major bytes).
+/// [`rows_t`] for rows interleaved at load time ([`Interleaved8`]): `n_rows` rows (at most
+/// [`CHUNK_R`]) from group `g0` on, into `tile` token by token (`tile[t][r]`). SIMD paths only
+/// (the portable one reads the row-major bytes).
 #[inline(always)]
 fn interleaved_t<const T: usize>(
     path: IntPath,
     il: &Interleaved8,
     g0: usize,
     xs: &[QRow<'_>; T],
-    out: &mut [[f32; T]],
+    n_rows: usize,
+    tile: &mut [[f32; CHUNK_R]; T],
 ) {
-    let tiles = il.groups(g0, out.len().div_ceil(GROUP_ROWS));
+    let tiles = il.groups(g0, n_rows.div_ceil(GROUP_ROWS));
     let (f, tile_bytes, nb) = (il.format(), il.tile_bytes(), il.blocks());
     match path {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Avx2` comes only from `IntPath::available`, which detected AVX2, FMA and F16C;
-        // `tiles` holds the groups of `out`'s rows and `xs` were quantized from rows of `nb`
+        // `tiles` holds the groups of the `n_rows` rows and `xs` were quantized from rows of `nb`
         // blocks of the format.
-        IntPath::Avx2 => unsafe { x86::interleaved_avx2::<T>(f, tiles, tile_bytes, nb, xs, out) },
+        IntPath::Avx2 => unsafe {
+            x86::interleaved_avx2::<T>(f, tiles, tile_bytes, nb, xs, n_rows, tile)
+        },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above, after detecting AVX-512F/BW/VL/VNNI.
-        IntPath::Vnni => unsafe { x86::interleaved_vnni::<T>(f, tiles, tile_bytes, nb, xs, out) },
+        IntPath::Vnni => unsafe {
+            x86::interleaved_vnni::<T>(f, tiles, tile_bytes, nb, xs, n_rows, tile)
+        },
         _ => unreachable!("int8: interleaved rows on the portable path"),
     }
 }
@@ -213,8 +219,10 @@ fn interleaved_t<const T: usize>(
 /// (Gemma 3, SmolLM2; BENCHMARKS.md, 2026-12-06) and no slower on the AVX2 path.
 const TILE_T: usize = 16;
 
-/// Weight rows per kernel call.
+/// Weight rows per kernel call (the interleaved kernels' token tile width).
 const CHUNK_R: usize = 16;
+#[cfg(target_arch = "x86_64")]
+const _: () = assert!(CHUNK_R == x86::TILE_ROWS);
 const _: () = assert!(CHUNK_R.is_multiple_of(GROUP_ROWS));
 
 /// Task columns `cols` (rows `r0 + cols` of `w`) against the `T` quantized rows from `t0`, in
@@ -229,7 +237,9 @@ fn token_tile<const T: usize>(
     out: &mut OutCols<'_>,
 ) {
     let xs: [QRow<'_>; T] = std::array::from_fn(|i| x.row(t0 + i));
-    let mut buf = [[0.0f32; T]; CHUNK_R];
+    // The chunk's outputs token by token (`tile[t][i]`: row `r + i` against token `t0 + t`); the
+    // interleaved kernels store them so, the row-major ones through `by_row` and a transposition.
+    let mut tile = [[0.0f32; CHUNK_R]; T];
     // The interleaved copy where there is one (SIMD paths; the portable one is the reference),
     // except for Q8_0 tiles of 4+ tokens on AVX2, where the row-major kernel measured 10 % faster
     // at 32 streams (16 vector registers; BENCHMARKS.md, 2026-12-06).
@@ -247,26 +257,26 @@ fn token_tile<const T: usize>(
                     "int8: row not at a group"
                 );
                 let g0 = (r0 + r) / GROUP_ROWS;
-                interleaved_t::<T>(path, il, g0, &xs, &mut buf[..count]);
+                interleaved_t::<T>(path, il, g0, &xs, count, &mut tile);
             }
             None => {
+                let mut by_row = [[0.0f32; T]; CHUNK_R];
                 let rows = w.rows_encoded(r0 + r, count);
-                rows_t::<T>(path, w.format(), rows, xs, w.cols(), &mut buf[..count]);
+                rows_t::<T>(path, w.format(), rows, xs, w.cols(), &mut by_row[..count]);
+                for (i, v) in by_row[..count].iter().enumerate() {
+                    for t in 0..T {
+                        tile[t][i] = v[t];
+                    }
+                }
             }
         }
         if count == CHUNK_R {
             // One bounds check and T contiguous runs of CHUNK_R outputs.
-            let mut tile = [[0.0f32; CHUNK_R]; T];
-            for (i, v) in buf.iter().enumerate() {
-                for t in 0..T {
-                    tile[t][i] = v[t];
-                }
-            }
             out.put(t0, r, &tile);
         } else {
-            for (i, v) in buf[..count].iter().enumerate() {
-                let col: [[f32; 1]; T] = std::array::from_fn(|t| [v[t]]);
-                out.put(t0, r + i, &col);
+            for (i, c) in (r..r + count).enumerate() {
+                let col: [[f32; 1]; T] = std::array::from_fn(|t| [tile[t][i]]);
+                out.put(t0, c, &col);
             }
         }
         r += count;

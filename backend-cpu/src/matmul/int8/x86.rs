@@ -42,6 +42,7 @@ use lanes::{store_rows, Group8};
 use mac::{Avx2Mac, Mac, VnniMac};
 
 pub(super) use interleaved::{interleaved_avx2, interleaved_vnni};
+pub(super) use lanes::TILE_ROWS;
 
 /// Sum of the 8 i32 lanes (exact).
 #[inline(always)]

@@ -7,7 +7,7 @@ use gguf::GgmlType;
 
 use super::super::acts::QRow;
 use super::super::reference::{Fmt32, FmtK};
-use super::lanes::{store_rows, Group16, Group8, Lanes};
+use super::lanes::{store_tokens, Group16, Group8, Lanes, TokenTile, TILE_ROWS};
 use super::mac::{Avx2Mac, Mac, VnniMac};
 use super::tiles::{prefetch_part, Tiles};
 use super::{tile32, wide};
@@ -20,8 +20,9 @@ enum Kind {
     K(FmtK),
 }
 
-/// Every row of `out` (`out.len()` rows, at most `8 * groups` of the interleaved `tiles`, whose
-/// groups of `nb` tiles of `tile_bytes` lie consecutive) against `xs`, 8 rows per kernel call.
+/// The first `n_rows` rows (at most `8 * groups` of the interleaved `tiles`, whose groups of `nb`
+/// tiles of `tile_bytes` lie consecutive; at most [`TILE_ROWS`]) against `xs`, 8 rows per kernel
+/// call, into `tile` token by token.
 #[inline(always)]
 unsafe fn rows<M: Mac, const T: usize>(
     kind: Kind,
@@ -29,14 +30,16 @@ unsafe fn rows<M: Mac, const T: usize>(
     tile_bytes: usize,
     nb: usize,
     xs: &[QRow<'_>; T],
-    out: &mut [[f32; T]],
+    n_rows: usize,
+    tile: &mut TokenTile<T>,
 ) {
     let group = nb * tile_bytes;
+    assert!(n_rows <= TILE_ROWS, "interleaved: more rows than a tile");
     assert!(
-        tiles.len() >= out.len().div_ceil(8) * group,
+        tiles.len() >= n_rows.div_ceil(8) * group,
         "interleaved: too few groups"
     );
-    for (g, o) in out.chunks_mut(8).enumerate() {
+    for g in 0..n_rows.div_ceil(8) {
         let at = tiles.as_ptr().add(g * group);
         let acc = match kind {
             Kind::B32(f) => {
@@ -52,13 +55,13 @@ unsafe fn rows<M: Mac, const T: usize>(
                 tile_k::<Group8<M>, T>(f, &l, at, tile_bytes, nb, xs)
             }
         };
-        store_rows::<Group8<M>, T>(&acc, o);
+        store_tokens::<Group8<M>, T>(&acc, tile, 8 * g);
     }
 }
 
-/// [`rows`] on the VNNI path: pairs of groups in 512-bit vectors ([`wide::tile16`] for the
-/// 32-block formats, [`tile_k`] on [`Group16`] for the k-quants), a last lone group through the
-/// 8-row kernel. Same bits.
+/// [`rows`] on the VNNI path: a pair of groups in 512-bit vectors ([`wide::tile16`] for the
+/// 32-block formats, [`tile_k`] on [`Group16`] for the k-quants), a lone group (8 rows or fewer)
+/// through the 8-row kernel. Same bits.
 #[inline(always)]
 unsafe fn rows16<const T: usize>(
     kind: Kind,
@@ -66,35 +69,33 @@ unsafe fn rows16<const T: usize>(
     tile_bytes: usize,
     nb: usize,
     xs: &[QRow<'_>; T],
-    out: &mut [[f32; T]],
+    n_rows: usize,
+    tile: &mut TokenTile<T>,
 ) {
     let group = nb * tile_bytes;
+    assert!(n_rows <= TILE_ROWS, "interleaved: more rows than a tile");
     assert!(
-        tiles.len() >= out.len().div_ceil(8) * group,
+        tiles.len() >= n_rows.div_ceil(8) * group,
         "interleaved: too few groups"
     );
-    for (p, o) in out.chunks_mut(16).enumerate() {
-        let at = 2 * p * group;
-        if o.len() <= 8 {
-            rows::<VnniMac, T>(kind, &tiles[at..], tile_bytes, nb, xs, o);
-            continue;
-        }
-        let acc = match kind {
-            Kind::B32(f) => {
-                let tiles_at = |g: usize| Tiles {
-                    f,
-                    tiles: tiles.as_ptr().add(at + g * group),
-                    tile_bytes,
-                };
-                wide::tile16::<T>(f, &tiles_at(0), &tiles_at(1), xs, nb)
-            }
-            Kind::K(f) => {
-                let l = Group16 { group };
-                tile_k::<Group16, T>(f, &l, tiles.as_ptr().add(at), tile_bytes, nb, xs)
-            }
-        };
-        store_rows::<Group16, T>(&acc, o);
+    if n_rows <= 8 {
+        return rows::<VnniMac, T>(kind, tiles, tile_bytes, nb, xs, n_rows, tile);
     }
+    let acc = match kind {
+        Kind::B32(f) => {
+            let tiles_at = |g: usize| Tiles {
+                f,
+                tiles: tiles.as_ptr().add(g * group),
+                tile_bytes,
+            };
+            wide::tile16::<T>(f, &tiles_at(0), &tiles_at(1), xs, nb)
+        }
+        Kind::K(f) => {
+            let l = Group16 { group };
+            tile_k::<Group16, T>(f, &l, tiles.as_ptr(), tile_bytes, nb, xs)
+        }
+    };
+    store_tokens::<Group16, T>(&acc, tile, 0);
 }
 
 /// `L::ROWS` interleaved rows (one group, or two for [`Group16`]) of a k-quant format `f` (Q4_K
@@ -243,8 +244,9 @@ macro_rules! per_format {
     };
 }
 
-/// `out[r][t] = Σ W_r·x_t` for the rows of `out` from interleaved groups `tiles` of format `f`
-/// (a format with an interleaved layout; `nb` blocks per row, tiles of `tile_bytes`), AVX2 path.
+/// `tile[t][r] = Σ W_r·x_t` for the first `n_rows` rows (at most [`TILE_ROWS`]) of the
+/// interleaved groups `tiles` of format `f` (a format with an interleaved layout; `nb` blocks per
+/// row, tiles of `tile_bytes`), AVX2 path. Entries of rows past `n_rows` are left unspecified.
 ///
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C; each `xs[t]` holds the quantized activations of
@@ -256,9 +258,10 @@ pub(in super::super) unsafe fn interleaved_avx2<const T: usize>(
     tile_bytes: usize,
     nb: usize,
     xs: &[QRow<'_>; T],
-    out: &mut [[f32; T]],
+    n_rows: usize,
+    tile: &mut TokenTile<T>,
 ) {
-    per_format!(f, k => rows::<Avx2Mac, T>(k, tiles, tile_bytes, nb, xs, out))
+    per_format!(f, k => rows::<Avx2Mac, T>(k, tiles, tile_bytes, nb, xs, n_rows, tile))
 }
 
 /// [`interleaved_avx2`] on the VNNI path.
@@ -272,14 +275,15 @@ pub(in super::super) unsafe fn interleaved_vnni<const T: usize>(
     tile_bytes: usize,
     nb: usize,
     xs: &[QRow<'_>; T],
-    out: &mut [[f32; T]],
+    n_rows: usize,
+    tile: &mut TokenTile<T>,
 ) {
     // 512-bit vectors, 16 rows per kernel call, for the 32-block formats in tiles of 4+ tokens
     // (for fewer, joining two groups' codes costs more than it saves: single-stream Gemma 3
     // decode measured 20 % slower with it).
     per_format!(f, k => if T >= 4 {
-        rows16::<T>(k, tiles, tile_bytes, nb, xs, out)
+        rows16::<T>(k, tiles, tile_bytes, nb, xs, n_rows, tile)
     } else {
-        rows::<VnniMac, T>(k, tiles, tile_bytes, nb, xs, out)
+        rows::<VnniMac, T>(k, tiles, tile_bytes, nb, xs, n_rows, tile)
     })
 }

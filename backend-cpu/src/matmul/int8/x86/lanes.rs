@@ -130,6 +130,10 @@ impl<M: Mac> Lanes for Group8<M> {
     }
     #[inline(always)]
     unsafe fn store(v: __m256, out: &mut [f32]) {
+        if out.len() == 8 {
+            _mm256_storeu_ps(out.as_mut_ptr(), v);
+            return;
+        }
         let mut lanes = [0.0f32; 8];
         _mm256_storeu_ps(lanes.as_mut_ptr(), v);
         out.copy_from_slice(&lanes[..out.len()]);
@@ -226,9 +230,38 @@ impl Lanes for Group16 {
     }
     #[inline(always)]
     unsafe fn store(v: __m512, out: &mut [f32]) {
+        if out.len() == 16 {
+            _mm512_storeu_ps(out.as_mut_ptr(), v);
+            return;
+        }
         let mut lanes = [0.0f32; 16];
         _mm512_storeu_ps(lanes.as_mut_ptr(), v);
         out.copy_from_slice(&lanes[..out.len()]);
+    }
+}
+
+/// Rows per token in a [`TokenTile`]: the kernels' chunk of rows ([`super::super::CHUNK_R`]).
+pub(in super::super) const TILE_ROWS: usize = 16;
+
+/// A kernel's outputs token by token: `tile[t][r]` is row `r` of the chunk against token `t`.
+pub(in super::super) type TokenTile<const T: usize> = [[f32; TILE_ROWS]; T];
+
+/// `tile[t][at..at + L::ROWS]` = the lanes of `acc[t]`, one vector store per token (lanes of rows
+/// past the matrix's end land in the tile too and are not read).
+///
+/// Panics if `at + L::ROWS > TILE_ROWS`.
+#[inline(always)]
+pub(super) unsafe fn store_tokens<L: Lanes, const T: usize>(
+    acc: &[L::F; T],
+    tile: &mut TokenTile<T>,
+    at: usize,
+) {
+    assert!(
+        at + L::ROWS <= TILE_ROWS,
+        "store_tokens: lanes past the tile"
+    );
+    for t in 0..T {
+        L::store(acc[t], &mut tile[t][at..at + L::ROWS]);
     }
 }
 
