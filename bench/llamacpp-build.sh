@@ -7,11 +7,28 @@
 # The source is the llama.cpp that the PyPI sdist of llama-cpp-python vendors
 # (`pip download --no-binary llama-cpp-python --no-deps`); cmake comes from its PyPI wheel when the
 # machine has none. The caller sets `root` (the repository) and may set LLAMACPP_VERSION (0.3.36)
-# and THREADS (build jobs; default nproc).
+# THREADS (build jobs; default nproc) and LLAMACPP_SIMD (below).
 
 llamacpp_version="${LLAMACPP_VERSION:-0.3.36}"
 llamacpp_cache="$root/.cache/llamacpp-$llamacpp_version"
-llamacpp_build_dir="$llamacpp_cache/build"
+# LLAMACPP_SIMD=avx2: a second build without AVX-512 (GGML_NATIVE off; AVX, AVX2, FMA, F16C, BMI2
+# on) in build-avx2, the anchor for our AVX2 path forced with WORKER_SIMD=avx2 on an AVX-512
+# machine: a stand-in for the AVX2-only machine kind (the same instructions, not the same core).
+case "${LLAMACPP_SIMD:-native}" in
+  native)
+    llamacpp_build_dir="$llamacpp_cache/build"
+    llamacpp_simd_flags=(-DGGML_NATIVE=ON)
+    ;;
+  avx2)
+    llamacpp_build_dir="$llamacpp_cache/build-avx2"
+    llamacpp_simd_flags=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
+      -DGGML_BMI2=ON -DGGML_AVX512=OFF)
+    ;;
+  *)
+    echo "LLAMACPP_SIMD is native or avx2, not ${LLAMACPP_SIMD}" >&2
+    return 2 2>/dev/null || exit 2
+    ;;
+esac
 
 llamacpp_bin() {
   find "$llamacpp_build_dir" -type f -name "$1" -perm -u+x 2>/dev/null | head -n 1
@@ -58,7 +75,7 @@ llamacpp_build() {
     ! grep -qx "CMAKE_HOME_DIRECTORY:INTERNAL=$llama_src" "$llamacpp_build_dir/CMakeCache.txt"; then
     rm -rf "$llamacpp_build_dir/CMakeCache.txt" "$llamacpp_build_dir/CMakeFiles"
   fi
-  cmake -S "$llama_src" -B "$llamacpp_build_dir" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+  cmake -S "$llama_src" -B "$llamacpp_build_dir" -DCMAKE_BUILD_TYPE=Release "${llamacpp_simd_flags[@]}" \
     -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DBUILD_SHARED_LIBS=OFF
   cmake --build "$llamacpp_build_dir" --config Release -j "${THREADS:-$(nproc)}" --target "${missing[@]}"
   echo "$cpu_key" >"$llamacpp_build_dir/.cpu-key"
