@@ -6,7 +6,7 @@
 #
 # The source is the llama.cpp that the PyPI sdist of llama-cpp-python vendors
 # (`pip download --no-binary llama-cpp-python --no-deps`); cmake comes from its PyPI wheel when the
-# machine has none. The caller sets `root` (the repository) and may set LLAMACPP_VERSION (0.3.36)
+# machine has none. The caller sets `root` (the repository) and may set LLAMACPP_VERSION (0.3.36),
 # THREADS (build jobs; default nproc) and LLAMACPP_SIMD (below).
 
 llamacpp_version="${LLAMACPP_VERSION:-0.3.36}"

@@ -38,7 +38,7 @@ pub(super) trait Lanes {
     unsafe fn f16(&self, p: *const u8) -> Self::F;
     /// The 8 bytes at `p` of each group as i32 lanes: unsigned, or signed.
     unsafe fn bytes(&self, p: *const u8, signed: bool) -> Self::I;
-    /// Lanes `0..out.len()` of `v` (at most `ROWS`).
+    /// The `ROWS` lanes of `v` into `out` (`ROWS` long; panics otherwise).
     unsafe fn store(v: Self::F, out: &mut [f32]);
 }
 
@@ -130,13 +130,8 @@ impl<M: Mac> Lanes for Group8<M> {
     }
     #[inline(always)]
     unsafe fn store(v: __m256, out: &mut [f32]) {
-        if out.len() == 8 {
-            _mm256_storeu_ps(out.as_mut_ptr(), v);
-            return;
-        }
-        let mut lanes = [0.0f32; 8];
-        _mm256_storeu_ps(lanes.as_mut_ptr(), v);
-        out.copy_from_slice(&lanes[..out.len()]);
+        assert_eq!(out.len(), 8, "store: one lane per element");
+        _mm256_storeu_ps(out.as_mut_ptr(), v);
     }
 }
 
@@ -230,21 +225,17 @@ impl Lanes for Group16 {
     }
     #[inline(always)]
     unsafe fn store(v: __m512, out: &mut [f32]) {
-        if out.len() == 16 {
-            _mm512_storeu_ps(out.as_mut_ptr(), v);
-            return;
-        }
-        let mut lanes = [0.0f32; 16];
-        _mm512_storeu_ps(lanes.as_mut_ptr(), v);
-        out.copy_from_slice(&lanes[..out.len()]);
+        assert_eq!(out.len(), 16, "store: one lane per element");
+        _mm512_storeu_ps(out.as_mut_ptr(), v);
     }
 }
 
-/// Rows per token in a [`TokenTile`]: the kernels' chunk of rows ([`super::super::CHUNK_R`]).
+/// Rows per token in a [`TokenTile`]: the kernels' chunk of rows (the matmul's `CHUNK_R`, which
+/// asserts that the two agree; this module does not import it, to keep the imports one way).
 pub(in super::super) const TILE_ROWS: usize = 16;
 
 /// A kernel's outputs token by token: `tile[t][r]` is row `r` of the chunk against token `t`.
-pub(in super::super) type TokenTile<const T: usize> = [[f32; TILE_ROWS]; T];
+pub(super) type TokenTile<const T: usize> = [[f32; TILE_ROWS]; T];
 
 /// `tile[t][at..at + L::ROWS]` = the lanes of `acc[t]`, one vector store per token (lanes of rows
 /// past the matrix's end land in the tile too and are not read).
