@@ -203,17 +203,23 @@ async fn streams_equal_with(
     }
     assert_eq!(off_stats.speculative_draft_tokens, 0);
     assert!(spec_stats.speculative_accepted_tokens > 0, "{spec_stats:?}");
-    // Every step commits at least one token, so without preemptions speculation never takes more
-    // steps; how many fewer depends on what the worker's measured costs let it propose (a draft
-    // as costly as the model proposes only while it explores). Preemptions (which differ with the
-    // schedule) add recompute steps. The cancelled request stops wherever its cancel lands, so
-    // each token it generated beyond the `off` run's may take one more step.
+    // Every step commits at least one token per sequence, so without preemptions speculation
+    // takes no more steps than `off` for the same schedule; how many fewer depends on what the
+    // worker's measured costs let it propose (a draft as costly as the model proposes only while
+    // it explores). The two runs' schedules are not the same, though:
+    // - preemptions (which differ with the schedule) add recompute steps;
+    // - the cancelled request stops wherever its cancel lands, so each token it generated beyond
+    //   the `off` run's may take one more step;
+    // - the requests arrive over the network while steps run, so a request whose arrival falls
+    //   just after a step boundary in one run and just before it in the other starts a step later
+    //   (CI saw 65 against 64 steps with equal tokens): one step per request.
     if off_stats.preemptions + spec_stats.preemptions == 0 {
         let cancel_slack = spec_stats
             .generated_tokens
             .saturating_sub(off_stats.generated_tokens);
+        let arrival_slack = requests.len() as u64;
         assert!(
-            spec_stats.steps <= off_stats.steps + cancel_slack,
+            spec_stats.steps <= off_stats.steps + cancel_slack + arrival_slack,
             "{off_stats:?} {spec_stats:?}"
         );
     }
