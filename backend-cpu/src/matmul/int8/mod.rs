@@ -7,13 +7,15 @@
 //! read ([`x86`]); the file's row-major bytes serve the portable path (the reference) and any
 //! matrix without the copy. Either layout gives the same bits.
 //!
-//! Each step's activation rows are quantized once per matmul call ([`acts`]): in blocks of 32 for
-//! Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 weights (an f32 scale, the block's integer sum and the scale
-//! times it), in blocks of 256 with per-16 sums for Q4_K, Q5_K and Q6_K. A call covers every part
-//! of one logical matrix (Q, K, V; gate, up), so the parts that read the same input share one
-//! quantization. Scratch: per call `n * k` bytes of codes plus 12 bytes per 32 values (or 36 per
-//! 256), e.g. 756 bytes per token for SmolLM2's 576-wide input, in a per-thread buffer reused
-//! across steps. F16, BF16 and F32 weights (and any call with such a part) take the exact f32 path.
+//! Each step's activation rows are quantized once per matmul call ([`acts`]) in blocks of 32: an
+//! f32 scale, the block's integer sum and the scale times it, and the integer sums of its halves.
+//! Every weight format reads the same blocks, the k-quants (Q4_K, Q5_K, Q6_K) too: 8 scales per
+//! super-block of 256 instead of ggml's one (`Q8_K`), which halved `fast`'s perplexity cost on
+//! Gemma 3 (BENCHMARKS.md, 2026-12-06). A call covers every part of one logical matrix (Q, K, V;
+//! gate, up), so the parts that read the same input share one quantization. Scratch: per call
+//! `n * k` bytes of codes plus 16 bytes per 32 values, e.g. 864 bytes per token for SmolLM2's
+//! 576-wide input, in a per-thread buffer reused across steps. F16, BF16 and F32 weights (and any
+//! call with such a part) take the exact f32 path.
 //!
 //! # Batch invariance (the contract of [`super`] kept in `fast`)
 //!
@@ -24,14 +26,14 @@
 //!    code `round_ties_even(x * (1 / d))`, in scalar code shared by every path.
 //! 2. A block's products are summed in i32. Integer addition is exact and associative, so the sum
 //!    does not depend on how a path splits it into lanes (`vpmaddubsw` pairs, `vpdpbusd` quads, the
-//!    scalar loop) or reduces them (no sum can overflow: a Q6_K super-block's is at most
-//!    16 · 128 · 16 · 63 · 127 < 2³¹, the others' less).
+//!    scalar loop) or reduces them (no sum can overflow: a Q6_K group's, two scaled sub-blocks,
+//!    is at most 2 · 128 · 16 · 63 · 127 < 2³¹, the others' less).
 //! 3. A block's f32 term is one fixed formula of that block's scales and integer sum
-//!    ([`reference::term32`], [`reference::term_k`]; separate multiplies and adds, never fused),
-//!    and lane-wise SIMD arithmetic rounds each lane exactly as the scalar operation does.
-//! 4. Terms are accumulated in a fixed order set by the row length only: blocks of 32 in 8 lanes
-//!    (block `b` into lane `b % 8`, in increasing `b`) then [`reference::reduce8`]; super-blocks of
-//!    256 sequentially.
+//!    ([`reference::term32`], [`reference::group_term_k`]; separate multiplies and adds, never
+//!    fused), and lane-wise SIMD arithmetic rounds each lane exactly as the scalar operation does.
+//! 4. Terms are accumulated in a fixed order set by the row length only: blocks of 32 of the
+//!    legacy formats in 8 lanes (block `b` into lane `b % 8`, in increasing `b`) then
+//!    [`reference::reduce8`]; the k-quants' groups of 32 sequentially.
 //!
 //! So every path gives bitwise the result of the portable reference ([`reference`]), which the
 //! tests check for every format, path, tile height and row count; results are therefore also
@@ -53,7 +55,7 @@ use serde::{Deserialize, Serialize};
 use super::out_cols::OutCols;
 use crate::kernels::{Interleaved8, QMatrix, SimdPath, GROUP_ROWS};
 use crate::pool;
-use acts::{ActBlocks, QRow, QuantActs};
+use acts::{QRow, QuantActs};
 use reference::{Fmt32, FmtK};
 
 /// How the CPU backend multiplies quantized weights (the worker's `numerics` setting).
@@ -133,17 +135,6 @@ impl IntPath {
 /// Whether `format` has integer kernels (every block format; not F16, BF16, F32).
 pub fn supports(format: GgmlType) -> bool {
     Fmt32::of(format).is_some() || FmtK::of(format).is_some()
-}
-
-/// The activation blocks `format` needs (`None`: no integer kernel).
-fn act_blocks(format: GgmlType) -> Option<ActBlocks> {
-    if Fmt32::of(format).is_some() {
-        Some(ActBlocks::B32)
-    } else if FmtK::of(format).is_some() {
-        Some(ActBlocks::B256)
-    } else {
-        None
-    }
 }
 
 /// `out[r][t] = Σ_k W_r[k] · x_t[k]` for the consecutive encoded rows `rows` of `format`
@@ -335,8 +326,8 @@ fn rows_per_task(out_dim: usize, threads: usize) -> usize {
 }
 
 thread_local! {
-    /// The calling thread's quantized activations, one per [`ActBlocks`] kind (32, 256).
-    static ACTS: RefCell<[QuantActs; 2]> = RefCell::new(Default::default());
+    /// The calling thread's quantized activations.
+    static ACTS: RefCell<QuantActs> = RefCell::new(Default::default());
 }
 
 /// `y[n, out] = x[n, in] · W[out, in]ᵀ` (`W` the row-wise concatenation of `parts`, as
@@ -366,12 +357,8 @@ pub fn matmul_into_with(
     if n == 0 {
         return true;
     }
-    let mut run = |acts: &mut [QuantActs; 2]| {
-        for (i, kind) in [ActBlocks::B32, ActBlocks::B256].into_iter().enumerate() {
-            if parts.iter().any(|p| act_blocks(p.format()) == Some(kind)) {
-                acts[i].quantize(kind, x, n, in_dim);
-            }
-        }
+    let mut run = |acts: &mut QuantActs| {
+        acts.quantize(x, n, in_dim);
         let pool = pool::global();
         let per_task = rows_per_task(out_dim, pool.threads());
         let n_tasks = parts.iter().map(|w| w.rows().div_ceil(per_task)).sum();
@@ -387,11 +374,7 @@ pub fn matmul_into_with(
                     // overlap), and `run` calls each task once.
                     let mut out =
                         unsafe { all.task_columns(col + r0, per_task.min(w.rows() - r0)) };
-                    let x = match act_blocks(w.format()) {
-                        Some(ActBlocks::B256) => &acts[1],
-                        _ => &acts[0],
-                    };
-                    return rows_task(path, x, n, w, r0, &mut out);
+                    return rows_task(path, acts, n, w, r0, &mut out);
                 }
                 i -= here;
                 col += w.rows();

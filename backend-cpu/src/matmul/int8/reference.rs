@@ -1,11 +1,12 @@
 //! The integer dot products of the fast path in portable scalar code: the reference every SIMD
 //! kernel must equal bit for bit, and the portable path itself.
 //!
-//! Per block, the weight codes `c` (unsigned, as stored: 4, 5 or 6 bits; signed for Q8_0) are
-//! multiplied with the activation codes `q` and summed exactly in i32; the block's f32 term is then
-//! one fixed formula ([`term32`], [`term_k`]). Blocks of 32 accumulate in 8 lanes (block `b` into
-//! lane `b % 8`, in increasing `b`) reduced by [`reduce8`]; super-blocks of 256 accumulate in one
-//! sequential sum.
+//! Activations come in blocks of 32, each with its own scale ([`super::acts`]). Per block, the
+//! weight codes `c` (unsigned, as stored: 4, 5 or 6 bits; signed for Q8_0) are multiplied with the
+//! activation codes `q` and summed exactly in i32; the block's f32 term is then one fixed formula
+//! ([`term32`], [`group_term_k`]). Blocks of 32 of the legacy formats accumulate in 8 lanes (block
+//! `b` into lane `b % 8`, in increasing `b`) reduced by [`reduce8`]; the groups of 32 of the
+//! k-quants (8 per super-block of 256) accumulate in one sequential sum.
 
 use gguf::kquant::{q6_k_codes, scale_min_k4};
 use gguf::GgmlType;
@@ -215,33 +216,27 @@ impl KMeta {
         }
         m
     }
-
-    /// The integer correction of a super-block from the activation's 16-value sums `bsums`:
-    /// Q4_K/Q5_K `Σ_j min_j · (bsums[2j] + bsums[2j+1])` (scaled by `dmin` in [`term_k`]); Q6_K
-    /// `-32 · Σ_g scale_g · bsums[g]` (added to the integer dot product).
-    #[inline(always)]
-    pub(super) fn correction(&self, f: FmtK, bsums: &[i16]) -> i32 {
-        match f {
-            FmtK::Q4K | FmtK::Q5K => (0..8)
-                .map(|j| self.mins[j] * (i32::from(bsums[2 * j]) + i32::from(bsums[2 * j + 1])))
-                .sum(),
-            FmtK::Q6K => {
-                -32 * (0..16)
-                    .map(|g| self.scales[g] * i32::from(bsums[g]))
-                    .sum::<i32>()
-            }
-        }
-    }
 }
 
-/// The f32 term of a super-block from its exact scaled dot product `isum = Σ_j scale_j · Σ c·q`
-/// and [`KMeta::correction`] `corr`: Q4_K/Q5_K `(dx * d) * isum - (dx * dmin) * corr`; Q6_K
-/// `(dx * d) * (isum + corr)`.
+/// The f32 term of group `j` (values `32j..32j + 32`) of a k-quant super-block with constants `m`,
+/// against an activation block of scale `dx` and scaled sum `dsum` (`dx · Σq`), from the group's
+/// exact integer sum `gsum`:
+///
+/// - Q4_K/Q5_K (group `j` is sub-block `j`): `gsum = Σ c·q`, and the term is
+///   `dx * ((d * scale_j) * gsum) - (dmin * min_j) * dsum` (`x = d·scale·c − dmin·min`);
+/// - Q6_K (group `j` is sub-blocks `2j` and `2j + 1`, of 16): `gsum = Σ_g scale_g · (Σ c·q −
+///   32 · Σq)` over both, and the term is `(dx * d) * gsum` (`x = d·scale·(c − 32)`).
+///
+/// Every path computes exactly these operations (no fused multiply-add).
 #[inline(always)]
-pub(super) fn term_k(f: FmtK, m: &KMeta, dx: f32, isum: i32, corr: i32) -> f32 {
+pub(super) fn group_term_k(f: FmtK, m: &KMeta, j: usize, dx: f32, dsum: f32, gsum: i32) -> f32 {
     match f {
-        FmtK::Q4K | FmtK::Q5K => (dx * m.d) * isum as f32 - (dx * m.dmin) * corr as f32,
-        FmtK::Q6K => (dx * m.d) * (isum + corr) as f32,
+        FmtK::Q4K | FmtK::Q5K => {
+            let sc = m.scales[j] as f32;
+            let mn = m.mins[j] as f32;
+            dx * ((m.d * sc) * gsum as f32) - (m.dmin * mn) * dsum
+        }
+        FmtK::Q6K => (dx * m.d) * gsum as f32,
     }
 }
 
@@ -282,22 +277,28 @@ pub(super) fn dot_k(f: FmtK, row: &[u8], x: QRow<'_>, nsb: usize) -> f32 {
         let block = &row[sb * f.bytes()..(sb + 1) * f.bytes()];
         let m = KMeta::read(f, block);
         let codes = codes_k(f, block);
-        let q = &x.qs[256 * sb..256 * sb + 256];
-        // Sub-blocks of 32 (Q4_K/Q5_K) or 16 (Q6_K), each scaled by its integer scale.
-        let sub = if f == FmtK::Q6K { 16 } else { 32 };
-        let isum: i32 = (0..256 / sub)
-            .map(|j| {
-                let r = j * sub..(j + 1) * sub;
-                let dot: i32 = codes[r.clone()]
-                    .iter()
-                    .zip(&q[r])
-                    .map(|(&c, &q)| c * i32::from(q))
-                    .sum();
-                m.scales[j] * dot
-            })
-            .sum();
-        let corr = m.correction(f, &x.bsums[16 * sb..16 * sb + 16]);
-        acc += term_k(f, &m, x.d[sb], isum, corr);
+        let dot = |r: std::ops::Range<usize>| -> i32 {
+            let q = &x.qs[256 * sb + r.start..256 * sb + r.end];
+            codes[r]
+                .iter()
+                .zip(q)
+                .map(|(&c, &q)| c * i32::from(q))
+                .sum()
+        };
+        for j in 0..8 {
+            let b = 8 * sb + j;
+            let gsum = match f {
+                FmtK::Q4K | FmtK::Q5K => dot(32 * j..32 * j + 32),
+                FmtK::Q6K => (0..2)
+                    .map(|h| {
+                        let g = 2 * j + h;
+                        let sub = dot(16 * g..16 * g + 16) - 32 * i32::from(x.bsums[2 * b + h]);
+                        m.scales[g] * sub
+                    })
+                    .sum(),
+            };
+            acc += group_term_k(f, &m, j, x.d[b], x.dsums[b], gsum);
+        }
     }
     acc
 }

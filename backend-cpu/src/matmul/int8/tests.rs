@@ -1,6 +1,6 @@
 use gguf::GgmlType;
 
-use super::acts::{ActBlocks, QuantActs};
+use super::acts::{QuantActs, QK};
 use super::reference;
 use super::*;
 use crate::matmul::matmul_with;
@@ -60,9 +60,8 @@ fn layouts(w: QMatrix) -> Vec<QMatrix> {
 
 /// The scalar reference of the whole product, element by element.
 fn reference_matmul(x: &[f32], n: usize, k: usize, w: &QMatrix) -> Vec<f32> {
-    let kind = act_blocks(w.format()).unwrap();
     let mut acts = QuantActs::default();
-    acts.quantize(kind, x, n, k);
+    acts.quantize(x, n, k);
     let mut y = vec![0.0; n * w.rows()];
     for t in 0..n {
         for r in 0..w.rows() {
@@ -193,43 +192,32 @@ fn fast_is_close_to_exact() {
     }
 }
 
-/// Quantization: `d · q` is within `d / 2` of each value, the block sums are those of the codes,
-/// and no code is −128.
+/// Quantization: `d · q` is within `d / 2` of each value, the block and half-block sums are those
+/// of the codes, and no code is −128.
 #[test]
 fn activation_blocks_round_to_nearest_and_sum_their_codes() {
     let (n, k) = (3, 512);
     let x = data(n * k, 1);
-    for kind in [ActBlocks::B32, ActBlocks::B256] {
-        let mut acts = QuantActs::default();
-        acts.quantize(kind, &x, n, k);
-        let len = kind.len();
-        for t in 0..n {
-            let row = acts.row(t);
-            for (b, d) in row.d.iter().enumerate() {
-                let xs = &x[t * k + b * len..t * k + (b + 1) * len];
-                let qs = &row.qs[b * len..(b + 1) * len];
-                for (&v, &q) in xs.iter().zip(qs) {
-                    assert!(q != -128);
-                    assert!(
-                        (d * f32::from(q) - v).abs() <= d * 0.5 * (1.0 + 1e-5) + 1e-30,
-                        "{v} {q} {d}"
-                    );
-                }
-                let sum: i32 = qs.iter().map(|&q| i32::from(q)).sum();
-                match kind {
-                    ActBlocks::B32 => {
-                        assert_eq!(row.sums[b], sum);
-                        assert_eq!(row.dsums[b].to_bits(), (d * sum as f32).to_bits());
-                    }
-                    ActBlocks::B256 => {
-                        let bs: i32 = row.bsums[16 * b..16 * b + 16]
-                            .iter()
-                            .map(|&s| i32::from(s))
-                            .sum();
-                        assert_eq!(bs, sum);
-                    }
-                }
+    let mut acts = QuantActs::default();
+    acts.quantize(&x, n, k);
+    for t in 0..n {
+        let row = acts.row(t);
+        assert_eq!(row.d.len(), k / QK);
+        for (b, d) in row.d.iter().enumerate() {
+            let xs = &x[t * k + b * QK..t * k + (b + 1) * QK];
+            let qs = &row.qs[b * QK..(b + 1) * QK];
+            for (&v, &q) in xs.iter().zip(qs) {
+                assert!(q != -128);
+                assert!(
+                    (d * f32::from(q) - v).abs() <= d * 0.5 * (1.0 + 1e-5) + 1e-30,
+                    "{v} {q} {d}"
+                );
             }
+            let sum = |q: &[i8]| q.iter().map(|&q| i32::from(q)).sum::<i32>();
+            assert_eq!(row.sums[b], sum(qs));
+            assert_eq!(row.dsums[b].to_bits(), (d * sum(qs) as f32).to_bits());
+            assert_eq!(i32::from(row.bsums[2 * b]), sum(&qs[..16]));
+            assert_eq!(i32::from(row.bsums[2 * b + 1]), sum(&qs[16..]));
         }
     }
 }
@@ -248,22 +236,20 @@ fn activation_quantization_is_the_same_on_every_path() {
             (i as f32 - 16.0) + 0.5
         };
     }
-    for kind in [ActBlocks::B32, ActBlocks::B256] {
-        let (mut portable, mut simd) = (QuantActs::default(), QuantActs::default());
-        portable.quantize_with(kind, &x, n, k, false);
-        simd.quantize_with(kind, &x, n, k, true);
-        for t in 0..n {
-            let (a, b) = (portable.row(t), simd.row(t));
-            assert_eq!(a.qs, b.qs, "{kind:?} row {t}");
-            assert_eq!(bits(a.d), bits(b.d));
-            assert_eq!(a.sums, b.sums);
-            assert_eq!(bits(a.dsums), bits(b.dsums));
-            assert_eq!(a.bsums, b.bsums);
-        }
+    let (mut portable, mut simd) = (QuantActs::default(), QuantActs::default());
+    portable.quantize_with(&x, n, k, false);
+    simd.quantize_with(&x, n, k, true);
+    for t in 0..n {
+        let (a, b) = (portable.row(t), simd.row(t));
+        assert_eq!(a.qs, b.qs, "row {t}");
+        assert_eq!(bits(a.d), bits(b.d));
+        assert_eq!(a.sums, b.sums);
+        assert_eq!(bits(a.dsums), bits(b.dsums));
+        assert_eq!(a.bsums, b.bsums);
     }
     let row = {
         let mut acts = QuantActs::default();
-        acts.quantize_with(ActBlocks::B32, &x[..k], 1, k, false);
+        acts.quantize_with(&x[..k], 1, k, false);
         acts.row(0).qs[256..260].to_vec()
     };
     // -14.5, -13.5, -12.5 round to the even -14, -14, -12.
@@ -271,25 +257,23 @@ fn activation_quantization_is_the_same_on_every_path() {
 }
 
 /// A step large enough to be quantized on several pool threads (split by rows) gives every row
-/// exactly what quantizing that row alone gives, on both paths and both block kinds.
+/// exactly what quantizing that row alone gives, on both paths.
 #[test]
 fn rows_quantized_together_equal_each_row_alone() {
     let (n, k) = (67, 768);
     let x = data(n * k, 11);
-    for kind in [ActBlocks::B32, ActBlocks::B256] {
-        for simd in [false, true] {
-            let mut all = QuantActs::default();
-            all.quantize_with(kind, &x, n, k, simd);
-            for t in 0..n {
-                let mut one = QuantActs::default();
-                one.quantize_with(kind, &x[t * k..(t + 1) * k], 1, k, simd);
-                let (a, b) = (all.row(t), one.row(0));
-                assert_eq!(a.qs, b.qs, "{kind:?} simd={simd} row {t}");
-                assert_eq!(bits(a.d), bits(b.d));
-                assert_eq!(a.sums, b.sums);
-                assert_eq!(bits(a.dsums), bits(b.dsums));
-                assert_eq!(a.bsums, b.bsums);
-            }
+    for simd in [false, true] {
+        let mut all = QuantActs::default();
+        all.quantize_with(&x, n, k, simd);
+        for t in 0..n {
+            let mut one = QuantActs::default();
+            one.quantize_with(&x[t * k..(t + 1) * k], 1, k, simd);
+            let (a, b) = (all.row(t), one.row(0));
+            assert_eq!(a.qs, b.qs, "simd={simd} row {t}");
+            assert_eq!(bits(a.d), bits(b.d));
+            assert_eq!(a.sums, b.sums);
+            assert_eq!(bits(a.dsums), bits(b.dsums));
+            assert_eq!(a.bsums, b.bsums);
         }
     }
 }

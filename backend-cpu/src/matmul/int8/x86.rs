@@ -19,9 +19,10 @@
 //! magnitudes and gives the broadcast activations their signs (`vpsignb`). Fewer than 4 tokens
 //! ([`per_row`], single-stream decode): one row at a time, a `vphaddd` tree per group of 8
 //! blocks, the same lanes and order. Super-blocks of
-//! 256: 8 vectors of codes, each with its sub-block scales as i16 (`vpmaddwd` applies them), one
-//! horizontal sum per token, the term in scalar code (the AVX2 sequence on both paths, whose
-//! `vpmaddwd` applies the scales at no extra cost). No product saturates: codes are at most 128
+//! 256 row-major (Q5_K, the one k-quant without the interleaved copy): 8 vectors of codes, one
+//! per group of 32 values; per token and group, `vpmaddwd` applies Q6_K's sub-block scales as
+//! i16 (Q4_K/Q5_K's group is one sub-block, scaled in the term), one horizontal sum, the group's
+//! term in scalar code (the AVX2 sequence on both paths). No product saturates: codes are at most 128
 //! (Q8_0 magnitudes) and activations at most 127 in magnitude, so a `vpmaddubsw` pair is at most
 //! 2 · 128 · 127 = 32 512 < 2¹⁵.
 
@@ -36,7 +37,7 @@ mod wide;
 use std::arch::x86_64::*;
 
 use super::acts::QRow;
-use super::reference::{term_k, Fmt32, FmtK, KMeta};
+use super::reference::{group_term_k, Fmt32, FmtK, KMeta};
 use codes::codes32;
 use lanes::{store_rows, Group8};
 use mac::{Avx2Mac, Mac, VnniMac};
@@ -287,16 +288,26 @@ unsafe fn rows_k<const T: usize>(f: FmtK, row: &[u8], xs: [QRow<'_>; T], nsb: us
                 }
             }
         }
+        let ones = _mm256_set1_epi16(1);
         for t in 0..T {
             let xq = xs[t].qs.as_ptr().add(256 * sb);
-            let mut s = _mm256_setzero_si256();
-            for i in 0..8 {
-                let xv = _mm256_loadu_si256(xq.add(32 * i) as *const __m256i);
-                let prod = _mm256_maddubs_epi16(codes[i], xv);
-                s = _mm256_add_epi32(s, _mm256_madd_epi16(prod, scales[i]));
+            let x = xs[t];
+            // A loop, not a closure: closures do not inherit the caller's target features.
+            for j in 0..8 {
+                let b = 8 * sb + j;
+                let xv = _mm256_loadu_si256(xq.add(32 * j) as *const __m256i);
+                let prod = _mm256_maddubs_epi16(codes[j], xv);
+                let gsum = match f {
+                    FmtK::Q4K | FmtK::Q5K => hsum_i32(_mm256_madd_epi16(prod, ones)),
+                    FmtK::Q6K => {
+                        let (g, bs) = (2 * j, &x.bsums[2 * b..2 * b + 2]);
+                        let offset =
+                            m.scales[g] * i32::from(bs[0]) + m.scales[g + 1] * i32::from(bs[1]);
+                        hsum_i32(_mm256_madd_epi16(prod, scales[j])) - 32 * offset
+                    }
+                };
+                acc[t] += group_term_k(f, &m, j, x.d[b], x.dsums[b], gsum);
             }
-            let corr = m.correction(f, &xs[t].bsums[16 * sb..16 * sb + 16]);
-            acc[t] += term_k(f, &m, xs[t].d[sb], hsum_i32(s), corr);
         }
     }
     acc

@@ -101,12 +101,12 @@ unsafe fn rows16<const T: usize>(
 /// `L::ROWS` interleaved rows (one group, or two for [`Group16`]) of a k-quant format `f` (Q4_K
 /// or Q6_K; `nsb` tiles of `tile_bytes` from `tiles`, layout in
 /// [`crate::kernels::Interleaved8`]) against `T` activation rows: lane `r` of entry `t` is
-/// [`super::super::reference::dot_k`] of row `r`, bitwise. Per super-block and token the exact
-/// integer sums of every sub-block land in lane `r`, are scaled by the row's integer sub-block
-/// scales (`vpmulld`) and summed in i32 (exact, any order), with Q4_K's min correction beside
-/// them (Q6_K's `-32 · Σ scale · bsum` folded into its sub-block sums, the same integer); then
-/// [`super::super::reference::term_k`]'s f32 operations run lane-wise and the term is added to
-/// the token's accumulator in super-block order.
+/// [`super::super::reference::dot_k`] of row `r`, bitwise. Per group of 32 values and token the
+/// exact integer sums land in lane `r` (Q6_K's two sub-blocks each scaled by the row's integer
+/// scale, `vpmulld`, with their `-32 · Σq` folded in); then
+/// [`super::super::reference::group_term_k`]'s f32 operations run lane-wise (the rows' `d · scale`
+/// and `dmin · min` once per super-block for all tokens) and the term is added to the token's
+/// accumulator in group order.
 #[inline(always)]
 unsafe fn tile_k<L: Lanes, const T: usize>(
     f: FmtK,
@@ -125,54 +125,45 @@ unsafe fn tile_k<L: Lanes, const T: usize>(
         prefetch_part(next, span, sb);
         let p = tiles.add(sb * tile_bytes);
         let dw = l.f16(p);
-        let mut isum = [z; T];
         match f {
             FmtK::Q4K => {
                 let dmw = l.f16(p.add(16));
-                let mut corr = [z; T];
                 for c in 0..4 {
                     let (mut lo, mut hi) = ([z; 8], [z; 8]);
                     for i in 0..8 {
                         (lo[i], hi[i]) = L::nibbles(l.load(p.add(160 + 256 * c + 32 * i)));
                     }
-                    // Sub-blocks 2c (low nibbles) and 2c + 1 (high): scales, then mins.
-                    let (sc_lo, sc_hi) = (
-                        l.bytes(p.add(32 + 16 * c), false),
-                        l.bytes(p.add(40 + 16 * c), false),
-                    );
-                    let (mn_lo, mn_hi) = (
-                        l.bytes(p.add(96 + 16 * c), false),
-                        l.bytes(p.add(104 + 16 * c), false),
-                    );
+                    // Groups 2c (low nibbles) and 2c + 1 (high): d · scale and dmin · min.
+                    // (No closure: closures do not inherit the caller's target features.)
+                    let ds_lo = L::fmul(dw, L::to_f(l.bytes(p.add(32 + 16 * c), false)));
+                    let ds_hi = L::fmul(dw, L::to_f(l.bytes(p.add(40 + 16 * c), false)));
+                    let dm_lo = L::fmul(dmw, L::to_f(l.bytes(p.add(96 + 16 * c), false)));
+                    let dm_hi = L::fmul(dmw, L::to_f(l.bytes(p.add(104 + 16 * c), false)));
+                    let b = 8 * sb + 2 * c;
                     for t in 0..T {
-                        let xq = xs[t].qs.as_ptr().add(256 * sb + 64 * c);
+                        let x = &xs[t];
+                        let xq = x.qs.as_ptr().add(256 * sb + 64 * c);
                         let (mut dl, mut dh) = ([z; 2], [z; 2]);
                         for i in 0..8 {
                             dl[i % 2] = L::mac1(dl[i % 2], lo[i], xq.add(4 * i));
                             dh[i % 2] = L::mac1(dh[i % 2], hi[i], xq.add(32 + 4 * i));
                         }
-                        let scaled = L::add(
-                            L::mullo(sc_lo, L::add(dl[0], dl[1])),
-                            L::mullo(sc_hi, L::add(dh[0], dh[1])),
-                        );
-                        isum[t] = L::add(isum[t], scaled);
-                        let bs = &xs[t].bsums[16 * sb + 4 * c..16 * sb + 4 * c + 4];
-                        let b_lo = L::set1(i32::from(bs[0]) + i32::from(bs[1]));
-                        let b_hi = L::set1(i32::from(bs[2]) + i32::from(bs[3]));
-                        let mins = L::add(L::mullo(mn_lo, b_lo), L::mullo(mn_hi, b_hi));
-                        corr[t] = L::add(corr[t], mins);
+                        // dx * ((d * scale) * gsum) - (dmin * min) * dsum, lane-wise.
+                        let halves = [
+                            (L::add(dl[0], dl[1]), ds_lo, dm_lo),
+                            (L::add(dh[0], dh[1]), ds_hi, dm_hi),
+                        ];
+                        for (h, (g, ds, dm)) in halves.into_iter().enumerate() {
+                            let a = L::fmul(L::fset1(x.d[b + h]), L::fmul(ds, L::to_f(g)));
+                            let m = L::fmul(dm, L::fset1(x.dsums[b + h]));
+                            acc[t] = L::fadd(acc[t], L::fsub(a, m));
+                        }
                     }
-                }
-                for t in 0..T {
-                    // (dx * d) * isum - (dx * dmin) * corr, lane-wise.
-                    let dx = L::fset1(xs[t].d[sb]);
-                    let a = L::fmul(L::fmul(dx, dw), L::to_f(isum[t]));
-                    let b = L::fmul(L::fmul(dx, dmw), L::to_f(corr[t]));
-                    acc[t] = L::fadd(acc[t], L::fsub(a, b));
                 }
             }
             FmtK::Q6K => {
-                // 16 sub-blocks of 16 values (4 code chunks each), 4 at a time.
+                // 16 sub-blocks of 16 values (4 code chunks each), 4 at a time: groups 2·pass
+                // and 2·pass + 1.
                 for pass in 0..4 {
                     let mut v = [z; 16];
                     for (i, v) in v.iter_mut().enumerate() {
@@ -181,23 +172,26 @@ unsafe fn tile_k<L: Lanes, const T: usize>(
                     let sc: [L::I; 4] =
                         std::array::from_fn(|k| l.bytes(p.add(16 + 8 * (4 * pass + k)), true));
                     for t in 0..T {
-                        let xq = xs[t].qs.as_ptr().add(256 * sb + 64 * pass);
-                        let bs = &xs[t].bsums[16 * sb + 4 * pass..16 * sb + 4 * pass + 4];
-                        for k in 0..4 {
-                            let mut d = [z; 2];
-                            for i in 0..4 {
-                                d[i % 2] = L::mac1(d[i % 2], v[4 * k + i], xq.add(16 * k + 4 * i));
+                        let x = &xs[t];
+                        let xq = x.qs.as_ptr().add(256 * sb + 64 * pass);
+                        let bs = &x.bsums[16 * sb + 4 * pass..16 * sb + 4 * pass + 4];
+                        for half in 0..2 {
+                            let mut gsum = z;
+                            for k in 2 * half..2 * half + 2 {
+                                let mut d = [z; 2];
+                                for i in 0..4 {
+                                    d[i % 2] =
+                                        L::mac1(d[i % 2], v[4 * k + i], xq.add(16 * k + 4 * i));
+                                }
+                                // scale · (Σ c·q - 32 · Σ q) of the sub-block.
+                                let d = L::sub(L::add(d[0], d[1]), L::set1(32 * i32::from(bs[k])));
+                                gsum = L::add(gsum, L::mullo(sc[k], d));
                             }
-                            // Σ c·q - 32 · Σ q: the sub-block's part of isum + corr.
-                            let d = L::sub(L::add(d[0], d[1]), L::set1(32 * i32::from(bs[k])));
-                            isum[t] = L::add(isum[t], L::mullo(sc[k], d));
+                            // (dx * d) * gsum, lane-wise.
+                            let dx = L::fset1(x.d[8 * sb + 2 * pass + half]);
+                            acc[t] = L::fadd(acc[t], L::fmul(L::fmul(dx, dw), L::to_f(gsum)));
                         }
                     }
-                }
-                for t in 0..T {
-                    // (dx * d) * (isum + corr), lane-wise.
-                    let dx = L::fset1(xs[t].d[sb]);
-                    acc[t] = L::fadd(acc[t], L::fmul(L::fmul(dx, dw), L::to_f(isum[t])));
                 }
             }
             FmtK::Q5K => unreachable!("int8: Q5_K is not interleaved"),
