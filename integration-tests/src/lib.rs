@@ -142,6 +142,10 @@ impl Process {
     }
 
     /// Like [`Process::start`], with extra environment variables (e.g. `ROUTER_*` settings).
+    ///
+    /// A worker runs with `WORKER_NUMERICS=exact` unless `env` sets it or `args` pass
+    /// `--numerics`: the correctness references the tests compare with are the `exact` numerics
+    /// (the worker's default on the CPU is `fast`); tests of `fast` pass `--numerics fast`.
     pub async fn start_with_env(
         bin: &str,
         args: &[&str],
@@ -152,7 +156,11 @@ impl Process {
         let log_dir = bin_dir().join("it-logs");
         std::fs::create_dir_all(&log_dir)?;
         let log = log_dir.join(format!("{bin}-{}.log", free_port()));
-        let mut child = Command::new(bin_path(bin))
+        let mut command = Command::new(bin_path(bin));
+        if bin == "worker" {
+            command.env("WORKER_NUMERICS", "exact");
+        }
+        let mut child = command
             .args(args)
             .env("RUST_LOG", "info")
             .envs(env.iter().copied())

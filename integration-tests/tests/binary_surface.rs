@@ -39,15 +39,39 @@ async fn help_shows_the_defaults_of_settings() {
     let (ok, worker) = run_to_exit("worker", &["--help"], Duration::from_secs(30)).await;
     assert!(ok, "{worker}");
     assert!(
-        worker.contains("[default: exact]"),
+        worker.contains("fast (the default on the CPU"),
         "numerics default in {worker}"
     );
 }
 
 /// `worker --check-config` names the numeric modes that run: `numerics` (CPU) and
-/// `cuda_numerics` (CUDA), beside the `device` that picks between them.
+/// `cuda_numerics` (CUDA), beside the `device` that picks between them; unset, `numerics` is
+/// `fast`, and `exact` when asked for.
 #[tokio::test]
 async fn check_config_names_the_numerics() {
+    for (flags, shown) in [(&[][..], "fast"), (&["--numerics", "exact"][..], "exact")] {
+        let mut args = vec!["--model", "m.gguf", "--check-config"];
+        args.extend_from_slice(flags);
+        let (ok, out) = tokio::time::timeout(
+            Duration::from_secs(30),
+            tokio::process::Command::new(integration_tests::bin_path("worker"))
+                .args(&args)
+                .env_remove("WORKER_NUMERICS")
+                .output(),
+        )
+        .await
+        .map(|o| {
+            let o = o.expect("running the worker");
+            (
+                o.status.success(),
+                String::from_utf8_lossy(&o.stdout).into_owned(),
+            )
+        })
+        .expect("the worker exits");
+        assert!(ok, "{out}");
+        let line = format!(r#""numerics": "{shown}""#);
+        assert!(out.contains(&line), "{line} in {out}");
+    }
     let args = ["--model", "m.gguf", "--numerics", "fast", "--check-config"];
     let (ok, out) = run_to_exit("worker", &args, Duration::from_secs(30)).await;
     assert!(ok, "{out}");

@@ -51,7 +51,7 @@ fn main() -> ExitCode {
     };
     if cli.check_config {
         // The effective settings (defaults < file < environment < flags), e.g. for a Helm chart's CI.
-        return observability::process::print_settings(&settings);
+        return observability::process::print_settings(&settings.effective());
     }
     // The device is part of the settings: `--device cuda` without a usable GPU is exit code 2.
     let backend = match backend_cuda::choose_backend(settings.device, || {
@@ -119,7 +119,7 @@ async fn run(settings: WorkerSettings, backend: Backend) -> anyhow::Result<()> {
     };
     match backend {
         Backend::Cpu { reason } => {
-            let numerics = prepared.settings.numerics;
+            let numerics = prepared.settings.cpu_numerics();
             tracing::info!(
                 device = "cpu",
                 %reason,
