@@ -29,11 +29,13 @@
 //!    scalar loop) or reduces them (no sum can overflow: a Q6_K group's, two scaled sub-blocks,
 //!    is at most 2 · 128 · 16 · 63 · 127 < 2³¹, the others' less).
 //! 3. A block's f32 term is one fixed formula of that block's scales and integer sum
-//!    ([`reference::term32`], [`reference::group_term_k`]; separate multiplies and adds, never
-//!    fused), and lane-wise SIMD arithmetic rounds each lane exactly as the scalar operation does.
+//!    ([`reference::term32`]: separate multiplies and adds; [`reference::add_group_k`]: fused
+//!    multiply-adds where it says so, `f32::mul_add` in the reference and `vfmadd` in the kernels,
+//!    each rounded once), and lane-wise SIMD arithmetic rounds each lane exactly as the scalar
+//!    operation does.
 //! 4. Terms are accumulated in a fixed order set by the row length only: blocks of 32 of the
 //!    legacy formats in 8 lanes (block `b` into lane `b % 8`, in increasing `b`) then
-//!    [`reference::reduce8`]; the k-quants' groups of 32 sequentially.
+//!    [`reference::reduce8`]; the k-quants' groups of 32 sequentially, into the accumulator.
 //!
 //! So every path gives bitwise the result of the portable reference ([`reference`]), which the
 //! tests check for every format, path, tile height and row count; results are therefore also

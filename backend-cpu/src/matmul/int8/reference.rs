@@ -4,7 +4,7 @@
 //! Activations come in blocks of 32, each with its own scale ([`super::acts`]). Per block, the
 //! weight codes `c` (unsigned, as stored: 4, 5 or 6 bits; signed for Q8_0) are multiplied with the
 //! activation codes `q` and summed exactly in i32; the block's f32 term is then one fixed formula
-//! ([`term32`], [`group_term_k`]). Blocks of 32 of the legacy formats accumulate in 8 lanes (block
+//! ([`term32`], [`add_group_k`]). Blocks of 32 of the legacy formats accumulate in 8 lanes (block
 //! `b` into lane `b % 8`, in increasing `b`) reduced by [`reduce8`]; the groups of 32 of the
 //! k-quants (8 per super-block of 256) accumulate in one sequential sum.
 
@@ -218,25 +218,36 @@ impl KMeta {
     }
 }
 
-/// The f32 term of group `j` (values `32j..32j + 32`) of a k-quant super-block with constants `m`,
-/// against an activation block of scale `dx` and scaled sum `dsum` (`dx · Σq`), from the group's
-/// exact integer sum `gsum`:
+/// `acc` plus the term of group `j` (values `32j..32j + 32`) of a k-quant super-block with
+/// constants `m`, against an activation block of scale `dx` and scaled sum `dsum` (`dx · Σq`),
+/// from the group's exact integer sum `gsum`:
 ///
-/// - Q4_K/Q5_K (group `j` is sub-block `j`): `gsum = Σ c·q`, and the term is
-///   `dx * ((d * scale_j) * gsum) - (dmin * min_j) * dsum` (`x = d·scale·c − dmin·min`);
+/// - Q4_K/Q5_K (group `j` is sub-block `j`): `gsum = Σ c·q`; with `ds = d * scale_j` and
+///   `dm = dmin * min_j`, `acc = fma(dx, ds * gsum, acc)` then `acc = fma(-dm, dsum, acc)`
+///   (`x = d·scale·c − dmin·min`);
 /// - Q6_K (group `j` is sub-blocks `2j` and `2j + 1`, of 16): `gsum = Σ_g scale_g · (Σ c·q −
-///   32 · Σq)` over both, and the term is `(dx * d) * gsum` (`x = d·scale·(c − 32)`).
+///   32 · Σq)` over both, and `acc = fma(dx * d, gsum, acc)` (`x = d·scale·(c − 32)`).
 ///
-/// Every path computes exactly these operations (no fused multiply-add).
+/// Every path computes exactly these operations: `fma` is a fused multiply-add, rounded once
+/// ([`f32::mul_add`] here, `vfmadd`/`vfnmadd` in the SIMD kernels), every other operation a
+/// separate IEEE multiply.
 #[inline(always)]
-pub(super) fn group_term_k(f: FmtK, m: &KMeta, j: usize, dx: f32, dsum: f32, gsum: i32) -> f32 {
+pub(super) fn add_group_k(
+    f: FmtK,
+    m: &KMeta,
+    j: usize,
+    (dx, dsum): (f32, f32),
+    gsum: i32,
+    acc: f32,
+) -> f32 {
     match f {
         FmtK::Q4K | FmtK::Q5K => {
-            let sc = m.scales[j] as f32;
-            let mn = m.mins[j] as f32;
-            dx * ((m.d * sc) * gsum as f32) - (m.dmin * mn) * dsum
+            let ds = m.d * m.scales[j] as f32;
+            let dm = m.dmin * m.mins[j] as f32;
+            let acc = dx.mul_add(ds * gsum as f32, acc);
+            (-dm).mul_add(dsum, acc)
         }
-        FmtK::Q6K => (dx * m.d) * gsum as f32,
+        FmtK::Q6K => (dx * m.d).mul_add(gsum as f32, acc),
     }
 }
 
@@ -297,7 +308,7 @@ pub(super) fn dot_k(f: FmtK, row: &[u8], x: QRow<'_>, nsb: usize) -> f32 {
                     })
                     .sum(),
             };
-            acc += group_term_k(f, &m, j, x.d[b], x.dsums[b], gsum);
+            acc = add_group_k(f, &m, j, (x.d[b], x.dsums[b]), gsum, acc);
         }
     }
     acc

@@ -37,7 +37,7 @@ mod wide;
 use std::arch::x86_64::*;
 
 use super::acts::QRow;
-use super::reference::{group_term_k, Fmt32, FmtK, KMeta};
+use super::reference::{add_group_k, Fmt32, FmtK, KMeta};
 use codes::codes32;
 use lanes::{store_rows, Group8};
 use mac::{Avx2Mac, Mac, VnniMac};
@@ -306,7 +306,7 @@ unsafe fn rows_k<const T: usize>(f: FmtK, row: &[u8], xs: [QRow<'_>; T], nsb: us
                         hsum_i32(_mm256_madd_epi16(prod, scales[j])) - 32 * offset
                     }
                 };
-                acc[t] += group_term_k(f, &m, j, x.d[b], x.dsums[b], gsum);
+                acc[t] = add_group_k(f, &m, j, (x.d[b], x.dsums[b]), gsum, acc[t]);
             }
         }
     }

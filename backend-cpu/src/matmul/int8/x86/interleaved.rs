@@ -104,7 +104,7 @@ unsafe fn rows16<const T: usize>(
 /// [`super::super::reference::dot_k`] of row `r`, bitwise. Per group of 32 values and token the
 /// exact integer sums land in lane `r` (Q6_K's two sub-blocks each scaled by the row's integer
 /// scale, `vpmulld`, with their `-32 · Σq` folded in); then
-/// [`super::super::reference::group_term_k`]'s f32 operations run lane-wise (the rows' `d · scale`
+/// [`super::super::reference::add_group_k`]'s f32 operations run lane-wise (the rows' `d · scale`
 /// and `dmin · min` once per super-block for all tokens) and the term is added to the token's
 /// accumulator in group order.
 #[inline(always)]
@@ -148,15 +148,15 @@ unsafe fn tile_k<L: Lanes, const T: usize>(
                             dl[i % 2] = L::mac1(dl[i % 2], lo[i], xq.add(4 * i));
                             dh[i % 2] = L::mac1(dh[i % 2], hi[i], xq.add(32 + 4 * i));
                         }
-                        // dx * ((d * scale) * gsum) - (dmin * min) * dsum, lane-wise.
+                        // fma(dx, ds * gsum, acc), then fma(-dm, dsum, acc), lane-wise.
                         let halves = [
                             (L::add(dl[0], dl[1]), ds_lo, dm_lo),
                             (L::add(dh[0], dh[1]), ds_hi, dm_hi),
                         ];
                         for (h, (g, ds, dm)) in halves.into_iter().enumerate() {
-                            let a = L::fmul(L::fset1(x.d[b + h]), L::fmul(ds, L::to_f(g)));
-                            let m = L::fmul(dm, L::fset1(x.dsums[b + h]));
-                            acc[t] = L::fadd(acc[t], L::fsub(a, m));
+                            let a = L::fmul(ds, L::to_f(g));
+                            let v = L::fmadd(L::fset1(x.d[b + h]), a, acc[t]);
+                            acc[t] = L::fnmadd(dm, L::fset1(x.dsums[b + h]), v);
                         }
                     }
                 }
@@ -187,9 +187,9 @@ unsafe fn tile_k<L: Lanes, const T: usize>(
                                 let d = L::sub(L::add(d[0], d[1]), L::set1(32 * i32::from(bs[k])));
                                 gsum = L::add(gsum, L::mullo(sc[k], d));
                             }
-                            // (dx * d) * gsum, lane-wise.
+                            // fma(dx * d, gsum, acc), lane-wise.
                             let dx = L::fset1(x.d[8 * sb + 2 * pass + half]);
-                            acc[t] = L::fadd(acc[t], L::fmul(L::fmul(dx, dw), L::to_f(gsum)));
+                            acc[t] = L::fmadd(L::fmul(dx, dw), L::to_f(gsum), acc[t]);
                         }
                     }
                 }

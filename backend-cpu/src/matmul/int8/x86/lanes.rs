@@ -26,9 +26,11 @@ pub(super) trait Lanes {
     unsafe fn nibbles(v: Self::I) -> (Self::I, Self::I);
     unsafe fn to_f(a: Self::I) -> Self::F;
     unsafe fn fzero() -> Self::F;
-    unsafe fn fadd(a: Self::F, b: Self::F) -> Self::F;
-    unsafe fn fsub(a: Self::F, b: Self::F) -> Self::F;
     unsafe fn fmul(a: Self::F, b: Self::F) -> Self::F;
+    /// `a · b + c`, rounded once (`vfmadd`; [`f32::mul_add`] in the reference).
+    unsafe fn fmadd(a: Self::F, b: Self::F, c: Self::F) -> Self::F;
+    /// `c − a · b`, rounded once (`vfnmadd`; `(-a).mul_add(b, c)` in the reference).
+    unsafe fn fnmadd(a: Self::F, b: Self::F, c: Self::F) -> Self::F;
     unsafe fn fset1(v: f32) -> Self::F;
     /// `acc + Σ_j u_r[j] · x[j]` per dword lane against the activation dword at `xq`.
     unsafe fn mac1(acc: Self::I, u: Self::I, xq: *const i8) -> Self::I;
@@ -92,16 +94,16 @@ impl<M: Mac> Lanes for Group8<M> {
         _mm256_setzero_ps()
     }
     #[inline(always)]
-    unsafe fn fadd(a: __m256, b: __m256) -> __m256 {
-        _mm256_add_ps(a, b)
-    }
-    #[inline(always)]
-    unsafe fn fsub(a: __m256, b: __m256) -> __m256 {
-        _mm256_sub_ps(a, b)
-    }
-    #[inline(always)]
     unsafe fn fmul(a: __m256, b: __m256) -> __m256 {
         _mm256_mul_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn fmadd(a: __m256, b: __m256, c: __m256) -> __m256 {
+        _mm256_fmadd_ps(a, b, c)
+    }
+    #[inline(always)]
+    unsafe fn fnmadd(a: __m256, b: __m256, c: __m256) -> __m256 {
+        _mm256_fnmadd_ps(a, b, c)
     }
     #[inline(always)]
     unsafe fn fset1(v: f32) -> __m256 {
@@ -181,16 +183,16 @@ impl Lanes for Group16 {
         _mm512_setzero_ps()
     }
     #[inline(always)]
-    unsafe fn fadd(a: __m512, b: __m512) -> __m512 {
-        _mm512_add_ps(a, b)
-    }
-    #[inline(always)]
-    unsafe fn fsub(a: __m512, b: __m512) -> __m512 {
-        _mm512_sub_ps(a, b)
-    }
-    #[inline(always)]
     unsafe fn fmul(a: __m512, b: __m512) -> __m512 {
         _mm512_mul_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn fmadd(a: __m512, b: __m512, c: __m512) -> __m512 {
+        _mm512_fmadd_ps(a, b, c)
+    }
+    #[inline(always)]
+    unsafe fn fnmadd(a: __m512, b: __m512, c: __m512) -> __m512 {
+        _mm512_fnmadd_ps(a, b, c)
     }
     #[inline(always)]
     unsafe fn fset1(v: f32) -> __m512 {
