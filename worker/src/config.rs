@@ -387,11 +387,12 @@ impl WorkerSettings {
         self.numerics.unwrap_or(CpuNumerics::Fast)
     }
 
-    /// Settings as they run, for `--check-config`: `numerics` resolved ([`Self::cpu_numerics`])
-    /// unless the device is `cuda`, where it does not apply (left unset: `null`).
+    /// Settings as they run, for `--check-config`: `numerics` resolved ([`Self::cpu_numerics`];
+    /// with `device = auto`, the mode of the CPU that auto falls back to) unless the device is
+    /// `cuda`, where it does not apply (`null`; `cuda_numerics` is the mode that runs there).
     pub fn effective(&self) -> WorkerSettings {
         let numerics = match self.device {
-            DeviceKind::Cuda => self.numerics,
+            DeviceKind::Cuda => None,
             DeviceKind::Cpu | DeviceKind::Auto => Some(self.cpu_numerics()),
         };
         WorkerSettings {
