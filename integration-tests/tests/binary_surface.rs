@@ -52,22 +52,8 @@ async fn check_config_names_the_numerics() {
     for (flags, shown) in [(&[][..], "fast"), (&["--numerics", "exact"][..], "exact")] {
         let mut args = vec!["--model", "m.gguf", "--check-config"];
         args.extend_from_slice(flags);
-        let (ok, out) = tokio::time::timeout(
-            Duration::from_secs(30),
-            tokio::process::Command::new(integration_tests::bin_path("worker"))
-                .args(&args)
-                .env_remove("WORKER_NUMERICS")
-                .output(),
-        )
-        .await
-        .map(|o| {
-            let o = o.expect("running the worker");
-            (
-                o.status.success(),
-                String::from_utf8_lossy(&o.stdout).into_owned(),
-            )
-        })
-        .expect("the worker exits");
+        // `run_to_exit` sets no `WORKER_NUMERICS` (unlike `Process::start` for a worker).
+        let (ok, out) = run_to_exit("worker", &args, Duration::from_secs(30)).await;
         assert!(ok, "{out}");
         let line = format!(r#""numerics": "{shown}""#);
         assert!(out.contains(&line), "{line} in {out}");
