@@ -228,6 +228,13 @@ pub struct RouterSettings {
     /// request's own time to first token only; the default 4 also counts what a miss's
     /// recomputation costs the requests behind it (see `routing::kv_aware`). At least 0.
     pub kv_prefill_weight: f64,
+    /// `kv_aware`'s weight of the tokens a request's decode steps compute for the sequences
+    /// running beside it: `kv_decode_weight x min(max_new_tokens, 128) x the worker's running and
+    /// waiting sequences` is added to each worker's cost, so that a worker crowded with short
+    /// decodes does not collect long requests (their every token would wait for the whole batch).
+    /// 1 (the default) counts those tokens as the load counts its own; 0 = the cost without it.
+    /// At least 0.
+    pub kv_decode_weight: f64,
     /// Most requests this router has in flight on one worker; more wait in the router's queue.
     pub max_inflight_per_worker: u32,
     /// Most requests waiting in the router's queue (accepted, not yet sent to a worker); beyond it
@@ -322,6 +329,7 @@ impl Default for RouterSettings {
             affinity_prefix_tokens: 64,
             affinity_load_factor: 0.5,
             kv_prefill_weight: routing::kv_aware::DEFAULT_PREFILL_WEIGHT,
+            kv_decode_weight: routing::kv_aware::DEFAULT_DECODE_WEIGHT,
             max_inflight_per_worker: 64,
             max_waiting_requests: 256,
             max_waiting_tokens: 262_144,
@@ -400,6 +408,7 @@ impl RouterSettings {
             kv_aware: KvAwarePolicy {
                 load_factor: self.affinity_load_factor.max(0.0),
                 prefill_weight: self.kv_prefill_weight,
+                decode_weight: self.kv_decode_weight,
             },
             failover_timeout: Duration::from_millis(self.failover_timeout_ms),
             max_failovers: self.max_failovers,
@@ -559,6 +568,9 @@ impl RouterSettings {
         }
         if !(self.kv_prefill_weight.is_finite() && self.kv_prefill_weight >= 0.0) {
             return Err(SettingsError::KvPrefillWeight(self.kv_prefill_weight));
+        }
+        if !(self.kv_decode_weight.is_finite() && self.kv_decode_weight >= 0.0) {
+            return Err(SettingsError::KvDecodeWeight(self.kv_decode_weight));
         }
         for (setting, value) in [
             ("metrics_listen", &self.metrics_listen),

@@ -106,9 +106,10 @@ fn main() {
                     has_room: true,
                     cached_blocks: index.read().unwrap().prefix_blocks(&chain.hashes),
                     load_tokens: load,
+                    sequences: (load / 128) as usize,
                 })
                 .collect();
-            let chosen = policy.pick(&chain, &candidates).expect("a worker");
+            let chosen = policy.pick(&chain, 128, &candidates).expect("a worker");
             let t2 = Instant::now();
             hits += usize::from(candidates[chosen].cached_blocks > 0);
             chain_times.push(t1 - t0);

@@ -3,12 +3,16 @@
 //! # Cost
 //!
 //! For a prompt of `P` tokens whose block chain ([`PromptChain`]) a worker holds for its first `c`
-//! blocks of `B` tokens (from its [`crate::index::BlockIndex`]), and a worker load of `L` tokens:
+//! blocks of `B` tokens (from its [`crate::index::BlockIndex`]), a worker load of `L` tokens and
+//! `n` sequences, and a request that may generate `m` tokens:
 //!
 //! ```text
 //! cached(w)  = min(c, (P - 1) / B) * B      tokens it will not prefill (it always computes the last)
 //! prefill(w) = P - cached(w)                tokens it must prefill
-//! cost(w)    = a * prefill(w) + L(w)        a = prefill_weight (router `kv_prefill_weight`, 4)
+//! decode(w)  = min(m, 128) * n(w)           tokens of its batch-mates in its decode steps
+//! cost(w)    = a * prefill(w) + L(w) + d * decode(w)
+//!              a = prefill_weight (router `kv_prefill_weight`, 4)
+//!              d = decode_weight (router `kv_decode_weight`, 1)
 //! ```
 //!
 //! `L` is the work ahead of the worker in tokens, from its last load report (which counts every
@@ -29,6 +33,17 @@
 //! p50 1.04 s against 0.17 s; BENCHMARKS.md). The weight `a` makes a holder keep the request until
 //! its work ahead exceeds another's by `a` times the tokens saved; the load bound below still
 //! caps how far a hit may load a worker.
+//!
+//! `a * prefill + L` prices the wait for the first token only. After it, each of the request's
+//! decode steps also computes one token for every sequence running beside it, and those run as
+//! long as the request does: `n` sequences make its `m` decode steps `m * n` tokens of work longer
+//! (a first-order estimate, as `L`: it assumes they keep running), capped like `L` at
+//! [`DECODE_HORIZON_TOKENS`] per sequence. Without this term a worker running many short decodes
+//! looks nearly idle (each counts only the few tokens it has left), so the holder of popular
+//! prefixes collects sequences and its steps slow down for all of them: in `bench fleet`'s
+//! simulator (multi-turn, 64 new tokens, W = 1,024, 80 % load) `d = 0` gave ITL p50 114 ms and
+//! end-to-end latency p50 7.9 s against `round_robin`'s 39 ms and 4.4 s; `d = 1` gave 64 ms and
+//! 4.7 s with the same hit rate (BENCHMARKS.md). `kv_decode_weight = 0` restores the old cost.
 //!
 //! An earlier form took `L` as the KV demand (prompt plus generated tokens of every sequence): a
 //! worker holding the prompt's prefix while it ran one similar request then cost more than an idle
@@ -125,6 +140,9 @@ pub struct KvCandidate<'a> {
     pub cached_blocks: usize,
     /// Its load in tokens (`L`, see the module docs).
     pub load_tokens: u64,
+    /// Its running and waiting sequences (`n`, see the module docs): its last report's, or this
+    /// router's own in flight there when more.
+    pub sequences: usize,
 }
 
 /// The KV-aware policy's settings.
@@ -135,16 +153,23 @@ pub struct KvAwarePolicy {
     /// Weight of the tokens to prefill against the load in the cost (`a` in the module docs; at
     /// least 0; [`DEFAULT_PREFILL_WEIGHT`] by default).
     pub prefill_weight: f64,
+    /// Weight of the batch-mates' tokens in the request's decode steps (`d` in the module docs;
+    /// at least 0; [`DEFAULT_DECODE_WEIGHT`] by default).
+    pub decode_weight: f64,
 }
 
 /// The default of [`KvAwarePolicy::prefill_weight`] (router setting `kv_prefill_weight`).
 pub const DEFAULT_PREFILL_WEIGHT: f64 = 4.0;
+
+/// The default of [`KvAwarePolicy::decode_weight`] (router setting `kv_decode_weight`).
+pub const DEFAULT_DECODE_WEIGHT: f64 = 1.0;
 
 impl Default for KvAwarePolicy {
     fn default() -> Self {
         Self {
             load_factor: 0.5,
             prefill_weight: DEFAULT_PREFILL_WEIGHT,
+            decode_weight: DEFAULT_DECODE_WEIGHT,
         }
     }
 }
@@ -154,14 +179,22 @@ impl Default for KvAwarePolicy {
 pub struct Evaluation {
     /// Tokens it would not prefill (0 when beyond the load bound).
     pub cached_tokens: usize,
-    /// `prefill_weight x prefill + load`, in tokens.
+    /// `prefill_weight x prefill + load + decode_weight x decode`, in tokens.
     pub cost: u64,
 }
 
 impl KvAwarePolicy {
-    /// Each candidate's cached tokens and cost for `chain` (see the module docs), in order.
-    pub fn evaluate(&self, chain: &PromptChain, candidates: &[KvCandidate<'_>]) -> Vec<Evaluation> {
+    /// Each candidate's cached tokens and cost for `chain` and a request that may still generate
+    /// `new_tokens` (`m`; see the module docs), in order.
+    pub fn evaluate(
+        &self,
+        chain: &PromptChain,
+        new_tokens: usize,
+        candidates: &[KvCandidate<'_>],
+    ) -> Vec<Evaluation> {
         let bound = self.load_bound(chain, candidates);
+        let decode_per_sequence =
+            new_tokens.min(DECODE_HORIZON_TOKENS) as f64 * self.decode_weight.max(0.0);
         candidates
             .iter()
             .map(|c| {
@@ -171,17 +204,24 @@ impl KvAwarePolicy {
                     chain.cached_tokens(c.cached_blocks)
                 };
                 let prefill = (chain.tokens - cached) as f64 * self.prefill_weight.max(0.0);
+                let decode = c.sequences as f64 * decode_per_sequence;
                 Evaluation {
                     cached_tokens: cached,
-                    cost: prefill.round() as u64 + c.load_tokens,
+                    cost: (prefill + decode).round() as u64 + c.load_tokens,
                 }
             })
             .collect()
     }
 
-    /// Index of the worker to use among `candidates`, `None` when none has room.
-    pub fn pick(&self, chain: &PromptChain, candidates: &[KvCandidate<'_>]) -> Option<usize> {
-        let evaluations = self.evaluate(chain, candidates);
+    /// Index of the worker to use among `candidates` for `chain` and a request that may still
+    /// generate `new_tokens`, `None` when none has room.
+    pub fn pick(
+        &self,
+        chain: &PromptChain,
+        new_tokens: usize,
+        candidates: &[KvCandidate<'_>],
+    ) -> Option<usize> {
+        let evaluations = self.evaluate(chain, new_tokens, candidates);
         candidates
             .iter()
             .zip(&evaluations)

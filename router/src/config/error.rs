@@ -50,6 +50,9 @@ pub enum SettingsError {
     /// `kv_prefill_weight` is negative or not a number.
     #[error("kv_prefill_weight must be a number >= 0 (got {0})")]
     KvPrefillWeight(f64),
+    /// `kv_decode_weight` is negative or not a number.
+    #[error("kv_decode_weight must be a number >= 0 (got {0})")]
+    KvDecodeWeight(f64),
     /// `replicas` is 0.
     #[error("replicas must be at least 1 (the router replicas sharing the tenant limits)")]
     NoReplicas,

@@ -356,3 +356,34 @@ fn the_kv_prefill_weight_is_a_number_of_at_least_zero() {
     };
     assert!(zero.validate().is_ok());
 }
+
+#[test]
+fn the_kv_decode_weight_is_a_number_of_at_least_zero() {
+    let ok = RouterSettings {
+        workers: vec!["a:1".into()],
+        ..Default::default()
+    };
+    assert_eq!(
+        ok.pool_settings().kv_aware.decode_weight,
+        routing::kv_aware::DEFAULT_DECODE_WEIGHT
+    );
+    for bad in [-0.5, f64::NAN, f64::NEG_INFINITY] {
+        let err = RouterSettings {
+            kv_decode_weight: bad,
+            ..ok.clone()
+        }
+        .validate()
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("kv_decode_weight must be a number >= 0"),
+            "{err}"
+        );
+    }
+    let zero = RouterSettings {
+        kv_decode_weight: 0.0,
+        ..ok
+    };
+    assert_eq!(zero.pool_settings().kv_aware.decode_weight, 0.0);
+    assert!(zero.validate().is_ok());
+}

@@ -24,6 +24,9 @@ pub(super) struct RouteKey {
     /// ([`routing::kv_aware::request_work_tokens`]): the load this router adds to the worker's
     /// last report until the next one.
     pub(super) work_tokens: u64,
+    /// Tokens the request may still generate (`max_new_tokens` minus those already generated):
+    /// `kv_aware`'s decode term.
+    new_tokens: usize,
     /// The request is sheddable (negative priority): every in-flight request counts against
     /// the worker's cap; otherwise only non-sheddable ones do
     /// ([`has_room`](super::occupancy::Occupancy::has_room)).
@@ -51,9 +54,11 @@ impl RouteKey {
     /// The key of `request` under `settings`, with chains in blocks of `block_size` tokens (the
     /// workers' block size; 0 before any worker described it).
     pub(super) fn new(settings: &PoolSettings, block_size: usize, request: &AddRequest) -> Self {
+        let new_tokens =
+            (request.max_new_tokens as usize).saturating_sub(request.generated_ids.len());
         let work_tokens = routing::kv_aware::request_work_tokens(
             request.prompt_ids.len() + request.generated_ids.len(),
-            (request.max_new_tokens as usize).saturating_sub(request.generated_ids.len()),
+            new_tokens,
         );
         let sheddable = request.priority < 0;
         match settings.routing {
@@ -61,6 +66,7 @@ impl RouteKey {
                 affinity: settings.affinity.key(&request.prompt_ids),
                 chain: None,
                 work_tokens,
+                new_tokens,
                 sheddable,
                 tenant: None,
             },
@@ -68,6 +74,7 @@ impl RouteKey {
                 affinity: None,
                 chain: None,
                 work_tokens,
+                new_tokens,
                 sheddable,
                 tenant: None,
             },
@@ -85,6 +92,7 @@ impl RouteKey {
                     affinity: None,
                     chain: Some(chain),
                     work_tokens,
+                    new_tokens,
                     sheddable,
                     tenant: None,
                 }
@@ -104,6 +112,7 @@ pub(super) fn choose(
 ) -> Option<usize> {
     match (&key.chain, settings.routing) {
         (Some(chain), Routing::KvAware) => {
+            let now = std::time::Instant::now();
             let candidates: Vec<KvCandidate<'_>> = ready
                 .iter()
                 .map(|(link, s)| KvCandidate {
@@ -113,9 +122,10 @@ pub(super) fn choose(
                         .has_room(cap, key.sheddable, key.tenant.as_deref()),
                     cached_blocks: link.kv.prefix_blocks(&chain.hashes, chain.block_size),
                     load_tokens: link.kv.load_tokens(),
+                    sequences: (link.kv.sequences(now) as usize).max(s.load),
                 })
                 .collect();
-            settings.kv_aware.pick(chain, &candidates)
+            settings.kv_aware.pick(chain, key.new_tokens, &candidates)
         }
         (_, Routing::RoundRobin) => {
             let addresses: Vec<&str> = ready.iter().map(|(_, s)| s.address.as_str()).collect();

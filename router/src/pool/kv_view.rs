@@ -31,6 +31,7 @@ use std::sync::{Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use inference_proto::worker::{KvCacheEvents, LoadReport};
+use routing::affinity::LOAD_REPORT_TTL;
 use routing::index::{Anomalies, BlockIndex};
 
 /// How often one worker's anomalies are logged at most.
@@ -49,6 +50,22 @@ pub struct KvIndexState {
     pub load_tokens: u64,
 }
 
+/// A worker's load as this router sees it: its last load report, plus what this router sent it
+/// since.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Load {
+    /// When the report arrived (`None`: none since the stream opened).
+    reported_at: Option<Instant>,
+    /// The report's work ahead in tokens ([`reported_work_tokens`]).
+    reported_tokens: u64,
+    /// The report's running plus waiting sequences.
+    reported_sequences: u64,
+    /// Work in tokens of the requests this router sent since the report.
+    sent_tokens: u64,
+    /// Requests this router sent since the report.
+    sent_requests: u64,
+}
+
 /// This router's view of one worker's KV cache and load in tokens.
 #[derive(Debug, Default)]
 pub struct KvView {
@@ -63,9 +80,8 @@ pub struct KvView {
     stream_step: AtomicU64,
     /// The worker's step counter at the previous health probe.
     probe_step: Mutex<Option<u64>>,
-    /// Load in tokens: the last report's work ahead ([`reported_work_tokens`]), and the work this
-    /// router sent since that report.
-    load: Mutex<(u64, u64)>,
+    /// The last report's load and what this router sent since.
+    load: Mutex<Load>,
     /// When this worker's anomalies were last logged.
     logged_at: Mutex<Option<Instant>>,
 }
@@ -80,7 +96,7 @@ impl KvView {
         self.lagging.store(false, Ordering::Relaxed);
         self.stream_step.store(0, Ordering::Relaxed);
         *self.probe_step.lock().expect("kv probe lock") = None;
-        *self.load.lock().expect("kv load lock") = (0, 0);
+        *self.load.lock().expect("kv load lock") = Load::default();
     }
 
     /// The stream ended: nothing it said counts any more.
@@ -121,8 +137,8 @@ impl KvView {
     }
 
     /// A step message arrived: its step number (0 for messages sent between steps) and its load
-    /// report's work ahead in tokens ([`reported_work_tokens`]).
-    pub(super) fn on_step(&self, step: u64, work_tokens: Option<u64>) {
+    /// report, if it has one.
+    pub(super) fn on_step(&self, step: u64, report: Option<&LoadReport>) {
         if step > 0 {
             self.stream_step.fetch_max(step, Ordering::Relaxed);
             let caught_up = self
@@ -134,8 +150,14 @@ impl KvView {
                 self.lagging.store(false, Ordering::Relaxed);
             }
         }
-        if let Some(work) = work_tokens {
-            *self.load.lock().expect("kv load lock") = (work, 0);
+        if let Some(report) = report {
+            *self.load.lock().expect("kv load lock") = Load {
+                reported_at: Some(Instant::now()),
+                reported_tokens: reported_work_tokens(report),
+                reported_sequences: u64::from(report.running_sequences)
+                    + u64::from(report.waiting_sequences),
+                ..Load::default()
+            };
         }
     }
 
@@ -152,7 +174,9 @@ impl KvView {
     /// This router sent the worker a request of `tokens` tokens of work
     /// ([`routing::kv_aware::request_work_tokens`]).
     pub(super) fn on_dispatch(&self, tokens: u64) {
-        self.load.lock().expect("kv load lock").1 += tokens;
+        let mut load = self.load.lock().expect("kv load lock");
+        load.sent_tokens += tokens;
+        load.sent_requests += 1;
     }
 
     /// The index is used for routing: a snapshot arrived and the stream does not lag.
@@ -174,8 +198,22 @@ impl KvView {
 
     /// The worker's load in tokens: its last report's work ahead plus what this router sent since.
     pub fn load_tokens(&self) -> u64 {
-        let (reported, sent) = *self.load.lock().expect("kv load lock");
-        reported + sent
+        let load = *self.load.lock().expect("kv load lock");
+        load.reported_tokens + load.sent_tokens
+    }
+
+    /// The worker's running and waiting sequences at `now`: its last report's plus the requests
+    /// this router sent since (so that requests sent between two reports are counted at once, as
+    /// their work is in [`Self::load_tokens`]). A report older than [`LOAD_REPORT_TTL`] counts
+    /// no sequences, as in `affinity`'s load: an idle worker sends none, so its last report may
+    /// describe requests that ended or were cancelled since (a stalled worker's).
+    pub fn sequences(&self, now: Instant) -> u64 {
+        let load = *self.load.lock().expect("kv load lock");
+        let recent = load
+            .reported_at
+            .is_some_and(|at| now.saturating_duration_since(at) <= LOAD_REPORT_TTL);
+        let reported = if recent { load.reported_sequences } else { 0 };
+        reported + load.sent_requests
     }
 
     /// The index's state for the metrics.
@@ -244,7 +282,7 @@ mod tests {
         let view = KvView::default();
         view.reset(4, 10);
         view.apply(&events(true, &[7], &[]));
-        view.on_step(5, Some(40));
+        view.on_step(5, Some(&LoadReport::default()));
         assert!(
             !view.on_probe(6),
             "the first probe has nothing to compare with"
@@ -253,7 +291,7 @@ mod tests {
         assert!(view.on_probe(9));
         assert!(!view.fresh());
         assert_eq!(view.prefix_blocks(&[7], 4), 0);
-        view.on_step(9, Some(10));
+        view.on_step(9, Some(&LoadReport::default()));
         assert!(view.fresh());
         assert_eq!(view.prefix_blocks(&[7], 4), 1);
     }
@@ -262,14 +300,40 @@ mod tests {
     fn load_is_the_report_plus_what_was_sent_since() {
         let view = KvView::default();
         view.reset(4, 10);
-        view.on_step(1, Some(100));
+        let report = |work: u64, running: u32, waiting: u32| LoadReport {
+            prefill_backlog_tokens: Some(work),
+            decode_horizon_tokens: Some(0),
+            running_sequences: running,
+            waiting_sequences: waiting,
+            ..Default::default()
+        };
+        view.on_step(1, Some(&report(100, 2, 1)));
+        assert_eq!(
+            (view.load_tokens(), view.sequences(Instant::now())),
+            (100, 3)
+        );
         view.on_dispatch(30);
         view.on_dispatch(5);
-        assert_eq!(view.load_tokens(), 135);
-        view.on_step(2, Some(120));
-        assert_eq!(view.load_tokens(), 120);
+        assert_eq!(
+            (view.load_tokens(), view.sequences(Instant::now())),
+            (135, 5)
+        );
+        view.on_step(2, Some(&report(120, 4, 0)));
+        assert_eq!(
+            (view.load_tokens(), view.sequences(Instant::now())),
+            (120, 4)
+        );
         view.on_step(0, None);
-        assert_eq!(view.load_tokens(), 120);
+        assert_eq!(
+            (view.load_tokens(), view.sequences(Instant::now())),
+            (120, 4)
+        );
+        // A report older than the TTL counts no sequences; what was sent since still counts.
+        view.on_dispatch(7);
+        let later = Instant::now() + LOAD_REPORT_TTL + Duration::from_millis(1);
+        assert_eq!(view.sequences(later), 1);
+        view.disconnected();
+        assert_eq!((view.load_tokens(), view.sequences(Instant::now())), (0, 0));
     }
 
     #[test]

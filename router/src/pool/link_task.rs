@@ -236,10 +236,7 @@ async fn run<P: LinkOwner>(
         if let Some(events) = step.kv_events.take() {
             apply_kv_events(pool.as_ref(), link, &events);
         }
-        link.kv.on_step(
-            step.step,
-            step.load.as_ref().map(super::kv_view::reported_work_tokens),
-        );
+        link.kv.on_step(step.step, step.load.as_ref());
         let had_errors = !step.errors.is_empty();
         let (freed, moving) = link.on_step(step);
         if moving {

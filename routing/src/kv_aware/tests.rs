@@ -2,11 +2,15 @@ use rand::{Rng, SeedableRng};
 
 use super::*;
 
-/// The unweighted cost (`prefill + load`): the tests below state their thresholds in it.
+/// The unweighted cost without the decode term (`prefill + load`): the tests below state their
+/// thresholds in it.
 const POLICY: KvAwarePolicy = KvAwarePolicy {
     load_factor: 0.5,
     prefill_weight: 1.0,
+    decode_weight: 0.0,
 };
+/// The tokens a request may generate, where the decode term is off.
+const M: usize = 8;
 const ADDRS: [&str; 3] = ["10.0.0.1:50061", "10.0.0.2:50061", "10.0.0.3:50061"];
 
 fn idle() -> Vec<KvCandidate<'static>> {
@@ -17,6 +21,7 @@ fn idle() -> Vec<KvCandidate<'static>> {
             has_room: true,
             cached_blocks: 0,
             load_tokens: 0,
+            sequences: 0,
         })
         .collect()
 }
@@ -62,8 +67,8 @@ fn a_hit_wins_over_an_equally_loaded_miss() {
     for holder in 0..3 {
         let mut c = idle();
         c[holder].cached_blocks = 6;
-        assert_eq!(POLICY.pick(&chain, &c), Some(holder));
-        let e = POLICY.evaluate(&chain, &c);
+        assert_eq!(POLICY.pick(&chain, M, &c), Some(holder));
+        let e = POLICY.evaluate(&chain, M, &c);
         assert_eq!(
             e[holder],
             Evaluation {
@@ -84,9 +89,9 @@ fn cost_trades_prefill_against_load() {
     c[1].load_tokens = 0; // cost 100
     c[2].load_tokens = 50;
     // 94 < 100: the hit still pays.
-    assert_eq!(POLICY.pick(&chain, &c), Some(0));
+    assert_eq!(POLICY.pick(&chain, M, &c), Some(0));
     c[0].load_tokens = 97; // 101 > 100
-    assert_eq!(POLICY.pick(&chain, &c), Some(1));
+    assert_eq!(POLICY.pick(&chain, M, &c), Some(1));
 }
 
 #[test]
@@ -98,12 +103,12 @@ fn a_hit_never_goes_beyond_the_load_bound() {
     c[1].load_tokens = 990;
     c[2].load_tokens = 990;
     // Within: 1000 <= 1.5 * 993.3 + 64 = 1554: the hit wins (cost 16 + 1000 < 64 + 990).
-    assert_eq!(POLICY.pick(&chain, &c), Some(0));
+    assert_eq!(POLICY.pick(&chain, M, &c), Some(0));
     // Beyond: average 433.3, bound 714 < 1000: cache ignored, the least loaded worker takes it.
     c[1].load_tokens = 200;
     c[2].load_tokens = 100;
-    assert_eq!(POLICY.evaluate(&chain, &c)[0].cached_tokens, 0);
-    assert_eq!(POLICY.pick(&chain, &c), Some(2));
+    assert_eq!(POLICY.evaluate(&chain, M, &c)[0].cached_tokens, 0);
+    assert_eq!(POLICY.pick(&chain, M, &c), Some(2));
     // Even when the other costs are higher than the overloaded hit would have been, a hit beyond
     // the bound does not count.
     let mut c = idle();
@@ -112,7 +117,7 @@ fn a_hit_never_goes_beyond_the_load_bound() {
     c[1].load_tokens = 100;
     c[2].load_tokens = 100;
     // Average 1733, bound 2664 < 5000: workers 1 and 2 tie at 164; rendezvous picks one.
-    let pick = POLICY.pick(&chain, &c);
+    let pick = POLICY.pick(&chain, M, &c);
     assert!(matches!(pick, Some(1) | Some(2)), "{pick:?}");
 }
 
@@ -123,14 +128,14 @@ fn a_miss_goes_to_the_least_loaded_worker_and_no_room_means_none() {
     c[0].load_tokens = 300;
     c[1].load_tokens = 20;
     c[2].load_tokens = 100;
-    assert_eq!(POLICY.pick(&chain, &c), Some(1));
+    assert_eq!(POLICY.pick(&chain, M, &c), Some(1));
     c[1].has_room = false;
-    assert_eq!(POLICY.pick(&chain, &c), Some(2));
+    assert_eq!(POLICY.pick(&chain, M, &c), Some(2));
     for x in &mut c {
         x.has_room = false;
     }
-    assert_eq!(POLICY.pick(&chain, &c), None);
-    assert_eq!(POLICY.pick(&chain, &[]), None);
+    assert_eq!(POLICY.pick(&chain, M, &c), None);
+    assert_eq!(POLICY.pick(&chain, M, &[]), None);
 }
 
 #[test]
@@ -138,7 +143,7 @@ fn equal_choices_spread_and_the_same_prefix_sticks() {
     let mut counts = [0usize; 3];
     for salt in 0..600u32 {
         let chain = PromptChain::new(&prompt(40, salt * 7919), 16);
-        counts[POLICY.pick(&chain, &idle()).unwrap()] += 1;
+        counts[POLICY.pick(&chain, M, &idle()).unwrap()] += 1;
     }
     assert!(counts.iter().all(|&n| n > 150), "{counts:?}");
     // Same first block, different tails: same key, same worker while loads are equal.
@@ -146,12 +151,15 @@ fn equal_choices_spread_and_the_same_prefix_sticks() {
     let mut other = prompt(40, 9);
     other[20..].iter_mut().for_each(|t| *t += 1);
     let b = PromptChain::new(&other, 16);
-    assert_eq!(POLICY.pick(&a, &idle()), POLICY.pick(&b, &idle()));
+    assert_eq!(POLICY.pick(&a, M, &idle()), POLICY.pick(&b, M, &idle()));
     // The choice is by address, not by candidate order.
     let mut reversed = idle();
     reversed.reverse();
-    let first = idle()[POLICY.pick(&a, &idle()).unwrap()].address;
-    assert_eq!(reversed[POLICY.pick(&a, &reversed).unwrap()].address, first);
+    let first = idle()[POLICY.pick(&a, M, &idle()).unwrap()].address;
+    assert_eq!(
+        reversed[POLICY.pick(&a, M, &reversed).unwrap()].address,
+        first
+    );
 }
 
 /// Property: the choice always has the lowest cost among the workers with room, and never uses a
@@ -169,17 +177,30 @@ fn the_choice_is_a_lowest_cost_worker_with_room() {
                 has_room: rng.random_bool(0.8),
                 cached_blocks: rng.random_range(0..20),
                 load_tokens: rng.random_range(0..2_000),
+                sequences: rng.random_range(0..20),
             })
             .collect();
-        let e = POLICY.evaluate(&chain, &c);
+        let policy = KvAwarePolicy {
+            decode_weight: rng.random_range(0.0..2.0),
+            ..POLICY
+        };
+        let new_tokens = rng.random_range(0..300);
+        let e = policy.evaluate(&chain, new_tokens, &c);
         let best = c
             .iter()
             .zip(&e)
             .filter(|(c, _)| c.has_room)
             .map(|(_, e)| e.cost)
             .min();
-        let pick = POLICY.pick(&chain, &c);
+        let pick = policy.pick(&chain, new_tokens, &c);
         assert_eq!(pick.map(|i| e[i].cost), best);
+        for (c, e) in c.iter().zip(&e) {
+            let want = (chain.tokens - e.cached_tokens) as f64
+                + c.load_tokens as f64
+                + policy.decode_weight
+                    * (new_tokens.min(DECODE_HORIZON_TOKENS) * c.sequences) as f64;
+            assert_eq!(e.cost, want.round() as u64);
+        }
         let average = c.iter().map(|c| c.load_tokens).sum::<u64>() as f64 / c.len() as f64;
         for (c, e) in c.iter().zip(&e) {
             if c.load_tokens as f64 > 1.5 * average + chain.tokens as f64 {
@@ -206,7 +227,7 @@ fn a_holder_running_a_similar_request_keeps_the_hit() {
     let mut c = idle();
     c[0].cached_blocks = 8;
     c[0].load_tokens = request_work_tokens(1, 8);
-    assert_eq!(POLICY.pick(&chain, &c[..2]), Some(0));
+    assert_eq!(POLICY.pick(&chain, M, &c[..2]), Some(0));
 }
 
 #[test]
@@ -220,21 +241,54 @@ fn the_prefill_weight_keeps_a_hit_until_the_holder_is_that_many_times_busier() {
     // 4 x 144 = 576 (all within the load bound: (1.5 x 100 + 160) = 310 >= 300).
     workers[0].load_tokens = 300;
     // Unweighted: 16 + 300 = 316 > 160 + 0, a miss on a less loaded worker.
-    let e = POLICY.evaluate(&chain, &workers);
+    let e = POLICY.evaluate(&chain, M, &workers);
     assert_eq!((e[0].cost, e[1].cost), (316, 160));
-    assert_ne!(POLICY.pick(&chain, &workers), Some(0));
+    assert_ne!(POLICY.pick(&chain, M, &workers), Some(0));
     let weighted = KvAwarePolicy::default();
     assert_eq!(weighted.prefill_weight, DEFAULT_PREFILL_WEIGHT);
-    let e = weighted.evaluate(&chain, &workers);
+    let e = weighted.evaluate(&chain, M, &workers);
     assert_eq!((e[0].cost, e[1].cost), (4 * 16 + 300, 4 * 160));
-    assert_eq!(weighted.pick(&chain, &workers), Some(0));
+    assert_eq!(weighted.pick(&chain, M, &workers), Some(0));
     // Past 4 x 144 more work the holder loses it too (the load bound is raised by the others'
     // load so that it does not decide).
     for w in &mut workers[1..] {
         w.load_tokens = 1_000;
     }
     workers[0].load_tokens = 1_000 + 4 * 144 + 1;
-    assert_ne!(weighted.pick(&chain, &workers), Some(0));
+    assert_ne!(weighted.pick(&chain, M, &workers), Some(0));
     workers[0].load_tokens = 1_000 + 4 * 144 - 1;
-    assert_eq!(weighted.pick(&chain, &workers), Some(0));
+    assert_eq!(weighted.pick(&chain, M, &workers), Some(0));
+}
+
+#[test]
+fn the_decode_term_moves_a_long_request_off_a_holder_crowded_with_short_decodes() {
+    // 160-token prompt; worker 0 holds 9 blocks (4 x 144 = 576 saved by the default weight) and
+    // runs 20 sequences with 8 tokens left each (180 tokens of work: within the load bound of
+    // 1.5 x 60 + 160 = 250); worker 1 is idle.
+    let chain = PromptChain::new(&prompt(160, 6), 16);
+    let mut workers = idle();
+    workers[0].cached_blocks = 9;
+    workers[0].sequences = 20;
+    workers[0].load_tokens = 20 * request_work_tokens(1, 8);
+    let policy = KvAwarePolicy::default();
+    assert_eq!(policy.decode_weight, DEFAULT_DECODE_WEIGHT);
+    // 64 new tokens: 64 x 20 = 1,280 tokens of batch-mates in its decode steps outweigh the 576.
+    let e = policy.evaluate(&chain, 64, &workers);
+    assert_eq!(e[0].cost, 4 * 16 + 180 + 64 * 20);
+    assert_eq!(e[1].cost, 4 * 160);
+    assert_ne!(policy.pick(&chain, 64, &workers), Some(0));
+    // 8 new tokens: 160 do not; the hit stays.
+    assert_eq!(policy.pick(&chain, 8, &workers), Some(0));
+    // The term is capped like the load: 50,000 new tokens count as 128.
+    let capped = policy.evaluate(&chain, 50_000, &workers);
+    assert_eq!(
+        capped[0].cost,
+        4 * 16 + 180 + (DECODE_HORIZON_TOKENS * 20) as u64
+    );
+    // Weight 0 is the old cost: the holder keeps it.
+    let old = KvAwarePolicy {
+        decode_weight: 0.0,
+        ..policy
+    };
+    assert_eq!(old.pick(&chain, 64, &workers), Some(0));
 }

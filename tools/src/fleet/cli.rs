@@ -97,6 +97,11 @@ pub struct FleetArgs {
     /// the load), real and simulated.
     #[arg(long, default_value_t = routing::kv_aware::DEFAULT_PREFILL_WEIGHT)]
     pub prefill_weight: f64,
+    /// The routers' `kv_decode_weight` (`kv_aware`'s weight of a worker's running sequences times
+    /// the request's new tokens), real and simulated; several (`0,1`) run `kv_aware` once per
+    /// weight in the same sitting, labelled `kv_aware d=<weight>`.
+    #[arg(long, value_delimiter = ',', default_values_t = [routing::kv_aware::DEFAULT_DECODE_WEIGHT])]
+    pub decode_weight: Vec<f64>,
     /// Cores that the real fleet's workers share, for the simulated replay of each real run
     /// (calibration); default: fitted per workload so that the simulator's saturating run is as
     /// fast as the real one (`fleet::calibrate::fit_host_cores`, between 1 and W x threads). The
@@ -135,6 +140,40 @@ impl FleetArgs {
         }
     }
 
+    /// The decode weight of a run (the first of `--decode-weight`; see [`Self::runs`]).
+    fn decode_weight(&self) -> f64 {
+        self.decode_weight
+            .first()
+            .copied()
+            .unwrap_or(routing::kv_aware::DEFAULT_DECODE_WEIGHT)
+    }
+
+    /// The runs per workload: each policy, `kv_aware` once per decode weight; with the arguments
+    /// of the run (its one decode weight) and its label.
+    fn runs(&self) -> Vec<(Routing, FleetArgs, String)> {
+        let mut runs = Vec::new();
+        for &routing in &self.routing {
+            let weights = if routing == Routing::KvAware {
+                self.decode_weight.clone()
+            } else {
+                vec![self.decode_weight()]
+            };
+            for &d in &weights {
+                let label = if routing == Routing::KvAware && self.decode_weight.len() > 1 {
+                    format!("{routing} d={d}")
+                } else {
+                    routing.to_string()
+                };
+                let args = FleetArgs {
+                    decode_weight: vec![d],
+                    ..self.clone()
+                };
+                runs.push((routing, args, label));
+            }
+        }
+        runs
+    }
+
     fn sim_config(
         &self,
         workers: usize,
@@ -158,6 +197,7 @@ impl FleetArgs {
             affinity_prefix_tokens: 64,
             load_factor: self.load_factor,
             prefill_weight: self.prefill_weight,
+            decode_weight: self.decode_weight(),
             host,
         }
     }
@@ -228,13 +268,13 @@ fn simulate_sweep(args: &FleetArgs, cost: CostModel) {
             for &r in &args.sim_routers {
                 for &load in &args.sim_loads {
                     let reqs = sim_requests(&generate(&spec, load * capacity), None);
-                    for &routing in &args.routing {
+                    for (routing, run, name) in args.runs() {
                         let s = simulate(
-                            &args.sim_config(w, r, routing, cost, args.sweep_host()),
+                            &run.sim_config(w, r, routing, cost, run.sweep_host()),
                             &reqs,
                         )
                         .summary();
-                        let label = format!("{shape} W={w} R={r} load={load} {routing}");
+                        let label = format!("{shape} W={w} R={r} load={load} {name}");
                         println!("{}", s.render(&label));
                     }
                 }
@@ -256,19 +296,27 @@ async fn real_runs(args: &FleetArgs) -> anyhow::Result<()> {
         log_dir: args.log_dir.clone(),
     };
     let settings = tempfile::tempdir().context("a temporary folder")?;
-    let router_settings = settings.path().join("router.toml");
-    std::fs::write(
-        &router_settings,
-        format!(
-            "affinity_load_factor = {:?}\nkv_prefill_weight = {:?}\n",
-            args.load_factor, args.prefill_weight
-        ),
-    )
-    .context("writing the routers' settings")?;
-    let spec = FleetSpec {
-        router_args: vec!["--config".into(), router_settings.display().to_string()],
-        ..spec
+    // The routers' settings of a run (its decode weight).
+    let spec_of = |run: &FleetArgs| -> anyhow::Result<FleetSpec> {
+        let path = settings
+            .path()
+            .join(format!("router-d{}.toml", run.decode_weight()));
+        std::fs::write(
+            &path,
+            format!(
+                "affinity_load_factor = {:?}\nkv_prefill_weight = {:?}\nkv_decode_weight = {:?}\n",
+                run.load_factor,
+                run.prefill_weight,
+                run.decode_weight()
+            ),
+        )
+        .context("writing the routers' settings")?;
+        Ok(FleetSpec {
+            router_args: vec!["--config".into(), path.display().to_string()],
+            ..spec.clone()
+        })
     };
+    let spec = spec_of(args)?;
     let cost = match &args.cost {
         Some(json) => serde_json::from_str(json).context("parsing --cost")?,
         None => {
@@ -337,20 +385,20 @@ async fn real_runs(args: &FleetArgs) -> anyhow::Result<()> {
             sim_capacity(host.cores)
         );
         let requests = generate(&wspec, rate);
-        for &routing in &args.routing {
-            let fleet = Fleet::start(&spec, routing).await?;
+        for (routing, run, name) in args.runs() {
+            let fleet = Fleet::start(&spec_of(&run)?, routing).await?;
             let measured = fleet.replay(&requests).await;
             fleet.stop().await;
             let measured = measured?;
             // Simulate with the real send times (a turn's send time is when its previous turn ended
             // on the real fleet; the simulator re-derives it from its own finishes).
             let simulated = simulate(
-                &args.sim_config(args.workers, args.routers, routing, cost, Some(host)),
+                &run.sim_config(args.workers, args.routers, routing, cost, Some(host)),
                 &sim_requests(&requests, Some(&ids)),
             );
             let (m, s) = (measured.summary(), simulated.summary());
-            println!("{}", m.render(&format!("{shape} {routing} real")));
-            println!("{}", s.render(&format!("{shape} {routing} sim")));
+            println!("{}", m.render(&format!("{shape} {name} real")));
+            println!("{}", s.render(&format!("{shape} {name} sim")));
             println!("{}", error_line(&m, &s));
             println!(
                 "  per-worker hit rate (real): {:?}",

@@ -50,6 +50,10 @@ pub struct FleetSummary {
     pub ttft_p99_ms: f64,
     /// Median of the requests' mean inter-token gap, ms.
     pub itl_p50_ms: f64,
+    /// Request latency (arrival to last token) percentiles, ms: what TTFT and ITL add up to.
+    pub e2e_p50_ms: f64,
+    /// End-to-end latency p99, ms.
+    pub e2e_p99_ms: f64,
     /// Generated tokens per second over the run (first arrival to last finish).
     pub output_tokens_per_s: f64,
     /// Completed requests per second over the run.
@@ -63,6 +67,7 @@ impl FleetOutcome {
     pub fn summary(&self) -> FleetSummary {
         let mut ttft: Vec<f64> = Vec::new();
         let mut itl: Vec<f64> = Vec::new();
+        let mut e2e: Vec<f64> = Vec::new();
         let (mut start, mut end) = (f64::INFINITY, 0.0f64);
         let mut tokens = 0u64;
         let mut completed = 0;
@@ -71,6 +76,7 @@ impl FleetOutcome {
             if let (Some(first), Some(finish)) = (r.first_token_s, r.finish_s) {
                 completed += 1;
                 ttft.push((first - r.arrival_s) * 1e3);
+                e2e.push((finish - r.arrival_s) * 1e3);
                 if r.output_tokens > 1 {
                     itl.push((finish - first) * 1e3 / (r.output_tokens - 1) as f64);
                 }
@@ -80,6 +86,7 @@ impl FleetOutcome {
         }
         ttft.sort_by(f64::total_cmp);
         itl.sort_by(f64::total_cmp);
+        e2e.sort_by(f64::total_cmp);
         let duration = (end - start).max(1e-9);
         let query: u64 = self.worker_query_tokens.iter().sum();
         let hit: u64 = self.worker_hit_tokens.iter().sum();
@@ -100,6 +107,8 @@ impl FleetOutcome {
             ttft_p90_ms: percentile(&ttft, 90.0).unwrap_or(0.0),
             ttft_p99_ms: percentile(&ttft, 99.0).unwrap_or(0.0),
             itl_p50_ms: percentile(&itl, 50.0).unwrap_or(0.0),
+            e2e_p50_ms: percentile(&e2e, 50.0).unwrap_or(0.0),
+            e2e_p99_ms: percentile(&e2e, 99.0).unwrap_or(0.0),
             output_tokens_per_s: tokens as f64 / duration,
             requests_per_s: completed as f64 / duration,
             max_over_mean_requests: if mean > 0.0 { max / mean } else { 0.0 },
@@ -119,12 +128,14 @@ impl FleetSummary {
     /// One line of the report: `label` then the figures.
     pub fn render(&self, label: &str) -> String {
         format!(
-            "{label:<28} hit {:>5.1}%  TTFT p50 {:>8.1} p90 {:>8.1} p99 {:>8.1} ms  ITL p50 {:>6.1} ms  {:>7.1} tok/s  {:>6.2} req/s  max/mean {:.2}  done {}/{}",
+            "{label:<28} hit {:>5.1}%  TTFT p50 {:>8.1} p90 {:>8.1} p99 {:>8.1} ms  ITL p50 {:>6.1} ms  E2E p50 {:>8.1} p99 {:>8.1} ms  {:>7.1} tok/s  {:>6.2} req/s  max/mean {:.2}  done {}/{}",
             self.hit_rate * 100.0,
             self.ttft_p50_ms,
             self.ttft_p90_ms,
             self.ttft_p99_ms,
             self.itl_p50_ms,
+            self.e2e_p50_ms,
+            self.e2e_p99_ms,
             self.output_tokens_per_s,
             self.requests_per_s,
             self.max_over_mean_requests,

@@ -13,7 +13,8 @@
 //!   when none has room the request waits in that router's queue until one of its requests ends.
 //! - Every router receives every worker's cache events and load report at the end of each of the
 //!   worker's steps, without delay (one index per worker serves all routers, since all would hold the
-//!   same). A router's load of a worker adds what it sent since that report, as the router does.
+//!   same). A router's load of a worker adds what it sent since that report (work in tokens and
+//!   requests), as the router does.
 //! - Network and router processing time are not modelled (zero).
 //! - Each worker has its own cores unless [`SimConfig::host`] says that all of them share one
 //!   machine's cores (the real calibration runs: W single-thread workers on a 2-core machine). Then
@@ -59,6 +60,8 @@ pub struct SimConfig {
     pub load_factor: f64,
     /// `kv_aware`'s prefill weight (router `kv_prefill_weight`).
     pub prefill_weight: f64,
+    /// `kv_aware`'s decode weight (router `kv_decode_weight`).
+    pub decode_weight: f64,
     /// Cores shared by all workers (`None`: each worker has its own, its steps take exactly
     /// [`CostModel::step_seconds`]).
     pub host: Option<SharedHost>,
@@ -112,6 +115,8 @@ struct SimRouter {
     inflight: Vec<usize>,
     /// Prompt tokens this router sent each worker since its last load report.
     sent_since_report: Vec<u64>,
+    /// Requests this router sent each worker since its last load report.
+    sent_requests_since_report: Vec<usize>,
     queue: VecDeque<usize>,
 }
 
@@ -181,6 +186,7 @@ impl<'a> Simulation<'a> {
                     round_robin: RoundRobin::default(),
                     inflight: vec![0; w],
                     sent_since_report: vec![0; w],
+                    sent_requests_since_report: vec![0; w],
                     queue: VecDeque::new(),
                 })
                 .collect(),
@@ -217,6 +223,7 @@ impl<'a> Simulation<'a> {
             kv_aware: KvAwarePolicy {
                 load_factor: config.load_factor,
                 prefill_weight: config.prefill_weight,
+                decode_weight: config.decode_weight,
             },
         };
         for (i, req) in requests.iter().enumerate() {
@@ -315,6 +322,7 @@ impl<'a> Simulation<'a> {
             let req = &self.requests[i];
             let r = &mut self.routers[router];
             r.inflight[w] += 1;
+            r.sent_requests_since_report[w] += 1;
             r.sent_since_report[w] +=
                 routing::kv_aware::request_work_tokens(req.prompt.len(), req.max_new_tokens);
             self.placed[i] = Some((router, w));
@@ -346,9 +354,12 @@ impl<'a> Simulation<'a> {
                         has_room: r.inflight[w] < cap,
                         cached_blocks: s.index.prefix_blocks(&chain.hashes),
                         load_tokens: s.report.1 + r.sent_since_report[w],
+                        sequences: (s.report.0 + r.sent_requests_since_report[w])
+                            .max(r.inflight[w]),
                     })
                     .collect();
-                self.kv_aware.pick(&chain, &candidates)
+                self.kv_aware
+                    .pick(&chain, self.requests[i].max_new_tokens, &candidates)
             }
             Routing::RoundRobin => {
                 let addresses: Vec<&str> = self.addresses.iter().map(String::as_str).collect();
@@ -400,6 +411,7 @@ impl<'a> Simulation<'a> {
         state.report = state.model.load();
         for r in &mut self.routers {
             r.sent_since_report[w] = 0;
+            r.sent_requests_since_report[w] = 0;
         }
         for &i in &outcome.first_tokens {
             self.timings[i].first_token_s = Some(now_s);

@@ -27,6 +27,7 @@ fn config(workers: usize, routers: usize, routing: Routing) -> SimConfig {
         affinity_prefix_tokens: 64,
         load_factor: 0.5,
         prefill_weight: routing::kv_aware::DEFAULT_PREFILL_WEIGHT,
+        decode_weight: routing::kv_aware::DEFAULT_DECODE_WEIGHT,
         host: None,
     }
 }
