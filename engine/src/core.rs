@@ -197,8 +197,11 @@ impl<M: BatchModel> Engine<M> {
                 let request_id = request.request_id.clone();
                 if let Err(error) = self.admit(conn, *request, constraint) {
                     self.stats.failed_requests += 1;
+                    // With the load, so that a router that counted the request as sent to this
+                    // worker (until the next report) stops counting it now.
                     let refused = EngineOutput {
                         errors: vec![RequestFailure { request_id, error }],
+                        load: Some(self.load()),
                         ..Default::default()
                     };
                     self.deliver(conn, refused);

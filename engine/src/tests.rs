@@ -213,6 +213,21 @@ async fn generates_until_each_stop_condition() {
     assert_eq!(stats.kv_blocks_used, 0);
 }
 
+/// A refused request's answer carries the worker's load, so that a router that counted it as sent
+/// (until the next report) stops counting it at once, even on an idle worker that sends no step.
+#[tokio::test]
+async fn a_refusal_carries_the_load() {
+    let mut c = Client::new(config(8, 64, true));
+    c.add(add("empty", vec![], 4, vec![]));
+    let out = tokio::time::timeout(Duration::from_secs(10), c.rx.recv())
+        .await
+        .expect("engine output within 10 s")
+        .expect("engine alive");
+    assert_eq!(out.errors.len(), 1);
+    let load = out.load.expect("the load with the refusal");
+    assert_eq!((load.running_sequences, load.waiting_sequences), (0, 0));
+}
+
 #[tokio::test]
 async fn rejects_bad_requests_and_keeps_serving() {
     let mut c = Client::new(config(8, 64, true));

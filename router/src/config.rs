@@ -211,8 +211,9 @@ pub struct RouterSettings {
     /// client never slows other requests down. 0 = never cancel.
     pub slow_client_timeout_ms: u64,
     /// Which policy picks each request's worker: `kv_aware` (the default: lowest
-    /// `kv_prefill_weight x tokens to prefill + load in tokens` from the workers' reported KV
-    /// caches; its load bound uses `affinity_load_factor`), `affinity` (prefix affinity on the
+    /// `kv_prefill_weight x tokens to prefill + load in tokens + kv_decode_weight x min(max_new_tokens,
+    /// 128) x sequences` from the workers' reported KV caches and loads; its load bound uses
+    /// `affinity_load_factor`), `affinity` (prefix affinity on the
     /// first `affinity_prefix_tokens` tokens with a load bound) or `round_robin` (each request to
     /// the next worker with room). See the `routing` crate.
     pub routing: Routing,

@@ -61,8 +61,8 @@
 //! 2. **Load bound**: a worker whose load exceeds `(1 + load_factor) * average load + P` (the
 //!    average over all candidates) has its cache ignored (`cached = 0`): a hit never sends a
 //!    request to an overloaded worker (as in [`crate::affinity`], with loads in tokens).
-//! 3. The lowest cost wins. With no hit anywhere every cost is `P + L`, so a miss goes to the least
-//!    loaded worker (not the emptiest cache).
+//! 3. The lowest cost wins. With no hit anywhere every cost is `a * P + L + d * decode`, so a miss
+//!    goes to the least loaded worker, by work ahead and by sequences (not the emptiest cache).
 //! 4. Ties go to the highest rendezvous score of the prompt's key ([`PromptChain::key`]: its first
 //!    block's hash, or a hash of the whole prompt when it is shorter than a block), so that equal
 //!    choices spread over the workers by prompt, and the same prefix prefers the same worker.
@@ -145,8 +145,8 @@ pub struct KvCandidate<'a> {
     pub cached_blocks: usize,
     /// Its load in tokens (`L`, see the module docs).
     pub load_tokens: u64,
-    /// Its running and waiting sequences (`n`, see the module docs): its last report's, or this
-    /// router's own in flight there when more.
+    /// Its running and waiting sequences (`n`, see the module docs): its last report's plus the
+    /// requests this router sent since, or this router's own in flight there when more.
     pub sequences: usize,
 }
 
@@ -212,7 +212,8 @@ impl KvAwarePolicy {
                 let decode = c.sequences as f64 * decode_per_sequence;
                 Evaluation {
                     cached_tokens: cached,
-                    cost: (prefill + decode).round() as u64 + c.load_tokens,
+                    // `as` saturates (a huge weight gives u64::MAX, never a wrap).
+                    cost: ((prefill + decode).round() as u64).saturating_add(c.load_tokens),
                 }
             })
             .collect()

@@ -302,6 +302,28 @@ fn tls_settings_from_flags_and_env() {
 
 #[test]
 #[allow(clippy::result_large_err)] // figment::Jail's closure signature
+fn the_kv_decode_weight_from_file_and_env() {
+    figment::Jail::expect_with(|jail| {
+        jail.create_file("r.toml", "workers = ['a:1']\nkv_decode_weight = 0.25")?;
+        let file = Cli::parse_from(["router", "--config", "r.toml"]);
+        let s = RouterSettings::load(&file).map_err(|e| e.to_string())?;
+        assert_eq!(s.pool_settings().kv_aware.decode_weight, 0.25);
+        jail.set_env("ROUTER_KV_DECODE_WEIGHT", "0");
+        let s = RouterSettings::load(&file).map_err(|e| e.to_string())?;
+        assert_eq!(s.pool_settings().kv_aware.decode_weight, 0.0);
+        jail.set_env("ROUTER_KV_DECODE_WEIGHT", "-1");
+        let s = RouterSettings::load(&file).map_err(|e| e.to_string())?;
+        let err = s.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("kv_decode_weight must be a number >= 0 (got -1)"),
+            "{err}"
+        );
+        Ok(())
+    });
+}
+
+#[test]
+#[allow(clippy::result_large_err)] // figment::Jail's closure signature
 fn routing_from_file_env_and_flag() {
     figment::Jail::expect_with(|jail| {
         let none = Cli::parse_from(["router"]);
@@ -367,7 +389,7 @@ fn the_kv_decode_weight_is_a_number_of_at_least_zero() {
         ok.pool_settings().kv_aware.decode_weight,
         routing::kv_aware::DEFAULT_DECODE_WEIGHT
     );
-    for bad in [-0.5, f64::NAN, f64::NEG_INFINITY] {
+    for bad in [-0.5, f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
         let err = RouterSettings {
             kv_decode_weight: bad,
             ..ok.clone()

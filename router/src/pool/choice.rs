@@ -112,7 +112,6 @@ pub(super) fn choose(
 ) -> Option<usize> {
     match (&key.chain, settings.routing) {
         (Some(chain), Routing::KvAware) => {
-            let now = std::time::Instant::now();
             let candidates: Vec<KvCandidate<'_>> = ready
                 .iter()
                 .map(|(link, s)| KvCandidate {
@@ -122,7 +121,7 @@ pub(super) fn choose(
                         .has_room(cap, key.sheddable, key.tenant.as_deref()),
                     cached_blocks: link.kv.prefix_blocks(&chain.hashes, chain.block_size),
                     load_tokens: link.kv.load_tokens(),
-                    sequences: (link.kv.sequences(now) as usize).max(s.load),
+                    sequences: (link.kv.sequences() as usize).max(s.load),
                 })
                 .collect();
             settings.kv_aware.pick(chain, key.new_tokens, &candidates)

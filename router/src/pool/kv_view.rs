@@ -31,7 +31,6 @@ use std::sync::{Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use inference_proto::worker::{KvCacheEvents, LoadReport};
-use routing::affinity::LOAD_REPORT_TTL;
 use routing::index::{Anomalies, BlockIndex};
 
 /// How often one worker's anomalies are logged at most.
@@ -54,8 +53,6 @@ pub struct KvIndexState {
 /// since.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct Load {
-    /// When the report arrived (`None`: none since the stream opened).
-    reported_at: Option<Instant>,
     /// The report's work ahead in tokens ([`reported_work_tokens`]).
     reported_tokens: u64,
     /// The report's running plus waiting sequences.
@@ -152,7 +149,6 @@ impl KvView {
         }
         if let Some(report) = report {
             *self.load.lock().expect("kv load lock") = Load {
-                reported_at: Some(Instant::now()),
                 reported_tokens: reported_work_tokens(report),
                 reported_sequences: u64::from(report.running_sequences)
                     + u64::from(report.waiting_sequences),
@@ -202,18 +198,14 @@ impl KvView {
         load.reported_tokens + load.sent_tokens
     }
 
-    /// The worker's running and waiting sequences at `now`: its last report's plus the requests
-    /// this router sent since (so that requests sent between two reports are counted at once, as
-    /// their work is in [`Self::load_tokens`]). A report older than [`LOAD_REPORT_TTL`] counts
-    /// no sequences, as in `affinity`'s load: an idle worker sends none, so its last report may
-    /// describe requests that ended or were cancelled since (a stalled worker's).
-    pub fn sequences(&self, now: Instant) -> u64 {
+    /// The worker's running and waiting sequences: its last report's plus the requests this
+    /// router sent since (so that requests sent between two reports are counted at once, as their
+    /// work is in [`Self::load_tokens`]). Like the work, the report counts until the next one,
+    /// however old: a worker reports at the end of every step (which may take seconds on a CPU)
+    /// and when it goes idle, and answers a refused request with its load.
+    pub fn sequences(&self) -> u64 {
         let load = *self.load.lock().expect("kv load lock");
-        let recent = load
-            .reported_at
-            .is_some_and(|at| now.saturating_duration_since(at) <= LOAD_REPORT_TTL);
-        let reported = if recent { load.reported_sequences } else { 0 };
-        reported + load.sent_requests
+        load.reported_sequences + load.sent_requests
     }
 
     /// The index's state for the metrics.
@@ -308,32 +300,16 @@ mod tests {
             ..Default::default()
         };
         view.on_step(1, Some(&report(100, 2, 1)));
-        assert_eq!(
-            (view.load_tokens(), view.sequences(Instant::now())),
-            (100, 3)
-        );
+        assert_eq!((view.load_tokens(), view.sequences()), (100, 3));
         view.on_dispatch(30);
         view.on_dispatch(5);
-        assert_eq!(
-            (view.load_tokens(), view.sequences(Instant::now())),
-            (135, 5)
-        );
+        assert_eq!((view.load_tokens(), view.sequences()), (135, 5));
         view.on_step(2, Some(&report(120, 4, 0)));
-        assert_eq!(
-            (view.load_tokens(), view.sequences(Instant::now())),
-            (120, 4)
-        );
+        assert_eq!((view.load_tokens(), view.sequences()), (120, 4));
         view.on_step(0, None);
-        assert_eq!(
-            (view.load_tokens(), view.sequences(Instant::now())),
-            (120, 4)
-        );
-        // A report older than the TTL counts no sequences; what was sent since still counts.
-        view.on_dispatch(7);
-        let later = Instant::now() + LOAD_REPORT_TTL + Duration::from_millis(1);
-        assert_eq!(view.sequences(later), 1);
+        assert_eq!((view.load_tokens(), view.sequences()), (120, 4));
         view.disconnected();
-        assert_eq!((view.load_tokens(), view.sequences(Instant::now())), (0, 0));
+        assert_eq!((view.load_tokens(), view.sequences()), (0, 0));
     }
 
     #[test]

@@ -153,6 +153,9 @@ impl Worker for Fake {
         tokio::spawn(async move {
             // (request, next index)
             let mut active: Vec<(AddRequest, usize)> = Vec::new();
+            // Cancels emptied the batch: the next tick sends an idle load report, as the real
+            // engine does (once it runs again, when frozen).
+            let mut owe_idle_report = false;
             let mut tick = tokio::time::interval(step);
             loop {
                 tokio::select! {
@@ -165,12 +168,23 @@ impl Worker for Fake {
                         Ok(Some(RouterMessage { kind: Some(router_message::Kind::Cancel(c)) })) => {
                             active.retain(|(a, _)| a.request_id != c.request_id);
                             cancels.lock().unwrap().push(c.request_id);
+                            owe_idle_report |= active.is_empty();
                         }
                         Ok(Some(_)) => {}
                         _ => return,
                     },
                     _ = tick.tick() => {
-                        if active.is_empty() || frozen.load(Ordering::Relaxed) {
+                        if frozen.load(Ordering::Relaxed) {
+                            continue;
+                        }
+                        if active.is_empty() {
+                            if std::mem::take(&mut owe_idle_report) {
+                                let idle = StepOutput {
+                                    load: Some(LoadReport::default()),
+                                    ..Default::default()
+                                };
+                                let _ = tx.send(Ok(WorkerMessage { kind: Some(worker_message::Kind::Step(idle)) }));
+                            }
                             continue;
                         }
                         let mut out = StepOutput::default();

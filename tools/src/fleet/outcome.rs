@@ -144,3 +144,50 @@ impl FleetSummary {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_summary_has_each_requests_ttft_itl_and_end_to_end_latency() {
+        let timing = |arrival_s, first, finish, output_tokens| RequestTiming {
+            arrival_s,
+            first_token_s: Some(first),
+            finish_s: Some(finish),
+            output_tokens,
+        };
+        let outcome = FleetOutcome {
+            // TTFT 0.1 and 0.3 s; end to end 0.5 and 1.3 s; mean gaps 0.1 and 0.2 s.
+            requests: vec![
+                timing(0.0, 0.1, 0.5, 5),
+                timing(1.0, 1.3, 2.3, 6),
+                RequestTiming {
+                    arrival_s: 1.5,
+                    first_token_s: None,
+                    finish_s: None,
+                    output_tokens: 0,
+                },
+            ],
+            worker_requests: vec![2, 1],
+            worker_query_tokens: vec![100, 0],
+            worker_hit_tokens: vec![40, 0],
+        };
+        let s = outcome.summary();
+        assert_eq!((s.completed, s.failed), (2, 1));
+        assert!((s.hit_rate - 0.4).abs() < 1e-12);
+        // Percentiles interpolate between the two completed requests.
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-6;
+        assert!(
+            close(s.ttft_p50_ms, 200.0) && close(s.ttft_p99_ms, 298.0),
+            "{s:?}"
+        );
+        assert!(
+            close(s.e2e_p50_ms, 900.0) && close(s.e2e_p99_ms, 1292.0),
+            "{s:?}"
+        );
+        assert!(close(s.itl_p50_ms, 150.0), "{s:?}");
+        assert!((s.max_over_mean_requests - 2.0 / 1.5).abs() < 1e-12);
+        assert!(s.render("x").contains("E2E p50"));
+    }
+}

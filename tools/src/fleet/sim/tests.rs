@@ -234,3 +234,62 @@ fn workers_sharing_too_few_cores_slow_each_other_while_both_are_busy() {
         1.0
     );
 }
+
+/// The decode term (`kv_decode_weight`) on the shape that showed the concentration (BENCHMARKS.md,
+/// 2026-12-07): multi-turn conversations of 8 turns behind one system prompt, 64 new tokens per
+/// turn, W = 16, R = 4, 80 % of `round_robin`'s capacity, the 2026-12-05 fitted cost. With the
+/// term, conversations spread over more workers: ITL and end-to-end latency fall, the hit rate
+/// stays.
+#[test]
+fn the_decode_term_spreads_conversations_and_lowers_itl() {
+    let cost = CostModel {
+        step_base_s: 0.0226,
+        per_token_s: 0.00409,
+        per_decode_s: 0.0,
+    };
+    let spec = WorkloadSpec {
+        shape: Shape::MultiTurn,
+        seed: 1,
+        groups: 48,
+        per_group: 8,
+        prefix_tokens: 128,
+        question_tokens: 16,
+        reply_tokens: 16,
+        max_new_tokens: 64,
+    };
+    let sim_requests = |rate: f64| -> Vec<SimRequest> {
+        generate(&spec, rate)
+            .into_iter()
+            .map(|r| SimRequest {
+                prompt: r.words,
+                max_new_tokens: r.max_new_tokens as usize,
+                arrival_s: r.arrival_s,
+                after: r.after,
+            })
+            .collect()
+    };
+    let with = |routers: usize, routing: Routing, decode_weight: f64| SimConfig {
+        cost,
+        decode_weight,
+        limits: WorkerLimits {
+            max_num_seqs: 128,
+            max_batch_tokens: 512,
+            ..config(16, routers, routing).limits
+        },
+        ..config(16, routers, routing)
+    };
+    // Capacity as `bench fleet --simulate` finds it: one router, saturating.
+    let capacity = simulate(&with(1, Routing::RoundRobin, 1.0), &sim_requests(0.0))
+        .summary()
+        .requests_per_s;
+    let reqs = sim_requests(0.8 * capacity);
+    let without = simulate(&with(4, Routing::KvAware, 0.0), &reqs).summary();
+    let term = simulate(&with(4, Routing::KvAware, 1.0), &reqs).summary();
+    assert!(
+        term.itl_p50_ms < 0.85 * without.itl_p50_ms
+            && term.e2e_p50_ms < 0.85 * without.e2e_p50_ms
+            && term.max_over_mean_requests < without.max_over_mean_requests
+            && term.hit_rate > without.hit_rate - 0.02,
+        "without: {without:?}\nwith: {term:?}"
+    );
+}
