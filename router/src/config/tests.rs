@@ -349,63 +349,44 @@ fn routing_from_file_env_and_flag() {
     });
 }
 
+/// `kv_prefill_weight` and `kv_decode_weight`: defaults, 0 allowed, negative and non-finite values
+/// refused naming the setting.
 #[test]
-fn the_kv_prefill_weight_is_a_number_of_at_least_zero() {
+fn the_kv_weights_are_numbers_of_at_least_zero() {
+    type Set = fn(&mut RouterSettings, f64);
+    type Get = fn(&routing::kv_aware::KvAwarePolicy) -> f64;
     let ok = RouterSettings {
         workers: vec!["a:1".into()],
         ..Default::default()
     };
-    assert_eq!(
-        ok.pool_settings().kv_aware.prefill_weight,
-        routing::kv_aware::DEFAULT_PREFILL_WEIGHT
-    );
-    for bad in [-1.0, f64::NAN, f64::INFINITY] {
-        let err = RouterSettings {
-            kv_prefill_weight: bad,
-            ..ok.clone()
+    let weights: [(&str, Set, Get, f64); 2] = [
+        (
+            "kv_prefill_weight",
+            |s, w| s.kv_prefill_weight = w,
+            |p| p.prefill_weight,
+            routing::kv_aware::DEFAULT_PREFILL_WEIGHT,
+        ),
+        (
+            "kv_decode_weight",
+            |s, w| s.kv_decode_weight = w,
+            |p| p.decode_weight,
+            routing::kv_aware::DEFAULT_DECODE_WEIGHT,
+        ),
+    ];
+    for (name, set, get, default) in weights {
+        assert_eq!(get(&ok.pool_settings().kv_aware), default, "{name}");
+        for bad in [-1.0, f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            let mut s = ok.clone();
+            set(&mut s, bad);
+            let err = s.validate().unwrap_err().to_string();
+            assert!(
+                err.contains(&format!("{name} must be a number >= 0")),
+                "{name}: {err}"
+            );
         }
-        .validate()
-        .unwrap_err()
-        .to_string();
-        assert!(
-            err.contains("kv_prefill_weight must be a number >= 0"),
-            "{err}"
-        );
+        let mut zero = ok.clone();
+        set(&mut zero, 0.0);
+        assert!(zero.validate().is_ok(), "{name}");
+        assert_eq!(get(&zero.pool_settings().kv_aware), 0.0, "{name}");
     }
-    let zero = RouterSettings {
-        kv_prefill_weight: 0.0,
-        ..ok
-    };
-    assert!(zero.validate().is_ok());
-}
-
-#[test]
-fn the_kv_decode_weight_is_a_number_of_at_least_zero() {
-    let ok = RouterSettings {
-        workers: vec!["a:1".into()],
-        ..Default::default()
-    };
-    assert_eq!(
-        ok.pool_settings().kv_aware.decode_weight,
-        routing::kv_aware::DEFAULT_DECODE_WEIGHT
-    );
-    for bad in [-0.5, f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
-        let err = RouterSettings {
-            kv_decode_weight: bad,
-            ..ok.clone()
-        }
-        .validate()
-        .unwrap_err()
-        .to_string();
-        assert!(
-            err.contains("kv_decode_weight must be a number >= 0"),
-            "{err}"
-        );
-    }
-    let zero = RouterSettings {
-        kv_decode_weight: 0.0,
-        ..ok
-    };
-    assert_eq!(zero.pool_settings().kv_aware.decode_weight, 0.0);
-    assert!(zero.validate().is_ok());
 }

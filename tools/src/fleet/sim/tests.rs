@@ -43,7 +43,12 @@ fn requests(shape: Shape, groups: usize, per_group: usize, rate: f64) -> Vec<Sim
         reply_tokens: 24,
         max_new_tokens: 8,
     };
-    generate(&spec, rate)
+    sim_requests(&spec, rate)
+}
+
+/// `spec`'s requests at `rate` per second, as the simulator takes them (words as token ids).
+fn sim_requests(spec: &WorkloadSpec, rate: f64) -> Vec<SimRequest> {
+    generate(spec, rate)
         .into_iter()
         .map(|r| SimRequest {
             prompt: r.words,
@@ -257,17 +262,6 @@ fn the_decode_term_spreads_conversations_and_lowers_itl() {
         reply_tokens: 16,
         max_new_tokens: 64,
     };
-    let sim_requests = |rate: f64| -> Vec<SimRequest> {
-        generate(&spec, rate)
-            .into_iter()
-            .map(|r| SimRequest {
-                prompt: r.words,
-                max_new_tokens: r.max_new_tokens as usize,
-                arrival_s: r.arrival_s,
-                after: r.after,
-            })
-            .collect()
-    };
     let with = |routers: usize, routing: Routing, decode_weight: f64| SimConfig {
         cost,
         decode_weight,
@@ -279,10 +273,13 @@ fn the_decode_term_spreads_conversations_and_lowers_itl() {
         ..config(16, routers, routing)
     };
     // Capacity as `bench fleet --simulate` finds it: one router, saturating.
-    let capacity = simulate(&with(1, Routing::RoundRobin, 1.0), &sim_requests(0.0))
-        .summary()
-        .requests_per_s;
-    let reqs = sim_requests(0.8 * capacity);
+    let capacity = simulate(
+        &with(1, Routing::RoundRobin, 1.0),
+        &sim_requests(&spec, 0.0),
+    )
+    .summary()
+    .requests_per_s;
+    let reqs = sim_requests(&spec, 0.8 * capacity);
     let without = simulate(&with(4, Routing::KvAware, 0.0), &reqs).summary();
     let term = simulate(&with(4, Routing::KvAware, 1.0), &reqs).summary();
     assert!(
