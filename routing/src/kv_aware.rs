@@ -43,12 +43,12 @@
 //! prefixes collects sequences and its steps slow down for all of them: in `bench fleet`'s
 //! simulator (multi-turn, 64 new tokens, W = 1,024, 80 % load) `d = 0` gave ITL p50 114 ms and
 //! end-to-end latency p50 7.9 s against `round_robin`'s 39 ms and 4.4 s; `d = 1` gave 64 ms and
-//! 4.7 s, and a higher hit rate (82 against 78 %). Real processes (4 workers, 2 routers) put every
-//! conversation on one worker with `d = 0`; with `d = 1` end-to-end p99 fell from 4.2 to 2.2 s
+//! 4.7 s, and a higher hit rate (82 against 78 %). With real processes (4 workers, 2 routers, 64
+//! new tokens) `d = 0` put every conversation on one worker in 2 of 3 sittings, `d = 1` in none;
+//! single sittings vary by up to 2x, so the real end-to-end effect is not yet measured
 //! (BENCHMARKS.md, 2026-12-07). The price: where prompts share short prefixes and requests
 //! generate long answers, hits spread over more workers (simulated shared-prefix, 128 new tokens,
-//! W = 1,024: hit rate 71 -> 51 %, end-to-end latency within 2 %, p99 7 % lower; on 4 real
-//! workers sharing 2 cores, 64 new tokens, one sitting: end-to-end p50 +18 %).
+//! W = 1,024: hit rate 71 -> 51 %, end-to-end latency within 2 %, p99 7 % lower).
 //! `kv_decode_weight = 0` restores the old cost.
 //!
 //! An earlier form took `L` as the KV demand (prompt plus generated tokens of every sequence): a
