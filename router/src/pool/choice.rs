@@ -114,14 +114,17 @@ pub(super) fn choose(
         (Some(chain), Routing::KvAware) => {
             let candidates: Vec<KvCandidate<'_>> = ready
                 .iter()
-                .map(|(link, s)| KvCandidate {
-                    address: &s.address,
-                    has_room: s
-                        .occupancy
-                        .has_room(cap, key.sheddable, key.tenant.as_deref()),
-                    cached_blocks: link.kv.prefix_blocks(&chain.hashes, chain.block_size),
-                    load_tokens: link.kv.load_tokens(),
-                    sequences: (link.kv.sequences() as usize).max(s.load),
+                .map(|(link, s)| {
+                    let (load_tokens, sequences) = link.kv.load();
+                    KvCandidate {
+                        address: &s.address,
+                        has_room: s
+                            .occupancy
+                            .has_room(cap, key.sheddable, key.tenant.as_deref()),
+                        cached_blocks: link.kv.prefix_blocks(&chain.hashes, chain.block_size),
+                        load_tokens,
+                        sequences: (sequences as usize).max(s.load),
+                    }
                 })
                 .collect();
             settings.kv_aware.pick(chain, key.new_tokens, &candidates)

@@ -192,20 +192,22 @@ impl KvView {
             .prefix_blocks(chain)
     }
 
-    /// The worker's load in tokens: its last report's work ahead plus what this router sent since.
-    pub fn load_tokens(&self) -> u64 {
+    /// The worker's load as `(work in tokens, sequences)`, read under one lock: its last
+    /// report's work ahead and running plus waiting sequences, each plus what this router sent
+    /// since (so that requests sent between two reports count at once). The report counts until
+    /// the next one, however old: a worker reports at the end of every step (which may take
+    /// seconds on a CPU) and when it goes idle, and answers a refused request with its load.
+    pub fn load(&self) -> (u64, u64) {
         let load = *self.load.lock().expect("kv load lock");
-        load.reported_tokens + load.sent_tokens
+        (
+            load.reported_tokens + load.sent_tokens,
+            load.reported_sequences + load.sent_requests,
+        )
     }
 
-    /// The worker's running and waiting sequences: its last report's plus the requests this
-    /// router sent since (so that requests sent between two reports are counted at once, as their
-    /// work is in [`Self::load_tokens`]). Like the work, the report counts until the next one,
-    /// however old: a worker reports at the end of every step (which may take seconds on a CPU)
-    /// and when it goes idle, and answers a refused request with its load.
-    pub fn sequences(&self) -> u64 {
-        let load = *self.load.lock().expect("kv load lock");
-        load.reported_sequences + load.sent_requests
+    /// The worker's load in tokens ([`Self::load`]'s first part).
+    pub fn load_tokens(&self) -> u64 {
+        self.load().0
     }
 
     /// The index's state for the metrics.
@@ -300,16 +302,16 @@ mod tests {
             ..Default::default()
         };
         view.on_step(1, Some(&report(100, 2, 1)));
-        assert_eq!((view.load_tokens(), view.sequences()), (100, 3));
+        assert_eq!(view.load(), (100, 3));
         view.on_dispatch(30);
         view.on_dispatch(5);
-        assert_eq!((view.load_tokens(), view.sequences()), (135, 5));
+        assert_eq!(view.load(), (135, 5));
         view.on_step(2, Some(&report(120, 4, 0)));
-        assert_eq!((view.load_tokens(), view.sequences()), (120, 4));
+        assert_eq!(view.load(), (120, 4));
         view.on_step(0, None);
-        assert_eq!((view.load_tokens(), view.sequences()), (120, 4));
+        assert_eq!(view.load(), (120, 4));
         view.disconnected();
-        assert_eq!((view.load_tokens(), view.sequences()), (0, 0));
+        assert_eq!(view.load(), (0, 0));
     }
 
     #[test]

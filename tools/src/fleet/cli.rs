@@ -114,6 +114,15 @@ pub struct FleetArgs {
     pub log_dir: PathBuf,
 }
 
+/// One policy run of a workload.
+struct Run {
+    routing: Routing,
+    /// The routers' `kv_decode_weight`.
+    decode_weight: f64,
+    /// Its name in the report (`kv_aware d=<weight>` when several weights run).
+    label: String,
+}
+
 fn parse_routing(s: &str) -> Result<Routing, clap::Error> {
     match s {
         "affinity" => Ok(Routing::Affinity),
@@ -140,35 +149,34 @@ impl FleetArgs {
         }
     }
 
-    /// The decode weight of a run (the first of `--decode-weight`; see [`Self::runs`]).
-    fn decode_weight(&self) -> f64 {
+    /// The decode weight of the runs that do not vary it (the first of `--decode-weight`).
+    fn first_decode_weight(&self) -> f64 {
         self.decode_weight
             .first()
             .copied()
             .unwrap_or(routing::kv_aware::DEFAULT_DECODE_WEIGHT)
     }
 
-    /// The runs per workload: each policy, `kv_aware` once per decode weight; with the arguments
-    /// of the run (its one decode weight) and its label.
-    fn runs(&self) -> Vec<(Routing, FleetArgs, String)> {
+    /// The runs per workload: each policy, `kv_aware` once per decode weight.
+    fn runs(&self) -> Vec<Run> {
         let mut runs = Vec::new();
         for &routing in &self.routing {
             let weights = if routing == Routing::KvAware {
                 self.decode_weight.clone()
             } else {
-                vec![self.decode_weight()]
+                vec![self.first_decode_weight()]
             };
-            for &d in &weights {
+            for &decode_weight in &weights {
                 let label = if routing == Routing::KvAware && self.decode_weight.len() > 1 {
-                    format!("{routing} d={d}")
+                    format!("{routing} d={decode_weight}")
                 } else {
                     routing.to_string()
                 };
-                let args = FleetArgs {
-                    decode_weight: vec![d],
-                    ..self.clone()
-                };
-                runs.push((routing, args, label));
+                runs.push(Run {
+                    routing,
+                    decode_weight,
+                    label,
+                });
             }
         }
         runs
@@ -179,6 +187,7 @@ impl FleetArgs {
         workers: usize,
         routers: usize,
         routing: Routing,
+        decode_weight: f64,
         cost: CostModel,
         host: Option<SharedHost>,
     ) -> SimConfig {
@@ -197,7 +206,7 @@ impl FleetArgs {
             affinity_prefix_tokens: 64,
             load_factor: self.load_factor,
             prefill_weight: self.prefill_weight,
-            decode_weight: self.decode_weight(),
+            decode_weight,
             host,
         }
     }
@@ -260,7 +269,14 @@ fn simulate_sweep(args: &FleetArgs, cost: CostModel) {
             let spec = args.spec(shape, groups);
             let saturating = sim_requests(&generate(&spec, 0.0), None);
             let capacity = simulate(
-                &args.sim_config(w, 1, Routing::RoundRobin, cost, args.sweep_host()),
+                &args.sim_config(
+                    w,
+                    1,
+                    Routing::RoundRobin,
+                    args.first_decode_weight(),
+                    cost,
+                    args.sweep_host(),
+                ),
                 &saturating,
             )
             .summary()
@@ -268,13 +284,17 @@ fn simulate_sweep(args: &FleetArgs, cost: CostModel) {
             for &r in &args.sim_routers {
                 for &load in &args.sim_loads {
                     let reqs = sim_requests(&generate(&spec, load * capacity), None);
-                    for (routing, run, name) in args.runs() {
-                        let s = simulate(
-                            &run.sim_config(w, r, routing, cost, run.sweep_host()),
-                            &reqs,
-                        )
-                        .summary();
-                        let label = format!("{shape} W={w} R={r} load={load} {name}");
+                    for run in args.runs() {
+                        let config = args.sim_config(
+                            w,
+                            r,
+                            run.routing,
+                            run.decode_weight,
+                            cost,
+                            args.sweep_host(),
+                        );
+                        let s = simulate(&config, &reqs).summary();
+                        let label = format!("{shape} W={w} R={r} load={load} {}", run.label);
                         println!("{}", s.render(&label));
                     }
                 }
@@ -296,18 +316,16 @@ async fn real_runs(args: &FleetArgs) -> anyhow::Result<()> {
         log_dir: args.log_dir.clone(),
     };
     let settings = tempfile::tempdir().context("a temporary folder")?;
-    // The routers' settings of a run (its decode weight).
-    let spec_of = |run: &FleetArgs| -> anyhow::Result<FleetSpec> {
+    // The fleet of a run: the routers' settings with its decode weight.
+    let spec_of = |decode_weight: f64| -> anyhow::Result<FleetSpec> {
         let path = settings
             .path()
-            .join(format!("router-d{}.toml", run.decode_weight()));
+            .join(format!("router-d{decode_weight}.toml"));
         std::fs::write(
             &path,
             format!(
                 "affinity_load_factor = {:?}\nkv_prefill_weight = {:?}\nkv_decode_weight = {:?}\n",
-                run.load_factor,
-                run.prefill_weight,
-                run.decode_weight()
+                args.load_factor, args.prefill_weight, decode_weight
             ),
         )
         .context("writing the routers' settings")?;
@@ -316,7 +334,7 @@ async fn real_runs(args: &FleetArgs) -> anyhow::Result<()> {
             ..spec.clone()
         })
     };
-    let spec = spec_of(args)?;
+    let spec = spec_of(args.first_decode_weight())?;
     let cost = match &args.cost {
         Some(json) => serde_json::from_str(json).context("parsing --cost")?,
         None => {
@@ -365,6 +383,7 @@ async fn real_runs(args: &FleetArgs) -> anyhow::Result<()> {
                 args.workers,
                 args.routers,
                 Routing::RoundRobin,
+                args.first_decode_weight(),
                 cost,
                 Some(host),
             );
@@ -385,20 +404,27 @@ async fn real_runs(args: &FleetArgs) -> anyhow::Result<()> {
             sim_capacity(host.cores)
         );
         let requests = generate(&wspec, rate);
-        for (routing, run, name) in args.runs() {
-            let fleet = Fleet::start(&spec_of(&run)?, routing).await?;
+        for run in args.runs() {
+            let fleet = Fleet::start(&spec_of(run.decode_weight)?, run.routing).await?;
             let measured = fleet.replay(&requests).await;
             fleet.stop().await;
             let measured = measured?;
             // Simulate with the real send times (a turn's send time is when its previous turn ended
             // on the real fleet; the simulator re-derives it from its own finishes).
             let simulated = simulate(
-                &run.sim_config(args.workers, args.routers, routing, cost, Some(host)),
+                &args.sim_config(
+                    args.workers,
+                    args.routers,
+                    run.routing,
+                    run.decode_weight,
+                    cost,
+                    Some(host),
+                ),
                 &sim_requests(&requests, Some(&ids)),
             );
             let (m, s) = (measured.summary(), simulated.summary());
-            println!("{}", m.render(&format!("{shape} {name} real")));
-            println!("{}", s.render(&format!("{shape} {name} sim")));
+            println!("{}", m.render(&format!("{shape} {} real", run.label)));
+            println!("{}", s.render(&format!("{shape} {} sim", run.label)));
             println!("{}", error_line(&m, &s));
             println!(
                 "  per-worker hit rate (real): {:?}",

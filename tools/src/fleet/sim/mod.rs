@@ -108,15 +108,23 @@ enum Event {
     StepEnd(usize, u64),
 }
 
+/// What a router sent one worker since the worker's last load report (the router's `KvView`
+/// counts the same).
+#[derive(Debug, Clone, Copy, Default)]
+struct SentSinceReport {
+    /// Work in tokens ([`routing::kv_aware::request_work_tokens`] of each request).
+    work_tokens: u64,
+    /// Requests.
+    requests: usize,
+}
+
 #[derive(Debug)]
 struct SimRouter {
     round_robin: RoundRobin,
     /// This router's requests in flight, per worker.
     inflight: Vec<usize>,
-    /// Prompt tokens this router sent each worker since its last load report.
-    sent_since_report: Vec<u64>,
-    /// Requests this router sent each worker since its last load report.
-    sent_requests_since_report: Vec<usize>,
+    /// What this router sent each worker since its last load report.
+    sent_since_report: Vec<SentSinceReport>,
     queue: VecDeque<usize>,
 }
 
@@ -185,8 +193,7 @@ impl<'a> Simulation<'a> {
                 .map(|_| SimRouter {
                     round_robin: RoundRobin::default(),
                     inflight: vec![0; w],
-                    sent_since_report: vec![0; w],
-                    sent_requests_since_report: vec![0; w],
+                    sent_since_report: vec![SentSinceReport::default(); w],
                     queue: VecDeque::new(),
                 })
                 .collect(),
@@ -322,8 +329,9 @@ impl<'a> Simulation<'a> {
             let req = &self.requests[i];
             let r = &mut self.routers[router];
             r.inflight[w] += 1;
-            r.sent_requests_since_report[w] += 1;
-            r.sent_since_report[w] +=
+            let sent = &mut r.sent_since_report[w];
+            sent.requests += 1;
+            sent.work_tokens +=
                 routing::kv_aware::request_work_tokens(req.prompt.len(), req.max_new_tokens);
             self.placed[i] = Some((router, w));
             let job = Job {
@@ -353,8 +361,8 @@ impl<'a> Simulation<'a> {
                         address: &self.addresses[w],
                         has_room: r.inflight[w] < cap,
                         cached_blocks: s.index.prefix_blocks(&chain.hashes),
-                        load_tokens: s.report.1 + r.sent_since_report[w],
-                        sequences: (s.report.0 + r.sent_requests_since_report[w])
+                        load_tokens: s.report.1 + r.sent_since_report[w].work_tokens,
+                        sequences: (s.report.0 + r.sent_since_report[w].requests)
                             .max(r.inflight[w]),
                     })
                     .collect();
@@ -410,8 +418,7 @@ impl<'a> Simulation<'a> {
         state.index.apply(&outcome.stored, &outcome.evicted);
         state.report = state.model.load();
         for r in &mut self.routers {
-            r.sent_since_report[w] = 0;
-            r.sent_requests_since_report[w] = 0;
+            r.sent_since_report[w] = SentSinceReport::default();
         }
         for &i in &outcome.first_tokens {
             self.timings[i].first_token_s = Some(now_s);
