@@ -236,6 +236,17 @@ fn activation_quantization_is_the_same_on_every_path() {
             (i as f32 - 16.0) + 0.5
         };
     }
+    // Blocks the arithmetic finds hard: a NaN, infinities, a scale so small that `1 / d` is
+    // infinite, all zeros, negative zeros.
+    x[288 + 5] = f32::NAN;
+    x[320 + 1] = f32::INFINITY;
+    x[352 + 2] = f32::NEG_INFINITY;
+    x[352 + 3] = f32::NAN;
+    for (i, v) in x[384..416].iter_mut().enumerate() {
+        *v = if i % 3 == 0 { -1e-44 } else { 1e-45 * i as f32 };
+    }
+    x[416..448].fill(0.0);
+    x[448..480].fill(-0.0);
     let (mut portable, mut simd) = (QuantActs::default(), QuantActs::default());
     portable.quantize_with(&x, n, k, false);
     simd.quantize_with(&x, n, k, true);
