@@ -2,7 +2,8 @@
 //! router's index of each worker equals the worker's prefix cache after random traffic with
 //! evictions; a conversation's turns land on the worker that holds it while unrelated requests
 //! spread; a restarted worker is routed to as empty; a restarted router resyncs from the snapshots
-//! and routes the conversation back.
+//! and routes the conversation back; a router frozen under load (SIGSTOP) holds up no worker and
+//! catches up when it thaws.
 //!
 //! The worker's side is its `KvCacheBlocks` RPC (every hash its prefix cache holds); the router's is
 //! its metrics `router_worker_kv_index_blocks` and `router_worker_kv_index_fingerprint` (the low 52
@@ -14,7 +15,7 @@ use std::time::{Duration, Instant};
 use futures::future::join_all;
 use inference_proto::worker::worker_client::WorkerClient;
 use inference_proto::worker::KvCacheBlocksRequest;
-use integration_tests::ops::scrape_text;
+use integration_tests::ops::{scrape_text, signal};
 use integration_tests::{
     connect_ready, free_port, generate, greedy, start_router, tiny_model_with_context,
     worker_stats, Process, PublicClient,
@@ -430,4 +431,58 @@ async fn conversations_stick_to_their_worker_through_restarts() {
         hit * 10 >= u64::from(prompt_tokens) * 6,
         "{hit} of {prompt_tokens}"
     );
+}
+
+/// A router frozen while another serves (SIGSTOP: a stopped process, a long pause, a partition)
+/// reads none of its streams. The workers must go on serving the other router at its usual speed
+/// (a stream nobody reads never blocks the engine), and the thawed router must serve at once (no
+/// false `UNAVAILABLE` from its own pause) and catch up: its index equals every worker's cache
+/// again, from the ordered stream or a new snapshot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_frozen_router_holds_up_no_worker_and_catches_up_when_it_thaws() {
+    let (_dir, model) = tiny_model_with_context(7, 1024);
+    let (_workers, worker_addrs) = start_workers(&model, 2, "200").await;
+    let (frozen, r1, m1) = start_kv_router(&worker_addrs).await;
+    let (_r2, r2, m2) = start_kv_router(&worker_addrs).await;
+    let mut c1 = connect_ready(&r1, Duration::from_secs(30)).await;
+    let mut c2 = connect_ready(&r2, Duration::from_secs(30)).await;
+    let both = [c1.clone(), c2.clone()];
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(70);
+    unrelated(&both, 16, &mut rng, 70).await;
+    wait_indexes_equal(&[&m1, &m2], &worker_addrs, Duration::from_secs(10)).await;
+    // The other router's flood with everyone awake, for its usual time.
+    let only_r2 = [c2.clone()];
+    let started = Instant::now();
+    unrelated(&only_r2, 32, &mut rng, 71).await;
+    let awake = started.elapsed();
+
+    // Floods for longer than the frozen router's heartbeat timeout (2 s), so that its streams
+    // fall far behind and, on thawing, the silence it measured is its own.
+    signal(&frozen, "STOP");
+    let started = Instant::now();
+    let (mut floods, mut slowest) = (0u64, Duration::ZERO);
+    while started.elapsed() < Duration::from_secs(4) {
+        let flood = Instant::now();
+        unrelated(&only_r2, 32, &mut rng, 72 + floods).await;
+        slowest = slowest.max(flood.elapsed());
+        floods += 1;
+    }
+    eprintln!("a flood of 32 took {awake:?} awake; {floods} with a router frozen, the slowest {slowest:?}");
+    assert!(
+        slowest < awake * 3 + Duration::from_secs(2),
+        "a frozen router held up the workers: a flood took {slowest:?} against {awake:?}"
+    );
+    signal(&frozen, "CONT");
+
+    let prompt = "after the thaw the router serves at once";
+    let thawed = generate(&mut c1, greedy(prompt, 8))
+        .await
+        .expect("the thawed router serves its first request");
+    let awake = generate(&mut c2, greedy(prompt, 8))
+        .await
+        .expect("the other router serves the same request");
+    assert_eq!(thawed.token_ids, awake.token_ids, "the same greedy tokens");
+    let caught_up = wait_indexes_equal(&[&m1, &m2], &worker_addrs, Duration::from_secs(15)).await;
+    eprintln!("the thawed router's indexes equal the caches {caught_up:?} after its first reply");
+    assert_eq!(anomalies(&scrape_text(&m1).await), 0, "no event anomalies");
 }

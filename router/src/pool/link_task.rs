@@ -202,6 +202,18 @@ async fn run<P: LinkOwner>(
         let message = match liveness.deadline() {
             Some(deadline) => match tokio::time::timeout_at(deadline, inbound.message()).await {
                 Ok(message) => message,
+                Err(_) if liveness.woke_late(tokio::time::Instant::now()) => {
+                    // This router was not running (stopped, paused, starved of CPU) for part of
+                    // the silence: what the worker sent meanwhile may be waiting unread. The
+                    // silence is measured again from now.
+                    tracing::info!(
+                        worker = %link.address,
+                        "the heartbeat deadline passed while this router was not running; \
+                         measuring the worker's silence again from now"
+                    );
+                    liveness.rearm();
+                    continue;
+                }
                 Err(_) => {
                     pool.counters()
                         .heartbeat_losses
@@ -282,6 +294,26 @@ impl Liveness {
     fn deadline(&self) -> Option<tokio::time::Instant> {
         let timeout = self.timeout.filter(|_| self.armed)?;
         Some(self.last + timeout)
+    }
+
+    /// Whether the deadline fired at `now` well after it passed (by more than a quarter of the
+    /// timeout): the router itself was not running, so the silence is partly its own, and messages
+    /// the worker sent meanwhile may wait unread in the connection (found in
+    /// `kv_routing::a_frozen_router_holds_up_no_worker_and_catches_up_when_it_thaws`: a router
+    /// stopped for 4 s took both live workers out of rotation on waking and refused its next
+    /// request with `UNAVAILABLE`).
+    fn woke_late(&self, now: tokio::time::Instant) -> bool {
+        match (self.deadline(), self.timeout) {
+            (Some(deadline), Some(timeout)) => {
+                now.saturating_duration_since(deadline) > timeout / 4
+            }
+            _ => false,
+        }
+    }
+
+    /// Measures the silence from now, as if a message had arrived.
+    fn rearm(&mut self) {
+        self.last = tokio::time::Instant::now();
     }
 
     fn timeout_ms(&self) -> u128 {
@@ -421,6 +453,29 @@ mod tests {
         let mut off = Liveness::new(None);
         off.heard(true);
         assert_eq!(off.deadline(), None);
+    }
+
+    #[tokio::test]
+    async fn a_deadline_found_long_past_is_the_routers_own_pause() {
+        let timeout = Duration::from_secs(2);
+        let mut liveness = Liveness::new(Some(timeout));
+        liveness.heard(true);
+        let deadline = liveness.deadline().unwrap();
+        // Woken on time (timer slack well under a quarter of the timeout): a real silence.
+        assert!(!liveness.woke_late(deadline + Duration::from_millis(20)));
+        assert!(!liveness.woke_late(deadline + timeout / 4));
+        // Woken 2 s after the deadline: the router was not running.
+        let late = deadline + Duration::from_secs(2);
+        assert!(liveness.woke_late(late));
+        let before = tokio::time::Instant::now();
+        liveness.rearm();
+        // A full timeout from now, then a silence that is the worker's.
+        let again = liveness.deadline().unwrap();
+        assert!(again >= before + timeout && again <= tokio::time::Instant::now() + timeout);
+        assert!(!liveness.woke_late(again));
+        // Off or not armed: never late.
+        assert!(!Liveness::new(None).woke_late(late));
+        assert!(!Liveness::new(Some(timeout)).woke_late(late));
     }
 
     #[derive(Debug, thiserror::Error)]
