@@ -3,7 +3,8 @@
 //! evictions; a conversation's turns land on the worker that holds it while unrelated requests
 //! spread; a restarted worker is routed to as empty; a restarted router resyncs from the snapshots
 //! and routes the conversation back; a router frozen under load (SIGSTOP) holds up no worker and
-//! catches up when it thaws.
+//! catches up when it thaws; one frozen past the worker's `router_backlog_kib` loses its stream,
+//! not its tokens.
 //!
 //! The worker's side is its `KvCacheBlocks` RPC (every hash its prefix cache holds); the router's is
 //! its metrics `router_worker_kv_index_blocks` and `router_worker_kv_index_fingerprint` (the low 52
@@ -485,4 +486,69 @@ async fn a_frozen_router_holds_up_no_worker_and_catches_up_when_it_thaws() {
     let caught_up = wait_indexes_equal(&[&m1, &m2], &worker_addrs, Duration::from_secs(15)).await;
     eprintln!("the thawed router's indexes equal the caches {caught_up:?} after its first reply");
     assert_eq!(anomalies(&scrape_text(&m1).await), 0, "no event anomalies");
+}
+
+/// A router frozen so long that it leaves more than the worker's `router_backlog_kib` unread: the
+/// worker closes that router's stream (the memory a stopped router can make it hold is bounded) and
+/// goes on serving the other router. Thawed, the router fails its request over with the tokens it
+/// has (the same greedy tokens as an undisturbed run) and resyncs from a new snapshot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_router_frozen_past_the_backlog_limit_loses_its_stream_not_its_tokens() {
+    let (_dir, model) = tiny_model_with_context(8, 1024);
+    let addr = format!("127.0.0.1:{}", free_port());
+    let args = [
+        "--model",
+        model.to_str().unwrap(),
+        "--listen",
+        &addr,
+        "--kv-cache-blocks",
+        "200",
+        "--router-backlog-kib",
+        "64",
+    ];
+    let worker = Process::start("worker", &args, "worker ready", Duration::from_secs(120))
+        .await
+        .expect("worker starts");
+    let workers = vec![addr.clone()];
+    let (frozen, r1, m1) = start_kv_router(&workers).await;
+    let (_r2, r2, _m2) = start_kv_router(&workers).await;
+    let c1 = connect_ready(&r1, Duration::from_secs(30)).await;
+    let mut c2 = connect_ready(&r2, Duration::from_secs(30)).await;
+    let prompt = "a long answer through the router that is about to freeze";
+    let undisturbed = generate(&mut c2, greedy(prompt, 600))
+        .await
+        .expect("the undisturbed run");
+
+    let mut c = c1.clone();
+    let pending = tokio::spawn(async move { generate(&mut c, greedy(prompt, 600)).await });
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    signal(&frozen, "STOP");
+    let started = Instant::now();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(90);
+    let mut floods = 0u64;
+    while !worker.log_text().contains("more than router_backlog_kib") {
+        assert!(
+            started.elapsed() < Duration::from_secs(90),
+            "the frozen router's backlog never passed 64 KiB"
+        );
+        unrelated(&[c2.clone()], 32, &mut rng, 90 + floods).await;
+        floods += 1;
+    }
+    eprintln!(
+        "the worker closed the frozen router's stream after {floods} floods of 32 ({:?})",
+        started.elapsed()
+    );
+    // The other router is served as before.
+    unrelated(&[c2.clone()], 32, &mut rng, 89).await;
+    signal(&frozen, "CONT");
+
+    let resumed = pending
+        .await
+        .unwrap()
+        .expect("the frozen router's request completes after the thaw");
+    assert_eq!(
+        resumed.token_ids, undisturbed.token_ids,
+        "no token lost or changed"
+    );
+    wait_indexes_equal(&[&m1], &workers, Duration::from_secs(15)).await;
 }

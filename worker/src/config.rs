@@ -113,6 +113,11 @@ pub struct Cli {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub engine_stall_timeout_ms: Option<u64>,
+    /// Most KiB of step messages one router's stream may leave unread (a stopped or stuck router)
+    /// before the worker closes that stream and cancels its requests (0 = no limit).
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub router_backlog_kib: Option<u64>,
     /// Compute device: cpu, cuda, or auto (CUDA when a driver and a GPU are present, else CPU).
     #[arg(long, value_enum)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -245,6 +250,11 @@ pub struct WorkerSettings {
     /// `grpc.health.v1` and the `Health` RPC then say `NOT_SERVING` / not ready, and `SERVING`
     /// again once it moves. Generous by default: one CPU step of a long prefill can take seconds.
     pub engine_stall_timeout_ms: u64,
+    /// Most KiB of step messages one router's stream may leave unread before the worker closes
+    /// that stream (`RESOURCE_EXHAUSTED`) and cancels its requests; the router fails them over and
+    /// resyncs from a new snapshot (`service::backlog`). 0 = no limit. The engine never waits for
+    /// a router either way; this bounds the memory a stopped router can make it hold.
+    pub router_backlog_kib: u64,
     /// Compute device: `cpu`, `cuda` (exit code 2 at start when no usable GPU is present) or `auto`
     /// (CUDA when a driver and a GPU are present, else the CPU; the log says which).
     pub device: DeviceKind,
@@ -305,6 +315,7 @@ impl Default for WorkerSettings {
             otlp_endpoint: String::new(),
             drain_timeout_ms: 30_000,
             engine_stall_timeout_ms: 60_000,
+            router_backlog_kib: (crate::service::DEFAULT_ROUTER_BACKLOG_BYTES / 1024) as u64,
             device: DeviceKind::Auto,
             cuda_device: 0,
             numerics: None,
@@ -573,6 +584,13 @@ mod tests {
             let flagged = Cli::parse_from(["worker", "--engine-stall-timeout-ms", "250"]);
             let s = WorkerSettings::load(&flagged).map_err(|e| e.to_string())?;
             assert_eq!(s.engine_stall_timeout_ms, 250);
+            assert_eq!(s.router_backlog_kib, 65_536);
+            jail.set_env("WORKER_ROUTER_BACKLOG_KIB", "64");
+            let s = WorkerSettings::load(&cli).map_err(|e| e.to_string())?;
+            assert_eq!(s.router_backlog_kib, 64);
+            let flagged = Cli::parse_from(["worker", "--router-backlog-kib", "0"]);
+            let s = WorkerSettings::load(&flagged).map_err(|e| e.to_string())?;
+            assert_eq!(s.router_backlog_kib, 0);
             jail.set_env("WORKER_DEVICE", "cpu");
             jail.set_env("WORKER_CUDA_GRAPHS", "false");
             let cli = Cli::parse_from(["worker", "--cuda-numerics", "fast", "--model", "m.gguf"]);

@@ -325,7 +325,11 @@ where
         tokio::task::spawn_blocking(move || WorkerService::new(service_engine, description))
             .await?
             .with_lifecycle(lifecycle.clone())
-            .with_stall_timeout(stall_timeout);
+            .with_stall_timeout(stall_timeout)
+            .with_router_backlog(
+                usize::try_from(settings.router_backlog_kib.saturating_mul(1024))
+                    .unwrap_or(usize::MAX),
+            );
     lifecycle.set_serving().await;
     tokio::spawn(worker::health::watch_engine(
         lifecycle.clone(),

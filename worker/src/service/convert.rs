@@ -7,8 +7,13 @@ use inference_proto::worker::{
     PromptLogprobs as WirePromptLogprobs, PromptTokenLogprob, RequestError, SamplingParams,
     StepOutput, StopReason as WireStopReason, TokenLogprob, TokenOutput,
 };
+use std::sync::Arc;
+
+use prost::Message as _;
 use tokio::sync::mpsc;
 use tonic::Code;
+
+use super::backlog::Backlog;
 
 use engine::sampler::SamplingConfig;
 use engine::{
@@ -250,11 +255,19 @@ pub fn wire_stats(stats: EngineStats) -> WireStats {
 
 /// The engine's sink for one router stream: converts each output to the wire's step message and
 /// queues it on the stream.
-pub struct WireSink(pub mpsc::UnboundedSender<StepOutput>);
+pub struct WireSink {
+    /// The stream's channel.
+    pub out: mpsc::UnboundedSender<StepOutput>,
+    /// What the stream has left unread, against its limit.
+    pub backlog: Arc<Backlog>,
+}
 
 impl OutputSink for WireSink {
+    /// False (the engine then drops the connection) when the router went away or left more than
+    /// its backlog's limit unread ([`Backlog`]).
     fn send(&self, output: EngineOutput) -> bool {
-        self.0.send(step_output(output)).is_ok()
+        let step = step_output(output);
+        self.backlog.reserve(step.encoded_len()) && self.out.send(step).is_ok()
     }
 }
 

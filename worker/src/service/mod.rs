@@ -12,6 +12,7 @@
 //! [`router_stream`] handles each message a router sends ([`WorkerService::open_stream`]).
 //! Every stream also carries a liveness [`heartbeat`] from a timer outside the engine loop.
 
+pub mod backlog;
 mod constraint;
 mod convert;
 pub mod heartbeat;
@@ -40,6 +41,11 @@ use engine::EngineHandle;
 /// the `engine_stall_timeout_ms` setting).
 pub const DEFAULT_STALL_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// Most bytes of step messages one router stream may leave unread by default (the worker setting
+/// `router_backlog_kib`, 65,536 KiB): minutes of a busy worker's steps, far more than a router's
+/// pause, bounded all the same.
+pub const DEFAULT_ROUTER_BACKLOG_BYTES: usize = 64 << 20;
+
 /// The worker gRPC service.
 pub struct WorkerService {
     engine: EngineHandle,
@@ -51,6 +57,8 @@ pub struct WorkerService {
     stall_timeout: Duration,
     /// Structured output over the model's vocabulary, or why this model cannot have it.
     constraints: Arc<Constraints>,
+    /// Most bytes of step messages one router stream may leave unread (0 = no limit; [`backlog`]).
+    router_backlog_bytes: usize,
 }
 
 impl WorkerService {
@@ -73,6 +81,7 @@ impl WorkerService {
             lifecycle: None,
             stall_timeout: DEFAULT_STALL_TIMEOUT,
             constraints: Arc::new(constraints),
+            router_backlog_bytes: DEFAULT_ROUTER_BACKLOG_BYTES,
         }
     }
 
@@ -80,6 +89,13 @@ impl WorkerService {
     /// `timeout`.
     pub fn with_stall_timeout(mut self, timeout: Duration) -> Self {
         self.stall_timeout = timeout;
+        self
+    }
+
+    /// Closes a router's stream (cancelling its requests) once it leaves more than `bytes` of step
+    /// messages unread (0 = no limit; [`backlog`]).
+    pub fn with_router_backlog(mut self, bytes: usize) -> Self {
+        self.router_backlog_bytes = bytes;
         self
     }
 
@@ -130,6 +146,7 @@ impl Worker for WorkerService {
         // changes follow, before any request of this router.
         let (stream, out_rx) = self.open_stream(spans.clone())?;
         let conn = stream.conn();
+        let backlog = stream.backlog();
         tracing::info!(conn, "router stream opened");
         tokio::spawn(async move {
             loop {
@@ -157,7 +174,9 @@ impl Worker for WorkerService {
             Some(lifecycle) => futures::future::Either::Left(lifecycle.stopped()),
             None => futures::future::Either::Right(std::future::pending()),
         };
+        let reader = backlog.clone();
         let steps = until_stopped(out_rx, stopped).map(move |step| {
+            reader.read(prost::Message::encoded_len(&step));
             if let Some(spans) = &spans {
                 spans.on_step(&step);
             }
@@ -166,6 +185,7 @@ impl Worker for WorkerService {
             }
         });
         let outbound = heartbeat::with_heartbeats(steps, heartbeat::HEARTBEAT_INTERVAL).map(Ok);
+        let outbound = backlog::ending_on_overflow(outbound, backlog);
         Ok(Response::new(Box::pin(outbound)))
     }
 

@@ -20,6 +20,7 @@ use inference_proto::worker::{router_message, RouterMessage, StepOutput};
 use tokio::sync::mpsc;
 use tonic::{Code, Status};
 
+use super::backlog::Backlog;
 use super::constraint::{compile_off_runtime, Constraints, Refused};
 use super::convert::{engine_request, refusal, WireSink};
 use super::WorkerService;
@@ -39,6 +40,7 @@ pub struct RouterStream {
     lifecycle: Option<Arc<Lifecycle>>,
     spans: Option<Arc<ConnectionSpans>>,
     out: mpsc::UnboundedSender<StepOutput>,
+    backlog: Arc<Backlog>,
 }
 
 impl WorkerService {
@@ -54,9 +56,13 @@ impl WorkerService {
     ) -> Result<(RouterStream, mpsc::UnboundedReceiver<StepOutput>), Status> {
         let conn = self.engine.new_connection();
         let (out, steps) = mpsc::unbounded_channel();
+        let backlog = Backlog::new(self.router_backlog_bytes);
         if !self.engine.send(Command::Connect {
             conn,
-            out: Box::new(WireSink(out.clone())),
+            out: Box::new(WireSink {
+                out: out.clone(),
+                backlog: backlog.clone(),
+            }),
         }) {
             return Err(Status::unavailable("the engine has stopped"));
         }
@@ -67,6 +73,7 @@ impl WorkerService {
             lifecycle: self.lifecycle.clone(),
             spans,
             out,
+            backlog,
         };
         Ok((stream, steps))
     }
@@ -78,6 +85,18 @@ impl RouterStream {
         self.conn
     }
 
+    /// What the stream has left unread: its reader calls [`Backlog::read`] for every message it
+    /// takes from the receiver [`WorkerService::open_stream`] returned.
+    pub fn backlog(&self) -> Arc<Backlog> {
+        self.backlog.clone()
+    }
+
+    /// Queues `step` (a refusal answering the router's own message: counted, never refused).
+    fn answer(&self, step: StepOutput) {
+        self.backlog.count(prost::Message::encoded_len(&step));
+        let _ = self.out.send(step);
+    }
+
     /// Handles one message of the stream (see the module): sends its command to the engine, or
     /// its refusal back on the stream. Returns false when the engine has stopped (the stream
     /// should end).
@@ -87,7 +106,7 @@ impl RouterStream {
             Some(router_message::Kind::Add(request)) => {
                 if self.lifecycle.as_ref().is_some_and(|l| l.is_draining()) {
                     let refused = refusal(request.request_id, Code::Unavailable, DRAINING.into());
-                    let _ = self.out.send(refused);
+                    self.answer(refused);
                     return true;
                 }
                 let (request, constraint) =
@@ -95,7 +114,7 @@ impl RouterStream {
                         Ok(compiled) => compiled,
                         Err(Refused { request_id, reason }) => {
                             let message = reason.to_string();
-                            let _ = self.out.send(refusal(request_id, reason.code(), message));
+                            self.answer(refusal(request_id, reason.code(), message));
                             return true;
                         }
                     };
@@ -106,7 +125,10 @@ impl RouterStream {
                     conn,
                     request: Box::new(engine_request(request)),
                     constraint,
-                    out: Box::new(WireSink(self.out.clone())),
+                    out: Box::new(WireSink {
+                        out: self.out.clone(),
+                        backlog: self.backlog.clone(),
+                    }),
                 }
             }
             Some(router_message::Kind::Cancel(cancel)) => {
