@@ -137,6 +137,21 @@ const INFO_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Connects once and serves the stream until it ends. Returns `Err` when the worker could not be
 /// reached or described, `Ok` when an established stream ended.
+/// HTTP/2 stream window of a worker connection. The worker's stream carries many small messages
+/// (a step's load report and cache events: tens of bytes). h2 (0.4.20, `Counts::record_data_frame`)
+/// ends a connection (GOAWAY `ENHANCE_YOUR_CALM`, "too_many_data_frames") when the DATA frames under
+/// 256 bytes it received and the application has not read yet cost more than half the connection
+/// window, each counted as 256 minus its length. A router waking from a pause finds its stream's
+/// whole window of them at once: with hyper's defaults (2 MiB stream, 5 MiB connection) that broke
+/// both worker connections of a router stopped for 30 s under load (found by a helper's trial,
+/// 2026-12-07). A 256 KiB window of 20-byte messages costs 3.0 MiB, under the 4 MiB budget of
+/// [`CONNECTION_WINDOW_BYTES`]; it also bounds what a stopped router leaves in flight, so the
+/// worker's `router_backlog_kib` counts sooner.
+const STREAM_WINDOW_BYTES: u32 = 256 << 10;
+
+/// HTTP/2 connection window of a worker connection (see [`STREAM_WINDOW_BYTES`]).
+const CONNECTION_WINDOW_BYTES: u32 = 8 << 20;
+
 async fn run<P: LinkOwner>(
     pool: &Arc<P>,
     link: &Arc<WorkerLink>,
@@ -152,7 +167,9 @@ async fn run<P: LinkOwner>(
         .connect_timeout(Duration::from_secs(2))
         .tcp_nodelay(true)
         .http2_keep_alive_interval(Duration::from_secs(10))
-        .keep_alive_timeout(Duration::from_secs(5));
+        .keep_alive_timeout(Duration::from_secs(5))
+        .initial_stream_window_size(STREAM_WINDOW_BYTES)
+        .initial_connection_window_size(CONNECTION_WINDOW_BYTES);
     let channel = endpoint.connect().await?;
     let mut client = WorkerClient::new(channel).max_decoding_message_size(64 << 20);
     let info = tokio::time::timeout(INFO_TIMEOUT, client.info(InfoRequest {}))
@@ -204,12 +221,12 @@ async fn run<P: LinkOwner>(
                 Ok(message) => message,
                 Err(_) if liveness.woke_late(tokio::time::Instant::now()) => {
                     // This router was not running (stopped, paused, starved of CPU) for part of
-                    // the silence: what the worker sent meanwhile may be waiting unread. The
-                    // silence is measured again from now.
+                    // the silence: what the worker sent meanwhile may be waiting unread. It gets
+                    // a grace of a quarter of the timeout to arrive.
                     tracing::info!(
                         worker = %link.address,
                         "the heartbeat deadline passed while this router was not running; \
-                         measuring the worker's silence again from now"
+                         waiting a quarter of the timeout for what the worker sent meanwhile"
                     );
                     liveness.rearm();
                     continue;
@@ -273,6 +290,9 @@ struct Liveness {
     /// The worker sends heartbeats on this stream.
     armed: bool,
     last: tokio::time::Instant,
+    /// After a late wake ([`Liveness::woke_late`]): the grace in which what waits unread must
+    /// arrive; cleared by the next message.
+    grace: Option<tokio::time::Instant>,
 }
 
 impl Liveness {
@@ -281,6 +301,7 @@ impl Liveness {
             timeout,
             armed: false,
             last: tokio::time::Instant::now(),
+            grace: None,
         }
     }
 
@@ -288,32 +309,36 @@ impl Liveness {
     fn heard(&mut self, heartbeat: bool) {
         self.armed |= heartbeat;
         self.last = tokio::time::Instant::now();
+        self.grace = None;
     }
 
     /// By when the next message must arrive (`None`: no limit).
     fn deadline(&self) -> Option<tokio::time::Instant> {
         let timeout = self.timeout.filter(|_| self.armed)?;
-        Some(self.last + timeout)
+        Some(self.grace.unwrap_or(self.last + timeout))
     }
 
     /// Whether the deadline fired at `now` well after it passed (by more than a quarter of the
-    /// timeout): the router itself was not running, so the silence is partly its own, and messages
-    /// the worker sent meanwhile may wait unread in the connection (found in
+    /// timeout) with no grace given since the last message: the router itself was not running,
+    /// so the silence is partly its own, and messages the worker sent meanwhile may wait unread in
+    /// the connection (found in
     /// `kv_routing::a_frozen_router_holds_up_no_worker_and_catches_up_when_it_thaws`: a router
     /// stopped for 4 s took both live workers out of rotation on waking and refused its next
-    /// request with `UNAVAILABLE`).
+    /// request with `UNAVAILABLE`). One grace per silence: a router paused again and again must
+    /// still drop a worker that is really frozen.
     fn woke_late(&self, now: tokio::time::Instant) -> bool {
         match (self.deadline(), self.timeout) {
-            (Some(deadline), Some(timeout)) => {
+            (Some(deadline), Some(timeout)) if self.grace.is_none() => {
                 now.saturating_duration_since(deadline) > timeout / 4
             }
             _ => false,
         }
     }
 
-    /// Measures the silence from now, as if a message had arrived.
+    /// Gives what waits unread a quarter of the timeout from now to arrive.
     fn rearm(&mut self) {
-        self.last = tokio::time::Instant::now();
+        let quarter = self.timeout.unwrap_or_default() / 4;
+        self.grace = Some(tokio::time::Instant::now() + quarter);
     }
 
     fn timeout_ms(&self) -> u128 {
@@ -456,7 +481,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_deadline_found_long_past_is_the_routers_own_pause() {
+    async fn a_deadline_found_long_past_is_the_routers_own_pause_once() {
         let timeout = Duration::from_secs(2);
         let mut liveness = Liveness::new(Some(timeout));
         liveness.heard(true);
@@ -469,10 +494,17 @@ mod tests {
         assert!(liveness.woke_late(late));
         let before = tokio::time::Instant::now();
         liveness.rearm();
-        // A full timeout from now, then a silence that is the worker's.
-        let again = liveness.deadline().unwrap();
-        assert!(again >= before + timeout && again <= tokio::time::Instant::now() + timeout);
-        assert!(!liveness.woke_late(again));
+        // A grace of a quarter of the timeout from now...
+        let grace = liveness.deadline().unwrap();
+        assert!(grace >= before + timeout / 4);
+        assert!(grace <= tokio::time::Instant::now() + timeout / 4);
+        // ...and only one: found late again (the router paused again), the silence is the worker's.
+        assert!(!liveness.woke_late(grace + Duration::from_secs(3)));
+        // A message ends the grace: the next silence is measured from it, with a grace of its own.
+        liveness.heard(false);
+        let next = liveness.deadline().unwrap();
+        assert!(next >= tokio::time::Instant::now() + timeout - Duration::from_millis(50));
+        assert!(liveness.woke_late(next + Duration::from_secs(1)));
         // Off or not armed: never late.
         assert!(!Liveness::new(None).woke_late(late));
         assert!(!Liveness::new(Some(timeout)).woke_late(late));
