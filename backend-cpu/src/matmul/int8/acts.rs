@@ -162,35 +162,36 @@ impl BlocksMut<'_> {
     /// The CPU must support AVX2.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
-    unsafe fn fill_avx2(self, x: &[f32]) {
-        let blocks = x.chunks_exact(QK).zip(self.qs.chunks_exact_mut(QK));
-        for (b, (xb, qb)) in blocks.enumerate() {
-            let (d, lo, hi) = quantize_block_avx2(xb, qb);
-            let s = i32::from(lo) + i32::from(hi);
-            self.d[b] = d;
-            self.sums[b] = s;
-            self.dsums[b] = d * s as f32;
-            self.bsums[2 * b] = lo;
-            self.bsums[2 * b + 1] = hi;
+    unsafe fn fill_avx2(mut self, x: &[f32]) {
+        for (b, xb) in x.chunks_exact(QK).enumerate() {
+            let (d, lo, hi) = quantize_block_avx2(xb, &mut self.qs[b * QK..(b + 1) * QK]);
+            self.put(b, d, lo, hi);
         }
     }
 
     /// Quantizes every block of `x` into the buffers (sized for `x`).
     #[inline(always)]
-    fn fill_portable(self, x: &[f32]) {
-        let blocks = x.chunks_exact(QK).zip(self.qs.chunks_exact_mut(QK));
-        for (b, (xb, qb)) in blocks.enumerate() {
+    fn fill_portable(mut self, x: &[f32]) {
+        for (b, xb) in x.chunks_exact(QK).enumerate() {
+            let qb = &mut self.qs[b * QK..(b + 1) * QK];
             let d = quantize_block(xb, qb);
             // |Σ| <= 16 * 127, well inside i16.
             let half = |h: &[i8]| h.iter().map(|&q| i16::from(q)).sum::<i16>();
             let (lo, hi) = (half(&qb[..16]), half(&qb[16..]));
-            let s = i32::from(lo) + i32::from(hi);
-            self.d[b] = d;
-            self.sums[b] = s;
-            self.dsums[b] = d * s as f32;
-            self.bsums[2 * b] = lo;
-            self.bsums[2 * b + 1] = hi;
+            self.put(b, d, lo, hi);
         }
+    }
+
+    /// Block `b`'s scale `d` and the sums of its codes' halves `lo`, `hi`, with the sums derived
+    /// from them.
+    #[inline(always)]
+    fn put(&mut self, b: usize, d: f32, lo: i16, hi: i16) {
+        let s = i32::from(lo) + i32::from(hi);
+        self.d[b] = d;
+        self.sums[b] = s;
+        self.dsums[b] = d * s as f32;
+        self.bsums[2 * b] = lo;
+        self.bsums[2 * b + 1] = hi;
     }
 }
 
