@@ -135,8 +135,6 @@ const UNREACHABLE_LOG_EVERY: Duration = Duration::from_secs(60);
 /// the process is stopped or hung).
 const INFO_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Connects once and serves the stream until it ends. Returns `Err` when the worker could not be
-/// reached or described, `Ok` when an established stream ended.
 /// HTTP/2 stream window of a worker connection. The worker's stream carries many small messages
 /// (a step's load report and cache events: tens of bytes). h2 (0.4.20, `Counts::record_data_frame`)
 /// ends a connection (GOAWAY `ENHANCE_YOUR_CALM`, "too_many_data_frames") when the DATA frames under
@@ -152,6 +150,8 @@ const STREAM_WINDOW_BYTES: u32 = 256 << 10;
 /// HTTP/2 connection window of a worker connection (see [`STREAM_WINDOW_BYTES`]).
 const CONNECTION_WINDOW_BYTES: u32 = 8 << 20;
 
+/// Connects once and serves the stream until it ends. Returns `Err` when the worker could not be
+/// reached or described, `Ok` when an established stream ended.
 async fn run<P: LinkOwner>(
     pool: &Arc<P>,
     link: &Arc<WorkerLink>,

@@ -2,19 +2,18 @@
 //! [`EngineRequest`], and the engine's outputs, errors and counters into the wire's messages. The
 //! mapping of [`EngineErrorKind`]s to gRPC status codes lives here and nowhere else.
 
+use std::sync::Arc;
+
 use inference_proto::worker::{
     AddRequest, EngineStats as WireStats, KvCacheEvents, LoadReport,
     PromptLogprobs as WirePromptLogprobs, PromptTokenLogprob, RequestError, SamplingParams,
     StepOutput, StopReason as WireStopReason, TokenLogprob, TokenOutput,
 };
-use std::sync::Arc;
-
 use prost::Message as _;
 use tokio::sync::mpsc;
 use tonic::Code;
 
 use super::backlog::Backlog;
-
 use engine::sampler::SamplingConfig;
 use engine::{
     CacheReport, EngineErrorKind, EngineLoad, EngineOutput, EngineRequest, EngineStats,

@@ -56,16 +56,6 @@ impl WorkerService {
     ) -> Result<(RouterStream, mpsc::UnboundedReceiver<StepOutput>), Status> {
         let conn = self.engine.new_connection();
         let (out, steps) = mpsc::unbounded_channel();
-        let backlog = Backlog::new(self.router_backlog_bytes);
-        if !self.engine.send(Command::Connect {
-            conn,
-            out: Box::new(WireSink {
-                out: out.clone(),
-                backlog: backlog.clone(),
-            }),
-        }) {
-            return Err(Status::unavailable("the engine has stopped"));
-        }
         let stream = RouterStream {
             conn,
             engine: self.engine.clone(),
@@ -73,8 +63,14 @@ impl WorkerService {
             lifecycle: self.lifecycle.clone(),
             spans,
             out,
-            backlog,
+            backlog: Backlog::new(self.router_backlog_bytes),
         };
+        if !self.engine.send(Command::Connect {
+            conn,
+            out: Box::new(stream.sink()),
+        }) {
+            return Err(Status::unavailable("the engine has stopped"));
+        }
         Ok((stream, steps))
     }
 }
@@ -89,6 +85,14 @@ impl RouterStream {
     /// takes from the receiver [`WorkerService::open_stream`] returned.
     pub fn backlog(&self) -> Arc<Backlog> {
         self.backlog.clone()
+    }
+
+    /// The engine's sink for this stream's outputs (counted against its backlog).
+    fn sink(&self) -> WireSink {
+        WireSink {
+            out: self.out.clone(),
+            backlog: self.backlog.clone(),
+        }
     }
 
     /// Queues `step` (a refusal answering the router's own message: counted, never refused).
@@ -125,10 +129,7 @@ impl RouterStream {
                     conn,
                     request: Box::new(engine_request(request)),
                     constraint,
-                    out: Box::new(WireSink {
-                        out: self.out.clone(),
-                        backlog: self.backlog.clone(),
-                    }),
+                    out: Box::new(self.sink()),
                 }
             }
             Some(router_message::Kind::Cancel(cancel)) => {
