@@ -541,6 +541,24 @@ async fn a_router_frozen_past_the_backlog_limit_loses_its_stream_not_its_tokens(
     // The other router is served as before.
     unrelated(&[c2.clone()], 32, &mut rng, 89).await;
     signal(&frozen, "CONT");
+    // New requests that reach the thawed router while it reconnects (its only worker closed the
+    // stream) wait for the worker instead of getting `UNAVAILABLE` (`reconnect_grace_ms`).
+    let fresh: Vec<_> = (0..8)
+        .map(|i| {
+            let mut c = c1.clone();
+            tokio::spawn(
+                async move { generate(&mut c, greedy(&format!("new request {i}"), 4)).await },
+            )
+        })
+        .collect();
+    for (i, request) in fresh.into_iter().enumerate() {
+        let answer = request.await.unwrap();
+        assert!(
+            answer.is_ok(),
+            "new request {i} after the thaw: {:?}",
+            answer.err()
+        );
+    }
 
     let resumed = pending
         .await

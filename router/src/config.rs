@@ -97,6 +97,12 @@ pub struct Cli {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub heartbeat_timeout_ms: Option<u64>,
+    /// A new request that finds no worker of its model ready, while one lost its stream within
+    /// this many ms, waits for it to reconnect (at most this long after the loss) instead of being
+    /// refused at once; 0 = refuse at once.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reconnect_grace_ms: Option<u64>,
     /// A response stream whose client reads nothing for this many ms while its buffer is full is
     /// cancelled.
     #[arg(long)]
@@ -204,6 +210,15 @@ pub struct RouterSettings {
     /// once and its requests fail over; it rejoins when it reconnects. 0 = off (only the HTTP/2
     /// keep-alive, 10 s + 5 s, notices). A long engine step never delays a heartbeat.
     pub heartbeat_timeout_ms: u64,
+    /// A worker that was ready and lost its stream (it ended, broke, fell silent, or the worker
+    /// closed it, e.g. past its `router_backlog_kib`) is usually back within a reconnect: the
+    /// backoff's first delay plus a connect, `Info` and `Health`, about 100-200 ms on a LAN. For
+    /// this many ms after such a loss, a new request that finds no worker of its model ready
+    /// waits in the queue for one (as a request whose worker was lost does) instead of being
+    /// refused at once with `UNAVAILABLE`; when none is back by then it fails with `UNAVAILABLE`
+    /// naming the wait. A model none of whose workers was lost this recently is refused at once.
+    /// 0 = always refuse at once.
+    pub reconnect_grace_ms: u64,
     /// A response stream holds at most 64 messages for its client (beside its HTTP/2 window); when
     /// they stay unread for this many ms the request is cancelled on its worker and the stream
     /// ends with `RESOURCE_EXHAUSTED` (HTTP: `client_too_slow`) naming this setting. Until then the
@@ -325,6 +340,7 @@ impl Default for RouterSettings {
             health_interval_ms: 2_000,
             stall_timeout_ms: 60_000,
             heartbeat_timeout_ms: 2_000,
+            reconnect_grace_ms: 2_000,
             slow_client_timeout_ms: 30_000,
             routing: Routing::KvAware,
             affinity_prefix_tokens: 64,
@@ -412,6 +428,7 @@ impl RouterSettings {
                 decode_weight: self.kv_decode_weight,
             },
             failover_timeout: Duration::from_millis(self.failover_timeout_ms),
+            reconnect_grace: Duration::from_millis(self.reconnect_grace_ms),
             max_failovers: self.max_failovers,
             chat_template: None,
             worker_tls: None,

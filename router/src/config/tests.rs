@@ -39,6 +39,16 @@ fn precedence_file_env_flags() {
         jail.set_env("ROUTER_HEARTBEAT_TIMEOUT_MS", "0");
         let s = RouterSettings::load(&cli).map_err(|e| e.to_string())?;
         assert_eq!(s.pool_settings().heartbeat_timeout, None);
+        assert_eq!(p.reconnect_grace, Duration::from_secs(2));
+        jail.set_env("ROUTER_RECONNECT_GRACE_MS", "0");
+        let s = RouterSettings::load(&cli).map_err(|e| e.to_string())?;
+        assert_eq!(s.pool_settings().reconnect_grace, Duration::ZERO);
+        let flagged = Cli::parse_from(["router", "--reconnect-grace-ms", "350"]);
+        let s = RouterSettings::load(&flagged).map_err(|e| e.to_string())?;
+        assert_eq!(
+            s.pool_settings().reconnect_grace,
+            Duration::from_millis(350)
+        );
         jail.set_env("ROUTER_SLOW_CLIENT_TIMEOUT_MS", "750");
         let s = RouterSettings::load(&cli).map_err(|e| e.to_string())?;
         assert_eq!(

@@ -67,6 +67,8 @@ struct LinkState {
     last_error: Option<String>,
     /// The KV cache its last `Info` reported.
     kv: Option<KvCapacity>,
+    /// When the link last lost a stream while it was ready (cleared when it connects again).
+    lost_ready_at: Option<Instant>,
 }
 
 /// A worker's state at one moment (for picking, metrics and health reporting).
@@ -99,6 +101,9 @@ pub struct WorkerSnapshot {
     /// The KV cache its last `Info` reported (`None` before the first connection, or when the
     /// worker reports none).
     pub kv: Option<KvCapacity>,
+    /// When it last lost its stream while ready, if it has not connected since (a worker that is
+    /// probably reconnecting; see `reconnect_grace_ms`).
+    pub lost_ready_at: Option<Instant>,
     /// This router's index of the worker's KV cache, and its load in tokens.
     pub kv_index: KvIndexState,
 }
@@ -193,6 +198,7 @@ impl WorkerLink {
         state.kv = kv;
         state.healthy = healthy;
         state.progress = Some(progress);
+        state.lost_ready_at = None;
         true
     }
 
@@ -217,6 +223,7 @@ impl WorkerLink {
             last_report: state.reported.map(|(r, _)| r),
             last_error: state.last_error.clone(),
             kv: state.kv,
+            lost_ready_at: state.lost_ready_at.filter(|_| !state.removed),
             kv_index: self.kv.state(),
         }
     }
@@ -319,9 +326,13 @@ impl WorkerLink {
     }
 
     /// Takes the link out of rotation and tells every request in flight that it was lost.
-    /// Returns how many there were.
+    /// Returns how many there were. A link that was ready records when it lost its stream.
     pub(super) fn fail_all(&self, reason: &str) -> usize {
         let mut state = self.lock();
+        let stalled = state.progress.as_ref().is_some_and(Progress::is_stalled);
+        if state.progress.is_some() && state.healthy && !stalled && !state.removed {
+            state.lost_ready_at = Some(Instant::now());
+        }
         state.sender = None;
         state.progress = None;
         let n = state.inflight.len();

@@ -15,8 +15,9 @@
 //!   failed over only among its own model's workers.
 //! - `kv_view` ([`KvView`]): what this router knows of each worker's KV cache (its block index,
 //!   fed by the worker's cache events) and its load in tokens, for `routing = kv_aware`.
-//!   An admitted request holds a [`Ticket`] (its place: sent at once, or waiting in the queue until
-//!   a worker has room), then a [`Dispatched`] (the request sent to one worker).
+//! - `ticket`: an admitted request holds a [`Ticket`] (its place: sent at once, or waiting in the
+//!   queue until a worker has room, or until a worker that lost its stream reconnects), then a
+//!   [`Dispatched`] (the request sent to one worker).
 //! - `session` ([`Session`]): one request across workers: when its worker is lost it resumes
 //!   elsewhere with the tokens already generated (failover).
 //! - `settings` ([`PoolSettings`], [`PoolCounters`]): how the pool works, and what it counts.
@@ -34,15 +35,16 @@ mod occupancy;
 mod progress;
 mod session;
 mod settings;
+mod ticket;
 mod unreachable;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use inference_proto::worker::{AddRequest, InfoResponse};
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{oneshot, watch};
 use tokio::task::AbortHandle;
 
 pub use kv_fit::KvCapacity;
@@ -52,6 +54,8 @@ pub use models::{announced_id, combined_numerics, ModelTable, ServedModel};
 pub use progress::{Change, Progress};
 pub use session::Session;
 pub use settings::{PoolCounters, PoolSettings};
+use ticket::TicketPool;
+pub use ticket::{Dispatched, Ticket};
 pub use unreachable::{Unreachable, UnreachableLog};
 
 use crate::admission::{AdmissionQueue, Placement, QueueFull, TenantQueues};
@@ -327,8 +331,12 @@ impl WorkerPool {
     /// it otherwise (see [`crate::admission`]). `request.request_id` is replaced with a
     /// router-unique id.
     ///
+    /// A request that finds no worker of its model ready while one of them is reconnecting (it
+    /// lost its stream while ready within `reconnect_grace_ms`) is queued, and its ticket gives
+    /// up at the end of that grace unless a worker is back.
+    ///
     /// Errors: [`RouteError::NoWorkersKnown`] / [`RouteError::NoWorkerReady`] when no worker of
-    /// the model is ready, [`RouteError::Overloaded`] when the model's queue (or the tenant's share
+    /// the model is ready (nor reconnecting), [`RouteError::Overloaded`] when the model's queue (or the tenant's share
     /// of it) is full.
     pub fn admit(
         self: &Arc<Self>,
@@ -336,9 +344,14 @@ impl WorkerPool {
         request: AddRequest,
         placement: Placement,
     ) -> Result<Ticket, RouteError> {
-        if self.ready_workers_of(&model.id) == 0 {
-            return Err(RouteError::no_worker(self.configured_workers()));
-        }
+        // No worker ready: wait for one that is reconnecting, else refuse at once.
+        let reconnect_by = match self.ready_workers_of(&model.id) {
+            0 => Some(
+                self.reconnect_deadline_of(&model.id)
+                    .ok_or_else(|| RouteError::no_worker(self.configured_workers()))?,
+            ),
+            _ => None,
+        };
         if let Some(refusal) = self.never_fits(model, &request) {
             return Err(refusal.into());
         }
@@ -375,7 +388,33 @@ impl WorkerPool {
         // sheddable does not count the sheddable ones in flight against the cap, so it can go
         // at once past a queue of sheddable work that waits for room.
         self.pump();
-        Ok(Ticket::queued(self.clone(), &model.id, pushed.id, rx))
+        let ticket = Ticket::queued(self.clone(), &model.id, pushed.id, rx);
+        Ok(match reconnect_by {
+            Some(by) => ticket.waiting_for_reconnect(by),
+            None => ticket,
+        })
+    }
+
+    /// While no worker of the model `id` is ready: the end of the reconnect grace
+    /// (`reconnect_grace_ms` after the latest time one of them lost its stream while ready), if
+    /// it is still ahead; `None` when none was lost that recently (or the grace is zero).
+    fn reconnect_deadline_of(&self, id: &str) -> Option<Instant> {
+        let grace = self.settings.reconnect_grace;
+        if grace.is_zero() {
+            return None;
+        }
+        let links: Vec<Arc<WorkerLink>> = {
+            let links = self.links.read().expect("links lock");
+            links.iter().map(|e| e.link.clone()).collect()
+        };
+        let models = self.models.read().expect("models lock");
+        links
+            .iter()
+            .filter(|l| models.model_of(&l.address).is_some_and(|m| &**m == id))
+            .filter_map(|l| l.snapshot().lost_ready_at)
+            .map(|at| at + grace)
+            .max()
+            .filter(|by| *by > Instant::now())
     }
 
     /// The refusal of a request that no ready worker of `model` could ever hold in its KV cache
@@ -497,16 +536,49 @@ impl WorkerPool {
             if let Some(events) = link.try_send(&request, cap, key.tenant()) {
                 link.kv.on_dispatch(key.work_tokens);
                 self.counters.dispatched.fetch_add(1, Ordering::Relaxed);
-                return Some(Dispatched {
+                return Some(Dispatched::new(
                     events,
-                    pool: self.clone(),
+                    self.clone(),
                     link,
-                    internal_id: request.request_id,
-                });
+                    request.request_id,
+                ));
             }
             snapshots.remove(chosen);
         }
         None
+    }
+}
+
+impl TicketPool for WorkerPool {
+    fn failover_timeout(&self) -> Duration {
+        self.settings.failover_timeout
+    }
+
+    fn watch_readiness(&self) -> watch::Receiver<u64> {
+        self.readiness.subscribe()
+    }
+
+    fn ready_workers_of(&self, model: &str) -> usize {
+        WorkerPool::ready_workers_of(self, model)
+    }
+
+    fn configured_workers(&self) -> usize {
+        WorkerPool::configured_workers(self)
+    }
+
+    fn leave_queue(&self, model: &str, id: u64) {
+        let removed = self
+            .queues
+            .lock()
+            .expect("queue lock")
+            .get_mut(model)
+            .and_then(|queue| queue.remove(id));
+        // Its answer channel drops outside the lock.
+        drop(removed);
+    }
+
+    fn pump_queues(self: Arc<Self>) {
+        self.pump();
     }
 }
 
@@ -545,155 +617,6 @@ impl LinkOwner for WorkerPool {
 
     fn pump(self: &Arc<Self>) {
         WorkerPool::pump(self);
-    }
-}
-
-/// A request sent to a worker. Dropping it before the worker finished the request cancels the
-/// request on the worker (client gone, stop string matched, deadline passed).
-pub struct Dispatched {
-    /// Events from the worker for this request.
-    pub events: mpsc::UnboundedReceiver<WorkerEvent>,
-    pool: Arc<WorkerPool>,
-    link: Arc<WorkerLink>,
-    internal_id: String,
-}
-
-impl Dispatched {
-    /// The worker serving the request.
-    pub fn worker_address(&self) -> &str {
-        &self.link.address
-    }
-
-    /// Flow control: the client stopped reading, so the worker holds the request (it generates
-    /// nothing and takes no place in the batch; `HoldRequest` in worker.proto). A held request
-    /// frees its place under `max_inflight_per_worker`, so the queue moves on.
-    pub fn hold(&self) {
-        if self.link.hold(&self.internal_id) {
-            self.pool.pump();
-        }
-    }
-
-    /// Flow control: the client reads again; the worker continues the request.
-    pub fn resume(&self) {
-        self.link.resume(&self.internal_id);
-    }
-}
-
-impl Drop for Dispatched {
-    fn drop(&mut self) {
-        // No-op when the worker already finished the request (its entry is gone).
-        if self.link.cancel(&self.internal_id) {
-            self.pool.pump();
-        }
-    }
-}
-
-/// An admitted request's place: already sent to a worker, or waiting in the queue. Dropping it
-/// gives up the place.
-pub struct Ticket {
-    pool: Arc<WorkerPool>,
-    /// The id of the request's model.
-    model: Arc<str>,
-    dispatched: Option<Dispatched>,
-    queued: Option<(u64, oneshot::Receiver<Result<Dispatched, QueueFull>>)>,
-}
-
-impl Ticket {
-    fn dispatched(pool: Arc<WorkerPool>, model: &Arc<str>, dispatched: Dispatched) -> Self {
-        Self {
-            pool,
-            model: model.clone(),
-            dispatched: Some(dispatched),
-            queued: None,
-        }
-    }
-
-    fn queued(
-        pool: Arc<WorkerPool>,
-        model: &Arc<str>,
-        id: u64,
-        rx: oneshot::Receiver<Result<Dispatched, QueueFull>>,
-    ) -> Self {
-        Self {
-            pool,
-            model: model.clone(),
-            dispatched: None,
-            queued: Some((id, rx)),
-        }
-    }
-
-    /// The id of the request's model.
-    pub fn model(&self) -> &Arc<str> {
-        &self.model
-    }
-
-    /// Waits until the request is sent to a worker.
-    ///
-    /// Errors: [`RouteError::NoWorkerInTime`] when no worker of its model was ready for the pool's
-    /// failover timeout; [`RouteError::Overloaded`] when a request of a higher class displaced it.
-    pub async fn wait(&mut self) -> Result<Dispatched, RouteError> {
-        if let Some(dispatched) = self.dispatched.take() {
-            return Ok(dispatched);
-        }
-        let Some((_, rx)) = self.queued.as_mut() else {
-            return Err(RouteError::Internal("the ticket was already used".into()));
-        };
-        let timeout = self.pool.settings.failover_timeout;
-        let mut readiness = self.pool.readiness.subscribe();
-        let mut no_worker_since: Option<Instant> = None;
-        let outcome = loop {
-            readiness.borrow_and_update();
-            let none_ready = self.pool.ready_workers_of(&self.model) == 0;
-            let give_up_at = if none_ready {
-                Some(*no_worker_since.get_or_insert_with(Instant::now) + timeout)
-            } else {
-                no_worker_since = None;
-                None
-            };
-            let give_up = async {
-                match give_up_at {
-                    Some(at) => tokio::time::sleep_until(at.into()).await,
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                result = &mut *rx => break result.ok(),
-                changed = readiness.changed() => if changed.is_err() { break None },
-                () = give_up => break None,
-            }
-        };
-        if let Some(outcome) = outcome {
-            self.queued = None;
-            return outcome.map_err(RouteError::Overloaded);
-        }
-        self.leave_queue();
-        Err(RouteError::NoWorkerInTime {
-            ready: self.pool.ready_workers_of(&self.model),
-            configured: self.pool.configured_workers(),
-            waited_ms: timeout.as_millis(),
-        })
-    }
-
-    /// Gives up the place in the queue, if any.
-    fn leave_queue(&mut self) {
-        if let Some((id, rx)) = self.queued.take() {
-            let removed = self
-                .pool
-                .queues
-                .lock()
-                .expect("queue lock")
-                .get_mut(&self.model)
-                .and_then(|queue| queue.remove(id));
-            drop(removed);
-            // A request sent meanwhile is cancelled when its `Dispatched` drops with `rx`.
-            drop(rx);
-        }
-    }
-}
-
-impl Drop for Ticket {
-    fn drop(&mut self) {
-        self.leave_queue();
     }
 }
 

@@ -42,6 +42,10 @@ pub struct PoolSettings {
     /// while queued) before it fails
     /// ([`crate::route_error::RouteError::NoWorkerInTime`], `UNAVAILABLE`).
     pub failover_timeout: Duration,
+    /// For this long after a ready worker lost its stream, a new request of its model that finds
+    /// no worker ready waits for one (bounded by the end of this grace) instead of being refused
+    /// at once ([`crate::route_error::RouteError::NoWorkerReady`]); zero = refuse at once.
+    pub reconnect_grace: Duration,
     /// Most failovers of one request (a request that keeps losing workers fails).
     pub max_failovers: u32,
     /// The `chat_template` setting's template, which overrides the model's (see
@@ -74,6 +78,7 @@ impl Default for PoolSettings {
             },
             kv_aware: KvAwarePolicy::default(),
             failover_timeout: Duration::from_secs(10),
+            reconnect_grace: Duration::from_secs(2),
             max_failovers: 3,
             chat_template: None,
             worker_tls: None,

@@ -99,6 +99,12 @@ impl FakeWorker {
         self.kill.send_replace(true);
     }
 
+    /// Undoes [`FakeWorker::kill`]: `Info` and `Health` answer again and new streams serve, as
+    /// a restarted worker (or one that closed a router's stream and takes it back) would.
+    fn revive(&self) {
+        self.kill.send_replace(false);
+    }
+
     fn adds(&self) -> Vec<AddRequest> {
         self.adds.lock().unwrap().clone()
     }
@@ -386,7 +392,11 @@ async fn failover_continues_the_stream_exactly() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_worker_left_means_unavailable_after_the_failover_timeout() {
     let a = FakeWorker::start(Duration::from_millis(5)).await;
-    let pool = WorkerPool::start(settings(), std::slice::from_ref(&a.address));
+    let settings = PoolSettings {
+        reconnect_grace: Duration::from_millis(800),
+        ..settings()
+    };
+    let pool = WorkerPool::start(settings, std::slice::from_ref(&a.address));
     wait_until("ready", || pool.ready_workers() == 1).await;
     let mut session = start_session(&pool, request(vec![5, 6], 1, 10_000)).unwrap();
     session.next().await.unwrap();
@@ -409,9 +419,78 @@ async fn no_worker_left_means_unavailable_after_the_failover_timeout() {
         pool.counters().failovers_exhausted.load(Ordering::Relaxed),
         1
     );
-    // New requests are refused at once.
+    // A new request within the reconnect grace (800 ms after the loss) waits for the worker to
+    // come back, and fails when it does not.
+    let mut session = start_session(&pool, request(vec![1], 1, 5)).unwrap();
+    let err = run(&mut session).await.unwrap_err();
+    assert!(
+        matches!(err, RouteError::NoWorkerInTime { ready: 0, .. }),
+        "{err:?}"
+    );
+    assert!(
+        started.elapsed() >= Duration::from_millis(750),
+        "waited to the end of the grace: {:?}",
+        started.elapsed()
+    );
+    // Past the grace, new requests are refused at once.
     let err = start_session(&pool, request(vec![1], 1, 5)).err().unwrap();
     assert_eq!(err, RouteError::NoWorkerReady { configured: 1 });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_request_waits_for_a_worker_that_is_reconnecting() {
+    let a = FakeWorker::start(Duration::from_millis(2)).await;
+    let pool = WorkerPool::start(settings(), std::slice::from_ref(&a.address));
+    wait_until("ready", || pool.ready_workers() == 1).await;
+    // The worker drops the stream and is back 300 ms later (a restart, or a stream it closed).
+    a.kill();
+    wait_until("out of rotation", || pool.ready_workers() == 0).await;
+    let lost = Instant::now();
+    let mut sessions: Vec<Session> = (0..4)
+        .map(|i| start_session(&pool, request(vec![9, i], 3, 20)).expect("queued, not refused"))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    a.revive();
+    for (i, session) in sessions.iter_mut().enumerate() {
+        let ids = run(session).await.expect("served once the worker is back");
+        let prompt = [9, i as u32];
+        let want: Vec<u32> = (0..20).map(|n| expected_token(&prompt, 3, n)).collect();
+        assert_eq!(ids, want);
+    }
+    assert!(lost.elapsed() >= Duration::from_millis(300));
+    // With the grace off, the same gap refuses at once.
+    let pool = WorkerPool::start(
+        PoolSettings {
+            reconnect_grace: Duration::ZERO,
+            ..settings()
+        },
+        std::slice::from_ref(&a.address),
+    );
+    wait_until("ready", || pool.ready_workers() == 1).await;
+    a.kill();
+    wait_until("out of rotation", || pool.ready_workers() == 0).await;
+    let err = start_session(&pool, request(vec![1], 1, 5)).err().unwrap();
+    assert_eq!(err, RouteError::NoWorkerReady { configured: 1 });
+    a.revive();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_never_was_ready_gets_no_grace() {
+    // Nothing listens at this address: the worker never connects, so nothing reconnects.
+    let address = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().to_string()
+    };
+    let a = FakeWorker::start(Duration::from_millis(2)).await;
+    let pool = WorkerPool::start(settings(), &[a.address.clone(), address]);
+    wait_until("ready", || pool.ready_workers() == 1).await;
+    // A worker that was unhealthy when it went away gets none either (it was draining).
+    a.healthy.store(false, Ordering::SeqCst);
+    wait_until("unhealthy", || pool.ready_workers() == 0).await;
+    a.kill();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let err = start_session(&pool, request(vec![1], 1, 5)).err().unwrap();
+    assert_eq!(err, RouteError::NoWorkerReady { configured: 2 });
 }
 
 /// A pool under `settings` over one fake worker (2 ms per token), once the worker is ready.
