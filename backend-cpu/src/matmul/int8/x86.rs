@@ -39,7 +39,7 @@ use std::arch::x86_64::*;
 use super::acts::QRow;
 use super::reference::{add_group_k, Fmt32, FmtK, KMeta};
 use codes::codes32;
-use lanes::{store_rows, Group8};
+use lanes::{store_rows, Group8, Lanes};
 use mac::{Avx2Mac, Mac, VnniMac};
 
 pub(super) use interleaved::{interleaved_avx2, interleaved_vnni};
@@ -87,16 +87,16 @@ unsafe fn transpose8(v: [__m256i; 8]) -> [__m256i; 8] {
     ]
 }
 
-/// Where [`tile32`] gets 8 weight rows' blocks: the file's row-major blocks decoded and
-/// transposed per block ([`RowMajor`]), or the load-time layout that is already transposed
-/// ([`interleaved::Tiles`]).
-trait Tile8 {
-    /// Block `b` of the 8 rows: the raw codes transposed (vector `i` holds, in lane `r`, dword
-    /// `i` of row `r`'s 32 codes in element order; Q8_0's signed), then the rows' `d` and (formats
+/// Where [`tile32`] gets its rows' blocks, as vectors of `L`: 8 rows of the file's row-major
+/// blocks decoded and transposed per block ([`RowMajor`]), or the load-time layout that is already
+/// transposed, one group of 8 rows ([`tiles::Tiles`]) or two ([`wide::Pair`]).
+trait Blocks<L: Lanes> {
+    /// Block `b` of the rows: the raw codes transposed (vector `i` holds, in lane `r`, dword `i`
+    /// of row `r`'s 32 codes in element order; Q8_0's signed), then the rows' `d` and (formats
     /// with a minimum) `m` as f32 lanes.
-    unsafe fn block<M: Mac>(&self, b: usize) -> ([__m256i; 8], __m256, __m256);
+    unsafe fn block(&self, b: usize) -> ([L::I; 8], L::F, L::F);
 
-    /// Fetches part `b` of `nb` of the next 8 rows' bytes ahead of their kernel call
+    /// Fetches part `b` of `nb` of the next rows' bytes ahead of their kernel call
     /// ([`tiles::prefetch_part`]); nothing for layouts whose next rows are not consecutive.
     #[inline(always)]
     unsafe fn prefetch_next(&self, _b: usize, _nb: usize) {}
@@ -110,9 +110,9 @@ struct RowMajor {
     nrows: usize,
 }
 
-impl Tile8 for RowMajor {
+impl<M: Mac> Blocks<Group8<M>> for RowMajor {
     #[inline(always)]
-    unsafe fn block<M: Mac>(&self, b: usize) -> ([__m256i; 8], __m256, __m256) {
+    unsafe fn block(&self, b: usize) -> ([__m256i; 8], __m256, __m256) {
         let f = self.f;
         let mut codes = [_mm256_setzero_si256(); 8];
         let (mut dh, mut mh) = ([0u16; 8], [0u16; 8]);
@@ -130,47 +130,48 @@ impl Tile8 for RowMajor {
     }
 }
 
-/// 8 weight rows of a 32-block format `f` (`nb` blocks each, from `src`) against `T` activation
-/// rows: lane `r` of entry `t` is `Σ W_r · x_t`. Per token, block `b`'s exact integer sums land
-/// in lane `r`, and the block's term ([`super::reference::term32`], lane-wise) is added to
-/// accumulator `b % 8` in increasing block order, the 8 reduced at the end as
-/// [`super::reference::reduce8`] does. Lanes of missing rows are garbage.
+/// `L::ROWS` weight rows of a 32-block format `f` (`nb` blocks each, from `src`) against `T`
+/// activation rows: lane `r` of entry `t` is `Σ W_r · x_t`. Per token, block `b`'s exact integer
+/// sums land in lane `r`, and the block's term ([`super::reference::term32`], lane-wise) is added
+/// to accumulator `b % 8` in increasing block order, the 8 reduced at the end as
+/// [`super::reference::reduce8`] does. Every operation is lane-wise, so a row's bits do not depend
+/// on the vector width. Lanes of missing rows are garbage.
 #[inline(always)]
-unsafe fn tile32<M: Mac, S: Tile8, const T: usize>(
+unsafe fn tile32<L: Lanes, S: Blocks<L>, const T: usize>(
     f: Fmt32,
     src: &S,
     xs: &[QRow<'_>; T],
     nb: usize,
-) -> [__m256; T] {
+) -> [L::F; T] {
     let signed = f == Fmt32::Q8_0;
-    let offset = if signed { M::Q8_OFFSET } else { f.offset() };
+    let offset = if signed { L::Q8_OFFSET } else { f.offset() };
     // Block `b` into accumulator `b % 8` of each token, as the reference's lanes.
-    let mut acc = [[_mm256_setzero_ps(); 8]; T];
+    let mut acc = [[L::fzero(); 8]; T];
     for b in 0..nb {
         src.prefetch_next(b, nb);
-        let (raw, dw, mw) = src.block::<M>(b);
-        let u = M::prep(signed, raw);
+        let (raw, dw, mw) = src.block(b);
+        let u = L::prep(signed, raw);
         for t in 0..T {
             let x = xs[t];
-            let mut s = M::dot8(&u, &raw, signed, x.qs.as_ptr().add(32 * b));
+            let mut s = L::dot8(&u, &raw, signed, x.qs.as_ptr().add(32 * b));
             if offset != 0 {
-                s = _mm256_sub_epi32(s, _mm256_set1_epi32(offset * x.sums[b]));
+                s = L::sub(s, L::set1(offset * x.sums[b]));
             }
-            let dx = _mm256_set1_ps(x.d[b]);
-            let mut term = _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(s));
+            let dx = L::fset1(x.d[b]);
+            let mut term = L::fmul(L::fmul(dw, dx), L::to_f(s));
             if f.has_min() {
-                term = _mm256_add_ps(term, _mm256_mul_ps(mw, _mm256_set1_ps(x.dsums[b])));
+                term = L::fadd(term, L::fmul(mw, L::fset1(x.dsums[b])));
             }
-            acc[t][b % 8] = _mm256_add_ps(acc[t][b % 8], term);
+            acc[t][b % 8] = L::fadd(acc[t][b % 8], term);
         }
     }
-    let mut out = [_mm256_setzero_ps(); T];
+    let mut out = [L::fzero(); T];
     for t in 0..T {
         // [`super::reference::reduce8`]'s order, lane-wise.
         let a = &acc[t];
-        let even = _mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6]));
-        let odd = _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7]));
-        out[t] = _mm256_add_ps(even, odd);
+        let even = L::fadd(L::fadd(a[0], a[4]), L::fadd(a[2], a[6]));
+        let odd = L::fadd(L::fadd(a[1], a[5]), L::fadd(a[3], a[7]));
+        out[t] = L::fadd(even, odd);
     }
     out
 }
@@ -197,7 +198,7 @@ unsafe fn rows32<M: Mac, const T: usize>(
         let rows = rows.as_ptr().add(8 * c * rb);
         // A constant 8 unrolls the decoding loop (codes and scales in registers).
         let acc = if o.len() == 8 {
-            tile32::<M, RowMajor, T>(
+            tile32::<Group8<M>, RowMajor, T>(
                 f,
                 &RowMajor {
                     f,
@@ -210,7 +211,7 @@ unsafe fn rows32<M: Mac, const T: usize>(
             )
         } else {
             let nrows = o.len();
-            tile32::<M, RowMajor, T>(f, &RowMajor { f, rows, rb, nrows }, &xs, nb)
+            tile32::<Group8<M>, RowMajor, T>(f, &RowMajor { f, rows, rb, nrows }, &xs, nb)
         };
         store_rows::<Group8<M>, T>(&acc, o);
     }

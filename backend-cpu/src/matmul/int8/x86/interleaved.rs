@@ -48,7 +48,7 @@ unsafe fn rows<M: Mac, const T: usize>(
                     tiles: at,
                     tile_bytes,
                 };
-                tile32::<M, Tiles, T>(f, &src, xs, nb)
+                tile32::<Group8<M>, Tiles, T>(f, &src, xs, nb)
             }
             Kind::K(f) => {
                 let l = Group8::<M>::new();
@@ -59,8 +59,8 @@ unsafe fn rows<M: Mac, const T: usize>(
     }
 }
 
-/// [`rows`] on the VNNI path: a pair of groups in 512-bit vectors ([`wide::tile16`] for the
-/// 32-block formats, [`tile_k`] on [`Group16`] for the k-quants), a lone group (8 rows or fewer)
+/// [`rows`] on the VNNI path: a pair of groups in 512-bit vectors ([`tile32`] on a
+/// [`wide::Pair`] for the 32-block formats, [`tile_k`] on [`Group16`] for the k-quants), a lone group (8 rows or fewer)
 /// through the 8-row kernel. Same bits.
 #[inline(always)]
 unsafe fn rows16<const T: usize>(
@@ -88,7 +88,11 @@ unsafe fn rows16<const T: usize>(
                 tiles: tiles.as_ptr().add(g * group),
                 tile_bytes,
             };
-            wide::tile16::<T>(f, &tiles_at(0), &tiles_at(1), xs, nb)
+            let pair = wide::Pair {
+                lo: tiles_at(0),
+                hi: tiles_at(1),
+            };
+            tile32::<Group16, wide::Pair, T>(f, &pair, xs, nb)
         }
         Kind::K(f) => {
             let l = Group16 { group };

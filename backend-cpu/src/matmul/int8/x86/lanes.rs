@@ -1,13 +1,13 @@
-//! The vector widths of the k-quant kernel ([`super::interleaved`]'s `tile_k`): one interleaved
-//! group of 8 rows in 256-bit vectors ([`Group8`], AVX2 or VNNI), or two consecutive groups in
-//! 512-bit ones ([`Group16`], VNNI: lanes 0-7 the first group's rows, 8-15 the second's). The
-//! kernel is written once against [`Lanes`]; every operation is lane-wise, so both widths give
-//! each row the same bits.
+//! The vector widths of the tile kernels ([`super::tile32`] and [`super::interleaved`]'s
+//! `tile_k`): one group of 8 rows in 256-bit vectors ([`Group8`], AVX2 or VNNI), or two
+//! consecutive interleaved groups in 512-bit ones ([`Group16`], VNNI: lanes 0-7 the first group's
+//! rows, 8-15 the second's). Each kernel is written once against [`Lanes`]; every operation is
+//! lane-wise, so both widths give each row the same bits.
 
 use std::arch::x86_64::*;
 use std::marker::PhantomData;
 
-use super::mac::Mac;
+use super::mac::{Mac, VnniMac};
 
 /// Lane-wise i32 and f32 operations over `ROWS` rows, and loads of their interleaved bytes.
 pub(super) trait Lanes {
@@ -27,6 +27,7 @@ pub(super) trait Lanes {
     unsafe fn to_f(a: Self::I) -> Self::F;
     unsafe fn fzero() -> Self::F;
     unsafe fn fmul(a: Self::F, b: Self::F) -> Self::F;
+    unsafe fn fadd(a: Self::F, b: Self::F) -> Self::F;
     /// `a · b + c`, rounded once (`vfmadd`; [`f32::mul_add`] in the reference).
     unsafe fn fmadd(a: Self::F, b: Self::F, c: Self::F) -> Self::F;
     /// `c − a · b`, rounded once (`vfnmadd`; `(-a).mul_add(b, c)` in the reference).
@@ -34,6 +35,13 @@ pub(super) trait Lanes {
     unsafe fn fset1(v: f32) -> Self::F;
     /// `acc + Σ_j u_r[j] · x[j]` per dword lane against the activation dword at `xq`.
     unsafe fn mac1(acc: Self::I, u: Self::I, xq: *const i8) -> Self::I;
+    /// [`Mac::Q8_OFFSET`] of the products.
+    const Q8_OFFSET: i32;
+    /// [`Mac::prep`], lane-wise.
+    unsafe fn prep(signed: bool, raw: [Self::I; 8]) -> [Self::I; 8];
+    /// [`Mac::dot8`]: per lane, the exact sum of a block's 32 products against the activations
+    /// at `xq` (plus `Q8_OFFSET · Σ x` for Q8_0).
+    unsafe fn dot8(u: &[Self::I; 8], raw: &[Self::I; 8], signed: bool, xq: *const i8) -> Self::I;
     /// The 32 bytes at `p` of each group (lane `r` = dword `r` of its group's 32 bytes).
     unsafe fn load(&self, p: *const u8) -> Self::I;
     /// The 8 f16 at `p` of each group, widened.
@@ -98,6 +106,10 @@ impl<M: Mac> Lanes for Group8<M> {
         _mm256_mul_ps(a, b)
     }
     #[inline(always)]
+    unsafe fn fadd(a: __m256, b: __m256) -> __m256 {
+        _mm256_add_ps(a, b)
+    }
+    #[inline(always)]
     unsafe fn fmadd(a: __m256, b: __m256, c: __m256) -> __m256 {
         _mm256_fmadd_ps(a, b, c)
     }
@@ -112,6 +124,15 @@ impl<M: Mac> Lanes for Group8<M> {
     #[inline(always)]
     unsafe fn mac1(acc: __m256i, u: __m256i, xq: *const i8) -> __m256i {
         M::mac1(acc, u, xq)
+    }
+    const Q8_OFFSET: i32 = M::Q8_OFFSET;
+    #[inline(always)]
+    unsafe fn prep(signed: bool, raw: [__m256i; 8]) -> [__m256i; 8] {
+        M::prep(signed, raw)
+    }
+    #[inline(always)]
+    unsafe fn dot8(u: &[__m256i; 8], raw: &[__m256i; 8], signed: bool, xq: *const i8) -> __m256i {
+        M::dot8(u, raw, signed, xq)
     }
     #[inline(always)]
     unsafe fn load(&self, p: *const u8) -> __m256i {
@@ -187,6 +208,10 @@ impl Lanes for Group16 {
         _mm512_mul_ps(a, b)
     }
     #[inline(always)]
+    unsafe fn fadd(a: __m512, b: __m512) -> __m512 {
+        _mm512_add_ps(a, b)
+    }
+    #[inline(always)]
     unsafe fn fmadd(a: __m512, b: __m512, c: __m512) -> __m512 {
         _mm512_fmadd_ps(a, b, c)
     }
@@ -202,6 +227,27 @@ impl Lanes for Group16 {
     unsafe fn mac1(acc: __m512i, u: __m512i, xq: *const i8) -> __m512i {
         let x = _mm512_set1_epi32(std::ptr::read_unaligned(xq as *const i32));
         _mm512_dpbusd_epi32(acc, u, x)
+    }
+    const Q8_OFFSET: i32 = VnniMac::Q8_OFFSET;
+    #[inline(always)]
+    unsafe fn prep(signed: bool, raw: [__m512i; 8]) -> [__m512i; 8] {
+        // Q8_0's signed bytes biased by 128 to unsigned, as `VnniMac::prep`.
+        let mut u = raw;
+        if signed {
+            // A loop, not a closure: closures do not inherit the caller's target features.
+            for v in &mut u {
+                *v = _mm512_xor_si512(*v, _mm512_set1_epi8(-128));
+            }
+        }
+        u
+    }
+    #[inline(always)]
+    unsafe fn dot8(u: &[__m512i; 8], _: &[__m512i; 8], _: bool, xq: *const i8) -> __m512i {
+        let mut s = [_mm512_setzero_si512(); 2];
+        for i in 0..8 {
+            s[i % 2] = Self::mac1(s[i % 2], u[i], xq.add(4 * i));
+        }
+        _mm512_add_epi32(s[0], s[1])
     }
     #[inline(always)]
     unsafe fn load(&self, p: *const u8) -> __m512i {

@@ -4,8 +4,9 @@
 use std::arch::x86_64::*;
 
 use super::super::reference::Fmt32;
+use super::lanes::Group8;
 use super::mac::Mac;
-use super::Tile8;
+use super::Blocks;
 
 /// Fetches into L2 part `i` (`part` bytes, from `at + i * part`) of the weights that the next
 /// kernel call reads. The interleaved layout keeps consecutive groups' tiles consecutive, so a
@@ -28,7 +29,7 @@ pub(super) struct Tiles {
     pub(super) tile_bytes: usize,
 }
 
-impl Tile8 for Tiles {
+impl<M: Mac> Blocks<Group8<M>> for Tiles {
     #[inline(always)]
     unsafe fn prefetch_next(&self, b: usize, nb: usize) {
         prefetch_part(
@@ -39,7 +40,7 @@ impl Tile8 for Tiles {
     }
 
     #[inline(always)]
-    unsafe fn block<M: Mac>(&self, b: usize) -> ([__m256i; 8], __m256, __m256) {
+    unsafe fn block(&self, b: usize) -> ([__m256i; 8], __m256, __m256) {
         let p = self.tiles.add(b * self.tile_bytes);
         let dw = _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i));
         let (mw, codes) = if self.f.has_min() {
