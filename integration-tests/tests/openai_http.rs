@@ -378,6 +378,47 @@ async fn a_full_queue_is_429_and_no_worker_is_503() {
     drop(running);
 }
 
+/// A streaming request that waits for a lost worker to come back (`reconnect_grace_ms`) and fails
+/// gets its status, 503 with OpenAI's error object, before the event stream's headers (not 200 and
+/// an error event, which clients do not retry); after the grace, the refusal is at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_that_waits_for_a_lost_worker_in_vain_is_503_not_an_event() {
+    let (_dir, model) = tiny_16k(16);
+    let mut h = start(&model, &[], &[], &[("ROUTER_RECONNECT_GRACE_MS", "1500")]).await;
+    let http = reqwest::Client::new();
+    let url = format!("{}/v1/completions", h.base);
+    let body = json!({"prompt": "a", "max_tokens": 4, "stream": true});
+    let served = http.post(&url).json(&body).send().await.unwrap();
+    assert_eq!(served.status(), 200);
+    assert!(!events(served).await.is_empty());
+
+    h.cluster.worker.kill().await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while get(&http, &format!("{}/health", h.base)).await.0 != 503 {
+        assert!(
+            Instant::now() < deadline,
+            "the router never saw the worker go"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (status, answer) = post(&http, &url, &body).await;
+    assert_eq!(
+        (status, error_of(&answer)),
+        (503, ("server_error", "unavailable", None)),
+        "{answer}"
+    );
+    let message = answer["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("waited"),
+        "it waited in the grace: {message}"
+    );
+    // Past the grace: refused at once.
+    let (status, answer) = post(&http, &url, &body).await;
+    assert_eq!(status, 503, "{answer}");
+    let message = answer["error"]["message"].as_str().unwrap();
+    assert!(message.contains("retry shortly"), "{message}");
+}
+
 /// A request that no worker's KV cache could ever hold is refused by the router before any work:
 /// HTTP 400 with OpenAI's error object even when streaming (before the event stream's headers),
 /// `INVALID_ARGUMENT` on gRPC, and the worker never sees it.

@@ -265,6 +265,7 @@ impl OpenAiFront {
                         rx,
                         observer,
                         echo: echo.clone(),
+                        first: None,
                     }),
                     Err(e) => {
                         if let Some(observer) = observer {
@@ -291,6 +292,10 @@ impl OpenAiFront {
             token_ids: shape.token_ids,
         };
         if shape.stream {
+            // The response's status waits for the first message: an error before it is a status.
+            let choices = run::started(choices, &call)
+                .await
+                .map_err(|e| ApiError::from_route(e, Some(endpoint)))?;
             let body = run::events(reply, choices, prompt_tokens, call);
             return Ok((
                 [

@@ -38,6 +38,39 @@ pub struct Choice {
     pub observer: Option<RequestObserver>,
     /// Completions' `echo`: the prompt to show first (not streamed).
     pub echo: Option<EchoPrompt>,
+    /// The sequence's first message, already taken from `rx` by [`started`] (it comes first).
+    pub first: Option<Result<GenerateResponse, RouteError>>,
+}
+
+/// Waits for the first message of every choice of a stream before its response starts, so that
+/// a request that fails before it generates anything (it waited for a worker that did not come
+/// back, `reconnect_grace_ms` or `failover_timeout_ms`; a higher class displaced it from the
+/// queue; its worker refused it) is answered with its HTTP status (503, 429, 400...) and an
+/// OpenAI error object, as a refusal at admission is, not with `200` and an error event that
+/// clients do not retry. The messages are kept, to be streamed first.
+///
+/// Errors: the first error found (recorded by its choice's observer; dropping the choices cancels
+/// the others), or [`RouteError::DrainTimeout`] when the router's drain cuts the call off.
+pub async fn started(
+    mut choices: Vec<Choice>,
+    call: &ActiveCall,
+) -> Result<Vec<Choice>, RouteError> {
+    let mut cut_off = call.cut_off();
+    for choice in &mut choices {
+        let first = tokio::select! {
+            biased;
+            error = &mut cut_off => return Err(error),
+            first = choice.rx.recv() => first,
+        };
+        if let Some(Err(e)) = first {
+            if let Some(observer) = choice.observer.as_mut() {
+                observer.on_item(&Err(e.clone()));
+            }
+            return Err(e);
+        }
+        choice.first = first;
+    }
+    Ok(choices)
 }
 
 type Item = (usize, Result<GenerateResponse, RouteError>);
@@ -50,8 +83,10 @@ fn merge(choices: Vec<Choice>) -> SelectAll<BoxStream<'static, Item>> {
             rx,
             mut observer,
             echo: _,
+            first,
         } = choice;
-        ReceiverStream::new(rx)
+        stream::iter(first)
+            .chain(ReceiverStream::new(rx))
             .map(move |item| {
                 if let Some(observer) = observer.as_mut() {
                     observer.on_item(&item);

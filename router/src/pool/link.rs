@@ -101,9 +101,6 @@ pub struct WorkerSnapshot {
     /// The KV cache its last `Info` reported (`None` before the first connection, or when the
     /// worker reports none).
     pub kv: Option<KvCapacity>,
-    /// When it last lost its stream while ready, if it has not connected since (a worker that is
-    /// probably reconnecting; see `reconnect_grace_ms`).
-    pub lost_ready_at: Option<Instant>,
     /// This router's index of the worker's KV cache, and its load in tokens.
     pub kv_index: KvIndexState,
 }
@@ -174,6 +171,13 @@ impl WorkerLink {
         self.state.lock().expect("link lock")
     }
 
+    /// When the link last lost its stream while ready, if it has not connected since (a worker
+    /// that is probably reconnecting; see `reconnect_grace_ms`).
+    pub fn lost_ready_at(&self) -> Option<Instant> {
+        let state = self.lock();
+        state.lost_ready_at.filter(|_| !state.removed)
+    }
+
     /// Records why the last connection attempt failed (`None`: it succeeded).
     pub(super) fn set_last_error(&self, error: Option<String>) {
         self.lock().last_error = error;
@@ -223,7 +227,6 @@ impl WorkerLink {
             last_report: state.reported.map(|(r, _)| r),
             last_error: state.last_error.clone(),
             kv: state.kv,
-            lost_ready_at: state.lost_ready_at.filter(|_| !state.removed),
             kv_index: self.kv.state(),
         }
     }

@@ -114,8 +114,20 @@ pub(super) async fn maintain<P: LinkOwner>(pool: Arc<P>, link: Arc<WorkerLink>) 
         if lost > 0 {
             tracing::warn!(worker = %link.address, requests = lost, "worker lost with requests in flight; failing them over");
         }
+        // While new requests wait for this worker (it was ready when its stream was lost, within
+        // `reconnect_grace_ms`), retry at the first delay: a doubling backoff would leave gaps of
+        // up to a second in which a worker that is back already is not seen.
+        let waited_for = link
+            .lost_ready_at()
+            .is_some_and(|at| at.elapsed() < pool.settings().reconnect_grace);
+        if waited_for {
+            delay = initial;
+        }
         tokio::time::sleep(delay).await;
-        delay = (delay * 2).min(max);
+        delay = match waited_for {
+            true => initial,
+            false => (delay * 2).min(max),
+        };
     }
 }
 

@@ -411,7 +411,7 @@ impl WorkerPool {
         links
             .iter()
             .filter(|l| models.model_of(&l.address).is_some_and(|m| &**m == id))
-            .filter_map(|l| l.snapshot().lost_ready_at)
+            .filter_map(|l| l.lost_ready_at())
             .map(|at| at + grace)
             .max()
             .filter(|by| *by > Instant::now())

@@ -475,6 +475,29 @@ async fn a_new_request_waits_for_a_worker_that_is_reconnecting() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_back_late_in_the_grace_is_found_in_time() {
+    // The default backoff (100 ms doubling to 5 s) would next try at +3.1 s after tries at +0.7
+    // and +1.5 s; during the grace the link retries every 100 ms instead.
+    let settings = PoolSettings {
+        backoff: (Duration::from_millis(100), Duration::from_secs(5)),
+        ..settings()
+    };
+    let a = FakeWorker::start(Duration::from_millis(2)).await;
+    let pool = WorkerPool::start(settings, std::slice::from_ref(&a.address));
+    wait_until("ready", || pool.ready_workers() == 1).await;
+    a.kill();
+    wait_until("out of rotation", || pool.ready_workers() == 0).await;
+    let mut session = start_session(&pool, request(vec![4, 2], 5, 6)).expect("queued");
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    a.revive();
+    let ids = run(&mut session)
+        .await
+        .expect("served: the worker was back within the grace");
+    let want: Vec<u32> = (0..6).map(|n| expected_token(&[4, 2], 5, n)).collect();
+    assert_eq!(ids, want);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_that_never_was_ready_gets_no_grace() {
     // Nothing listens at this address: the worker never connects, so nothing reconnects.
     let address = {
