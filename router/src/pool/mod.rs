@@ -165,16 +165,21 @@ impl WorkerPool {
 
     /// Workers ready now that serve the model `id`.
     pub fn ready_workers_of(&self, id: &str) -> usize {
-        let links: Vec<Arc<WorkerLink>> = {
-            let links = self.links.read().expect("links lock");
-            links.iter().map(|e| e.link.clone()).collect()
-        };
+        self.links_of(id)
+            .iter()
+            .filter(|l| l.snapshot().ready())
+            .count()
+    }
+
+    /// The links of the workers that serve the model `id` (whatever their state).
+    fn links_of(&self, id: &str) -> Vec<Arc<WorkerLink>> {
+        let links = self.links.read().expect("links lock");
         let models = self.models.read().expect("models lock");
         links
             .iter()
-            .filter(|l| models.model_of(&l.address).is_some_and(|m| &**m == id))
-            .filter(|l| l.snapshot().ready())
-            .count()
+            .filter(|e| models.model_of(&e.link.address).is_some_and(|m| &**m == id))
+            .map(|e| e.link.clone())
+            .collect()
     }
 
     /// The numeric mode the model `id` runs, as `ModelInfo.numerics` and `/v1/models` report it:
@@ -182,14 +187,10 @@ impl WorkerPool {
     /// described it while none is ready (`"exact"`, `"fast"`, `"mixed"`, or empty when no worker
     /// reports a mode).
     pub fn numerics_of(&self, id: &str) -> String {
-        let links: Vec<Arc<WorkerLink>> = {
-            let links = self.links.read().expect("links lock");
-            links.iter().map(|e| e.link.clone()).collect()
-        };
+        let links = self.links_of(id);
         let models = self.models.read().expect("models lock");
         let ready: Vec<&str> = links
             .iter()
-            .filter(|l| models.model_of(&l.address).is_some_and(|m| &**m == id))
             .filter(|l| l.snapshot().ready())
             .filter_map(|l| models.numerics_of(&l.address))
             .collect();
@@ -403,14 +404,8 @@ impl WorkerPool {
         if grace.is_zero() {
             return None;
         }
-        let links: Vec<Arc<WorkerLink>> = {
-            let links = self.links.read().expect("links lock");
-            links.iter().map(|e| e.link.clone()).collect()
-        };
-        let models = self.models.read().expect("models lock");
-        links
+        self.links_of(id)
             .iter()
-            .filter(|l| models.model_of(&l.address).is_some_and(|m| &**m == id))
             .filter_map(|l| l.lost_ready_at())
             .map(|at| at + grace)
             .max()
@@ -508,20 +503,8 @@ impl WorkerPool {
         let cap = self.settings.max_inflight_per_worker.max(1);
         let mut request = request.clone();
         request.request_id = format!("r{}", self.next_id.fetch_add(1, Ordering::Relaxed));
-        let links: Vec<Arc<WorkerLink>> = {
-            let links = self.links.read().expect("links lock");
-            let models = self.models.read().expect("models lock");
-            links
-                .iter()
-                .filter(|e| {
-                    models
-                        .model_of(&e.link.address)
-                        .is_some_and(|m| &**m == model)
-                })
-                .map(|e| e.link.clone())
-                .collect()
-        };
-        let mut snapshots: Vec<(Arc<WorkerLink>, WorkerSnapshot)> = links
+        let mut snapshots: Vec<(Arc<WorkerLink>, WorkerSnapshot)> = self
+            .links_of(model)
             .into_iter()
             .map(|l| {
                 let s = l.snapshot();
