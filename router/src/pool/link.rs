@@ -171,11 +171,16 @@ impl WorkerLink {
         self.state.lock().expect("link lock")
     }
 
-    /// When the link last lost its stream while ready, if it has not connected since (a worker
-    /// that is probably reconnecting; see `reconnect_grace_ms`).
-    pub fn lost_ready_at(&self) -> Option<Instant> {
+    /// While the link is in its reconnect grace: when the grace ends (`grace` after it last lost
+    /// its stream while ready, if it has not connected since and that end is still ahead; see
+    /// `reconnect_grace_ms`). `None` otherwise, and always for a zero `grace`.
+    pub fn reconnect_grace_end(&self, grace: Duration) -> Option<Instant> {
         let state = self.lock();
-        state.lost_ready_at.filter(|_| !state.removed)
+        state
+            .lost_ready_at
+            .filter(|_| !state.removed)
+            .map(|at| at + grace)
+            .filter(|end| *end > Instant::now())
     }
 
     /// Records why the last connection attempt failed (`None`: it succeeded).

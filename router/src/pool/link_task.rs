@@ -117,17 +117,16 @@ pub(super) async fn maintain<P: LinkOwner>(pool: Arc<P>, link: Arc<WorkerLink>) 
         // While new requests wait for this worker (it was ready when its stream was lost, within
         // `reconnect_grace_ms`), retry at the first delay: a doubling backoff would leave gaps of
         // up to a second in which a worker that is back already is not seen.
-        let waited_for = link
-            .lost_ready_at()
-            .is_some_and(|at| at.elapsed() < pool.settings().reconnect_grace);
-        if waited_for {
+        let in_grace = link
+            .reconnect_grace_end(pool.settings().reconnect_grace)
+            .is_some();
+        if in_grace {
             delay = initial;
         }
         tokio::time::sleep(delay).await;
-        delay = match waited_for {
-            true => initial,
-            false => (delay * 2).min(max),
-        };
+        if !in_grace {
+            delay = (delay * 2).min(max);
+        }
     }
 }
 

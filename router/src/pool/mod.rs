@@ -337,8 +337,8 @@ impl WorkerPool {
     /// up at the end of that grace unless a worker is back.
     ///
     /// Errors: [`RouteError::NoWorkersKnown`] / [`RouteError::NoWorkerReady`] when no worker of
-    /// the model is ready (nor reconnecting), [`RouteError::Overloaded`] when the model's queue (or the tenant's share
-    /// of it) is full.
+    /// the model is ready (nor reconnecting), [`RouteError::Overloaded`] when the model's queue
+    /// (or the tenant's share of it) is full.
     pub fn admit(
         self: &Arc<Self>,
         model: &ServedModel,
@@ -400,16 +400,10 @@ impl WorkerPool {
     /// (`reconnect_grace_ms` after the latest time one of them lost its stream while ready), if
     /// it is still ahead; `None` when none was lost that recently (or the grace is zero).
     fn reconnect_deadline_of(&self, id: &str) -> Option<Instant> {
-        let grace = self.settings.reconnect_grace;
-        if grace.is_zero() {
-            return None;
-        }
         self.links_of(id)
             .iter()
-            .filter_map(|l| l.lost_ready_at())
-            .map(|at| at + grace)
+            .filter_map(|l| l.reconnect_grace_end(self.settings.reconnect_grace))
             .max()
-            .filter(|by| *by > Instant::now())
     }
 
     /// The refusal of a request that no ready worker of `model` could ever hold in its KV cache

@@ -60,8 +60,8 @@ unsafe fn rows<M: Mac, const T: usize>(
 }
 
 /// [`rows`] on the VNNI path: a pair of groups in 512-bit vectors ([`tile32`] on a
-/// [`wide::Pair`] for the 32-block formats, [`tile_k`] on [`Group16`] for the k-quants), a lone group (8 rows or fewer)
-/// through the 8-row kernel. Same bits.
+/// [`wide::Pair`] for the 32-block formats, [`tile_k`] on [`Group16`] for the k-quants), a lone
+/// group (8 rows or fewer) through the 8-row kernel. Same bits.
 #[inline(always)]
 unsafe fn rows16<const T: usize>(
     kind: Kind,
