@@ -3,7 +3,7 @@
 //! [`super::matmul`] (see the module docs there), on the detected or a given SIMD path.
 
 #[cfg(target_arch = "x86_64")]
-use super::simd::avx512;
+use super::simd::{avx2, avx512};
 use super::{tile, SimdPath, TILE_R};
 
 /// Dot product of two equal-length slices, on the detected path, with the
@@ -22,7 +22,7 @@ pub fn dot_with(path: SimdPath, a: &[f32], b: &[f32]) -> f32 {
 
 /// `y[i] += a * x[i]` for every `i` (a product, then a sum: two roundings,
 /// bitwise the same on every path and for any length): 16 lanes at a time on
-/// AVX-512, a plain loop (compiler-vectorised for the baseline target)
+/// AVX-512, 8 on AVX2, a plain loop (compiler-vectorised for the baseline target)
 /// elsewhere. Attention accumulates `Σ p_j v_j` with it.
 ///
 /// Panics if `x.len() != y.len()`.
@@ -35,19 +35,12 @@ pub fn add_scaled(y: &mut [f32], a: f32, x: &[f32]) {
 /// Panics if `x.len() != y.len()`.
 pub fn add_scaled_with(path: SimdPath, y: &mut [f32], a: f32, x: &[f32]) {
     assert_eq!(x.len(), y.len(), "add_scaled: lengths differ");
-    #[cfg(target_arch = "x86_64")]
-    if path == SimdPath::Avx512 {
-        // SAFETY: `Avx512` is only detected with AVX-512F present; lengths checked above.
-        return unsafe { avx512::add_scaled(y, a, x) };
-    }
-    for (y, &x) in y.iter_mut().zip(x) {
-        *y += a * x;
-    }
+    add_scaled_rows_with::<1>(path, y, &[a], [x])
 }
 
 /// `N` [`add_scaled`] calls in a row, `y += a[i] * xs[i]` for `i = 0..N`,
 /// bitwise equal to them (each element sees the same products and sums in the
-/// same order) but with `y` kept in registers across the `N` rows on AVX-512.
+/// same order) but with `y` kept in registers across the `N` rows on AVX-512 and AVX2.
 ///
 /// Panics if a row's length differs from `y`'s.
 pub fn add_scaled_rows<const N: usize>(y: &mut [f32], a: &[f32; N], xs: [&[f32]; N]) {
@@ -67,14 +60,20 @@ pub fn add_scaled_rows_with<const N: usize>(
         xs.iter().all(|x| x.len() == y.len()),
         "add_scaled_rows: lengths differ"
     );
-    #[cfg(target_arch = "x86_64")]
-    if path == SimdPath::Avx512 {
-        // SAFETY: `Avx512` comes only from `SimdPath::available`, which
-        // detected AVX-512F; lengths checked above.
-        return unsafe { avx512::add_scaled_rows(y, a, xs) };
-    }
-    for (x, &a) in xs.iter().zip(a) {
-        add_scaled_with(path, y, a, x);
+    match path {
+        // SAFETY: `Avx512` and `Avx2` come only from `SimdPath::available`, which detected
+        // AVX-512F or AVX2; lengths checked above.
+        #[cfg(target_arch = "x86_64")]
+        SimdPath::Avx512 => unsafe { avx512::add_scaled_rows(y, a, xs) },
+        #[cfg(target_arch = "x86_64")]
+        SimdPath::Avx2 => unsafe { avx2::add_scaled_rows(y, a, xs) },
+        _ => {
+            for (x, &a) in xs.iter().zip(a) {
+                for (y, &x) in y.iter_mut().zip(*x) {
+                    *y += a * x;
+                }
+            }
+        }
     }
 }
 

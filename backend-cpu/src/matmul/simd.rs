@@ -99,6 +99,19 @@ pub(super) mod avx2 {
             }
         }
     }
+
+    /// [`super::super::add_scaled_rows`]: 8 output lanes at a time ([`super::rows::add_scaled_rows`]).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2; every `xs[i].len() == y.len()`.
+    #[target_feature(enable = "avx2")]
+    pub(crate) unsafe fn add_scaled_rows<const N: usize>(
+        y: &mut [f32],
+        a: &[f32; N],
+        xs: [&[f32]; N],
+    ) {
+        super::rows::add_scaled_rows::<__m256, N>(y, a, xs)
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -157,29 +170,7 @@ pub(super) mod avx512 {
         }
     }
 
-    /// [`super::super::add_scaled`]: 16 lanes at a time, multiply then add.
-    ///
-    /// # Safety
-    /// The CPU must support AVX-512F; `x.len() == y.len()`.
-    #[target_feature(enable = "avx512f")]
-    pub(crate) unsafe fn add_scaled(y: &mut [f32], a: f32, x: &[f32]) {
-        let n = y.len();
-        let body = n - n % LANES;
-        let av = _mm512_set1_ps(a);
-        let (yp, xp) = (y.as_mut_ptr(), x.as_ptr());
-        let mut i = 0;
-        while i < body {
-            let prod = _mm512_mul_ps(av, _mm512_loadu_ps(xp.add(i)));
-            _mm512_storeu_ps(yp.add(i), _mm512_add_ps(_mm512_loadu_ps(yp.add(i)), prod));
-            i += LANES;
-        }
-        for j in body..n {
-            y[j] += a * x[j];
-        }
-    }
-
-    /// [`super::super::add_scaled_rows`]: 16 output lanes at a time, the `N` rows
-    /// applied in order to a register.
+    /// [`super::super::add_scaled_rows`]: 16 output lanes at a time ([`super::rows::add_scaled_rows`]).
     ///
     /// # Safety
     /// The CPU must support AVX-512F; every `xs[i].len() == y.len()`.
@@ -189,25 +180,7 @@ pub(super) mod avx512 {
         a: &[f32; N],
         xs: [&[f32]; N],
     ) {
-        let n = y.len();
-        let body = n - n % LANES;
-        let yp = y.as_mut_ptr();
-        let mut i = 0;
-        while i < body {
-            let mut acc = _mm512_loadu_ps(yp.add(i));
-            for r in 0..N {
-                let prod =
-                    _mm512_mul_ps(_mm512_set1_ps(a[r]), _mm512_loadu_ps(xs[r].as_ptr().add(i)));
-                acc = _mm512_add_ps(acc, prod);
-            }
-            _mm512_storeu_ps(yp.add(i), acc);
-            i += LANES;
-        }
-        for j in body..n {
-            for r in 0..N {
-                y[j] += a[r] * xs[r][j];
-            }
-        }
+        super::rows::add_scaled_rows::<__m512, N>(y, a, xs)
     }
 
     /// `out[t][r] = hsum(acc[t][r])` for a whole tile: one lane reduction per
@@ -295,5 +268,109 @@ pub(super) mod avx512 {
             _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15),
             f,
         )
+    }
+}
+
+/// Scaled row additions written once for both x86 vector widths.
+#[cfg(target_arch = "x86_64")]
+mod rows {
+    use std::arch::x86_64::*;
+
+    /// The f32 vector operations of one x86 width that [`add_scaled_rows`] needs. The methods
+    /// are `inline(always)` so that they compile inside the caller's `target_feature` function.
+    pub(super) trait F32Vector: Copy {
+        /// f32 lanes per vector.
+        const LANES: usize;
+        /// `a` in every lane.
+        unsafe fn splat(a: f32) -> Self;
+        /// `LANES` floats from `p` (unaligned).
+        unsafe fn load(p: *const f32) -> Self;
+        /// Writes the lanes to `p` (unaligned).
+        unsafe fn store(self, p: *mut f32);
+        /// Lane-wise `self * o` (one rounding).
+        unsafe fn mul(self, o: Self) -> Self;
+        /// Lane-wise `self + o` (one rounding).
+        unsafe fn add(self, o: Self) -> Self;
+    }
+
+    impl F32Vector for __m256 {
+        const LANES: usize = 8;
+        #[inline(always)]
+        unsafe fn splat(a: f32) -> Self {
+            _mm256_set1_ps(a)
+        }
+        #[inline(always)]
+        unsafe fn load(p: *const f32) -> Self {
+            _mm256_loadu_ps(p)
+        }
+        #[inline(always)]
+        unsafe fn store(self, p: *mut f32) {
+            _mm256_storeu_ps(p, self)
+        }
+        #[inline(always)]
+        unsafe fn mul(self, o: Self) -> Self {
+            _mm256_mul_ps(self, o)
+        }
+        #[inline(always)]
+        unsafe fn add(self, o: Self) -> Self {
+            _mm256_add_ps(self, o)
+        }
+    }
+
+    impl F32Vector for __m512 {
+        const LANES: usize = 16;
+        #[inline(always)]
+        unsafe fn splat(a: f32) -> Self {
+            _mm512_set1_ps(a)
+        }
+        #[inline(always)]
+        unsafe fn load(p: *const f32) -> Self {
+            _mm512_loadu_ps(p)
+        }
+        #[inline(always)]
+        unsafe fn store(self, p: *mut f32) {
+            _mm512_storeu_ps(p, self)
+        }
+        #[inline(always)]
+        unsafe fn mul(self, o: Self) -> Self {
+            _mm512_mul_ps(self, o)
+        }
+        #[inline(always)]
+        unsafe fn add(self, o: Self) -> Self {
+            _mm512_add_ps(self, o)
+        }
+    }
+
+    /// `y += a[r] * xs[r]` for `r = 0..N` in order, each element a product then a sum (two
+    /// roundings per row, no FMA), so bitwise the scalar loop on every width and length. `y`
+    /// stays in a register across the `N` rows, `V::LANES` elements at a time; the
+    /// `len % LANES` tail is scalar.
+    ///
+    /// # Safety
+    /// The caller's `target_feature` must cover `V`'s instructions; every `xs[r].len() ==
+    /// y.len()`.
+    #[inline(always)]
+    pub(super) unsafe fn add_scaled_rows<V: F32Vector, const N: usize>(
+        y: &mut [f32],
+        a: &[f32; N],
+        xs: [&[f32]; N],
+    ) {
+        let n = y.len();
+        let body = n - n % V::LANES;
+        let yp = y.as_mut_ptr();
+        let mut i = 0;
+        while i < body {
+            let mut acc = V::load(yp.add(i));
+            for r in 0..N {
+                acc = acc.add(V::splat(a[r]).mul(V::load(xs[r].as_ptr().add(i))));
+            }
+            acc.store(yp.add(i));
+            i += V::LANES;
+        }
+        for j in body..n {
+            for r in 0..N {
+                y[j] += a[r] * xs[r][j];
+            }
+        }
     }
 }

@@ -41,23 +41,31 @@ fn reduce16_is_bitwise_hsum() {
     }
 }
 
+/// On every path this CPU has, `add_scaled_rows` is bitwise `add_scaled` row after row, and both
+/// are the scalar product-then-sum, for lengths with and without a vector tail.
 #[test]
 fn add_scaled_rows_is_bitwise_add_scaled_in_order() {
-    for len in [1, 16, 64, 67] {
-        let rows: Vec<Vec<f32>> = (0..4).map(|i| data(len, 10 + i)).collect();
-        let a = [0.3, -1.7e3, 2.5e-4, 0.9];
-        let mut expected = data(len, 3);
-        let mut got = expected.clone();
-        for (x, &ai) in rows.iter().zip(&a) {
-            add_scaled(&mut expected, ai, x);
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    for path in SimdPath::available() {
+        for len in [1, 7, 8, 15, 16, 17, 64, 67, 256] {
+            let rows: Vec<Vec<f32>> = (0..4).map(|i| data(len, 10 + i)).collect();
+            let a = [0.3, -1.7e3, 2.5e-4, 0.9];
+            let mut expected = data(len, 3);
+            let mut got = expected.clone();
+            for (x, &ai) in rows.iter().zip(&a) {
+                add_scaled_with(path, &mut expected, ai, x);
+            }
+            add_scaled_rows_with::<4>(path, &mut got, &a, std::array::from_fn(|i| &rows[i][..]));
+            assert_eq!(bits(&got), bits(&expected), "{path:?}, len {len}");
+            let scalar: Vec<f32> = (0..len)
+                .map(|j| (0..4).fold(data(len, 3)[j], |y, i| y + a[i] * rows[i][j]))
+                .collect();
+            assert_eq!(
+                bits(&got),
+                bits(&scalar),
+                "{path:?}, len {len} against scalar"
+            );
         }
-        add_scaled_rows::<4>(&mut got, &a, std::array::from_fn(|i| &rows[i][..]));
-        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&got), bits(&expected), "len {len}");
-        let scalar: Vec<f32> = (0..len)
-            .map(|j| (0..4).fold(data(len, 3)[j], |y, i| y + a[i] * rows[i][j]))
-            .collect();
-        assert_eq!(bits(&got), bits(&scalar), "len {len} against scalar");
     }
 }
 
