@@ -106,8 +106,9 @@ unsafe fn rows16<const T: usize>(
 /// or Q6_K; `nsb` tiles of `tile_bytes` from `tiles`, layout in
 /// [`crate::kernels::Interleaved8`]) against `T` activation rows: lane `r` of entry `t` is
 /// [`super::super::reference::dot_k`] of row `r`, bitwise. Per group of 32 values and token the
-/// exact integer sums land in lane `r` (Q6_K's two sub-blocks each scaled by the row's integer
-/// scale, `vpmulld`, with their `-32 · Σq` folded in); then
+/// exact integer sums land in lane `r` ([`Lanes::dot_n`]: on AVX2 Q4_K's 8 products per group,
+/// Q6_K's pairs, add in i16 before one `vpmaddwd`; Q6_K's two sub-blocks are each scaled by the
+/// row's integer scale, `vpmulld`, with their `-32 · Σq` folded in); then
 /// [`super::super::reference::add_group_k`]'s f32 operations run lane-wise (the rows' `d · scale`
 /// and `dmin · min` once per super-block for all tokens) and the term is added to the token's
 /// accumulator in group order.
@@ -147,16 +148,11 @@ unsafe fn tile_k<L: Lanes, const T: usize>(
                     for t in 0..T {
                         let x = &xs[t];
                         let xq = x.qs.as_ptr().add(256 * sb + 64 * c);
-                        let (mut dl, mut dh) = ([z; 2], [z; 2]);
-                        for i in 0..8 {
-                            dl[i % 2] = L::mac1(dl[i % 2], lo[i], xq.add(4 * i));
-                            dh[i % 2] = L::mac1(dh[i % 2], hi[i], xq.add(32 + 4 * i));
-                        }
+                        // 4-bit codes: 8 products sum exactly in i16 ([`Lanes::dot_n`]).
+                        let dl = L::dot_n::<8>(&lo, xq);
+                        let dh = L::dot_n::<8>(&hi, xq.add(32));
                         // fma(dx, ds * gsum, acc), then fma(-dm, dsum, acc), lane-wise.
-                        let halves = [
-                            (L::add(dl[0], dl[1]), ds_lo, dm_lo),
-                            (L::add(dh[0], dh[1]), ds_hi, dm_hi),
-                        ];
+                        let halves = [(dl, ds_lo, dm_lo), (dh, ds_hi, dm_hi)];
                         for (h, (g, ds, dm)) in halves.into_iter().enumerate() {
                             let a = L::fmul(ds, L::to_f(g));
                             let v = L::fmadd(L::fset1(x.d[b + h]), a, acc[t]);
@@ -182,13 +178,12 @@ unsafe fn tile_k<L: Lanes, const T: usize>(
                         for half in 0..2 {
                             let mut gsum = z;
                             for k in 2 * half..2 * half + 2 {
-                                let mut d = [z; 2];
-                                for i in 0..4 {
-                                    d[i % 2] =
-                                        L::mac1(d[i % 2], v[4 * k + i], xq.add(16 * k + 4 * i));
-                                }
+                                // 6-bit codes: pairs of products sum exactly in i16.
+                                let xk = xq.add(16 * k);
+                                let d0 = L::dot_n::<2>(&[v[4 * k], v[4 * k + 1]], xk);
+                                let d1 = L::dot_n::<2>(&[v[4 * k + 2], v[4 * k + 3]], xk.add(8));
                                 // scale · (Σ c·q - 32 · Σ q) of the sub-block.
-                                let d = L::sub(L::add(d[0], d[1]), L::set1(32 * i32::from(bs[k])));
+                                let d = L::sub(L::add(d0, d1), L::set1(32 * i32::from(bs[k])));
                                 gsum = L::add(gsum, L::mullo(sc[k], d));
                             }
                             // fma(dx * d, gsum, acc), lane-wise.

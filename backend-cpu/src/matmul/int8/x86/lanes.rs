@@ -35,6 +35,16 @@ pub(super) trait Lanes {
     unsafe fn fset1(v: f32) -> Self::F;
     /// `acc + Σ_j u_r[j] · x[j]` per dword lane against the activation dword at `xq`.
     unsafe fn mac1(acc: Self::I, u: Self::I, xq: *const i8) -> Self::I;
+    /// [`Mac::dot_n`], lane-wise (the same bound on `N` and the codes); by default
+    /// [`Lanes::mac1`] in two chains.
+    #[inline(always)]
+    unsafe fn dot_n<const N: usize>(u: &[Self::I; N], xq: *const i8) -> Self::I {
+        let mut s = [Self::zero(); 2];
+        for i in 0..N {
+            s[i % 2] = Self::mac1(s[i % 2], u[i], xq.add(4 * i));
+        }
+        Self::add(s[0], s[1])
+    }
     /// [`Mac::Q8_OFFSET`] of the products.
     const Q8_OFFSET: i32;
     /// [`Mac::prep`], lane-wise.
@@ -124,6 +134,10 @@ impl<M: Mac> Lanes for Group8<M> {
     #[inline(always)]
     unsafe fn mac1(acc: __m256i, u: __m256i, xq: *const i8) -> __m256i {
         M::mac1(acc, u, xq)
+    }
+    #[inline(always)]
+    unsafe fn dot_n<const N: usize>(u: &[__m256i; N], xq: *const i8) -> __m256i {
+        M::dot_n(u, xq)
     }
     const Q8_OFFSET: i32 = M::Q8_OFFSET;
     #[inline(always)]
