@@ -150,18 +150,18 @@ fn rows_t<const T: usize>(
     k: usize,
     out: &mut [[f32; T]],
 ) {
-    let (f32, fk) = (Fmt32::of(format), FmtK::of(format));
     match path {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Avx2` comes only from `IntPath::available`, which detected AVX2, FMA and F16C;
         // `QMatrix` validated the rows (whole blocks of `k` values) and `xs` were quantized from
         // rows of `k` values in this format's blocks.
-        IntPath::Avx2 => unsafe { x86::rows_avx2::<T>(f32, fk, rows, xs, k, out) },
+        IntPath::Avx2 => unsafe { x86::rows_avx2::<T>(format, rows, xs, k, out) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above; `Vnni` also comes only from `IntPath::available`, after detecting
         // AVX-512F/BW/VL/VNNI.
-        IntPath::Vnni => unsafe { x86::rows_vnni::<T>(f32, fk, rows, xs, k, out) },
+        IntPath::Vnni => unsafe { x86::rows_vnni::<T>(format, rows, xs, k, out) },
         _ => {
+            let (f32, fk) = (Fmt32::of(format), FmtK::of(format));
             let rb = rows.len() / out.len();
             for (r, o) in out.iter_mut().enumerate() {
                 let row = &rows[r * rb..(r + 1) * rb];

@@ -26,6 +26,57 @@
 //! (Q8_0 magnitudes) and activations at most 127 in magnitude, so a `vpmaddubsw` pair is at most
 //! 2 · 128 · 127 = 32 512 < 2¹⁵.
 
+/// Which kernel a matrix of format `f` takes: the 32-block one ([`tile32`], [`rows32`]) or the
+/// k-quant ones ([`rows_k`], and `tile_k` on interleaved rows). A constant at every call site
+/// ([`with_kind!`]), so the matches on it fold away.
+#[derive(Clone, Copy)]
+enum Kind {
+    B32(Fmt32),
+    K(FmtK),
+}
+
+/// Runs `$body` with `$k` bound to the [`Kind`] of the [`GgmlType`] `$f`, a constant in each arm
+/// (so the kernels are specialized per format); panics for a format without integer kernels.
+macro_rules! with_kind {
+    ($f:expr, $k:ident => $body:expr) => {
+        match $f {
+            GgmlType::Q4_0 => {
+                let $k = Kind::B32(Fmt32::Q4_0);
+                $body
+            }
+            GgmlType::Q4_1 => {
+                let $k = Kind::B32(Fmt32::Q4_1);
+                $body
+            }
+            GgmlType::Q5_0 => {
+                let $k = Kind::B32(Fmt32::Q5_0);
+                $body
+            }
+            GgmlType::Q5_1 => {
+                let $k = Kind::B32(Fmt32::Q5_1);
+                $body
+            }
+            GgmlType::Q8_0 => {
+                let $k = Kind::B32(Fmt32::Q8_0);
+                $body
+            }
+            GgmlType::Q4_K => {
+                let $k = Kind::K(FmtK::Q4K);
+                $body
+            }
+            GgmlType::Q5_K => {
+                let $k = Kind::K(FmtK::Q5K);
+                $body
+            }
+            GgmlType::Q6_K => {
+                let $k = Kind::K(FmtK::Q6K);
+                $body
+            }
+            other => unreachable!("int8: {other} has no integer kernel"),
+        }
+    };
+}
+
 mod codes;
 mod interleaved;
 mod lanes;
@@ -35,6 +86,8 @@ mod tiles;
 mod wide;
 
 use std::arch::x86_64::*;
+
+use gguf::GgmlType;
 
 use super::acts::QRow;
 use super::reference::{add_group_k, Fmt32, FmtK, KMeta};
@@ -314,50 +367,42 @@ unsafe fn rows_k<const T: usize>(f: FmtK, row: &[u8], xs: [QRow<'_>; T], nsb: us
     acc
 }
 
-/// Runs every row of `rows` (consecutive encoded rows of `k` values) through [`rows32`] with
-/// `$mac` or [`rows_k`], the format a constant in each arm, into `out` (one entry per row).
-macro_rules! dispatch {
-    ($mac:ty, $f32:expr, $fk:expr, $rows:expr, $xs:expr, $k:expr, $out:expr) => {{
-        let rb = $rows.len() / $out.len();
-        let xs = $xs;
-        macro_rules! each {
-            ($call:expr) => {
-                for (r, o) in $out.iter_mut().enumerate() {
-                    let row = &$rows[r * rb..(r + 1) * rb];
-                    *o = $call(row);
-                }
-            };
+/// Every row of `rows` (consecutive encoded rows of `k` values, `out.len()` of them) against `xs`
+/// through [`rows32`] with `M` or [`rows_k`], into `out` (one entry per row); `kind` a constant.
+#[inline(always)]
+unsafe fn rows_of<M: Mac, const T: usize>(
+    kind: Kind,
+    rows: &[u8],
+    xs: [QRow<'_>; T],
+    k: usize,
+    out: &mut [[f32; T]],
+) {
+    match kind {
+        Kind::B32(f) => rows32::<M, T>(f, rows, xs, k / 32, out),
+        Kind::K(f) => {
+            let rb = rows.len() / out.len();
+            for (r, o) in out.iter_mut().enumerate() {
+                *o = rows_k::<T>(f, &rows[r * rb..(r + 1) * rb], xs, k / 256);
+            }
         }
-        match ($f32, $fk) {
-            (Some(Fmt32::Q8_0), _) => rows32::<$mac, T>(Fmt32::Q8_0, $rows, xs, $k / 32, $out),
-            (Some(Fmt32::Q4_0), _) => rows32::<$mac, T>(Fmt32::Q4_0, $rows, xs, $k / 32, $out),
-            (Some(Fmt32::Q4_1), _) => rows32::<$mac, T>(Fmt32::Q4_1, $rows, xs, $k / 32, $out),
-            (Some(Fmt32::Q5_0), _) => rows32::<$mac, T>(Fmt32::Q5_0, $rows, xs, $k / 32, $out),
-            (Some(Fmt32::Q5_1), _) => rows32::<$mac, T>(Fmt32::Q5_1, $rows, xs, $k / 32, $out),
-            (None, Some(FmtK::Q4K)) => each!(|row| rows_k::<T>(FmtK::Q4K, row, xs, $k / 256)),
-            (None, Some(FmtK::Q5K)) => each!(|row| rows_k::<T>(FmtK::Q5K, row, xs, $k / 256)),
-            (None, Some(FmtK::Q6K)) => each!(|row| rows_k::<T>(FmtK::Q6K, row, xs, $k / 256)),
-            (None, None) => unreachable!("int8: format without an integer kernel"),
-        }
-    }};
+    }
 }
 
 /// `out[r][t] = Σ W_r·x_t` for the consecutive encoded rows `rows` (`out.len()` rows of `k`
-/// values, AVX2 path); `f32`/`fk` name the format (one is `Some`).
+/// values of `format`, a format with integer kernels; AVX2 path).
 ///
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C; `rows` holds `out.len()` rows of `k` values of the
 /// format, each `xs[t]` the matching quantized activations of `k` values.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn rows_avx2<const T: usize>(
-    f32: Option<Fmt32>,
-    fk: Option<FmtK>,
+    format: GgmlType,
     rows: &[u8],
     xs: [QRow<'_>; T],
     k: usize,
     out: &mut [[f32; T]],
 ) {
-    dispatch!(Avx2Mac, f32, fk, rows, xs, k, out)
+    with_kind!(format, kind => rows_of::<Avx2Mac, T>(kind, rows, xs, k, out))
 }
 
 /// [`rows_avx2`] on the VNNI path.
@@ -366,12 +411,11 @@ pub(super) unsafe fn rows_avx2<const T: usize>(
 /// As [`rows_avx2`], and the CPU must support AVX-512 VNNI, VL and BW.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(super) unsafe fn rows_vnni<const T: usize>(
-    f32: Option<Fmt32>,
-    fk: Option<FmtK>,
+    format: GgmlType,
     rows: &[u8],
     xs: [QRow<'_>; T],
     k: usize,
     out: &mut [[f32; T]],
 ) {
-    dispatch!(VnniMac, f32, fk, rows, xs, k, out)
+    with_kind!(format, kind => rows_of::<VnniMac, T>(kind, rows, xs, k, out))
 }

@@ -10,15 +10,7 @@ use super::super::reference::{Fmt32, FmtK};
 use super::lanes::{store_tokens, Group16, Group8, Lanes, TokenTile, TILE_ROWS};
 use super::mac::{Avx2Mac, Mac, VnniMac};
 use super::tiles::{prefetch_part, Tiles};
-use super::{tile32, wide};
-
-/// Which kernel a group of interleaved rows takes: the 32-block one ([`tile32`]) or the k-quant
-/// one ([`tile_k`]). A constant at every call site, so the match folds away.
-#[derive(Clone, Copy)]
-enum Kind {
-    B32(Fmt32),
-    K(FmtK),
-}
+use super::{tile32, wide, Kind};
 
 /// The first `n_rows` rows (at most `8 * groups` of the interleaved `tiles`, whose groups of `nb`
 /// tiles of `tile_bytes` lie consecutive; at most [`TILE_ROWS`]) against `xs`, 8 rows per kernel
@@ -199,44 +191,6 @@ unsafe fn tile_k<L: Lanes, const T: usize>(
     acc
 }
 
-/// Runs `$body` with `$k` bound to the [`Kind`] of format `$f`, a constant in each arm (so the
-/// kernels are specialized per format).
-macro_rules! per_format {
-    ($f:expr, $k:ident => $body:expr) => {
-        match $f {
-            GgmlType::Q4_0 => {
-                let $k = Kind::B32(Fmt32::Q4_0);
-                $body
-            }
-            GgmlType::Q4_1 => {
-                let $k = Kind::B32(Fmt32::Q4_1);
-                $body
-            }
-            GgmlType::Q5_0 => {
-                let $k = Kind::B32(Fmt32::Q5_0);
-                $body
-            }
-            GgmlType::Q5_1 => {
-                let $k = Kind::B32(Fmt32::Q5_1);
-                $body
-            }
-            GgmlType::Q8_0 => {
-                let $k = Kind::B32(Fmt32::Q8_0);
-                $body
-            }
-            GgmlType::Q4_K => {
-                let $k = Kind::K(FmtK::Q4K);
-                $body
-            }
-            GgmlType::Q6_K => {
-                let $k = Kind::K(FmtK::Q6K);
-                $body
-            }
-            other => unreachable!("int8: {other} is not interleaved"),
-        }
-    };
-}
-
 /// `tile[t][r] = Σ W_r·x_t` for the first `n_rows` rows (at most [`TILE_ROWS`]) of the
 /// interleaved groups `tiles` of format `f` (a format with an interleaved layout; `nb` blocks per
 /// row, tiles of `tile_bytes`), AVX2 path. Entries of rows past `n_rows` are left unspecified.
@@ -254,7 +208,7 @@ pub(in super::super) unsafe fn interleaved_avx2<const T: usize>(
     n_rows: usize,
     tile: &mut TokenTile<T>,
 ) {
-    per_format!(f, k => rows::<Avx2Mac, T>(k, tiles, tile_bytes, nb, xs, n_rows, tile))
+    with_kind!(f, k => rows::<Avx2Mac, T>(k, tiles, tile_bytes, nb, xs, n_rows, tile))
 }
 
 /// [`interleaved_avx2`] on the VNNI path.
@@ -274,7 +228,7 @@ pub(in super::super) unsafe fn interleaved_vnni<const T: usize>(
     // 512-bit vectors, 16 rows per kernel call, for the 32-block formats in tiles of 4+ tokens
     // (for fewer, joining two groups' codes costs more than it saves: single-stream Gemma 3
     // decode measured 20 % slower with it).
-    per_format!(f, k => if T >= 4 {
+    with_kind!(f, k => if T >= 4 {
         rows16::<T>(k, tiles, tile_bytes, nb, xs, n_rows, tile)
     } else {
         rows::<VnniMac, T>(k, tiles, tile_bytes, nb, xs, n_rows, tile)
