@@ -1,4 +1,5 @@
-# Shell helpers shared by the bench scripts that start servers (sourced, not run).
+# Shell helpers shared by the scripts that start servers (sourced, not run): the bench scripts, and
+# scripts/check-avx2-cpu.
 #
 #   free_port                 prints a free TCP port on 127.0.0.1
 #   pids+=($!)                register a background server; `cleanup` (run on EXIT) kills them all
